@@ -1,0 +1,330 @@
+"""The ``OUTBOX`` settings dict: defaults, types, and the one place it is read.
+
+Everything else reads configuration through :data:`outbox_settings`::
+
+    from django_outbox.conf import outbox_settings
+    outbox_settings.BATCH_SIZE
+
+Values are read at call time (never at import time), parsed once, and cached
+until Django sends ``setting_changed`` for ``OUTBOX`` or ``CELERY_BROKER_URL``,
+so ``override_settings`` works in tests. An invalid value raises
+:class:`~django_outbox.exceptions.OutboxConfigurationError` when read; the same
+validation backs the system checks (``django_outbox.E001`` ...), so a bad
+setting is reported at start-up rather than in the middle of a relay run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+
+from .exceptions import OutboxConfigurationError
+from .routes import Route, is_valid_destination, parse_routes
+
+
+class _Invalid(ValueError):
+    """Raised by a parser with what the value should have been."""
+
+
+def _positive_int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _Invalid("must be a positive integer")
+    return value
+
+
+def _seconds(value: object) -> float:
+    if isinstance(value, dt.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise _Invalid("must be a positive number of seconds or a timedelta")
+    return float(value)
+
+
+def _duration(value: object) -> dt.timedelta:
+    return dt.timedelta(seconds=_seconds(value))
+
+
+def _fraction(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise _Invalid("must be a number between 0 and 1")
+    return float(value)
+
+
+def _bool(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid("must be True or False")
+    return value
+
+
+def _optional_str(value: object) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise _Invalid("must be a non-empty string or None")
+    return value
+
+
+def _exchange_name(value: object) -> str:
+    if not isinstance(value, str) or not is_valid_destination(value):
+        raise _Invalid("must be an exchange name of letters, digits and ._:/-")
+    return value
+
+
+def _dict(value: object) -> dict[str, Any]:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise _Invalid("must be a dict with string keys")
+    return dict(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    name: str
+    default: Any
+    parse: Callable[[Any], Any] | None  # None: parsed by OutboxSettings._parse itself
+    doc: str
+
+
+#: Every knob of ``settings.OUTBOX``, in documentation order.
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in (
+        Setting(
+            "BROKER_URL",
+            None,
+            _optional_str,
+            "kombu URL the relay publishes to; when None, settings.CELERY_BROKER_URL is used.",
+        ),
+        Setting(
+            "BROKER_TRANSPORT_OPTIONS",
+            {},
+            _dict,
+            "transport_options passed to kombu.Connection (e.g. data_folder_in/out for filesystem://).",
+        ),
+        Setting(
+            "ROUTES",
+            {},
+            None,  # parsed by parse_routes with DEFAULT_EXCHANGE, see _parse()
+            "destination -> {exchange, exchange_type, routing_key, queue} or {celery_task}.",
+        ),
+        Setting(
+            "DEFAULT_EXCHANGE",
+            "outbox",
+            _exchange_name,
+            "durable topic exchange of the default route and of routes that name no exchange.",
+        ),
+        Setting(
+            "DEFAULT_ROUTE",
+            True,
+            _bool,
+            "publish destinations missing from ROUTES by the default route; False makes them "
+            "an error at stage time.",
+        ),
+        Setting("BATCH_SIZE", 500, _positive_int, "rows the relay claims per batch."),
+        Setting(
+            "LEASE_SECONDS",
+            60,
+            _seconds,
+            "how long a claim holds before another relay may take the row over.",
+        ),
+        Setting(
+            "MAX_ATTEMPTS",
+            10,
+            _positive_int,
+            "publish attempts before a row is ABANDONED.",
+        ),
+        Setting(
+            "RETRY_BASE_DELAY", 1, _seconds, "first retry delay in seconds; doubled per attempt."
+        ),
+        Setting("RETRY_MAX_DELAY", 3600, _seconds, "cap on the retry delay, in seconds."),
+        Setting(
+            "RETRY_JITTER",
+            0.2,
+            _fraction,
+            "random fraction (0-1) taken off each retry delay so failed rows do not retry in step.",
+        ),
+        Setting(
+            "PUBLISHED_RETENTION",
+            dt.timedelta(days=7),
+            _duration,
+            "how long PUBLISHED rows are kept (timedelta or seconds).",
+        ),
+        Setting(
+            "ABANDONED_RETENTION",
+            dt.timedelta(days=30),
+            _duration,
+            "how long ABANDONED rows are kept after they were abandoned (timedelta or seconds).",
+        ),
+        Setting(
+            "POLL_INTERVAL",
+            1,
+            _seconds,
+            "seconds the relay sleeps when idle and no NOTIFY wakes it.",
+        ),
+    )
+}
+
+CHECK_IDS = {
+    "not_a_dict": "django_outbox.E001",
+    "unknown_key": "django_outbox.E002",
+    "bad_value": "django_outbox.E003",
+    "bad_routes": "django_outbox.E004",
+    "delay_order": "django_outbox.E005",
+    "no_broker": "django_outbox.E006",
+    "bad_broker": "django_outbox.E007",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One thing wrong with ``settings.OUTBOX``; becomes a ``checks.Error``."""
+
+    id: str
+    msg: str
+    hint: str
+
+
+class OutboxSettings:
+    """Attribute access to the parsed ``OUTBOX`` settings, e.g. ``outbox_settings.BATCH_SIZE``."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] = {}
+
+    def reload(self) -> None:
+        self._cache.clear()
+
+    @property
+    def user_settings(self) -> Any:
+        return getattr(settings, "OUTBOX", {})
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in SETTINGS:
+            raise AttributeError(f"OUTBOX has no setting {name!r}")
+        if name not in self._cache:
+            result = self._parse(name)
+            if isinstance(result, Problem):
+                raise OutboxConfigurationError(f"{result.msg} {result.hint}")
+            self._cache[name] = result
+        return self._cache[name]
+
+    def _raw(self, name: str) -> Any:
+        user = self.user_settings
+        if not isinstance(user, Mapping):
+            user = {}
+        return user.get(name, SETTINGS[name].default)
+
+    def _parse(self, name: str) -> Any:
+        raw = self._raw(name)
+        if name == "ROUTES":
+            exchange = self._parse("DEFAULT_EXCHANGE")
+            if isinstance(exchange, Problem):  # reported on its own; still check the routes
+                exchange = SETTINGS["DEFAULT_EXCHANGE"].default
+            try:
+                return parse_routes(raw, exchange)
+            except ValueError as exc:
+                return Problem(
+                    CHECK_IDS["bad_routes"],
+                    f'OUTBOX["ROUTES"] is invalid: {exc}.',
+                    "See the ROUTES entry of the settings reference in docs/reference/settings.md.",
+                )
+        parse = SETTINGS[name].parse
+        assert parse is not None
+        try:
+            return parse(raw)
+        except _Invalid as exc:
+            return Problem(
+                CHECK_IDS["bad_value"],
+                f'OUTBOX["{name}"] {exc}; got {raw!r}.',
+                f"Default: {SETTINGS[name].default!r}. {SETTINGS[name].doc}",
+            )
+
+    @property
+    def broker_url(self) -> str | None:
+        """``OUTBOX["BROKER_URL"]``, else ``settings.CELERY_BROKER_URL``, else None."""
+        return self.BROKER_URL or getattr(settings, "CELERY_BROKER_URL", None) or None
+
+    def route_for(self, destination: str) -> Route | None:
+        """The route of ``destination``; None when it is unknown and DEFAULT_ROUTE is off."""
+        route = self.ROUTES.get(destination)
+        if route is None and self.DEFAULT_ROUTE:
+            route = Route.default(destination, self.DEFAULT_EXCHANGE)
+        return route
+
+    def problems(self) -> list[Problem]:
+        """Everything wrong with the settings, for the system checks."""
+        user = self.user_settings
+        if not isinstance(user, Mapping):
+            return [
+                Problem(
+                    CHECK_IDS["not_a_dict"],
+                    f"settings.OUTBOX must be a dict; got {type(user).__name__}.",
+                    'Write OUTBOX = {"BROKER_URL": "amqp://..."} in your settings.',
+                )
+            ]
+        found = [
+            Problem(
+                CHECK_IDS["unknown_key"],
+                f'OUTBOX["{key}"] is not a setting of django_outbox.',
+                f"Known settings: {', '.join(SETTINGS)}.",
+            )
+            for key in user
+            if key not in SETTINGS
+        ]
+        parsed = {name: self._parse(name) for name in SETTINGS}
+        found += [p for p in parsed.values() if isinstance(p, Problem)]
+        base, cap = parsed["RETRY_BASE_DELAY"], parsed["RETRY_MAX_DELAY"]
+        if isinstance(base, float) and isinstance(cap, float) and cap < base:
+            found.append(
+                Problem(
+                    CHECK_IDS["delay_order"],
+                    f'OUTBOX["RETRY_MAX_DELAY"] ({cap:g}s) is below RETRY_BASE_DELAY ({base:g}s).',
+                    "Raise RETRY_MAX_DELAY or lower RETRY_BASE_DELAY.",
+                )
+            )
+        if isinstance(parsed["BROKER_URL"], Problem):
+            return found
+        url = parsed["BROKER_URL"] or getattr(settings, "CELERY_BROKER_URL", None)
+        if not url:
+            found.append(
+                Problem(
+                    CHECK_IDS["no_broker"],
+                    "No broker URL: the outbox relay has nowhere to publish.",
+                    'Set OUTBOX["BROKER_URL"] (a kombu URL such as amqp://guest:guest@localhost//) '
+                    "or CELERY_BROKER_URL.",
+                )
+            )
+        elif (transport := _unknown_transport(url)) is not None:
+            found.append(
+                Problem(
+                    CHECK_IDS["bad_broker"],
+                    f"The broker URL names an unknown kombu transport {transport!r}.",
+                    "Use a kombu URL such as amqp://, redis://, memory:// or filesystem://.",
+                )
+            )
+        return found
+
+
+def _unknown_transport(url: str) -> str | None:
+    """The scheme of ``url`` if kombu has no transport for it (credentials never leave here)."""
+    from kombu.transport import resolve_transport
+    from kombu.utils.url import url_to_parts
+
+    scheme = url_to_parts(url).scheme if "://" in url else url
+    try:
+        resolve_transport(scheme)
+    except (KeyError, ImportError, ValueError):
+        return scheme
+    return None
+
+
+outbox_settings = OutboxSettings()
+
+
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("OUTBOX", "CELERY_BROKER_URL"):
+        outbox_settings.reload()
+
+
+setting_changed.connect(_on_setting_changed)

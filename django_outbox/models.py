@@ -1,0 +1,155 @@
+"""The outbox and inbox tables.
+
+``OutboxMessage`` rows are written by :func:`django_outbox.stage` inside the
+business transaction and driven by the relay through :class:`OutboxMessage.Status`.
+``InboxMessage`` rows record which consumer already handled which event.
+Times that matter for correctness (``created_at``, ``available_at``) default to
+the database clock, never the worker's.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+from django.db.models.functions import Now
+from django.utils.translation import gettext_lazy as _
+
+if TYPE_CHECKING:
+    import datetime as dt
+
+
+class OutboxStatus(models.TextChoices):
+    """Where an outbox row is in its life; see the state machine in docs/concepts.md."""
+
+    PENDING = "pending", _("Pending")
+    """Committed and waiting for a relay; the initial state."""
+    PROCESSING = "processing", _("Processing")
+    """Claimed by a relay holding a lease until ``locked_until``."""
+    PUBLISHED = "published", _("Published")
+    """Confirmed by the broker; kept until ``PUBLISHED_RETENTION`` passes."""
+    FAILED = "failed", _("Failed")
+    """The last publish failed; retried at ``available_at`` with backoff."""
+    ABANDONED = "abandoned", _("Abandoned")
+    """Attempts exhausted or poison; waits for an operator to requeue it."""
+
+
+class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
+    def pending(self) -> OutboxQuerySet:
+        return self.filter(status=OutboxStatus.PENDING)
+
+    def failed(self) -> OutboxQuerySet:
+        return self.filter(status=OutboxStatus.FAILED)
+
+    def abandoned(self) -> OutboxQuerySet:
+        return self.filter(status=OutboxStatus.ABANDONED)
+
+    def published(self) -> OutboxQuerySet:
+        return self.filter(status=OutboxStatus.PUBLISHED)
+
+    def due(self, now: dt.datetime | Now | None = None) -> OutboxQuerySet:
+        """Rows a relay may claim at ``now`` (default: the database clock):
+        PENDING or FAILED rows whose ``available_at`` has come, and PROCESSING
+        rows whose lease expired."""
+        now = Now() if now is None else now
+        Status = OutboxStatus
+        return self.filter(
+            models.Q(status__in=(Status.PENDING, Status.FAILED), available_at__lte=now)
+            | models.Q(status=Status.PROCESSING, locked_until__lt=now)
+        )
+
+
+class OutboxMessage(models.Model):
+    """One event staged in the business transaction, waiting for or done with the relay."""
+
+    Status = OutboxStatus
+
+    id = models.BigAutoField(primary_key=True)
+    event_id = models.UUIDField(_("event id"), default=uuid.uuid4, unique=True, editable=False)
+    event_type = models.CharField(_("event type"), max_length=255)
+    destination = models.CharField(_("destination"), max_length=255)
+    payload = models.JSONField(_("payload"), encoder=DjangoJSONEncoder)
+    headers = models.JSONField(_("headers"), default=dict, blank=True, encoder=DjangoJSONEncoder)
+    ordering_key = models.CharField(_("ordering key"), max_length=255, blank=True, default="")
+    status = models.CharField(
+        _("status"), max_length=16, choices=Status.choices, default=Status.PENDING
+    )
+    attempts = models.IntegerField(_("attempts"), default=0)
+    available_at = models.DateTimeField(_("available at"), db_default=Now())
+    locked_until = models.DateTimeField(_("locked until"), null=True, blank=True)
+    locked_by = models.CharField(_("locked by"), max_length=255, blank=True, default="")
+    lease_token = models.UUIDField(_("lease token"), null=True, blank=True, editable=False)
+    last_error = models.TextField(_("last error"), blank=True, default="")
+    created_at = models.DateTimeField(_("created at"), db_default=Now(), editable=False)
+    published_at = models.DateTimeField(_("published at"), null=True, blank=True)
+    abandoned_at = models.DateTimeField(_("abandoned at"), null=True, blank=True)
+
+    objects = OutboxQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("outbox message")
+        verbose_name_plural = _("outbox messages")
+        ordering = ("id",)
+        permissions = [("requeue_outboxmessage", _("Can requeue or abandon outbox messages"))]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(attempts__gte=0), name="outbox_attempts_gte_0"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(status__in=OutboxStatus.values),
+                name="outbox_status_valid",
+            ),
+        ]
+        indexes = [
+            # The claim: due rows oldest first. Partial, so PUBLISHED rows kept for
+            # retention never enter it and the claim stays fast as they pile up.
+            models.Index(
+                fields=["available_at", "id"],
+                name="outbox_due_idx",
+                condition=models.Q(status__in=[OutboxStatus.PENDING, OutboxStatus.FAILED]),
+            ),
+            # Expired leases of relays that died holding a batch.
+            models.Index(
+                fields=["locked_until"],
+                name="outbox_lease_idx",
+                condition=models.Q(status=OutboxStatus.PROCESSING),
+            ),
+            # Retention cleanup, one index per final state.
+            models.Index(
+                fields=["published_at"],
+                name="outbox_published_idx",
+                condition=models.Q(status=OutboxStatus.PUBLISHED),
+            ),
+            models.Index(
+                fields=["abandoned_at"],
+                name="outbox_abandoned_idx",
+                condition=models.Q(status=OutboxStatus.ABANDONED),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_type} -> {self.destination} [{self.status}] {self.event_id}"
+
+
+class InboxMessage(models.Model):
+    """A mark that ``consumer`` has handled ``event_id``; written with the handler's writes."""
+
+    id = models.BigAutoField(primary_key=True)
+    consumer = models.CharField(_("consumer"), max_length=255)
+    event_id = models.UUIDField(_("event id"))
+    processed_at = models.DateTimeField(_("processed at"), db_default=Now(), editable=False)
+
+    class Meta:
+        verbose_name = _("inbox message")
+        verbose_name_plural = _("inbox messages")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["consumer", "event_id"], name="inbox_consumer_event_uniq"
+            ),
+        ]
+        indexes = [models.Index(fields=["processed_at"], name="inbox_processed_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.consumer}: {self.event_id}"

@@ -1,0 +1,287 @@
+"""Staging events in the business transaction: ``stage``, ``stage_many``, ``@publish_on_success``.
+
+An event is a row of ``OutboxMessage`` inserted on the same connection, in the
+same transaction, as the business write: it exists if and only if that
+transaction commits. Everything that can be wrong with an event (payload that
+is not JSON, malformed or unknown destination, bad key or headers) is raised
+here, before any SQL, so the caller's transaction rolls back whole.
+
+This module does not import the models at import time, so
+``import django_outbox`` works before ``django.setup()``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import inspect
+import json
+import logging
+import reprlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from django.apps import apps
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import transaction
+from django.utils import timezone
+
+from .conf import outbox_settings
+from .exceptions import (
+    InvalidDestination,
+    InvalidEvent,
+    NotInTransaction,
+    PayloadNotSerializable,
+    UnknownDestination,
+)
+from .routes import is_valid_destination
+from .signals import event_committed
+
+if TYPE_CHECKING:
+    from .models import OutboxMessage
+
+logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: Wire headers the relay writes itself; user headers may not override them.
+RESERVED_HEADERS = frozenset({"event_id", "event_type", "occurred_at", "ordering_key"})
+EVENT_FIELDS = frozenset({"event_type", "payload", "destination", "key", "headers", "available_at"})
+_REQUIRED_FIELDS = ("event_type", "payload", "destination")
+_MAX_LENGTH = 255
+
+
+def stage(
+    event_type: str,
+    payload: Any,
+    *,
+    destination: str,
+    key: str | None = None,
+    headers: Mapping[str, Any] | None = None,
+    using: str = "default",
+    available_at: dt.datetime | None = None,
+) -> OutboxMessage:
+    """Stage one event in the current transaction of ``using`` and return its row.
+
+    Must run inside ``transaction.atomic(using=using)``. The payload is encoded
+    to JSON now (``DjangoJSONEncoder``: datetime, Decimal and UUID are fine);
+    the row stores what will go on the wire.
+    """
+    (row,) = _insert(
+        [
+            _build(
+                event_type,
+                payload,
+                destination=destination,
+                key=key,
+                headers=headers,
+                available_at=available_at,
+            )
+        ],
+        using,
+    )
+    return row
+
+
+def stage_many(
+    events: Iterable[Mapping[str, Any]], *, using: str = "default"
+) -> list[OutboxMessage]:
+    """Stage many events with one INSERT; each event is a dict of ``stage()``'s arguments
+    (``event_type``, ``payload``, ``destination``, optional ``key``, ``headers``,
+    ``available_at``). All are validated before anything is written."""
+    rows = [_build(**_event_kwargs(index, event)) for index, event in enumerate(events)]
+    return _insert(rows, using) if rows else []
+
+
+def publish_on_success(
+    event_type: str,
+    *,
+    destination: str,
+    payload: Callable[..., Any],
+    key: Callable[..., str | None] | None = None,
+    using: str = "default",
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorate a function so that, when it returns, one event is staged in its transaction.
+
+    The call runs in ``transaction.atomic(using=using)`` (a savepoint when an
+    outer atomic block is open). ``payload`` and ``key`` are called as
+    ``payload(result, *args, **kwargs)``. If the function raises, nothing is
+    staged; if an outer block rolls back, the event goes with it.
+    """
+    _check_event_type(event_type)
+    _check_destination_format(destination)
+    if not callable(payload):
+        raise TypeError(
+            "publish_on_success(payload=...) must be a callable (result, *args, **kwargs) -> dict"
+        )
+    if key is not None and not callable(key):
+        raise TypeError(
+            "publish_on_success(key=...) must be None or a callable "
+            "(result, *args, **kwargs) -> str"
+        )
+
+    def decorator(func: Callable[P, R]) -> Callable[P, R]:
+        if inspect.iscoroutinefunction(func):
+            raise TypeError(
+                f"publish_on_success cannot wrap the coroutine function {func.__qualname__}: "
+                "database transactions are synchronous; decorate a sync function and call it "
+                "with asgiref's sync_to_async"
+            )
+
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            with transaction.atomic(using=using):
+                result = func(*args, **kwargs)
+                stage(
+                    event_type,
+                    payload(result, *args, **kwargs),
+                    destination=destination,
+                    key=None if key is None else key(result, *args, **kwargs),
+                    using=using,
+                )
+            return result
+
+        return wrapper
+
+    return decorator
+
+
+def _event_kwargs(index: int, event: object) -> dict[str, Any]:
+    if not isinstance(event, Mapping):
+        raise InvalidEvent(
+            f"stage_many(): event #{index} must be a dict; got {type(event).__name__}"
+        )
+    unknown = set(event) - EVENT_FIELDS
+    if unknown:
+        raise InvalidEvent(
+            f"stage_many(): event #{index} has unknown keys {sorted(map(str, unknown))}; "
+            f"allowed: {', '.join(sorted(EVENT_FIELDS))}"
+        )
+    missing = [name for name in _REQUIRED_FIELDS if name not in event]
+    if missing:
+        raise InvalidEvent(f"stage_many(): event #{index} lacks {', '.join(missing)}")
+    return dict(event)
+
+
+def _build(
+    event_type: str,
+    payload: Any,
+    *,
+    destination: str,
+    key: str | None = None,
+    headers: Mapping[str, Any] | None = None,
+    available_at: dt.datetime | None = None,
+) -> OutboxMessage:
+    _check_event_type(event_type)
+    _check_destination_format(destination)
+    if outbox_settings.route_for(destination) is None:
+        raise UnknownDestination(
+            f"destination {destination!r} is not in OUTBOX['ROUTES'] and "
+            "OUTBOX['DEFAULT_ROUTE'] is False: add a route for it or turn the default route on"
+        )
+    if key is not None and not (isinstance(key, str) and 0 < len(key) <= _MAX_LENGTH):
+        raise InvalidEvent(
+            f"event {event_type!r}: key must be None or a non-empty string of at most "
+            f"{_MAX_LENGTH} characters; got {type(key).__name__}"
+        )
+    fields: dict[str, Any] = {
+        "event_type": event_type,
+        "destination": destination,
+        "payload": _to_json(payload, "payload", event_type),
+        "headers": _to_json(_check_headers(headers, event_type), "headers", event_type),
+        "ordering_key": key or "",
+    }
+    if available_at is not None:
+        fields["available_at"] = _check_time(available_at, event_type)
+    return apps.get_model("django_outbox", "OutboxMessage")(**fields)
+
+
+def _insert(rows: list[OutboxMessage], using: str) -> list[OutboxMessage]:
+    connection = transaction.get_connection(using)
+    if not connection.in_atomic_block:
+        raise NotInTransaction(
+            f"stage() must run inside transaction.atomic(using={using!r}) together with the "
+            "business write it belongs to; wrap both in one atomic block, or use "
+            "@publish_on_success, which opens it"
+        )
+    model = type(rows[0])
+    created = model.objects.using(using).bulk_create(rows)
+    transaction.on_commit(functools.partial(_committed, created, using), using=using)
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "staged %d event(s) on %s",
+            len(created),
+            using,
+            extra={"action": "outbox.staged", "count": len(created), "using": using},
+        )
+    return created
+
+
+def _committed(rows: list[OutboxMessage], using: str) -> None:
+    model = type(rows[0])
+    for receiver, error in event_committed.send_robust(model, messages=rows, using=using):
+        if isinstance(error, Exception):
+            logger.error(
+                "event_committed receiver %r failed",
+                receiver,
+                exc_info=error,
+                extra={"action": "outbox.signal_failed", "signal": "event_committed"},
+            )
+
+
+def _to_json(value: Any, what: str, event_type: str) -> Any:
+    """Encode once with DjangoJSONEncoder (strict: no NaN) and keep the decoded form,
+    which is exactly what the row stores and the relay sends."""
+    try:
+        text = json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise PayloadNotSerializable(
+            f"the {what} of event {event_type!r} is not JSON-serialisable: {exc}"
+        ) from None
+    return json.loads(text)
+
+
+def _check_event_type(event_type: object) -> None:
+    if not (isinstance(event_type, str) and 0 < len(event_type) <= _MAX_LENGTH):
+        raise InvalidEvent(
+            f"event_type must be a non-empty string of at most {_MAX_LENGTH} characters; "
+            f"got {reprlib.repr(event_type)}"
+        )
+
+
+def _check_destination_format(destination: object) -> None:
+    if not is_valid_destination(destination):
+        raise InvalidDestination(
+            f"destination {reprlib.repr(destination)} is malformed: use 1-255 characters of "
+            "letters, digits and ._:/- starting with a letter or digit"
+        )
+
+
+def _check_headers(headers: Mapping[str, Any] | None, event_type: str) -> dict[str, Any]:
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping) or not all(isinstance(k, str) and k for k in headers):
+        raise InvalidEvent(
+            f"event {event_type!r}: headers must be a dict with non-empty string keys"
+        )
+    clash = RESERVED_HEADERS.intersection(headers)
+    if clash:
+        raise InvalidEvent(
+            f"event {event_type!r}: headers {sorted(clash)} are set by the relay and "
+            "cannot be given"
+        )
+    return dict(headers)
+
+
+def _check_time(value: object, event_type: str) -> dt.datetime:
+    if not isinstance(value, dt.datetime):
+        raise InvalidEvent(
+            f"event {event_type!r}: available_at must be a datetime; got {type(value).__name__}"
+        )
+    if timezone.is_naive(value):
+        raise InvalidEvent(
+            f"event {event_type!r}: available_at must be timezone-aware "
+            "(use django.utils.timezone.now() + timedelta(...))"
+        )
+    return value

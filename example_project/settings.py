@@ -1,0 +1,86 @@
+"""Settings of the example shop.
+
+With no environment set, it needs no server: SQLite in .demo/db.sqlite3 and kombu's
+``filesystem://`` transport in .demo/broker. Set ``DATABASE_URL`` (e.g.
+``postgres://postgres@127.0.0.1:55432/outbox``) and ``OUTBOX_BROKER_URL`` (e.g.
+``amqp://guest:guest@127.0.0.1:55672//`` or ``redis://127.0.0.1:56379/0``) to switch
+to PostgreSQL and RabbitMQ or Redis.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DEMO_DIR = Path(environ.Env().str("OUTBOX_DEMO_DIR", default=str(BASE_DIR / ".demo")))
+BROKER_DIR = DEMO_DIR / "broker"
+BROKER_DIR.mkdir(parents=True, exist_ok=True)
+
+env = environ.Env(DEBUG=(bool, True))
+
+SECRET_KEY = env("SECRET_KEY", default="example-only-not-secret")
+DEBUG = env("DEBUG")
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
+USE_TZ = True
+TIME_ZONE = "UTC"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_outbox",
+    "example_project.shop",
+]
+
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{DEMO_DIR / 'db.sqlite3'}")}
+
+OUTBOX = {
+    "BROKER_URL": env("OUTBOX_BROKER_URL", default="filesystem://"),
+    # Only the filesystem transport reads these: one folder serves as outbox and inbox.
+    "BROKER_TRANSPORT_OPTIONS": {
+        "data_folder_in": str(BROKER_DIR),
+        "data_folder_out": str(BROKER_DIR),
+    },
+}
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "example_project.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "django_outbox": {
+            "handlers": ["console"],
+            "level": env("OUTBOX_LOG_LEVEL", default="WARNING"),
+        }
+    },
+}

@@ -1,0 +1,34 @@
+"""factory-boy factories for the app's models (rows as the relay would find them)."""
+
+from __future__ import annotations
+
+import uuid
+
+import factory
+from django.utils import timezone
+
+from django_outbox.models import InboxMessage, OutboxMessage
+
+
+class OutboxMessageFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = OutboxMessage
+
+    event_type = "order.placed"
+    destination = "orders"
+    payload = factory.Sequence(lambda n: {"order_id": n})
+    status = OutboxMessage.Status.PENDING
+
+    class Params:
+        published = factory.Trait(
+            status=OutboxMessage.Status.PUBLISHED,
+            published_at=factory.LazyFunction(timezone.now),
+        )
+
+
+class InboxMessageFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = InboxMessage
+
+    consumer = "billing"
+    event_id = factory.LazyFunction(uuid.uuid4)

@@ -1,0 +1,65 @@
+"""Settings for the test suite: real PostgreSQL and RabbitMQ started by scripts/services.
+
+Every URL can be overridden from the environment (django-environ):
+``DATABASE_URL``, ``OTHER_DATABASE_URL``, ``OUTBOX_BROKER_URL``, ``OUTBOX_REDIS_URL``.
+"""
+
+from __future__ import annotations
+
+import environ
+
+env = environ.Env()
+
+SECRET_KEY = "tests-only-not-secret"
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEBUG = False
+
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.admin",
+    "django_outbox",
+    "tests.testapp",
+]
+
+_default_db = env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:55432/outbox")
+_other_db = env.db("OTHER_DATABASE_URL", default="postgres://postgres@127.0.0.1:55432/outbox_other")
+# "lite" is never migrated by tests; it exists to show the SQLite-only system check.
+DATABASES = {
+    "default": _default_db,
+    "other": _other_db,
+    "lite": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+}
+
+OUTBOX = {"BROKER_URL": env("OUTBOX_BROKER_URL", default="amqp://guest:guest@127.0.0.1:55672//")}
+REDIS_URL = env("OUTBOX_REDIS_URL", default="redis://127.0.0.1:56379/0")
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_outbox": {"handlers": ["console"], "level": "INFO"}},
+}

@@ -1,0 +1,201 @@
+"""System checks: each bad OUTBOX value gives one exact, namespaced error with a hint."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.core import checks
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test.utils import override_settings
+
+from django_outbox.checks import check_databases, check_settings
+from django_outbox.conf import SETTINGS, outbox_settings
+from django_outbox.exceptions import OutboxConfigurationError
+from django_outbox.routes import Route
+
+BROKER = {"BROKER_URL": "amqp://guest:guest@127.0.0.1:55672//"}
+
+
+def run_with(outbox, **more):
+    with override_settings(OUTBOX=outbox, **more):
+        return check_settings()
+
+
+def test_the_test_settings_are_valid():
+    assert check_settings() == []
+
+
+def test_every_setting_has_a_valid_default():
+    with override_settings(OUTBOX=BROKER):
+        for name in SETTINGS:
+            getattr(outbox_settings, name)
+
+
+def test_outbox_must_be_a_dict():
+    assert run_with(["amqp://"]) == [
+        checks.Error(
+            "settings.OUTBOX must be a dict; got list.",
+            hint='Write OUTBOX = {"BROKER_URL": "amqp://..."} in your settings.',
+            id="django_outbox.E001",
+        )
+    ]
+
+
+def test_unknown_key_is_an_error_not_silence():
+    (error,) = run_with({**BROKER, "BATCHSIZE": 10})
+    assert error == checks.Error(
+        'OUTBOX["BATCHSIZE"] is not a setting of django_outbox.',
+        hint=f"Known settings: {', '.join(SETTINGS)}.",
+        id="django_outbox.E002",
+    )
+
+
+def test_bad_value_names_the_setting_the_expectation_and_the_default():
+    assert run_with({**BROKER, "BATCH_SIZE": "lots"}) == [
+        checks.Error(
+            "OUTBOX[\"BATCH_SIZE\"] must be a positive integer; got 'lots'.",
+            hint="Default: 500. rows the relay claims per batch.",
+            id="django_outbox.E003",
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expectation"),
+    [
+        ("BATCH_SIZE", 0, "must be a positive integer"),
+        ("BATCH_SIZE", True, "must be a positive integer"),
+        ("MAX_ATTEMPTS", 2.5, "must be a positive integer"),
+        ("LEASE_SECONDS", -1, "must be a positive number of seconds or a timedelta"),
+        ("LEASE_SECONDS", "60", "must be a positive number of seconds or a timedelta"),
+        (
+            "RETRY_BASE_DELAY",
+            dt.timedelta(0),
+            "must be a positive number of seconds or a timedelta",
+        ),
+        ("RETRY_JITTER", 1.5, "must be a number between 0 and 1"),
+        ("PUBLISHED_RETENTION", None, "must be a positive number of seconds or a timedelta"),
+        ("POLL_INTERVAL", 0, "must be a positive number of seconds or a timedelta"),
+        ("DEFAULT_ROUTE", "yes", "must be True or False"),
+        ("DEFAULT_EXCHANGE", "has space", "must be an exchange name of letters, digits and ._:/-"),
+        ("BROKER_TRANSPORT_OPTIONS", ["x"], "must be a dict with string keys"),
+        ("BROKER_URL", 42, "must be a non-empty string or None"),
+    ],
+)
+def test_each_knob_is_type_checked(name, value, expectation):
+    errors = run_with({**BROKER, name: value})
+    assert [(e.id, e.msg) for e in errors] == [
+        ("django_outbox.E003", f'OUTBOX["{name}"] {expectation}; got {value!r}.')
+    ]
+    with override_settings(OUTBOX={**BROKER, name: value}):
+        with pytest.raises(OutboxConfigurationError, match=expectation):
+            getattr(outbox_settings, name)
+
+
+@pytest.mark.parametrize(
+    ("routes", "reason"),
+    [
+        (["orders"], "must be a dict of destination -> route dict; got list"),
+        ({"bad name": {}}, "route name 'bad name' is not a valid destination"),
+        ({"orders": "q"}, "route 'orders' must be a dict; got str"),
+        ({"orders": {"exchnage": "x"}}, "route 'orders' has unknown keys ['exchnage']"),
+        (
+            {"orders": {"celery_task": "t", "queue": "q"}},
+            "route 'orders' mixes celery_task with ['queue']",
+        ),
+        ({"orders": {"exchange_type": "weird"}}, "route 'orders' exchange_type must be one of"),
+        (
+            {"orders": {"routing_key": 5}},
+            "route 'orders' key 'routing_key' must be a string; got int",
+        ),
+        ({"orders": {"celery_task": ""}}, "route 'orders' has an empty celery_task"),
+    ],
+)
+def test_malformed_routes(routes, reason):
+    (error,) = run_with({**BROKER, "ROUTES": routes})
+    assert error.id == "django_outbox.E004"
+    assert error.msg.startswith(f'OUTBOX["ROUTES"] is invalid: {reason}')
+    assert (
+        error.hint
+        == "See the ROUTES entry of the settings reference in docs/reference/settings.md."
+    )
+
+
+def test_routes_are_parsed_with_defaults():
+    routes = {
+        "orders": {"exchange": "shop", "routing_key": "order.#", "queue": "orders"},
+        "mail": {"celery_task": "mail.tasks.send"},
+        "audit": {},
+    }
+    with override_settings(OUTBOX={**BROKER, "ROUTES": routes, "DEFAULT_EXCHANGE": "events"}):
+        assert outbox_settings.route_for("orders") == Route(
+            "orders", "shop", "topic", "order.#", "orders"
+        )
+        assert outbox_settings.route_for("mail") == Route("mail", celery_task="mail.tasks.send")
+        assert outbox_settings.route_for("audit") == Route(
+            "audit", "events", "topic", "audit", None
+        )
+        assert outbox_settings.route_for("other") == Route(
+            "other", "events", "topic", "other", "other"
+        )
+
+
+def test_max_delay_below_base_delay():
+    assert run_with({**BROKER, "RETRY_BASE_DELAY": 10, "RETRY_MAX_DELAY": 5}) == [
+        checks.Error(
+            'OUTBOX["RETRY_MAX_DELAY"] (5s) is below RETRY_BASE_DELAY (10s).',
+            hint="Raise RETRY_MAX_DELAY or lower RETRY_BASE_DELAY.",
+            id="django_outbox.E005",
+        )
+    ]
+
+
+def test_no_broker_at_all():
+    assert run_with({}) == [
+        checks.Error(
+            "No broker URL: the outbox relay has nowhere to publish.",
+            hint='Set OUTBOX["BROKER_URL"] (a kombu URL such as amqp://guest:guest@localhost//) '
+            "or CELERY_BROKER_URL.",
+            id="django_outbox.E006",
+        )
+    ]
+
+
+def test_celery_broker_url_is_the_fallback():
+    assert run_with({}, CELERY_BROKER_URL="redis://127.0.0.1:56379/0") == []
+    with override_settings(OUTBOX={}, CELERY_BROKER_URL="redis://127.0.0.1:56379/0"):
+        assert outbox_settings.broker_url == "redis://127.0.0.1:56379/0"
+
+
+def test_unknown_transport_is_named_without_credentials():
+    (error,) = run_with({"BROKER_URL": "amqqp://user:s3cret@host//"})
+    assert error == checks.Error(
+        "The broker URL names an unknown kombu transport 'amqqp'.",
+        hint="Use a kombu URL such as amqp://, redis://, memory:// or filesystem://.",
+        id="django_outbox.E007",
+    )
+    assert "s3cret" not in error.msg + error.hint
+
+
+@pytest.mark.django_db
+def test_manage_py_check_reports_the_errors():
+    with override_settings(OUTBOX={**BROKER, "BATCH_SIZE": -5}):
+        with pytest.raises(SystemCheckError, match=r"django_outbox.E003"):
+            call_command("check", "--database", "default")
+
+
+def test_skip_locked_warning_names_the_database():
+    # PostgreSQL can share the outbox between relays: no warning.
+    assert check_databases(databases=["default", "other"]) == []
+    # SQLite cannot; the alias "lite" exists in tests.settings for this check only
+    # (feature flags need no connection).
+    assert check_databases(databases=["lite"]) == [
+        checks.Warning(
+            "Database 'lite' (sqlite) cannot SELECT ... FOR UPDATE SKIP LOCKED, so relays cannot "
+            "share its outbox.",
+            hint="Run exactly one run_outbox_relay for this database, or use PostgreSQL.",
+            id="django_outbox.W001",
+        )
+    ]

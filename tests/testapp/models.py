@@ -1,0 +1,13 @@
+"""A business model for the tests: the write an event must agree with."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Order(models.Model):
+    customer = models.CharField(max_length=100)
+    total = models.DecimalField(max_digits=10, decimal_places=2)
+
+    def __str__(self) -> str:
+        return f"order {self.pk}"
