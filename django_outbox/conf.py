@@ -158,6 +158,12 @@ SETTINGS: dict[str, Setting] = {
             "how long ABANDONED rows are kept after they were abandoned (timedelta or seconds).",
         ),
         Setting(
+            "CLEANUP_INTERVAL",
+            300,
+            _seconds,
+            "seconds between the retention cleanups a running relay makes.",
+        ),
+        Setting(
             "POLL_INTERVAL",
             1,
             _seconds,

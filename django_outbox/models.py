@@ -17,6 +17,8 @@ from django.db import models
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
+from .db import now_plus as db_now_plus
+
 if TYPE_CHECKING:
     import datetime as dt
 
@@ -36,6 +38,12 @@ class OutboxStatus(models.TextChoices):
     """Attempts exhausted or poison; waits for an operator to requeue it."""
 
 
+#: States a relay claims from (PROCESSING only once its lease has expired).
+CLAIMABLE = (OutboxStatus.PENDING, OutboxStatus.FAILED, OutboxStatus.PROCESSING)
+#: States an operator may requeue.
+REQUEUEABLE = (OutboxStatus.FAILED, OutboxStatus.ABANDONED)
+
+
 class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
     def pending(self) -> OutboxQuerySet:
         return self.filter(status=OutboxStatus.PENDING)
@@ -50,14 +58,60 @@ class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
         return self.filter(status=OutboxStatus.PUBLISHED)
 
     def due(self, now: dt.datetime | Now | None = None) -> OutboxQuerySet:
-        """Rows a relay may claim at ``now`` (default: the database clock):
-        PENDING or FAILED rows whose ``available_at`` has come, and PROCESSING
-        rows whose lease expired."""
-        now = Now() if now is None else now
-        Status = OutboxStatus
-        return self.filter(
-            models.Q(status__in=(Status.PENDING, Status.FAILED), available_at__lte=now)
-            | models.Q(status=Status.PROCESSING, locked_until__lt=now)
+        """Rows a relay may claim at ``now`` (default: the database clock).
+
+        PENDING and FAILED rows whose ``available_at`` has come, and PROCESSING
+        rows whose lease expired: a claim sets ``available_at`` (and
+        ``locked_until``) to the lease's end, so one condition and one index
+        cover all three.
+        """
+        return self.filter(status__in=CLAIMABLE, available_at__lte=Now() if now is None else now)
+
+    def leased(self, token: uuid.UUID) -> OutboxQuerySet:
+        """Rows whose current lease is ``token``: every write a relay makes after
+        its claim goes through this filter, so a relay whose lease was taken
+        over changes nothing."""
+        return self.filter(lease_token=token)
+
+    def mark_published(self) -> int:
+        """PROCESSING -> PUBLISHED. The lease token stays as a record of which
+        claim published the row."""
+        return self.update(
+            status=OutboxStatus.PUBLISHED, published_at=Now(), locked_until=None, last_error=""
+        )
+
+    def mark_failed(self, error: str, delay: float, *, abandon: bool) -> int:
+        """PROCESSING -> FAILED, due again in ``delay`` seconds; or ABANDONED."""
+        if abandon:
+            return self.update(
+                status=OutboxStatus.ABANDONED,
+                attempts=models.F("attempts") + 1,
+                last_error=error,
+                locked_until=None,
+                abandoned_at=Now(),
+            )
+        return self.update(
+            status=OutboxStatus.FAILED,
+            attempts=models.F("attempts") + 1,
+            last_error=error,
+            locked_until=None,
+            available_at=db_now_plus(delay),
+        )
+
+    def requeueable(self) -> OutboxQuerySet:
+        return self.filter(status__in=REQUEUEABLE)
+
+    def requeue(self) -> int:
+        """FAILED/ABANDONED -> PENDING, due now, attempts reset; other rows are left alone."""
+        return self.requeueable().update(
+            status=OutboxStatus.PENDING,
+            attempts=0,
+            available_at=Now(),
+            last_error="",
+            abandoned_at=None,
+            locked_until=None,
+            locked_by="",
+            lease_token=None,
         )
 
 
@@ -103,18 +157,13 @@ class OutboxMessage(models.Model):
             ),
         ]
         indexes = [
-            # The claim: due rows oldest first. Partial, so PUBLISHED rows kept for
-            # retention never enter it and the claim stays fast as they pile up.
+            # The claim: due rows oldest first, expired leases included (see due()).
+            # Partial, so PUBLISHED rows kept for retention never enter it and the
+            # claim stays fast as they pile up.
             models.Index(
                 fields=["available_at", "id"],
                 name="outbox_due_idx",
-                condition=models.Q(status__in=[OutboxStatus.PENDING, OutboxStatus.FAILED]),
-            ),
-            # Expired leases of relays that died holding a batch.
-            models.Index(
-                fields=["locked_until"],
-                name="outbox_lease_idx",
-                condition=models.Q(status=OutboxStatus.PROCESSING),
+                condition=models.Q(status__in=CLAIMABLE),
             ),
             # Retention cleanup, one index per final state.
             models.Index(

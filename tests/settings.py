@@ -34,7 +34,11 @@ DATABASES = {
     "lite": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
 }
 
-OUTBOX = {"BROKER_URL": env("OUTBOX_BROKER_URL", default="amqp://guest:guest@127.0.0.1:55672//")}
+OUTBOX = {
+    "BROKER_URL": env("OUTBOX_BROKER_URL", default="amqp://guest:guest@127.0.0.1:55672//"),
+    # Relay subprocesses started by tests get their knobs from here (JSON).
+    **env.json("OUTBOX_OVERRIDES", default={}),
+}
 REDIS_URL = env("OUTBOX_REDIS_URL", default="redis://127.0.0.1:56379/0")
 
 MIDDLEWARE = [

@@ -54,17 +54,20 @@ def test_inbox_marks_are_unique_per_consumer_and_event():
 
 
 @pytest.mark.django_db
-def test_due_rows_are_pending_failed_when_available_and_expired_leases():
+def test_due_rows_are_available_pending_and_failed_rows_and_expired_leases():
     now = timezone.now()
     hour = dt.timedelta(hours=1)
     due = [
         OutboxMessageFactory(status=Status.PENDING, available_at=now - hour),
         OutboxMessageFactory(status=Status.FAILED, available_at=now - hour),
-        OutboxMessageFactory(status=Status.PROCESSING, locked_until=now - hour),
+        # A claim moves available_at to the lease's end, with locked_until.
+        OutboxMessageFactory(
+            status=Status.PROCESSING, available_at=now - hour, locked_until=now - hour
+        ),
     ]
     OutboxMessageFactory(status=Status.PENDING, available_at=now + hour)
     OutboxMessageFactory(status=Status.FAILED, available_at=now + hour)
-    OutboxMessageFactory(status=Status.PROCESSING, locked_until=now + hour)
+    OutboxMessageFactory(status=Status.PROCESSING, available_at=now + hour, locked_until=now + hour)
     OutboxMessageFactory(published=True)
     OutboxMessageFactory(status=Status.ABANDONED)
     assert list(OutboxMessage.objects.due()) == due

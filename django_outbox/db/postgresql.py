@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import uuid
+from typing import TYPE_CHECKING
+
+from ..envelope import ClaimedMessage
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
 #: The LISTEN/NOTIFY channel a relay waits on; the payload is the table name.
 NOTIFY_CHANNEL = "django_outbox"
 _FUNCTION = "django_outbox_notify"
@@ -30,3 +39,80 @@ def drop_notify_trigger_sql(table: str) -> list[str]:
         f'DROP TRIGGER IF EXISTS {_FUNCTION} ON "{table}"',
         f"DROP FUNCTION IF EXISTS {_FUNCTION}()",
     ]
+
+
+def claim(
+    connection: BaseDatabaseWrapper,
+    limit: int,
+    lease_seconds: float,
+    worker: str,
+    token: uuid.UUID,
+) -> list[ClaimedMessage]:
+    """One statement, so one implicit transaction and one round trip: pick due rows
+    through ``outbox_due_idx`` with SKIP LOCKED, lease them, return them. The
+    payload comes back as JSON text, ready to publish without a decode/encode."""
+    from ..models import CLAIMABLE, OutboxMessage, OutboxStatus
+
+    table = OutboxMessage._meta.db_table
+    claimable = ", ".join(f"'{status.value}'" for status in CLAIMABLE)
+    sql = f"""
+        WITH picked AS (
+            SELECT id FROM "{table}"
+            WHERE status IN ({claimable}) AND available_at <= now()
+            ORDER BY available_at, id
+            LIMIT %s
+            FOR UPDATE SKIP LOCKED
+        )
+        UPDATE "{table}" AS o
+        SET status = '{OutboxStatus.PROCESSING.value}',
+            available_at = now() + make_interval(secs => %s),
+            locked_until = now() + make_interval(secs => %s),
+            locked_by = %s,
+            lease_token = %s
+        FROM picked
+        WHERE o.id = picked.id
+        RETURNING o.id, o.event_id, o.event_type, o.destination, o.payload::text,
+                  o.headers::text, o.ordering_key, o.attempts, o.created_at
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [limit, lease_seconds, lease_seconds, worker, token])
+        rows = cursor.fetchall()
+    rows.sort()
+    # Columns as in CLAIMED_FIELDS, the payload as JSON text and the headers to decode.
+    return [
+        ClaimedMessage.from_columns(
+            row, payload=row[4], headers=json.loads(row[5]) if row[5] != "{}" else {}
+        )
+        for row in rows
+    ]
+
+
+class Listener:
+    """A dedicated autocommit connection that LISTENs for staged rows.
+
+    Kept apart from Django's connection so that waiting never holds a
+    transaction open and a restart of PostgreSQL surfaces as an error here.
+    """
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        import psycopg
+
+        params = connection.get_connection_params()
+        for django_only in ("cursor_factory", "context", "server_side_binding"):
+            params.pop(django_only, None)
+        self._conn = psycopg.connect(**params, autocommit=True)
+        self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds for a notification; True if one came.
+        Notifications that piled up meanwhile are consumed too."""
+        woke = False
+        for _ in self._conn.notifies(timeout=timeout, stop_after=1):
+            woke = True
+        if woke:
+            for _ in self._conn.notifies(timeout=0):
+                pass
+        return woke
+
+    def close(self) -> None:
+        self._conn.close()

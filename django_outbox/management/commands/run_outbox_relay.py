@@ -1,0 +1,117 @@
+"""``manage.py run_outbox_relay``: publish staged events until stopped."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_outbox.models import OutboxMessage
+from django_outbox.relay import BatchStats, Relay
+
+from ._options import add_database_option, positive_int
+
+logger = logging.getLogger("django_outbox.relay")
+
+
+class Command(BaseCommand):
+    help = (
+        "Relay staged outbox events to the broker. Runs until SIGTERM/SIGINT, then finishes "
+        "the batch in hand and exits 0; a second signal exits at once."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        mode = parser.add_mutually_exclusive_group()
+        mode.add_argument("--once", action="store_true", help="relay one batch and exit")
+        mode.add_argument(
+            "--drain",
+            action="store_true",
+            help="relay until nothing is due, then exit (a progress line on a terminal)",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=positive_int,
+            default=None,
+            help="rows claimed per batch (default: OUTBOX['BATCH_SIZE'])",
+        )
+        add_database_option(parser)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        using: str = options["database"]
+        relay = Relay(using, batch_size=options["batch_size"])
+        if options["once"]:
+            with relay:
+                stats = relay.run_once()
+            self.stdout.write(_summary(stats))
+            return
+        stop = threading.Event()
+        self._install_signal_handlers(stop)
+        progress = _Progress(self.stdout, using) if options["drain"] else None
+        started = time.monotonic()
+        totals = relay.run(
+            stop, drain=options["drain"], on_batch=progress.update if progress else None
+        )
+        if progress is not None:
+            progress.finish()
+        elapsed = time.monotonic() - started
+        self.stdout.write(
+            f"{_summary(totals)} in {elapsed:.1f}s "
+            f"({totals.published / elapsed if elapsed else 0:.0f} events/s)"
+        )
+
+    def _install_signal_handlers(self, stop: threading.Event) -> None:
+        def handler(signum: int, frame: FrameType | None) -> None:
+            if stop.is_set():
+                raise CommandError(f"{signal.Signals(signum).name} again: exiting at once")
+            logger.info(
+                "%s: stopping after the batch in hand",
+                signal.Signals(signum).name,
+                extra={"action": "outbox.stopping"},
+            )
+            stop.set()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+
+def _summary(stats: BatchStats) -> str:
+    return (
+        f"claimed {stats.claimed}, published {stats.published}, failed {stats.failed}, "
+        f"abandoned {stats.abandoned}, lease lost {stats.lost}"
+    )
+
+
+class _Progress:
+    """A one-line progress display for --drain, shown only on a terminal."""
+
+    def __init__(self, out: Any, using: str) -> None:
+        self.out = out
+        self.tty = out.isatty() if hasattr(out, "isatty") else sys.stdout.isatty()
+        self.started = time.monotonic()
+        self.done = 0
+        self.total = OutboxMessage.objects.using(using).due().count() if self.tty else 0
+
+    def update(self, stats: BatchStats) -> None:
+        self.done += stats.claimed
+        if not self.tty:
+            return
+        rate = self.done / max(time.monotonic() - self.started, 1e-9)
+        remaining = max(self.total - self.done, 0)
+        width = 30
+        filled = width if not self.total else min(width, width * self.done // self.total)
+        bar = "#" * filled + "-" * (width - filled)
+        self.out.write(
+            f"\r[{bar}] {self.done}/{self.total} {rate:,.0f} events/s, {remaining} remaining",
+            ending="",
+        )
+        self.out.flush()
+
+    def finish(self) -> None:
+        if self.tty and self.done:
+            self.out.write("")

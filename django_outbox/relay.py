@@ -1,0 +1,402 @@
+"""The relay: claim due rows, publish them, record the outcome.
+
+One :class:`Relay` serves one database alias. :meth:`Relay.run_once` handles
+one batch; :meth:`Relay.run` loops until its stop event is set, waking on
+PostgreSQL NOTIFY (or every ``POLL_INTERVAL``), riding out broker and database
+outages with backoff, and running retention cleanup now and then. No argparse,
+no printing, no exits: ``run_outbox_relay`` is a thin command over this class.
+
+Each batch is three short steps: claim (one statement on PostgreSQL), publish
+outside any transaction, and finalize in one transaction where every write is
+filtered by the batch's lease token, so a relay whose lease was taken over
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+from django.db import DatabaseError, close_old_connections, connections, transaction
+
+from . import db, retention
+from .conf import outbox_settings
+from .envelope import ClaimedMessage
+from .models import OutboxMessage
+from .retry import RetryPolicy
+from .routes import Route
+from .signals import event_abandoned, event_failed, event_published
+from .transports.base import Failure, Outcome, Transport
+
+logger = logging.getLogger(__name__)
+
+#: Longest sleep between attempts to reach a broker or database that is down.
+MAX_OUTAGE_BACKOFF = 30.0
+#: How long one slice of an idle wait lasts, so a stop request is seen promptly.
+WAIT_SLICE = 0.5
+
+
+@dataclasses.dataclass
+class BatchStats:
+    """What one batch did."""
+
+    claimed: int = 0
+    published: int = 0
+    failed: int = 0
+    abandoned: int = 0
+    lost: int = 0  # rows whose lease another relay had taken over: left untouched
+    transport_failed: bool = False  # a transient publish error: the broker may be down
+
+    def add(self, other: BatchStats) -> None:
+        for field in ("claimed", "published", "failed", "abandoned", "lost"):
+            setattr(self, field, getattr(self, field) + getattr(other, field))
+
+
+class Relay:
+    def __init__(
+        self,
+        using: str = "default",
+        *,
+        batch_size: int | None = None,
+        worker: str | None = None,
+        transports: dict[str, Transport] | None = None,
+    ) -> None:
+        self.using = using
+        self.batch_size = batch_size or outbox_settings.BATCH_SIZE
+        self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
+        self.policy = RetryPolicy.from_settings()
+        self.lease_seconds = outbox_settings.LEASE_SECONDS
+        #: "broker" and "celery" transports, built on first use.
+        self._transports: dict[str, Transport] = dict(transports or {})
+
+    def close(self) -> None:
+        """Close the broker connections (``run()`` does it when it returns)."""
+        for transport in self._transports.values():
+            transport.close()
+
+    def __enter__(self) -> Relay:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- one batch ------------------------------------------------------------------
+
+    def run_once(self) -> BatchStats:
+        """Claim, publish and finalize one batch; returns what happened."""
+        token = uuid.uuid4()
+        messages = db.claim(
+            self.using,
+            limit=self.batch_size,
+            lease_seconds=self.lease_seconds,
+            worker=self.worker,
+            token=token,
+        )
+        if not messages:
+            return BatchStats()
+        outcomes = self._publish(messages)
+        stats = self._finalize(messages, outcomes, token)
+        logger.debug(
+            "batch of %d: %d published, %d failed, %d abandoned, %d lost",
+            stats.claimed,
+            stats.published,
+            stats.failed,
+            stats.abandoned,
+            stats.lost,
+            extra={"action": "outbox.batch", "using": self.using, **dataclasses.asdict(stats)},
+        )
+        return stats
+
+    def transport(self, route: Route) -> Transport:
+        kind = "celery" if route.is_celery else "broker"
+        if kind not in self._transports:
+            if route.is_celery:
+                from .transports.celery import CeleryTransport
+
+                self._transports[kind] = CeleryTransport()
+            else:
+                from .transports.kombu import KombuTransport
+
+                url = outbox_settings.broker_url
+                if url is None:
+                    raise RuntimeError("no broker URL; manage.py check reports django_outbox.E006")
+                self._transports[kind] = KombuTransport(
+                    url, outbox_settings.BROKER_TRANSPORT_OPTIONS
+                )
+        return self._transports[kind]
+
+    def _publish(self, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+        outcomes: dict[int, Outcome] = {}
+        by_destination = itertools.groupby(
+            sorted(messages, key=lambda m: (m.destination, m.id)), key=lambda m: m.destination
+        )
+        for destination, group in by_destination:
+            batch = list(group)
+            route = outbox_settings.route_for(destination)
+            if route is None:
+                unknown = Failure(
+                    f"destination {destination!r} has no route: it is not in OUTBOX['ROUTES'] "
+                    "and OUTBOX['DEFAULT_ROUTE'] is False",
+                    permanent=True,
+                )
+                results: list[Outcome] = [unknown] * len(batch)
+            else:
+                try:
+                    results = self.transport(route).publish(route, batch)
+                except Exception as exc:  # a bug or an error no transport classified
+                    logger.exception(
+                        "publishing to %r failed unexpectedly",
+                        destination,
+                        extra={"action": "outbox.publish_error", "destination": destination},
+                    )
+                    results = [Failure.from_exception(exc)] * len(batch)
+            outcomes.update(zip((m.id for m in batch), results, strict=True))
+        return [outcomes[m.id] for m in messages]
+
+    def _finalize(
+        self, messages: Sequence[ClaimedMessage], outcomes: Sequence[Outcome], token: uuid.UUID
+    ) -> BatchStats:
+        stats = BatchStats(claimed=len(messages))
+        published = [m for m, outcome in zip(messages, outcomes, strict=True) if outcome is None]
+        # Rows that failed alike (same error, same attempts) are written with one UPDATE.
+        failures: dict[tuple[str, bool, int], list[ClaimedMessage]] = {}
+        for message, outcome in zip(messages, outcomes, strict=True):
+            if outcome is not None:
+                attempts = message.attempts + 1
+                abandon = outcome.permanent or self.policy.exhausted(attempts)
+                failures.setdefault((outcome.error, abandon, attempts), []).append(message)
+                stats.transport_failed |= not outcome.permanent
+        rows = OutboxMessage.objects.using(self.using)
+        lost: list[ClaimedMessage] = []
+        with transaction.atomic(using=self.using):
+            if published:
+                ids = [m.id for m in published]
+                if rows.filter(id__in=ids).leased(token).mark_published() != len(ids):
+                    # Published rows keep the token: those without it were taken over.
+                    kept = set(rows.filter(id__in=ids).leased(token).values_list("id", flat=True))
+                    lost += [m for m in published if m.id not in kept]
+                    published = [m for m in published if m.id in kept]
+            for (error, abandon, attempts), group in failures.items():
+                ids = [m.id for m in group]
+                delay = 0.0 if abandon else self.policy.delay(attempts)
+                changed = rows.filter(id__in=ids).leased(token)
+                if changed.mark_failed(error, delay, abandon=abandon) != len(ids):
+                    mine = set(rows.filter(id__in=ids).leased(token).values_list("id", flat=True))
+                    lost += [m for m in group if m.id not in mine]
+        lost_ids = {m.id for m in lost}
+        stats.published = len(published)
+        abandoned = [
+            (m, error)
+            for (error, abandon, _), group in failures.items()
+            if abandon
+            for m in group
+            if m.id not in lost_ids
+        ]
+        failed = [
+            (m, error)
+            for (error, abandon, _), group in failures.items()
+            if not abandon
+            for m in group
+            if m.id not in lost_ids
+        ]
+        stats.abandoned, stats.failed, stats.lost = len(abandoned), len(failed), len(lost)
+        if lost:
+            logger.warning(
+                "lease lost on %d row(s): another relay took them over; left them alone",
+                len(lost),
+                extra={
+                    "action": "outbox.lease_lost",
+                    "using": self.using,
+                    "worker": self.worker,
+                    "ids": [m.id for m in lost][:50],
+                },
+            )
+        for (error, abandon, _), group in failures.items():
+            if abandon:
+                logger.error(
+                    "abandoned %d row(s): %s",
+                    len(group),
+                    error,
+                    extra={"action": "outbox.abandoned", "ids": [m.id for m in group][:50]},
+                )
+        self._send(event_published, published, None)
+        self._send(event_failed, [m for m, _ in failed], [e for _, e in failed])
+        self._send(event_abandoned, [m for m, _ in abandoned], [e for _, e in abandoned])
+        return stats
+
+    def _send(self, signal, messages: list[ClaimedMessage], errors: list[str] | None) -> None:  # type: ignore[no-untyped-def]
+        if not messages or not signal.has_listeners(OutboxMessage):
+            return
+        extra = {} if errors is None else {"errors": errors}
+        for receiver, error in signal.send_robust(
+            OutboxMessage, messages=messages, using=self.using, **extra
+        ):
+            if isinstance(error, Exception):
+                logger.error(
+                    "signal receiver %r failed",
+                    receiver,
+                    exc_info=error,
+                    extra={"action": "outbox.signal_failed"},
+                )
+
+    # -- the loop -------------------------------------------------------------------
+
+    def run(
+        self,
+        stop: threading.Event,
+        *,
+        drain: bool = False,
+        on_batch: Callable[[BatchStats], None] | None = None,
+    ) -> BatchStats:
+        """Relay until ``stop`` is set (or, with ``drain``, until nothing is due).
+
+        Returns the totals. A batch in progress when ``stop`` is set is finished
+        first, so its rows are not left PROCESSING.
+        """
+        totals = BatchStats()
+        outage = _Outage()
+        listener: db.postgresql.Listener | None = None
+        next_cleanup = time.monotonic() + random.uniform(0, outbox_settings.CLEANUP_INTERVAL)
+        try:
+            while not stop.is_set():
+                close_old_connections()
+                try:
+                    if outage.broker_down and not self._broker_back(outage):
+                        stop.wait(outage.backoff())
+                        continue
+                    if listener is None and not drain:
+                        listener = db.listen(self.using)
+                    stats = self.run_once()
+                    if outage.database_down:
+                        outage.database_recovered(self.using)
+                except DatabaseError as exc:
+                    outage.database_failed(self.using, exc)
+                    connections[self.using].close()
+                    listener = _closed(listener)
+                    stop.wait(outage.backoff())
+                    continue
+                totals.add(stats)
+                if on_batch is not None and stats.claimed:
+                    on_batch(stats)
+                if stats.transport_failed:
+                    outage.broker_suspect()
+                if stats.claimed:
+                    continue
+                if drain:
+                    break
+                if time.monotonic() >= next_cleanup:
+                    next_cleanup = time.monotonic() + outbox_settings.CLEANUP_INTERVAL
+                    try:
+                        retention.cleanup(self.using)
+                    except DatabaseError:
+                        logger.warning("retention cleanup failed", exc_info=True)
+                listener = self._idle(stop, listener)
+        finally:
+            _closed(listener)
+            self.close()
+        return totals
+
+    def _broker_back(self, outage: _Outage) -> bool:
+        try:
+            for transport in self._transports.values():
+                transport.check()
+        except Exception as exc:  # any connect error: still down
+            outage.broker_failed(exc)
+            return False
+        outage.broker_recovered()
+        return True
+
+    def _idle(
+        self, stop: threading.Event, listener: db.postgresql.Listener | None
+    ) -> db.postgresql.Listener | None:
+        """Sleep until staged rows commit (NOTIFY), POLL_INTERVAL passes, or stop."""
+        deadline = time.monotonic() + outbox_settings.POLL_INTERVAL
+        while not stop.is_set() and (remaining := deadline - time.monotonic()) > 0:
+            if listener is None:
+                stop.wait(min(remaining, WAIT_SLICE))
+                continue
+            try:
+                if listener.wait(min(remaining, WAIT_SLICE)):
+                    break
+            except Exception as exc:  # the LISTEN connection broke: poll until the next batch
+                logger.warning(
+                    "LISTEN connection lost (%s); polling every %ss",
+                    exc,
+                    outbox_settings.POLL_INTERVAL,
+                    extra={"action": "outbox.listen_lost", "using": self.using},
+                )
+                listener = _closed(listener)
+        return listener
+
+
+def _closed(listener: db.postgresql.Listener | None) -> db.postgresql.Listener | None:
+    """Close ``listener`` if there is one; returns None to store in its place."""
+    if listener is not None:
+        try:
+            listener.close()
+        except Exception:  # already broken
+            logger.debug("closing a broken LISTEN connection failed", exc_info=True)
+    return None
+
+
+class _Outage:
+    """Tracks broker and database outages: logs once when one starts and once when
+    it ends, and spaces out reconnection attempts (1, 2, 4 ... 30 s)."""
+
+    def __init__(self) -> None:
+        self.broker_down = False
+        self.database_down = False
+        self.since = 0.0
+        self.failures = 0
+
+    def backoff(self) -> float:
+        self.failures += 1
+        return min(MAX_OUTAGE_BACKOFF, 2 ** (self.failures - 1)) * random.uniform(0.8, 1.0)
+
+    def broker_suspect(self) -> None:
+        if not self.broker_down:
+            self.broker_down, self.since, self.failures = True, time.monotonic(), 0
+
+    def broker_failed(self, exc: BaseException) -> None:
+        if self.failures == 0:
+            logger.warning(
+                "broker unreachable (%s); retrying with backoff",
+                exc,
+                extra={"action": "outbox.broker_down"},
+            )
+
+    def broker_recovered(self) -> None:
+        if self.failures:
+            logger.warning(
+                "broker reachable again after %.1fs",
+                time.monotonic() - self.since,
+                extra={"action": "outbox.broker_up"},
+            )
+        self.broker_down, self.failures = False, 0
+
+    def database_failed(self, using: str, exc: BaseException) -> None:
+        if not self.database_down:
+            self.database_down, self.since, self.failures = True, time.monotonic(), 0
+            logger.warning(
+                "database %r unreachable (%s); retrying with backoff",
+                using,
+                exc,
+                extra={"action": "outbox.database_down", "using": using},
+            )
+
+    def database_recovered(self, using: str) -> None:
+        logger.warning(
+            "database %r reachable again after %.1fs",
+            using,
+            time.monotonic() - self.since,
+            extra={"action": "outbox.database_up", "using": using},
+        )
+        self.database_down, self.failures = False, 0

@@ -1,0 +1,63 @@
+"""The contract between the relay and a broker.
+
+A transport publishes the claimed messages of one route and reports, for each
+message, ``None`` (the broker has it: confirmed where the transport has
+confirms) or a :class:`Failure`. It never raises for a message it could not
+publish; the relay turns outcomes into state changes. Adding a broker is one
+new module with a :class:`Transport` subclass.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Sequence
+
+from ..envelope import ClaimedMessage
+from ..routes import Route
+
+#: Longest error text kept on a row (``last_error``).
+MAX_ERROR_LENGTH = 2000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Failure:
+    """Why one message was not published.
+
+    ``permanent`` failures (the message can never be published as it is:
+    an unencodable header, a payload a Celery task cannot take) abandon the
+    row at once; the others are retried with backoff.
+    """
+
+    error: str
+    permanent: bool = False
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, *, permanent: bool = False) -> Failure:
+        return cls(f"{type(exc).__name__}: {exc}"[:MAX_ERROR_LENGTH], permanent)
+
+
+#: One outcome per message: None when the broker has it.
+Outcome = Failure | None
+
+
+class Transport(abc.ABC):
+    """A way to publish. Subclasses say what they can do through the flags."""
+
+    #: The broker acknowledges each message (PUBLISHED then means "the broker has it").
+    supports_confirms: bool = False
+    #: A batch costs fewer round trips than one per message.
+    supports_batch: bool = False
+
+    @abc.abstractmethod
+    def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+        """Publish ``messages`` (all of ``route``) in order; one outcome each."""
+
+    @abc.abstractmethod
+    def check(self) -> None:
+        """Connect if needed; raise the transport's connection error if the broker
+        cannot be reached. Called by the relay while it waits out an outage."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Drop connections; the next call reconnects."""

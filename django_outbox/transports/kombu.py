@@ -1,0 +1,238 @@
+"""Publishing through kombu: RabbitMQ with pipelined publisher confirms, and every
+other kombu transport (Redis, SQS, filesystem, memory) through its producer.
+
+On RabbitMQ (py-amqp) the channel is put in confirm mode once; a batch is
+written without waiting, then the broker's ``basic.ack``/``basic.nack`` frames
+(possibly ``multiple=True``) are collected. A message counts as published only
+when its own delivery tag was acked; a nack, a lost connection or the confirm
+timeout fail the messages still unconfirmed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import kombu
+import kombu.exceptions
+
+from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, ClaimedMessage
+from ..routes import Route
+from .base import Failure, Outcome, Transport
+
+logger = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 5.0
+CONFIRM_TIMEOUT = 30.0
+#: Errors that mean "the message could not be encoded": retrying cannot help.
+ENCODE_ERRORS = (TypeError, ValueError, UnicodeError, kombu.exceptions.EncodeError)
+
+
+def routing_key(route: Route, message: ClaimedMessage) -> str:
+    """The route's routing key, with ``{key}`` replaced by the message's ordering key."""
+    return route.routing_key.replace("{key}", message.ordering_key)
+
+
+def binding_key(route: Route) -> str:
+    """What the route's queue is bound with: ``{key}`` matches any key on a topic exchange."""
+    return route.routing_key.replace("{key}", "#" if route.exchange_type == "topic" else "")
+
+
+#: An outcome not known yet: not sent, or sent and not confirmed.
+_UNSETTLED: Any = object()
+
+
+class _Confirms:
+    """Delivery tags of one confirm-mode channel and the batch they belong to."""
+
+    def __init__(self, channel: Any) -> None:
+        channel.confirm_select()
+        channel.events["basic_ack"].add(self._on_ack)
+        channel.events["basic_nack"].add(self._on_nack)
+        self.last_tag = 0  # the broker numbers a channel's messages 1, 2, ...
+        self.pending: dict[int, int] = {}  # delivery tag -> index in the batch
+        self.outcomes: list[Outcome] = []
+
+    def start(self, outcomes: list[Outcome]) -> None:
+        self.pending.clear()
+        self.outcomes = outcomes
+
+    def sent(self, index: int) -> None:
+        self.last_tag += 1
+        self.pending[self.last_tag] = index
+
+    def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
+        for index in self._settle(delivery_tag, multiple):
+            self.outcomes[index] = None
+
+    def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
+        for index in self._settle(delivery_tag, multiple):
+            self.outcomes[index] = Failure("the broker refused the message (basic.nack)")
+
+    def _settle(self, delivery_tag: int, multiple: bool) -> list[int]:
+        tags = [t for t in self.pending if t <= delivery_tag] if multiple else [delivery_tag]
+        return [self.pending.pop(tag) for tag in tags if tag in self.pending]
+
+
+class KombuTransport(Transport):
+    """One connection and channel per relay, declared topology cached per route."""
+
+    supports_batch = True
+
+    def __init__(
+        self,
+        url: str,
+        transport_options: dict[str, Any] | None = None,
+        *,
+        confirm_timeout: float = CONFIRM_TIMEOUT,
+    ) -> None:
+        self._url = url
+        self._options = dict(transport_options or {})
+        self._confirm_timeout = confirm_timeout
+        self._connection: kombu.Connection | None = None
+        self._channel: Any = None
+        self._producer: kombu.Producer | None = None
+        self._confirms: _Confirms | None = None
+        self._declared: set[Route] = set()
+        # Building a Connection does not connect; it tells which driver the URL names.
+        self.supports_confirms = kombu.Connection(url).transport.driver_type == "amqp"
+
+    # -- connection -----------------------------------------------------------------
+
+    def _connect(self) -> kombu.Connection:
+        if self._connection is None:
+            connection = kombu.Connection(
+                self._url, transport_options=self._options, connect_timeout=CONNECT_TIMEOUT
+            )
+            try:
+                connection.connect()  # one attempt; the relay owns the backoff
+                channel = connection.channel()
+                confirms = (
+                    _Confirms(channel) if connection.transport.driver_type == "amqp" else None
+                )
+            except BaseException:
+                connection.release()
+                raise
+            self._connection, self._channel, self._confirms = connection, channel, confirms
+            self._producer = kombu.Producer(channel, auto_declare=False)
+        return self._connection
+
+    def check(self) -> None:
+        self._connect()
+
+    def close(self) -> None:
+        connection, self._connection = self._connection, None
+        self._channel = self._producer = self._confirms = None
+        self._declared.clear()
+        if connection is not None:
+            try:
+                connection.release()
+            except Exception:  # the connection is already broken; nothing to save
+                logger.debug("error closing a broken broker connection", exc_info=True)
+
+    def _transient_errors(self) -> tuple[type[BaseException], ...]:
+        connection = self._connection
+        known: tuple[type[BaseException], ...] = (
+            kombu.exceptions.OperationalError,
+            OSError,
+            TimeoutError,
+        )
+        if connection is not None:
+            known += tuple(connection.connection_errors) + tuple(connection.channel_errors)
+        return known
+
+    # -- publishing -----------------------------------------------------------------
+
+    def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+        outcomes: list[Outcome] = [_UNSETTLED] * len(messages)
+        try:
+            self._connect()
+            self._declare(route)
+            if self._confirms is not None:
+                self._publish_confirmed(route, messages, outcomes)
+            else:
+                self._publish_each(route, messages, outcomes)
+        except self._transient_errors() as exc:
+            # Whatever was not confirmed may or may not have reached the broker:
+            # it is retried (at-least-once), and the channel starts afresh.
+            self.close()
+            failure = Failure.from_exception(exc)
+            outcomes = [failure if outcome is _UNSETTLED else outcome for outcome in outcomes]
+        return outcomes
+
+    def _declare(self, route: Route) -> None:
+        if route in self._declared:
+            return
+        if route.exchange:
+            exchange = kombu.Exchange(route.exchange, route.exchange_type, durable=True)
+            exchange(self._channel).declare()
+        if route.queue:
+            queue = kombu.Queue(
+                route.queue,
+                kombu.Exchange(route.exchange, route.exchange_type, durable=True)
+                if route.exchange
+                else None,
+                routing_key=binding_key(route) if route.exchange else route.queue,
+                durable=True,
+            )
+            queue(self._channel).declare()
+        self._declared.add(route)
+
+    def _publish_each(
+        self, route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
+    ) -> None:
+        assert self._producer is not None
+        for index, message in enumerate(messages):
+            try:
+                self._producer.publish(
+                    message.body,
+                    exchange=route.exchange,
+                    routing_key=routing_key(route, message),
+                    content_type=CONTENT_TYPE,
+                    content_encoding=CONTENT_ENCODING,
+                    headers=message.wire_headers(),
+                    delivery_mode=2,
+                    message_id=str(message.event_id),
+                    retry=False,
+                )
+            except ENCODE_ERRORS as exc:
+                outcomes[index] = Failure.from_exception(exc, permanent=True)
+            else:
+                outcomes[index] = None
+
+    def _publish_confirmed(
+        self, route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
+    ) -> None:
+        channel, confirms, connection = self._channel, self._confirms, self._connection
+        assert confirms is not None and connection is not None
+        confirms.start(outcomes)
+        for index, message in enumerate(messages):
+            try:
+                amqp_message = channel.prepare_message(
+                    message.body,
+                    content_type=CONTENT_TYPE,
+                    content_encoding=CONTENT_ENCODING,
+                    headers=message.wire_headers(),
+                    properties={"delivery_mode": 2, "message_id": str(message.event_id)},
+                )
+            except ENCODE_ERRORS as exc:
+                outcomes[index] = Failure.from_exception(exc, permanent=True)
+                continue
+            channel.basic_publish(
+                amqp_message, exchange=route.exchange, routing_key=routing_key(route, message)
+            )
+            confirms.sent(index)
+        deadline = time.monotonic() + self._confirm_timeout
+        while confirms.pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"{len(confirms.pending)} of {len(messages)} messages were not confirmed "
+                    f"by the broker within {self._confirm_timeout:g}s"
+                )
+            try:
+                connection.drain_events(timeout=remaining)
+            except TimeoutError:
+                continue

@@ -1,0 +1,185 @@
+"""Helpers for tests that run real relay processes against real brokers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import kombu
+from django.conf import settings
+from django.db import connections, transaction
+
+from django_outbox import stage_many
+from django_outbox.models import OutboxMessage
+
+REPO = Path(__file__).resolve().parent.parent
+AMQP_URL = settings.OUTBOX["BROKER_URL"]
+REDIS_URL = settings.REDIS_URL
+
+
+def unique_destination(prefix: str = "t") -> str:
+    """A destination (and so a queue) no other test uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def stage_events(
+    count: int, destination: str, *, using: str = "default", chunk: int = 1000, keys: int = 0
+):
+    """Commit ``count`` events to ``destination``; payload {"n": i}. Returns their event ids."""
+    ids: list[str] = []
+    for start in range(0, count, chunk):
+        with transaction.atomic(using=using):
+            rows = stage_many(
+                [
+                    {
+                        "event_type": "test.event",
+                        "payload": {"n": n},
+                        "destination": destination,
+                        **({"key": f"k{n % keys}"} if keys else {}),
+                    }
+                    for n in range(start, min(start + chunk, count))
+                ],
+                using=using,
+            )
+        ids += [str(row.event_id) for row in rows]
+    return ids
+
+
+def database_url(alias: str = "default") -> str:
+    """The URL of the database the tests really use (pytest-django's test_ database)."""
+    params = connections[alias].settings_dict
+    return f"postgres://{params['USER']}@{params['HOST']}:{params['PORT']}/{params['NAME']}"
+
+
+def relay_env(**outbox: Any) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        DATABASE_URL=database_url("default"),
+        OTHER_DATABASE_URL=database_url("other"),
+        OUTBOX_OVERRIDES=json.dumps(outbox),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def relay_command(*args: str) -> list[str]:
+    return [sys.executable, str(REPO / "manage.py"), "run_outbox_relay", *args]
+
+
+def start_relay(*args: str, **outbox: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        relay_command(*args),
+        cwd=REPO,
+        env=relay_env(**outbox),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def run_relay(*args: str, timeout: float = 300, **outbox: Any) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        relay_command(*args),
+        cwd=REPO,
+        env=relay_env(**outbox),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def manage(*args: str, **outbox: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(REPO / "manage.py"), *args],
+        cwd=REPO,
+        env=relay_env(**outbox),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def stop(
+    process: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 60
+) -> tuple[int, str, str]:
+    process.send_signal(sig)
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out, err
+
+
+def wait_until(predicate, *, timeout: float, interval: float = 0.1, what: str = "condition"):
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def status_counts(using: str = "default") -> dict[str, int]:
+    counts = {s.value: 0 for s in OutboxMessage.Status}
+    for status in OutboxMessage.objects.using(using).values_list("status", flat=True):
+        counts[status] += 1
+    return counts
+
+
+@contextmanager
+def broker_connection(url: str = AMQP_URL) -> Iterator[kombu.Connection]:
+    connection = kombu.Connection(url, connect_timeout=10)
+    try:
+        yield connection
+    finally:
+        connection.release()
+
+
+def consume(
+    queue: str,
+    expected: int,
+    *,
+    url: str = AMQP_URL,
+    timeout: float = 120,
+    idle: float = 1.0,
+) -> list[kombu.Message]:
+    """Read every message from ``queue`` (acking each) until ``expected`` arrived and the
+    queue stayed quiet for ``idle`` seconds, so extra (duplicate) messages are seen too."""
+    received: list[kombu.Message] = []
+    deadline = time.monotonic() + timeout
+    with broker_connection(url) as connection:
+        simple = connection.SimpleQueue(queue, no_ack=False)
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    message = simple.get(block=True, timeout=idle)
+                except simple.Empty:
+                    if len(received) >= expected:
+                        break
+                    continue
+                message.ack()
+                received.append(message)
+        finally:
+            simple.close()
+    return received
+
+
+def delete_queue(queue: str, url: str = AMQP_URL) -> None:
+    with broker_connection(url) as connection:
+        kombu.Queue(queue, channel=connection.channel()).delete()
+
+
+def services(*args: str) -> None:
+    """Drive scripts/services (stop/start a broker for outage tests)."""
+    subprocess.run([str(REPO / "scripts" / "services"), *args], check=True, timeout=180)

@@ -1,0 +1,418 @@
+"""The relay against real PostgreSQL and real RabbitMQ/Redis; the tests read from the broker."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import signal
+import time
+import uuid
+from collections import Counter
+
+import pytest
+from django.db import transaction
+from django.test.utils import override_settings
+from django.utils import timezone
+
+from django_outbox import db, stage
+from django_outbox.models import OutboxMessage
+from django_outbox.relay import Relay
+from django_outbox.signals import event_abandoned, event_failed, event_published
+from tests.factories import OutboxMessageFactory
+from tests.support import (
+    AMQP_URL,
+    REDIS_URL,
+    consume,
+    delete_queue,
+    manage,
+    run_relay,
+    stage_events,
+    start_relay,
+    status_counts,
+    stop,
+    unique_destination,
+    wait_until,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
+
+Status = OutboxMessage.Status
+
+
+@pytest.fixture
+def destination():
+    name = unique_destination()
+    yield name
+    delete_queue(name)
+
+
+def ids_of(messages) -> list[str]:
+    return [m.headers["event_id"] for m in messages]
+
+
+@pytest.mark.slow
+def test_drain_relays_ten_thousand_events_to_rabbitmq_with_the_wire_format(destination):
+    staged = stage_events(10_000, destination, keys=10)
+    rows = {str(r.event_id): r for r in OutboxMessage.objects.all()}
+
+    started = time.monotonic()
+    result = run_relay("--drain")
+    elapsed = time.monotonic() - started
+    print(f"\nrelay --drain: 10000 events to RabbitMQ in {elapsed:.2f}s: {result.stdout.strip()}")
+
+    messages = consume(destination, 10_000)
+    assert sorted(ids_of(messages)) == sorted(staged)  # every event, none twice
+    assert status_counts()["published"] == 10_000
+    message = messages[0]
+    row = rows[message.headers["event_id"]]
+    assert json.loads(message.body) == row.payload
+    assert message.content_type == "application/json"
+    assert message.content_encoding == "utf-8"
+    assert message.properties["message_id"] == str(row.event_id)
+    assert message.properties["delivery_mode"] == 2
+    assert message.headers == {
+        "event_id": str(row.event_id),
+        "event_type": "test.event",
+        "occurred_at": row.created_at.isoformat(),
+        "ordering_key": row.ordering_key,
+        "correlation_id": str(row.event_id),
+        "causation_id": None,
+    }
+    assert all(json.loads(m.body) == rows[m.headers["event_id"]].payload for m in messages)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [2, 4])
+def test_parallel_relays_share_the_work_and_publish_nothing_twice(destination, processes):
+    staged = stage_events(4000, destination)
+    relays = [start_relay("--drain", "--batch-size", "50") for _ in range(processes)]
+    outputs = [relay.communicate(timeout=300) for relay in relays]
+    assert [relay.returncode for relay in relays] == [0] * processes, outputs
+
+    received = ids_of(consume(destination, 4000))
+    assert Counter(received).most_common(1)[0][1] == 1  # none twice
+    assert sorted(received) == sorted(staged)
+    claimed_by = [int(out.split("claimed ")[1].split(",")[0]) for out, _ in outputs]
+    assert sum(claimed_by) == 4000
+    assert sum(1 for n in claimed_by if n > 0) >= 2, claimed_by  # the work was shared
+
+
+@pytest.mark.slow
+def test_sigkill_mid_drain_then_restart_after_the_lease_loses_nothing(destination):
+    staged = stage_events(5000, destination)
+    lease = {"LEASE_SECONDS": 2}
+    relay = start_relay("--batch-size", "200", **lease)
+    wait_until(lambda: status_counts()["published"] >= 1000, timeout=120, what="1000 published")
+    relay.kill()  # SIGKILL: no chance to finish the batch in hand
+    relay.communicate(timeout=30)  # reap it and close its pipes
+    assert relay.returncode == -signal.SIGKILL
+    left = status_counts()
+    assert left["published"] < 5000
+
+    time.sleep(lease["LEASE_SECONDS"] + 0.5)  # the dead relay's lease expires
+    run_relay("--drain", "--batch-size", "200", **lease)
+
+    received = ids_of(consume(destination, 5000))
+    assert set(received) == set(staged)  # every event arrived
+    duplicates = len(received) - len(set(received))
+    print(f"\nSIGKILL after {left['published']} published: {duplicates} duplicates")
+    assert duplicates <= 200  # at most the batch in flight
+    assert status_counts()["published"] == 5000
+
+
+@pytest.mark.slow
+def test_broker_outage_mid_relay_fails_rows_with_backoff_and_delivers_all(destination):
+    from tests.support import services
+
+    staged = stage_events(3000, destination)
+    relay = start_relay(
+        "--batch-size", "100", RETRY_BASE_DELAY=0.5, RETRY_MAX_DELAY=2, POLL_INTERVAL=0.2
+    )
+    try:
+        wait_until(lambda: status_counts()["published"] >= 300, timeout=60, what="300 published")
+        services("stop", "rabbitmq")
+        try:
+            # Rows claimed during the outage fail, and the relay stays up.
+            wait_until(
+                lambda: OutboxMessage.objects.filter(attempts__gte=1).exists(),
+                timeout=60,
+                what="a failed attempt",
+            )
+            time.sleep(2)
+            assert relay.poll() is None, relay.stderr.read() if relay.poll() is not None else ""
+        finally:
+            services("start", "rabbitmq")
+        wait_until(lambda: status_counts()["published"] == 3000, timeout=180, what="all published")
+    finally:
+        code, _, err = stop(relay)
+    assert code == 0, err
+    assert err.count("broker unreachable") == 1, err  # logged once per outage
+    assert OutboxMessage.objects.filter(attempts__gte=1).exists()
+    received = ids_of(consume(destination, 3000))
+    assert set(received) == set(staged)
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_batch_in_hand_and_exits_zero(destination):
+    stage_events(20_000, destination)
+    relay = start_relay("--batch-size", "500")
+    wait_until(lambda: status_counts()["published"] >= 500, timeout=60, what="a first batch")
+    code, out, err = stop(relay, signal.SIGTERM)
+    assert code == 0, err
+    counts = status_counts()
+    assert counts["processing"] == 0  # the batch in hand was finished, not abandoned
+    assert counts["published"] + counts["pending"] == 20_000
+    assert "published" in out
+
+
+@pytest.mark.slow
+def test_redis_drain(destination):
+    staged = stage_events(3000, destination)
+    started = time.monotonic()
+    result = run_relay("--drain", BROKER_URL=REDIS_URL)
+    elapsed = time.monotonic() - started
+    print(f"\nrelay --drain: 3000 events to Redis in {elapsed:.2f}s: {result.stdout.strip()}")
+    messages = consume(destination, 3000, url=REDIS_URL)
+    assert sorted(ids_of(messages)) == sorted(staged)
+    assert json.loads(messages[0].body) == {"n": int(json.loads(messages[0].body)["n"])}
+
+
+def test_poison_row_is_abandoned_and_the_rest_of_its_batch_publishes(destination):
+    routes = {"ROUTES": {destination: {"queue": destination}}, "DEFAULT_ROUTE": False}
+    staged = stage_events(20, destination)
+    # A row for a destination that lost its route after it was staged.
+    poison = OutboxMessageFactory(destination="retired-destination", event_type="old.event")
+
+    run_relay("--once", **routes)
+
+    poison.refresh_from_db()
+    assert poison.status == Status.ABANDONED
+    assert poison.attempts == 1
+    assert poison.last_error == (
+        "destination 'retired-destination' has no route: it is not in OUTBOX['ROUTES'] "
+        "and OUTBOX['DEFAULT_ROUTE'] is False"
+    )
+    assert sorted(ids_of(consume(destination, 20))) == sorted(staged)
+
+    # Requeue refuses rows in other states, then brings the poison row back.
+    published = OutboxMessage.objects.filter(status=Status.PUBLISHED).first()
+    refused = manage("outbox_requeue", "--id", str(published.pk), str(poison.event_id))
+    assert refused.returncode == 1
+    assert f"not {published.pk} (published)" in refused.stderr
+    assert OutboxMessage.objects.get(pk=poison.pk).status == Status.ABANDONED
+
+    requeued = manage("outbox_requeue", "--id", str(poison.event_id))
+    assert requeued.returncode == 0, requeued.stderr
+    assert requeued.stdout.strip() == "requeued 1 row"
+    poison.refresh_from_db()
+    assert (poison.status, poison.attempts, poison.last_error) == (Status.PENDING, 0, "")
+
+
+def test_retention_deletes_only_what_is_old_enough():
+    now = timezone.now()
+    old = OutboxMessageFactory(published=True, published_at=now - dt.timedelta(days=8))
+    young = OutboxMessageFactory(published=True, published_at=now - dt.timedelta(days=6))
+    old_abandoned = OutboxMessageFactory(
+        status=Status.ABANDONED, abandoned_at=now - dt.timedelta(days=31)
+    )
+    young_abandoned = OutboxMessageFactory(
+        status=Status.ABANDONED, abandoned_at=now - dt.timedelta(days=29)
+    )
+    pending = OutboxMessageFactory(available_at=now - dt.timedelta(days=60))
+
+    dry = manage("outbox_cleanup", "--dry-run")
+    assert dry.stdout.strip() == "would delete 1 published and 1 abandoned rows"
+    assert OutboxMessage.objects.count() == 5
+
+    done = manage("outbox_cleanup")
+    assert done.stdout.strip() == "deleted 1 published and 1 abandoned rows"
+    assert set(OutboxMessage.objects.values_list("pk", flat=True)) == {
+        young.pk,
+        young_abandoned.pk,
+        pending.pk,
+    }
+    assert not OutboxMessage.objects.filter(pk__in=[old.pk, old_abandoned.pk]).exists()
+
+
+def test_a_relay_whose_lease_was_taken_over_changes_nothing(destination, caplog):
+    stage_events(3, destination)
+    relay = Relay(worker="zombie")
+    token = uuid.uuid4()
+    claimed = db.claim("default", limit=10, lease_seconds=60, worker="zombie", token=token)
+    # Another relay takes the rows over (as after the zombie's lease expired).
+    OutboxMessage.objects.update(lease_token=uuid.uuid4(), locked_by="rescuer")
+    stats = relay._finalize(claimed, [None, None, None], token)
+
+    assert (stats.published, stats.lost) == (0, 3)
+    assert set(OutboxMessage.objects.values_list("status", "locked_by")) == {
+        (Status.PROCESSING, "rescuer")
+    }
+    (record,) = [r for r in caplog.records if getattr(r, "action", "") == "outbox.lease_lost"]
+    assert record.levelname == "WARNING"
+    assert sorted(record.ids) == sorted(m.id for m in claimed)
+
+
+def test_transient_failures_back_off_then_abandon_and_signals_fire():
+    with transaction.atomic():
+        stage("a.b", {"n": 1}, destination="nowhere")
+    seen = []
+
+    def collect(signal_name):
+        return lambda sender, messages, using, **kw: seen.append(
+            (signal_name, len(messages), kw.get("errors"))
+        )
+
+    receivers = {event_failed: collect("failed"), event_abandoned: collect("abandoned")}
+    for sig, receiver in receivers.items():
+        sig.connect(receiver)
+    # Nothing listens on port 9: every publish fails with a connection error.
+    down = {"BROKER_URL": "amqp://guest:guest@127.0.0.1:9//", "MAX_ATTEMPTS": 2}
+    try:
+        with override_settings(OUTBOX=down):
+            relay = Relay()
+            first = relay.run_once()
+            row = OutboxMessage.objects.get()
+            assert (first.failed, row.status, row.attempts) == (1, Status.FAILED, 1)
+            assert (
+                "ConnectionRefusedError" in row.last_error or "OperationalError" in row.last_error
+            )
+            delay = (row.available_at - timezone.now()).total_seconds()
+            assert 0 < delay <= 1.0  # RETRY_BASE_DELAY (1s) minus jitter
+            assert relay.run_once().claimed == 0  # not due yet
+            OutboxMessage.objects.update(available_at=timezone.now())
+            second = relay.run_once()
+            relay.close()
+    finally:
+        for sig, receiver in receivers.items():
+            sig.disconnect(receiver)
+    row.refresh_from_db()
+    assert (second.abandoned, row.status, row.attempts) == (1, Status.ABANDONED, 2)
+    assert row.abandoned_at is not None
+    assert [(name, n) for name, n, _ in seen] == [("failed", 1), ("abandoned", 1)]
+    assert seen[1][2] == [row.last_error]
+
+
+def test_published_signal_carries_the_batch(destination):
+    stage_events(5, destination)
+    got = []
+
+    def receiver(sender, messages, using, **kwargs):
+        got.append((using, sorted(m.id for m in messages)))
+
+    event_published.connect(receiver)
+    try:
+        with Relay() as relay:
+            stats = relay.run_once()
+    finally:
+        event_published.disconnect(receiver)
+    assert stats.published == 5
+    assert got == [("default", sorted(OutboxMessage.objects.values_list("id", flat=True)))]
+    consume(destination, 5)
+
+
+def test_relay_per_database_alias(destination):
+    staged = stage_events(50, destination, using="other")
+    stage_events(5, destination, using="default")
+    run_relay("--drain", "--database", "other")
+    assert status_counts("other")["published"] == 50
+    assert status_counts("default")["pending"] == 5
+    assert sorted(ids_of(consume(destination, 50))) == sorted(staged)
+
+
+def test_listen_wakes_the_relay_on_commit(destination):
+    # With a 30s poll, only the NOTIFY from the staging commit can wake the relay quickly.
+    relay = start_relay(POLL_INTERVAL=30)
+    try:
+        time.sleep(1.5)  # the relay is idle and listening
+        with transaction.atomic():
+            stage("a.b", {"n": 1}, destination=destination)
+        committed = time.monotonic()
+        messages = consume(destination, 1, timeout=20, idle=0.2)
+        waited = time.monotonic() - committed
+    finally:
+        code, _, err = stop(relay)
+    assert code == 0, err
+    assert len(messages) == 1
+    assert waited < 15  # far below the 30s poll: the NOTIFY woke it
+
+
+def test_celery_route_sends_a_task_with_the_event_id_as_task_id(destination):
+    from celery import Celery
+
+    app = Celery("outbox-tests", broker=AMQP_URL, set_as_current=True)
+    app.conf.task_default_queue = destination
+    with transaction.atomic():
+        row = stage("mail.send", {"to": "ada@example.com"}, destination="mail")
+    with override_settings(
+        OUTBOX={"BROKER_URL": AMQP_URL, "ROUTES": {"mail": {"celery_task": "mail.send_receipt"}}}
+    ):
+        with Relay() as relay:
+            stats = relay.run_once()
+    assert stats.published == 1
+    (message,) = consume(destination, 1)
+    assert message.headers["task"] == "mail.send_receipt"
+    assert message.headers["id"] == str(row.event_id)
+    assert message.headers["event_type"] == "mail.send"
+    args, kwargs, _ = json.loads(message.body)
+    assert (args, kwargs) == ([], {"to": "ada@example.com"})
+    app.close()
+
+
+DUE_SQL = (
+    "SELECT id FROM django_outbox_outboxmessage "
+    "WHERE status IN ('pending', 'failed', 'processing') AND available_at <= now() "
+    "ORDER BY available_at, id LIMIT 100"
+)
+
+
+def test_claim_uses_the_partial_index_and_skips_locked_rows(destination):
+    from django.db import connection
+
+    stage_events(10, destination)
+    token = uuid.uuid4()
+    with transaction.atomic():
+        # This transaction holds the first 4 rows locked, as a relay mid-claim would.
+        locked = list(
+            OutboxMessage.objects.order_by("id")
+            .select_for_update()
+            .values_list("id", flat=True)[:4]
+        )
+        import psycopg  # a second, independent session
+
+        params = connection.get_connection_params()
+        for key in ("cursor_factory", "context", "server_side_binding"):
+            params.pop(key, None)
+        with psycopg.connect(**params, autocommit=True) as other:
+            rows = other.execute(f"{DUE_SQL} FOR UPDATE SKIP LOCKED").fetchall()
+    assert not set(locked) & {r[0] for r in rows}
+    assert len(rows) == 6
+    claimed = db.claim("default", limit=100, lease_seconds=30, worker="w", token=token)
+    assert len(claimed) == 10
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")
+        cursor.execute(f"EXPLAIN {DUE_SQL}")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("RESET enable_seqscan")
+    assert "outbox_due_idx" in plan
+
+
+def test_status_command_reports_counts_age_attempts_and_keys():
+    now = timezone.now()
+    OutboxMessageFactory.create_batch(
+        3, ordering_key="order-1", available_at=now - dt.timedelta(seconds=90)
+    )
+    OutboxMessageFactory(
+        status=Status.FAILED,
+        attempts=2,
+        ordering_key="order-2",
+        available_at=now - dt.timedelta(seconds=5),
+    )
+    OutboxMessageFactory(published=True)
+    out = manage("outbox_status").stdout
+    assert "pending      3" in out
+    assert "failed       1" in out
+    assert "published    1" in out
+    age = float(out.split("oldest due row: ")[1].split("s old")[0])
+    assert 90 <= age < 600
+    assert "    2 attempts: 1" in out
+    assert "        3  order-1" in out
