@@ -16,7 +16,7 @@ from .exceptions import (
     StagingError,
     UnknownDestination,
 )
-from .signals import event_committed
+from .signals import event_abandoned, event_committed, event_failed, event_published
 from .staging import publish_on_success, stage, stage_many
 
 __version__ = "0.1.0"
@@ -31,7 +31,10 @@ __all__ = [
     "StagingError",
     "UnknownDestination",
     "__version__",
+    "event_abandoned",
     "event_committed",
+    "event_failed",
+    "event_published",
     "publish_on_success",
     "stage",
     "stage_many",
