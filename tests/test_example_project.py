@@ -1,4 +1,4 @@
-"""The README's first command: the example shop end to end on SQLite and filesystem://, no server."""
+"""The README's first command: the example shop end to end on SQLite and filesystem://."""
 
 from __future__ import annotations
 
