@@ -102,7 +102,7 @@ class Relay:
         )
         if not messages:
             return BatchStats()
-        outcomes = self._publish(messages)
+        outcomes = self._publish(messages, deadline=time.monotonic() + self.lease_seconds / 2)
         stats = self._finalize(messages, outcomes, token)
         logger.debug(
             "batch of %d: %d published, %d failed, %d abandoned, %d lost",
@@ -133,7 +133,10 @@ class Relay:
                 )
         return self._transports[kind]
 
-    def _publish(self, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+    def _publish(self, messages: Sequence[ClaimedMessage], *, deadline: float) -> list[Outcome]:
+        """Publish by destination. Destinations whose turn comes after half the lease
+        are not attempted (they fail, to be retried), so that no other relay can
+        take over rows this one is still publishing."""
         outcomes: dict[int, Outcome] = {}
         by_destination = itertools.groupby(
             sorted(messages, key=lambda m: (m.destination, m.id)), key=lambda m: m.destination
@@ -141,13 +144,19 @@ class Relay:
         for destination, group in by_destination:
             batch = list(group)
             route = outbox_settings.route_for(destination)
-            if route is None:
+            if time.monotonic() > deadline:
+                late = Failure(
+                    "not attempted: the batch used half its lease "
+                    f"(LEASE_SECONDS={self.lease_seconds:g}) before this destination's turn"
+                )
+                results: list[Outcome] = [late] * len(batch)
+            elif route is None:
                 unknown = Failure(
                     f"destination {destination!r} has no route: it is not in OUTBOX['ROUTES'] "
                     "and OUTBOX['DEFAULT_ROUTE'] is False",
                     permanent=True,
                 )
-                results: list[Outcome] = [unknown] * len(batch)
+                results = [unknown] * len(batch)
             else:
                 try:
                     results = self.transport(route).publish(route, batch)
@@ -267,7 +276,6 @@ class Relay:
         next_cleanup = time.monotonic() + random.uniform(0, outbox_settings.CLEANUP_INTERVAL)
         try:
             while not stop.is_set():
-                close_old_connections()
                 try:
                     if outage.broker_down and not self._broker_back(outage):
                         stop.wait(outage.backoff())
@@ -298,6 +306,7 @@ class Relay:
                         retention.cleanup(self.using)
                     except DatabaseError:
                         logger.warning("retention cleanup failed", exc_info=True)
+                close_old_connections()  # honours CONN_MAX_AGE between idle spells
                 listener = self._idle(stop, listener)
         finally:
             _closed(listener)

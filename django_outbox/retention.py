@@ -51,6 +51,7 @@ def cleanup(
 def _delete_in_batches(rows: QuerySet[OutboxMessage], batch_size: int) -> int:
     total = 0
     while ids := list(rows.values_list("id", flat=True)[:batch_size]):
-        deleted, _ = OutboxMessage.objects.using(rows.db).filter(id__in=ids).delete()
+        # The filter is applied again: a row requeued since it was selected stays.
+        deleted, _ = rows.filter(id__in=ids).delete()
         total += deleted
     return total

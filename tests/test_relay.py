@@ -124,31 +124,33 @@ def test_sigkill_mid_drain_then_restart_after_the_lease_loses_nothing(destinatio
 def test_broker_outage_mid_relay_fails_rows_with_backoff_and_delivers_all(destination):
     from tests.support import services
 
-    staged = stage_events(3000, destination)
     relay = start_relay(
         "--batch-size", "100", RETRY_BASE_DELAY=0.5, RETRY_MAX_DELAY=2, POLL_INTERVAL=0.2
     )
     try:
-        wait_until(lambda: status_counts()["published"] >= 300, timeout=60, what="300 published")
+        staged = stage_events(300, destination)
+        wait_until(lambda: status_counts()["published"] == 300, timeout=60, what="300 published")
         services("stop", "rabbitmq")
         try:
-            # Rows claimed during the outage fail, and the relay stays up.
+            # Staged while the broker is down: the relay wakes, the batch fails, the relay stays up.
+            staged += stage_events(3000, destination)
             wait_until(
                 lambda: OutboxMessage.objects.filter(attempts__gte=1).exists(),
                 timeout=60,
                 what="a failed attempt",
             )
             time.sleep(2)
-            assert relay.poll() is None, relay.stderr.read() if relay.poll() is not None else ""
+            assert relay.poll() is None, "the relay exited during the outage"
+            assert status_counts()["failed"] >= 1
         finally:
             services("start", "rabbitmq")
-        wait_until(lambda: status_counts()["published"] == 3000, timeout=180, what="all published")
+        wait_until(lambda: status_counts()["published"] == 3300, timeout=180, what="all published")
     finally:
         code, _, err = stop(relay)
     assert code == 0, err
     assert err.count("broker unreachable") == 1, err  # logged once per outage
-    assert OutboxMessage.objects.filter(attempts__gte=1).exists()
-    received = ids_of(consume(destination, 3000))
+    assert err.count("broker reachable again") == 1, err
+    received = ids_of(consume(destination, 3300))
     assert set(received) == set(staged)
 
 
@@ -416,3 +418,93 @@ def test_status_command_reports_counts_age_attempts_and_keys():
     assert 90 <= age < 600
     assert "    2 attempts: 1" in out
     assert "        3  order-1" in out
+
+
+def test_ordering_key_goes_in_the_header_and_into_the_routing_key_where_a_route_asks(destination):
+    routes = {
+        destination: {
+            "exchange": f"{destination}-x",
+            "routing_key": "order.{key}",
+            "queue": destination,
+        }
+    }
+    with transaction.atomic():
+        stage("order.placed", {"n": 1}, destination=destination, key="customer-7")
+        stage("order.placed", {"n": 2}, destination=destination)
+    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "ROUTES": routes}):
+        with Relay() as relay:
+            assert relay.run_once().published == 2
+    by_n = {json.loads(m.body)["n"]: m for m in consume(destination, 2)}
+    assert by_n[1].headers["ordering_key"] == "customer-7"
+    assert by_n[1].delivery_info["routing_key"] == "order.customer-7"
+    assert by_n[2].headers["ordering_key"] is None
+    assert by_n[2].delivery_info["routing_key"] == "order."
+
+
+def test_drain_shows_progress_with_rate_and_remaining_on_a_terminal(destination):
+    import os
+    import pty
+    import subprocess
+
+    from tests.support import relay_command, relay_env
+
+    stage_events(1000, destination)
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [*relay_command("--drain", "--batch-size", "100")],
+        env=relay_env(),
+        stdout=terminal,
+        stderr=subprocess.DEVNULL,
+    )
+    os.close(terminal)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # the relay exited and closed the terminal
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(controller)
+    assert process.wait(timeout=60) == 0
+    text = output.decode()
+    assert "1000/1000" in text
+    assert "events/s" in text
+    assert "0 remaining" in text
+    assert "\r[" in text  # redrawn in place
+    consume(destination, 1000)
+
+
+def test_a_header_the_broker_cannot_encode_abandons_only_its_row(destination):
+    with transaction.atomic():
+        good = [stage("a.b", {"n": n}, destination=destination) for n in range(2)]
+        bad = stage("a.b", {"n": 9}, destination=destination, headers={"huge": 10**19})
+    with Relay() as relay:
+        stats = relay.run_once()
+    assert (stats.published, stats.abandoned, stats.transport_failed) == (2, 1, False)
+    bad.refresh_from_db()
+    assert bad.status == Status.ABANDONED
+    assert bad.last_error.startswith("error: ")  # struct.error: the int does not fit AMQP's 64 bits
+    assert sorted(ids_of(consume(destination, 2))) == sorted(str(r.event_id) for r in good)
+
+
+def test_an_unroutable_message_is_not_marked_published(destination):
+    routes = {destination: {"exchange": f"{destination}-x"}}  # an exchange, no queue bound
+    with transaction.atomic():
+        stage("a.b", {"n": 1}, destination=destination)
+    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "ROUTES": routes}):
+        with Relay() as relay:
+            stats = relay.run_once()
+    row = OutboxMessage.objects.get()
+    assert (stats.published, stats.failed, row.status) == (0, 1, Status.FAILED)
+    assert row.last_error.startswith(f"unroutable: no queue is bound to exchange '{destination}-x'")
+
+
+def test_confirm_publish_in_transport_options_does_not_break_the_confirm_pipeline(destination):
+    stage_events(50, destination)
+    options = {"BROKER_URL": AMQP_URL, "BROKER_TRANSPORT_OPTIONS": {"confirm_publish": True}}
+    with override_settings(OUTBOX=options):
+        with Relay() as relay:
+            assert relay.run_once().published == 50
+    assert len(consume(destination, 50)) == 50

@@ -113,4 +113,5 @@ def listen(using: str) -> postgresql.Listener | None:
     if not supports_notify(connection):
         return None
     connection.ensure_connection()
-    return postgresql.Listener(connection)
+    with connection.wrap_database_errors:  # psycopg errors become Django's DatabaseError
+        return postgresql.Listener(connection)

@@ -11,6 +11,7 @@ timeout fail the messages still unconfirmed.
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -27,7 +28,9 @@ logger = logging.getLogger(__name__)
 CONNECT_TIMEOUT = 5.0
 CONFIRM_TIMEOUT = 30.0
 #: Errors that mean "the message could not be encoded": retrying cannot help.
-ENCODE_ERRORS = (TypeError, ValueError, UnicodeError, kombu.exceptions.EncodeError)
+#: (py-amqp raises struct.error for a header int beyond 64 bits or a key over 255 bytes,
+#: while it builds the frame and before it writes a byte.)
+ENCODE_ERRORS = (TypeError, ValueError, UnicodeError, struct.error, kombu.exceptions.EncodeError)
 
 
 def routing_key(route: Route, message: ClaimedMessage) -> str:
@@ -51,21 +54,41 @@ class _Confirms:
         channel.confirm_select()
         channel.events["basic_ack"].add(self._on_ack)
         channel.events["basic_nack"].add(self._on_nack)
+        channel.events["basic_return"].add(self._on_return)
         self.last_tag = 0  # the broker numbers a channel's messages 1, 2, ...
         self.pending: dict[int, int] = {}  # delivery tag -> index in the batch
+        self.ids: dict[int, str] = {}  # index -> message id
+        self.returned: dict[str, str] = {}  # message id -> why the broker returned it
         self.outcomes: list[Outcome] = []
 
     def start(self, outcomes: list[Outcome]) -> None:
         self.pending.clear()
+        self.ids.clear()
+        self.returned.clear()
         self.outcomes = outcomes
 
-    def sent(self, index: int) -> None:
+    def sent(self, index: int, message_id: str) -> None:
         self.last_tag += 1
         self.pending[self.last_tag] = index
+        self.ids[index] = message_id
+
+    def unsent(self, index: int) -> None:
+        """basic_publish failed before writing a byte: the broker never saw this tag."""
+        if self.pending.get(self.last_tag) == index:
+            del self.pending[self.last_tag]
+            self.last_tag -= 1
+
+    def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
+        self.returned[message.properties.get("message_id", "")] = (
+            f"unroutable: no queue is bound to exchange {exchange!r} for routing key "
+            f"{routing_key!r} ({exc})"
+        )
 
     def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
+        # A returned message is acked after its basic.return: it reached no queue.
         for index in self._settle(delivery_tag, multiple):
-            self.outcomes[index] = None
+            error = self.returned.get(self.ids.get(index, ""))
+            self.outcomes[index] = None if error is None else Failure(error)
 
     def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
         for index in self._settle(delivery_tag, multiple):
@@ -89,15 +112,28 @@ class KombuTransport(Transport):
         confirm_timeout: float = CONFIRM_TIMEOUT,
     ) -> None:
         self._url = url
-        self._options = dict(transport_options or {})
+        # Confirms are pipelined here; py-amqp's own per-message confirm mode would
+        # consume the acks this transport waits for.
+        self._options = {
+            key: value
+            for key, value in (transport_options or {}).items()
+            if key != "confirm_publish"
+        }
         self._confirm_timeout = confirm_timeout
         self._connection: kombu.Connection | None = None
         self._channel: Any = None
         self._producer: kombu.Producer | None = None
         self._confirms: _Confirms | None = None
         self._declared: set[Route] = set()
-        # Building a Connection does not connect; it tells which driver the URL names.
-        self.supports_confirms = kombu.Connection(url).transport.driver_type == "amqp"
+        # Building a Connection does not connect; it tells the driver and its errors.
+        unconnected = kombu.Connection(url)
+        self.supports_confirms = unconnected.transport.driver_type == "amqp"
+        self._transient: tuple[type[BaseException], ...] = (
+            kombu.exceptions.OperationalError,
+            OSError,
+            *unconnected.connection_errors,
+            *unconnected.channel_errors,
+        )
 
     # -- connection -----------------------------------------------------------------
 
@@ -132,17 +168,6 @@ class KombuTransport(Transport):
             except Exception:  # the connection is already broken; nothing to save
                 logger.debug("error closing a broken broker connection", exc_info=True)
 
-    def _transient_errors(self) -> tuple[type[BaseException], ...]:
-        connection = self._connection
-        known: tuple[type[BaseException], ...] = (
-            kombu.exceptions.OperationalError,
-            OSError,
-            TimeoutError,
-        )
-        if connection is not None:
-            known += tuple(connection.connection_errors) + tuple(connection.channel_errors)
-        return known
-
     # -- publishing -----------------------------------------------------------------
 
     def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
@@ -154,7 +179,7 @@ class KombuTransport(Transport):
                 self._publish_confirmed(route, messages, outcomes)
             else:
                 self._publish_each(route, messages, outcomes)
-        except self._transient_errors() as exc:
+        except self._transient as exc:
             # Whatever was not confirmed may or may not have reached the broker:
             # it is retried (at-least-once), and the channel starts afresh.
             self.close()
@@ -217,13 +242,17 @@ class KombuTransport(Transport):
                     headers=message.wire_headers(),
                     properties={"delivery_mode": 2, "message_id": str(message.event_id)},
                 )
+                # The tag is registered first: an ack can arrive while basic_publish runs.
+                confirms.sent(index, str(message.event_id))
+                channel.basic_publish(
+                    amqp_message,
+                    exchange=route.exchange,
+                    routing_key=routing_key(route, message),
+                    mandatory=True,  # unroutable messages come back instead of vanishing
+                )
             except ENCODE_ERRORS as exc:
+                confirms.unsent(index)
                 outcomes[index] = Failure.from_exception(exc, permanent=True)
-                continue
-            channel.basic_publish(
-                amqp_message, exchange=route.exchange, routing_key=routing_key(route, message)
-            )
-            confirms.sent(index)
         deadline = time.monotonic() + self._confirm_timeout
         while confirms.pending:
             remaining = deadline - time.monotonic()

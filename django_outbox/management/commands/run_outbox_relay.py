@@ -10,7 +10,7 @@ import time
 from types import FrameType
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
 
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import BatchStats, Relay
@@ -68,7 +68,8 @@ class Command(BaseCommand):
     def _install_signal_handlers(self, stop: threading.Event) -> None:
         def handler(signum: int, frame: FrameType | None) -> None:
             if stop.is_set():
-                raise CommandError(f"{signal.Signals(signum).name} again: exiting at once")
+                # SystemExit, not an Exception: no handler in the relay may swallow it.
+                raise SystemExit(f"{signal.Signals(signum).name} again: exiting at once")
             logger.info(
                 "%s: stopping after the batch in hand",
                 signal.Signals(signum).name,
