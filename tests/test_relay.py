@@ -508,3 +508,25 @@ def test_confirm_publish_in_transport_options_does_not_break_the_confirm_pipelin
         with Relay() as relay:
             assert relay.run_once().published == 50
     assert len(consume(destination, 50)) == 50
+
+
+@pytest.mark.slow
+def test_the_relay_rides_out_a_postgresql_restart(destination):
+    from django.db import connections
+
+    from tests.support import services
+
+    relay = start_relay(POLL_INTERVAL=0.2)
+    try:
+        first = stage_events(100, destination)
+        wait_until(lambda: status_counts()["published"] == 100, timeout=60, what="100 published")
+        services("restart", "postgres")  # fast shutdown: every connection is cut
+        connections.close_all()  # this test's own connection died too
+        time.sleep(1)
+        second = stage_events(100, destination)
+        wait_until(lambda: status_counts()["published"] == 200, timeout=90, what="200 published")
+        assert relay.poll() is None, "the relay exited"
+    finally:
+        code, _, err = stop(relay)
+    assert code == 0, err
+    assert sorted(ids_of(consume(destination, 200))) == sorted(first + second)
