@@ -88,10 +88,10 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
             raise ValueError(f"route {name!r} has an empty celery_task")
         return Route(name, celery_task=spec["celery_task"])
     exchange_type = spec.get("exchange_type", "topic")
-    if exchange_type not in EXCHANGE_TYPES:
+    if exchange_type not in EXCHANGE_TYPES and not exchange_type.startswith("x-"):
         raise ValueError(
-            f"route {name!r} exchange_type must be one of {', '.join(EXCHANGE_TYPES)}; "
-            f"got {exchange_type!r}"
+            f"route {name!r} exchange_type must be one of {', '.join(EXCHANGE_TYPES)} "
+            f"or a plugin type starting with x-; got {exchange_type!r}"
         )
     return Route(
         name,
