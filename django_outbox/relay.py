@@ -202,20 +202,11 @@ class Relay:
                     lost += [m for m in group if m.id not in mine]
         lost_ids = {m.id for m in lost}
         stats.published = len(published)
-        abandoned = [
-            (m, error)
-            for (error, abandon, _), group in failures.items()
-            if abandon
-            for m in group
-            if m.id not in lost_ids
-        ]
-        failed = [
-            (m, error)
-            for (error, abandon, _), group in failures.items()
-            if not abandon
-            for m in group
-            if m.id not in lost_ids
-        ]
+        # (message, error) pairs of the rows this relay still held, by outcome.
+        by_fate: dict[bool, list[tuple[ClaimedMessage, str]]] = {True: [], False: []}
+        for (error, abandon, _), group in failures.items():
+            by_fate[abandon] += [(m, error) for m in group if m.id not in lost_ids]
+        abandoned, failed = by_fate[True], by_fate[False]
         stats.abandoned, stats.failed, stats.lost = len(abandoned), len(failed), len(lost)
         if lost:
             logger.warning(

@@ -190,18 +190,13 @@ class KombuTransport(Transport):
     def _declare(self, route: Route) -> None:
         if route in self._declared:
             return
-        if route.exchange:
+        exchange = None
+        if route.exchange:  # "" is the AMQP default exchange: nothing to declare
             exchange = kombu.Exchange(route.exchange, route.exchange_type, durable=True)
             exchange(self._channel).declare()
         if route.queue:
-            queue = kombu.Queue(
-                route.queue,
-                kombu.Exchange(route.exchange, route.exchange_type, durable=True)
-                if route.exchange
-                else None,
-                routing_key=binding_key(route) if route.exchange else route.queue,
-                durable=True,
-            )
+            routing = binding_key(route) if exchange is not None else route.queue
+            queue = kombu.Queue(route.queue, exchange, routing_key=routing, durable=True)
             queue(self._channel).declare()
         self._declared.add(route)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 import threading
 import time
 from types import FrameType
@@ -93,7 +92,7 @@ class _Progress:
 
     def __init__(self, out: Any, using: str) -> None:
         self.out = out
-        self.tty = out.isatty() if hasattr(out, "isatty") else sys.stdout.isatty()
+        self.tty = out.isatty()
         self.started = time.monotonic()
         self.done = 0
         self.total = OutboxMessage.objects.using(using).due().count() if self.tty else 0
