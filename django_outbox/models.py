@@ -202,3 +202,63 @@ class InboxMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.consumer}: {self.event_id}"
+
+
+class InboxFailureQuerySet(models.QuerySet["InboxFailure"]):
+    def parked(self) -> InboxFailureQuerySet:
+        return self.filter(parked_at__isnull=False)
+
+    def failing(self) -> InboxFailureQuerySet:
+        """Events that failed at least once and are still being redelivered (or
+        were later handled: a success does not erase the failure record)."""
+        return self.filter(parked_at__isnull=True)
+
+
+class InboxFailure(models.Model):
+    """A consumer's failed deliveries of one event, and the dead letter once parked.
+
+    Written outside the handler's (rolled back) transaction, so the count
+    survives the failure. It is how ``run_outbox_consumer --max-deliveries``
+    counts deliveries on brokers that do not count them; once the count is
+    reached the message body is kept here (``parked_at`` set) and the message
+    leaves the queue.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    consumer = models.CharField(_("consumer"), max_length=255)
+    event_id = models.UUIDField(_("event id"))
+    queue = models.CharField(_("queue"), max_length=255, blank=True, default="")
+    event_type = models.CharField(_("event type"), max_length=255, blank=True, default="")
+    attempts = models.IntegerField(_("failed deliveries"), default=0)
+    last_error = models.TextField(_("last error"), blank=True, default="")
+    body = models.TextField(_("body"), blank=True, default="")
+    headers = models.JSONField(_("headers"), default=dict, blank=True, encoder=DjangoJSONEncoder)
+    first_failed_at = models.DateTimeField(_("first failed at"), db_default=Now(), editable=False)
+    last_failed_at = models.DateTimeField(_("last failed at"), db_default=Now())
+    parked_at = models.DateTimeField(_("parked at"), null=True, blank=True)
+
+    objects = InboxFailureQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("inbox failure")
+        verbose_name_plural = _("inbox failures")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["consumer", "event_id"], name="inbox_failure_consumer_event_uniq"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(attempts__gte=0), name="inbox_failure_attempts_gte_0"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["last_failed_at"], name="inbox_failure_last_idx"),
+            models.Index(
+                fields=["parked_at"],
+                name="inbox_failure_parked_idx",
+                condition=models.Q(parked_at__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        state = "parked" if self.parked_at else f"{self.attempts} failed"
+        return f"{self.consumer}: {self.event_id} [{state}]"
