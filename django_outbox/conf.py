@@ -158,6 +158,13 @@ SETTINGS: dict[str, Setting] = {
             "how long ABANDONED rows are kept after they were abandoned (timedelta or seconds).",
         ),
         Setting(
+            "INBOX_RETENTION",
+            dt.timedelta(days=7),
+            _duration,
+            "how long inbox marks (and failure records of handled events) are kept; must exceed "
+            "the longest time a message can be redelivered after it was handled.",
+        ),
+        Setting(
             "CLEANUP_INTERVAL",
             300,
             _seconds,
@@ -257,6 +264,18 @@ class OutboxSettings:
         if route is None and self.DEFAULT_ROUTE:
             route = Route.default(destination, self.DEFAULT_EXCHANGE)
         return route
+
+    def route_for_queue(self, queue: str) -> Route:
+        """The route that declares ``queue``, so a consumer declares the same
+        exchange, queue and binding as the relay; for a queue no route names,
+        the default route of a destination called ``queue`` (or, with
+        DEFAULT_ROUTE off, the bare queue)."""
+        for route in self.ROUTES.values():
+            if route.queue == queue:
+                return route
+        if self.DEFAULT_ROUTE:
+            return Route.default(queue, self.DEFAULT_EXCHANGE)
+        return Route(queue, exchange="", routing_key=queue, queue=queue)
 
     def problems(self) -> list[Problem]:
         """Everything wrong with the settings, for the system checks."""

@@ -42,3 +42,7 @@ class InvalidDestination(InvalidEvent):
 
 class UnknownDestination(InvalidDestination):
     """The destination is not in ``OUTBOX["ROUTES"]`` and the default route is off."""
+
+
+class InvalidMessage(OutboxError, ValueError):
+    """A consumed message is not an outbox event: undecodable body, or no valid event id."""

@@ -31,6 +31,7 @@ from . import db, retention
 from .conf import outbox_settings
 from .envelope import ClaimedMessage
 from .models import OutboxMessage
+from .outage import Outage
 from .retry import RetryPolicy
 from .routes import Route
 from .signals import event_abandoned, event_failed, event_published
@@ -38,8 +39,6 @@ from .transports.base import Failure, Outcome, Transport
 
 logger = logging.getLogger(__name__)
 
-#: Longest sleep between attempts to reach a broker or database that is down.
-MAX_OUTAGE_BACKOFF = 30.0
 #: How long one slice of an idle wait lasts, so a stop request is seen promptly.
 WAIT_SLICE = 0.5
 
@@ -262,7 +261,7 @@ class Relay:
         first, so its rows are not left PROCESSING.
         """
         totals = BatchStats()
-        outage = _Outage()
+        outage = Outage()
         listener: db.postgresql.Listener | None = None
         next_cleanup = time.monotonic() + random.uniform(0, outbox_settings.CLEANUP_INTERVAL)
         try:
@@ -304,7 +303,7 @@ class Relay:
             self.close()
         return totals
 
-    def _broker_back(self, outage: _Outage) -> bool:
+    def _broker_back(self, outage: Outage) -> bool:
         try:
             for transport in self._transports.values():
                 transport.check()
@@ -345,58 +344,3 @@ def _closed(listener: db.postgresql.Listener | None) -> db.postgresql.Listener |
         except Exception:  # already broken
             logger.debug("closing a broken LISTEN connection failed", exc_info=True)
     return None
-
-
-class _Outage:
-    """Tracks broker and database outages: logs once when one starts and once when
-    it ends, and spaces out reconnection attempts (1, 2, 4 ... 30 s)."""
-
-    def __init__(self) -> None:
-        self.broker_down = False
-        self.database_down = False
-        self.since = 0.0
-        self.failures = 0
-
-    def backoff(self) -> float:
-        self.failures += 1
-        return min(MAX_OUTAGE_BACKOFF, 2 ** (self.failures - 1)) * random.uniform(0.8, 1.0)
-
-    def broker_suspect(self) -> None:
-        if not self.broker_down:
-            self.broker_down, self.since, self.failures = True, time.monotonic(), 0
-
-    def broker_failed(self, exc: BaseException) -> None:
-        if self.failures == 0:
-            logger.warning(
-                "broker unreachable (%s); retrying with backoff",
-                exc,
-                extra={"action": "outbox.broker_down"},
-            )
-
-    def broker_recovered(self) -> None:
-        if self.failures:
-            logger.warning(
-                "broker reachable again after %.1fs",
-                time.monotonic() - self.since,
-                extra={"action": "outbox.broker_up"},
-            )
-        self.broker_down, self.failures = False, 0
-
-    def database_failed(self, using: str, exc: BaseException) -> None:
-        if not self.database_down:
-            self.database_down, self.since, self.failures = True, time.monotonic(), 0
-            logger.warning(
-                "database %r unreachable (%s); retrying with backoff",
-                using,
-                exc,
-                extra={"action": "outbox.database_down", "using": using},
-            )
-
-    def database_recovered(self, using: str) -> None:
-        logger.warning(
-            "database %r reachable again after %.1fs",
-            using,
-            time.monotonic() - self.since,
-            extra={"action": "outbox.database_up", "using": using},
-        )
-        self.database_down, self.failures = False, 0

@@ -61,6 +61,7 @@ def database_url(alias: str = "default") -> str:
 
 
 def relay_env(**outbox: Any) -> dict[str, str]:
+    """The environment of a manage.py subprocess: the test databases, OUTBOX overrides."""
     env = dict(os.environ)
     env.update(
         DJANGO_SETTINGS_MODULE="tests.settings",
@@ -72,13 +73,18 @@ def relay_env(**outbox: Any) -> dict[str, str]:
     return env
 
 
+def manage_command(name: str, *args: str) -> list[str]:
+    return [sys.executable, str(REPO / "manage.py"), name, *args]
+
+
 def relay_command(*args: str) -> list[str]:
-    return [sys.executable, str(REPO / "manage.py"), "run_outbox_relay", *args]
+    return manage_command("run_outbox_relay", *args)
 
 
-def start_relay(*args: str, **outbox: Any) -> subprocess.Popen[str]:
+def start_command(name: str, *args: str, **outbox: Any) -> subprocess.Popen[str]:
+    """Start ``manage.py name args...`` in the background, output captured."""
     return subprocess.Popen(
-        relay_command(*args),
+        manage_command(name, *args),
         cwd=REPO,
         env=relay_env(**outbox),
         stdout=subprocess.PIPE,
@@ -87,27 +93,24 @@ def start_relay(*args: str, **outbox: Any) -> subprocess.Popen[str]:
     )
 
 
+def start_relay(*args: str, **outbox: Any) -> subprocess.Popen[str]:
+    return start_command("run_outbox_relay", *args, **outbox)
+
+
 def run_relay(*args: str, timeout: float = 300, **outbox: Any) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        relay_command(*args),
+    result = manage("run_outbox_relay", *args, timeout=timeout, **outbox)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def manage(*args: str, timeout: float = 120, **outbox: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        manage_command(*args),
         cwd=REPO,
         env=relay_env(**outbox),
         capture_output=True,
         text=True,
         timeout=timeout,
-    )
-    assert result.returncode == 0, result.stderr
-    return result
-
-
-def manage(*args: str, **outbox: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(REPO / "manage.py"), *args],
-        cwd=REPO,
-        env=relay_env(**outbox),
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
 
 
@@ -183,3 +186,33 @@ def delete_queue(queue: str, url: str = AMQP_URL) -> None:
 def services(*args: str) -> None:
     """Drive scripts/services (stop/start a broker for outage tests)."""
     subprocess.run([str(REPO / "scripts" / "services"), *args], check=True, timeout=180)
+
+
+def rabbitmqctl(*args: str) -> str:
+    """rabbitmqctl against the test broker (through scripts/services)."""
+    result = subprocess.run(
+        [str(REPO / "scripts" / "services"), "rabbitmqctl", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def publish_raw(queue: str, body: bytes | str, url: str = AMQP_URL, **properties: Any) -> None:
+    """Put one message on ``queue`` as given (content type, headers ...): for the
+    malformed messages a consumer must survive."""
+    with broker_connection(url) as connection:
+        producer = connection.Producer()
+        producer.publish(body, routing_key=queue, retry=True, **properties)
+
+
+def drain_raw(queue: str, url: str = AMQP_URL) -> list[kombu.Message]:
+    """Take every message now in ``queue`` without decoding any (some may not decode)."""
+    messages = []
+    with broker_connection(url) as connection:
+        bound = kombu.Queue(queue, channel=connection.channel())
+        while (message := bound.get(no_ack=True)) is not None:
+            messages.append(message)
+    return messages

@@ -12,8 +12,10 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, models, transaction
+from django.db import IntegrityError, connections, models, transaction
+from django.db.models.constants import OnConflict
 from django.db.models.functions import Now
+from django.db.models.sql import InsertQuery
 
 from ..envelope import CLAIMED_FIELDS, ClaimedMessage
 from . import postgresql
@@ -104,6 +106,35 @@ def _claim_portable(
             )
             for row in claimed
         ]
+
+
+def insert_if_absent(using: str, model: type[models.Model], **values: Any) -> bool:
+    """INSERT one row of ``model`` unless it would break a unique constraint.
+
+    Returns whether the row was inserted. Insert-first, never check-then-insert:
+    where the database can ignore conflicts (PostgreSQL and SQLite ``ON CONFLICT
+    DO NOTHING``, MySQL ``INSERT IGNORE``) it is one statement; elsewhere a
+    savepoint catches the ``IntegrityError``. On PostgreSQL a concurrent
+    uncommitted insert of the same key makes this wait for that transaction:
+    if it commits this returns False, if it rolls back this inserts.
+    """
+    connection = connections[using]
+    row = model(**values)
+    if connection.features.supports_ignore_conflicts:
+        meta = model._meta
+        fields = [f for f in meta.local_concrete_fields if f is not meta.auto_field]
+        query = InsertQuery(model, on_conflict=OnConflict.IGNORE)
+        query.insert_values(fields, [row])
+        with connection.cursor() as cursor:
+            for sql, params in query.get_compiler(using=using).as_sql():
+                cursor.execute(sql, params)
+            return bool(cursor.rowcount == 1)
+    try:
+        with transaction.atomic(using=using):
+            row.save(using=using, force_insert=True)
+    except IntegrityError:
+        return False
+    return True
 
 
 def listen(using: str) -> postgresql.Listener | None:

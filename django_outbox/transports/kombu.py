@@ -43,6 +43,35 @@ def binding_key(route: Route) -> str:
     return route.routing_key.replace("{key}", "#" if route.exchange_type == "topic" else "")
 
 
+def transient_errors(connection: kombu.Connection) -> tuple[type[BaseException], ...]:
+    """Errors that mean the broker or the way to it failed, not the message: the
+    connection's driver errors (which ``connection`` need not be connected to tell)."""
+    return (
+        kombu.exceptions.OperationalError,
+        OSError,
+        *connection.connection_errors,
+        *connection.channel_errors,
+    )
+
+
+def declare(channel: Any, route: Route) -> kombu.Queue | None:
+    """Declare the route's durable exchange and queue and bind them; returns the queue.
+
+    The relay and the consumer both call this, so either may start first and
+    nothing published before a consumer exists is dropped.
+    """
+    exchange = None
+    if route.exchange:  # "" is the AMQP default exchange: nothing to declare
+        exchange = kombu.Exchange(route.exchange, route.exchange_type, durable=True)
+        exchange(channel).declare()
+    if not route.queue:
+        return None
+    routing = binding_key(route) if exchange is not None else route.queue
+    queue = kombu.Queue(route.queue, exchange, routing_key=routing, durable=True)(channel)
+    queue.declare()
+    return queue
+
+
 #: An outcome not known yet: not sent, or sent and not confirmed.
 _UNSETTLED: Any = object()
 
@@ -128,12 +157,7 @@ class KombuTransport(Transport):
         # Building a Connection does not connect; it tells the driver and its errors.
         unconnected = kombu.Connection(url)
         self.supports_confirms = unconnected.transport.driver_type == "amqp"
-        self._transient: tuple[type[BaseException], ...] = (
-            kombu.exceptions.OperationalError,
-            OSError,
-            *unconnected.connection_errors,
-            *unconnected.channel_errors,
-        )
+        self._transient = transient_errors(unconnected)
 
     # -- connection -----------------------------------------------------------------
 
@@ -188,17 +212,9 @@ class KombuTransport(Transport):
         return outcomes
 
     def _declare(self, route: Route) -> None:
-        if route in self._declared:
-            return
-        exchange = None
-        if route.exchange:  # "" is the AMQP default exchange: nothing to declare
-            exchange = kombu.Exchange(route.exchange, route.exchange_type, durable=True)
-            exchange(self._channel).declare()
-        if route.queue:
-            routing = binding_key(route) if exchange is not None else route.queue
-            queue = kombu.Queue(route.queue, exchange, routing_key=routing, durable=True)
-            queue(self._channel).declare()
-        self._declared.add(route)
+        if route not in self._declared:
+            declare(self._channel, route)
+            self._declared.add(route)
 
     def _publish_each(
         self, route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]

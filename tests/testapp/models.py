@@ -11,3 +11,15 @@ class Order(models.Model):
 
     def __str__(self) -> str:
         return f"order {self.pk}"
+
+
+class Delivery(models.Model):
+    """A side effect of handling an event: one row per handler run, never deduped here,
+    so duplicates in this table mean the inbox failed."""
+
+    consumer = models.CharField(max_length=100)
+    event_id = models.UUIDField()
+    n = models.IntegerField(null=True)
+
+    def __str__(self) -> str:
+        return f"{self.consumer}: {self.event_id}"

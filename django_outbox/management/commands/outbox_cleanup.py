@@ -1,4 +1,4 @@
-"""``manage.py outbox_cleanup``: delete PUBLISHED and ABANDONED rows past their retention."""
+"""``manage.py outbox_cleanup``: delete outbox and inbox rows past their retention."""
 
 from __future__ import annotations
 
@@ -6,15 +6,16 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_outbox.retention import cleanup
+from django_outbox.retention import cleanup, describe
 
 from ._options import add_database_option
 
 
 class Command(BaseCommand):
     help = (
-        "Delete PUBLISHED rows older than OUTBOX['PUBLISHED_RETENTION'] and ABANDONED rows "
-        "older than OUTBOX['ABANDONED_RETENTION'], in bounded batches."
+        "Delete PUBLISHED rows older than OUTBOX['PUBLISHED_RETENTION'], ABANDONED rows and "
+        "parked inbox messages older than OUTBOX['ABANDONED_RETENTION'], and inbox marks and "
+        "failure records older than OUTBOX['INBOX_RETENTION'], in bounded batches."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -26,6 +27,4 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         counts = cleanup(options["database"], dry_run=options["dry_run"])
         verb = "would delete" if options["dry_run"] else "deleted"
-        self.stdout.write(
-            f"{verb} {counts['published']} published and {counts['abandoned']} abandoned rows"
-        )
+        self.stdout.write(f"{verb} {describe(counts)} rows")

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
-from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
@@ -14,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import BatchStats, Relay
 
-from ._options import add_database_option, positive_int
+from ._options import add_database_option, positive_int, stop_on_signals
 
 logger = logging.getLogger("django_outbox.relay")
 
@@ -50,7 +48,7 @@ class Command(BaseCommand):
             self.stdout.write(_summary(stats))
             return
         stop = threading.Event()
-        self._install_signal_handlers(stop)
+        stop_on_signals(stop, logger, "the batch in hand")
         progress = _Progress(self.stdout, using) if options["drain"] else None
         started = time.monotonic()
         totals = relay.run(
@@ -63,21 +61,6 @@ class Command(BaseCommand):
             f"{_summary(totals)} in {elapsed:.1f}s "
             f"({totals.published / elapsed if elapsed else 0:.0f} events/s)"
         )
-
-    def _install_signal_handlers(self, stop: threading.Event) -> None:
-        def handler(signum: int, frame: FrameType | None) -> None:
-            if stop.is_set():
-                # SystemExit, not an Exception: no handler in the relay may swallow it.
-                raise SystemExit(f"{signal.Signals(signum).name} again: exiting at once")
-            logger.info(
-                "%s: stopping after the batch in hand",
-                signal.Signals(signum).name,
-                extra={"action": "outbox.stopping"},
-            )
-            stop.set()
-
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
 
 
 def _summary(stats: BatchStats) -> str:

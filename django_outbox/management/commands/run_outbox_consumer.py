@@ -1,0 +1,114 @@
+"""``manage.py run_outbox_consumer``: handle the events of one queue, once each."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils.module_loading import import_string
+
+from django_outbox.consumer import DEFAULT_MAX_DELIVERIES, DEFAULT_PREFETCH, InboxConsumer
+from django_outbox.exceptions import OutboxError
+
+from ._options import (
+    add_database_option,
+    non_negative_int,
+    positive_int,
+    positive_seconds,
+    stop_on_signals,
+)
+
+logger = logging.getLogger("django_outbox.consumer")
+
+
+class Command(BaseCommand):
+    help = (
+        "Consume a queue and run a handler for each event through the inbox, so a "
+        "redelivered event is acknowledged without running the handler again. Runs until "
+        "SIGTERM/SIGINT, then finishes the message in hand and exits 0; a second signal "
+        "exits at once."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--queue", required=True, help="the queue to consume")
+        parser.add_argument(
+            "--handler",
+            required=True,
+            help="dotted path of a callable taking a django_outbox.ReceivedEvent",
+        )
+        parser.add_argument(
+            "--consumer",
+            help="the inbox name of this consumer: each consumer handles an event once "
+            "(default: the name given to @inbox_handler, if the handler has one)",
+        )
+        parser.add_argument(
+            "--prefetch",
+            type=positive_int,
+            default=DEFAULT_PREFETCH,
+            help="messages the broker may deliver before they are acked (default: %(default)r)",
+        )
+        parser.add_argument(
+            "--max-deliveries",
+            type=non_negative_int,
+            default=DEFAULT_MAX_DELIVERIES,
+            help="park a message in InboxFailure after this many failed deliveries; "
+            "0 never parks (default: %(default)r)",
+        )
+        parser.add_argument(
+            "--idle-timeout",
+            type=positive_seconds,
+            default=None,
+            help="exit once no message has come for this many seconds (default: run until stopped)",
+        )
+        add_database_option(parser)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        handler, consumer, using = _resolve_handler(
+            options["handler"], options["consumer"], options["database"]
+        )
+        try:
+            inbox_consumer = InboxConsumer(
+                options["queue"],
+                handler,
+                consumer,
+                using=using,
+                prefetch=options["prefetch"],
+                max_deliveries=options["max_deliveries"] or None,
+            )
+            stop = threading.Event()
+            stop_on_signals(stop, logger, "the message in hand")
+            stats = inbox_consumer.run(stop, idle_timeout=options["idle_timeout"])
+        except OutboxError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(stats.summary())
+
+
+def _resolve_handler(path: str, consumer: str | None, using: str) -> tuple[Any, str, str]:
+    """The callable to run, the inbox consumer name and the database alias.
+
+    A handler decorated with ``@inbox_handler`` is unwrapped (the consumer runs
+    the inbox itself) and lends its consumer name and database.
+    """
+    try:
+        handler = import_string(path)
+    except ImportError as exc:
+        raise CommandError(f"cannot import handler {path!r}: {exc}") from exc
+    if not callable(handler):
+        raise CommandError(f"handler {path!r} is a {type(handler).__name__}, not a callable")
+    decorated = getattr(handler, "inbox_consumer", None)
+    if decorated is not None:
+        if consumer is not None and consumer != decorated:
+            raise CommandError(
+                f"handler {path!r} is decorated with @inbox_handler({decorated!r}); "
+                f"--consumer {consumer!r} disagrees (drop --consumer or make them match)"
+            )
+        return handler.__wrapped__, decorated, handler.inbox_using
+    if consumer is None:
+        raise CommandError(
+            f"--consumer is required: handler {path!r} is not decorated with @inbox_handler"
+        )
+    if not 0 < len(consumer) <= 255:
+        raise CommandError(f"--consumer must be 1-255 characters; got {consumer!r}")
+    return handler, consumer, using

@@ -1,0 +1,22 @@
+"""The Celery app of the test worker (``celery -A tests.celery_app worker``).
+
+Broker: the test RabbitMQ (``OUTBOX["BROKER_URL"]``); the queue comes from
+``TEST_CELERY_QUEUE`` so each test has its own.
+"""
+
+from __future__ import annotations
+
+import os
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+django.setup()
+
+from celery import Celery  # noqa: E402
+from django.conf import settings  # noqa: E402
+
+app = Celery("outbox-tests", broker=settings.OUTBOX["BROKER_URL"], set_as_current=True)
+app.conf.task_default_queue = os.environ.get("TEST_CELERY_QUEUE", "celery")
+app.conf.worker_hijack_root_logger = False
+app.autodiscover_tasks(["tests.testapp"])

@@ -1,0 +1,323 @@
+"""run_outbox_consumer against real RabbitMQ and Redis, writing through the inbox on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import signal
+import uuid
+
+import pytest
+from django.db.models.functions import Now
+
+from django_outbox import stage
+from django_outbox.models import InboxFailure, InboxMessage, OutboxMessage
+from tests.support import (
+    REDIS_URL,
+    broker_connection,
+    delete_queue,
+    drain_raw,
+    manage,
+    publish_raw,
+    rabbitmqctl,
+    run_relay,
+    services,
+    stage_events,
+    start_command,
+    stop,
+    unique_destination,
+    wait_until,
+)
+from tests.testapp.models import Delivery
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SUMMARY = re.compile(
+    r"received (?P<received>\d+): handled (?P<handled>\d+), duplicates (?P<duplicates>\d+), "
+    r"failed (?P<failed>\d+), parked (?P<parked>\d+), rejected (?P<rejected>\d+) "
+    r"in [\d.]+s \((?P<rate>\d+) messages/s while busy\)"
+)
+
+
+@pytest.fixture
+def destination():
+    name = unique_destination("c")
+    yield name
+    delete_queue(name)
+
+
+def run_consumer(queue: str, *args: str, timeout: float = 300, **outbox) -> dict[str, int]:
+    """Run the consumer until the queue has been quiet for 3 s; returns its summary counts."""
+    result = manage(
+        "run_outbox_consumer",
+        "--queue",
+        queue,
+        "--idle-timeout",
+        "3",
+        *args,
+        timeout=timeout,
+        **outbox,
+    )
+    assert result.returncode == 0, result.stderr
+    match = SUMMARY.fullmatch(result.stdout.strip())
+    assert match, result.stdout
+    return {key: int(value) for key, value in match.groupdict().items()}
+
+
+def republish_everything() -> None:
+    """Make the relay publish every event again, as a crashed relay would."""
+    OutboxMessage.objects.update(status=OutboxMessage.Status.PENDING, available_at=Now())
+
+
+def expected(received: int, **counts: int) -> dict[str, int]:
+    base = {"handled": 0, "duplicates": 0, "failed": 0, "parked": 0, "rejected": 0}
+    return {"received": received, **base, **counts}
+
+
+def without_rate(summary: dict[str, int]) -> dict[str, int]:
+    return {key: value for key, value in summary.items() if key != "rate"}
+
+
+@pytest.mark.slow
+def test_five_thousand_events_end_to_end_then_all_again_as_duplicates(destination):
+    staged = stage_events(5000, destination)
+    run_relay("--drain")
+    first = run_consumer(
+        destination, "--handler", "tests.testapp.handlers.record", "--consumer", "audit"
+    )
+    assert without_rate(first) == expected(5000, handled=5000)
+    assert Delivery.objects.count() == 5000
+    assert set(map(str, Delivery.objects.values_list("event_id", flat=True))) == set(staged)
+
+    republish_everything()
+    run_relay("--drain")
+    second = run_consumer(
+        destination, "--handler", "tests.testapp.handlers.record", "--consumer", "audit"
+    )
+    assert without_rate(second) == expected(5000, duplicates=5000)
+    assert Delivery.objects.count() == 5000
+    assert InboxMessage.objects.filter(consumer="audit").count() == 5000
+    print(
+        f"consumer with the inbox on PostgreSQL: {first['rate']} messages/s (new events), "
+        f"{second['rate']} messages/s (duplicates)"
+    )
+
+
+def test_a_failing_event_is_redelivered_then_parked_and_bad_messages_are_rejected(destination):
+    dead = f"{destination}.dead"
+    # A broker policy dead-letters what the consumer rejects into `dead`.
+    policy = f"dlx-{destination}"
+    rabbitmqctl(
+        "set_policy",
+        policy,
+        f"^{re.escape(destination)}$",
+        f'{{"dead-letter-exchange": "", "dead-letter-routing-key": "{dead}"}}',
+        "--apply-to",
+        "queues",
+    )
+    try:
+        with broker_connection() as connection:
+            from kombu import Queue
+
+            Queue(dead, durable=True)(connection.channel()).declare()
+        stage_events(20, destination)
+        from django.db import transaction
+
+        with transaction.atomic():
+            poison = stage("test.event", {"fail": True, "n": -1}, destination=destination)
+        run_relay("--drain")
+        publish_raw(
+            destination,
+            pickle.dumps({"n": 1}),
+            content_type="application/x-python-serialize",
+            content_encoding="binary",
+            headers={"event_id": str(uuid.uuid4())},
+        )
+        publish_raw(
+            destination,
+            b"{not json",
+            content_type="application/json",
+            content_encoding="utf-8",
+            headers={"event_id": str(uuid.uuid4())},
+        )
+        publish_raw(
+            destination, b'{"n": 1}', content_type="application/json", content_encoding="utf-8"
+        )
+
+        summary = run_consumer(
+            destination,
+            "--handler",
+            "tests.testapp.handlers.record",
+            "--consumer",
+            "audit",
+            "--max-deliveries",
+            "3",
+        )
+        assert without_rate(summary) == expected(26, handled=20, failed=2, parked=1, rejected=3)
+        assert Delivery.objects.count() == 20
+        failure = InboxFailure.objects.get()
+        assert (failure.consumer, failure.event_id, failure.attempts) == (
+            "audit",
+            poison.event_id,
+            3,
+        )
+        assert failure.parked_at is not None
+        assert failure.last_error == f"RuntimeError: handler refuses event {poison.event_id}"
+        assert json.loads(failure.body) == {"fail": True, "n": -1}
+        assert failure.headers["event_type"] == "test.event"
+        assert not InboxMessage.objects.filter(event_id=poison.event_id).exists()
+        # Nothing is left in the queue; the broker dead-lettered the parked and rejected ones.
+        assert drain_raw(destination) == []
+        dead_letters = wait_until(lambda: drain_raw(dead), timeout=10, what="dead letters")
+        assert len(dead_letters) == 4
+        assert str(poison.event_id) in {m.headers.get("event_id") for m in dead_letters}
+    finally:
+        rabbitmqctl("clear_policy", policy)
+        delete_queue(dead)
+
+
+def test_a_handler_decorated_with_inbox_handler_lends_its_consumer_name(destination):
+    stage_events(10, destination)
+    run_relay("--drain")
+    summary = run_consumer(destination, "--handler", "tests.testapp.handlers.decorated")
+    assert without_rate(summary) == expected(10, handled=10)
+    assert InboxMessage.objects.filter(consumer="decorated").count() == 10
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (
+            ["--handler", "tests.testapp.handlers.record"],
+            "--consumer is required: handler 'tests.testapp.handlers.record' is not decorated "
+            "with @inbox_handler",
+        ),
+        (
+            ["--handler", "tests.testapp.handlers.nope", "--consumer", "c"],
+            "cannot import handler 'tests.testapp.handlers.nope': Module "
+            '"tests.testapp.handlers" does not define a "nope" attribute/class',
+        ),
+        (
+            ["--handler", "tests.testapp.handlers.not_callable", "--consumer", "c"],
+            "handler 'tests.testapp.handlers.not_callable' is a int, not a callable",
+        ),
+        (
+            ["--handler", "tests.testapp.handlers.decorated", "--consumer", "other"],
+            "handler 'tests.testapp.handlers.decorated' is decorated with "
+            "@inbox_handler('decorated'); --consumer 'other' disagrees (drop --consumer or "
+            "make them match)",
+        ),
+    ],
+)
+def test_bad_handler_options_are_one_line_errors(args, error):
+    result = manage("run_outbox_consumer", "--queue", "q", *args)
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"CommandError: {error}"
+
+
+def test_a_queue_declared_with_other_arguments_is_a_clear_error(destination):
+    with broker_connection() as connection:
+        from kombu import Queue
+
+        Queue(destination, durable=True, queue_arguments={"x-max-length": 5})(
+            connection.channel()
+        ).declare()
+    result = manage(
+        "run_outbox_consumer",
+        "--queue",
+        destination,
+        "--handler",
+        "tests.testapp.handlers.record",
+        "--consumer",
+        "c",
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith(
+        f"CommandError: cannot declare queue '{destination}' on the broker: "
+    )
+    assert "PRECONDITION_FAILED" in result.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_message_in_hand_and_loses_nothing(destination):
+    stage_events(2000, destination)
+    run_relay("--drain")
+    consumer = start_command(
+        "run_outbox_consumer",
+        "--queue",
+        destination,
+        "--handler",
+        "tests.testapp.handlers.record",
+        "--consumer",
+        "audit",
+        "--prefetch",
+        "50",
+    )
+    wait_until(lambda: Delivery.objects.count() >= 200, timeout=120, what="200 handled")
+    code, out, err = stop(consumer, signal.SIGTERM)
+    assert code == 0, err
+    assert "SIGTERM: stopping after the message in hand" in err
+    handled = int(SUMMARY.fullmatch(out.strip())["handled"])
+    assert Delivery.objects.count() == handled < 2000
+    # The unacked prefetch went back to the queue: a second run handles exactly the rest.
+    rest = run_consumer(
+        destination, "--handler", "tests.testapp.handlers.record", "--consumer", "audit"
+    )
+    assert rest["handled"] == 2000 - handled
+    assert Delivery.objects.count() == 2000
+
+
+@pytest.mark.slow
+def test_sigkill_mid_stream_then_restart_handles_each_event_once(destination):
+    stage_events(2000, destination)
+    run_relay("--drain")
+    args = ("--handler", "tests.testapp.handlers.record", "--consumer", "audit")
+    consumer = start_command("run_outbox_consumer", "--queue", destination, *args)
+    wait_until(lambda: Delivery.objects.count() >= 300, timeout=120, what="300 handled")
+    consumer.send_signal(signal.SIGKILL)
+    consumer.communicate(timeout=30)
+    killed_at = Delivery.objects.count()
+    rest = run_consumer(destination, *args)
+    # Messages handled but not acked before the kill come again and are skipped.
+    assert rest["handled"] == 2000 - killed_at
+    assert Delivery.objects.count() == 2000
+    assert Delivery.objects.values("event_id").distinct().count() == 2000
+
+
+@pytest.mark.slow
+def test_the_consumer_rides_out_a_broker_restart(destination):
+    stage_events(500, destination)
+    run_relay("--drain")
+    consumer = start_command(
+        "run_outbox_consumer",
+        "--queue",
+        destination,
+        "--handler",
+        "tests.testapp.handlers.record",
+        "--consumer",
+        "audit",
+    )
+    wait_until(lambda: Delivery.objects.count() == 500, timeout=120, what="first 500 handled")
+    services("restart", "rabbitmq")
+    stage_events(500, destination)
+    run_relay("--drain")
+    wait_until(lambda: Delivery.objects.count() == 1000, timeout=180, what="all 1000 handled")
+    code, _, err = stop(consumer)
+    assert code == 0, err
+    assert err.count("broker unreachable") == 1
+    assert err.count("broker reachable again") == 1
+
+
+def test_redis_end_to_end_with_duplicates(destination):
+    staged = stage_events(300, destination)
+    run_relay("--drain", BROKER_URL=REDIS_URL)
+    args = ("--handler", "tests.testapp.handlers.record", "--consumer", "audit")
+    first = run_consumer(destination, *args, BROKER_URL=REDIS_URL)
+    assert without_rate(first) == expected(300, handled=300)
+    republish_everything()
+    run_relay("--drain", BROKER_URL=REDIS_URL)
+    second = run_consumer(destination, *args, BROKER_URL=REDIS_URL)
+    assert without_rate(second) == expected(300, duplicates=300)
+    assert set(map(str, Delivery.objects.values_list("event_id", flat=True))) == set(staged)
+    delete_queue(destination, url=REDIS_URL)

@@ -1,0 +1,15 @@
+"""A Celery task that dedupes through the inbox; run by a real worker in the tests."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from django_outbox.celery import InboxTask
+
+from .models import Delivery
+
+
+@shared_task(base=InboxTask, name="testapp.record_payment")
+def record_payment(n: int) -> int:
+    Delivery.objects.create(consumer="celery", event_id=record_payment.request.id, n=n)
+    return n
