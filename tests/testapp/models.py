@@ -18,7 +18,7 @@ class Delivery(models.Model):
     so duplicates in this table mean the inbox failed."""
 
     consumer = models.CharField(max_length=100)
-    event_id = models.UUIDField()
+    event_id = models.UUIDField(null=True)
     n = models.IntegerField(null=True)
 
     def __str__(self) -> str:

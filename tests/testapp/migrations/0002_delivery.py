@@ -15,7 +15,7 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('consumer', models.CharField(max_length=100)),
-                ('event_id', models.UUIDField()),
+                ('event_id', models.UUIDField(null=True)),
                 ('n', models.IntegerField(null=True)),
             ],
         ),
