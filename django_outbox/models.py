@@ -42,6 +42,8 @@ class OutboxStatus(models.TextChoices):
 CLAIMABLE = (OutboxStatus.PENDING, OutboxStatus.FAILED, OutboxStatus.PROCESSING)
 #: States an operator may requeue.
 REQUEUEABLE = (OutboxStatus.FAILED, OutboxStatus.ABANDONED)
+#: States an operator may abandon (and PROCESSING once its lease has expired; see abandon()).
+ABANDONABLE = (OutboxStatus.PENDING, OutboxStatus.FAILED)
 
 
 class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
@@ -109,6 +111,33 @@ class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
             available_at=Now(),
             last_error="",
             abandoned_at=None,
+            locked_until=None,
+            locked_by="",
+            lease_token=None,
+        )
+
+    def abandonable(self) -> OutboxQuerySet:
+        """Rows no relay is publishing right now: PENDING, FAILED, and PROCESSING
+        rows whose lease has expired (their relay died; any relay may claim them)."""
+        return self.filter(
+            models.Q(status__in=ABANDONABLE)
+            | models.Q(status=OutboxStatus.PROCESSING, locked_until__lte=Now())
+        )
+
+    def abandon(self) -> int:
+        """PENDING/FAILED (and PROCESSING with an expired lease) -> ABANDONED; other rows
+        are left alone. ``last_error`` is kept: it usually says why.
+
+        A PROCESSING row under a live lease is refused: its relay may be
+        publishing it this instant, and calling it abandoned could then be false.
+        The lease columns are cleared, so a relay whose expired lease is
+        abandoned here finds its token gone and its late write dropped.
+        One UPDATE whose WHERE PostgreSQL re-checks after waiting for a row lock,
+        so a row claimed meanwhile is refused rather than abandoned under the relay.
+        """
+        return self.abandonable().update(
+            status=OutboxStatus.ABANDONED,
+            abandoned_at=Now(),
             locked_until=None,
             locked_by="",
             lease_token=None,

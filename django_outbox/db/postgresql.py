@@ -1,15 +1,16 @@
-"""PostgreSQL-only SQL: the NOTIFY trigger (and, with the relay, LISTEN and the claim)."""
+"""PostgreSQL-only SQL: the NOTIFY trigger, LISTEN, the claim and row estimates."""
 
 from __future__ import annotations
 
 import json
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..envelope import ClaimedMessage
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.models import QuerySet
 
 #: The LISTEN/NOTIFY channel a relay waits on; the payload is the table name.
 NOTIFY_CHANNEL = "django_outbox"
@@ -85,6 +86,18 @@ def claim(
         )
         for row in rows
     ]
+
+
+def estimated_rows(queryset: QuerySet[Any]) -> int:
+    """The planner's row estimate for ``queryset`` (``EXPLAIN (FORMAT JSON)``,
+    which plans the query but does not run it).
+
+    Unfiltered, this is ``pg_class.reltuples`` scaled to the table's current
+    size, so it is right even before the first ANALYZE; filtered, it comes
+    from the column statistics ANALYZE (or autovacuum) keeps.
+    """
+    (plan,) = json.loads(queryset.explain(format="json"))
+    return int(plan["Plan"]["Plan Rows"])
 
 
 class Listener:

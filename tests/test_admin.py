@@ -1,0 +1,449 @@
+"""The admin on real PostgreSQL: lists, filters, search, escaping, actions, permissions, counts."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.contrib.messages import get_messages
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from django_outbox.db import EXACT_COUNT_LIMIT, RowCount, count_rows
+from django_outbox.models import InboxFailure, OutboxMessage
+from tests.factories import InboxMessageFactory, OutboxMessageFactory
+
+pytestmark = pytest.mark.django_db
+
+Status = OutboxMessage.Status
+CHANGELIST = reverse("admin:django_outbox_outboxmessage_changelist")
+HOUR = dt.timedelta(hours=1)
+
+
+def change_url(row: OutboxMessage) -> str:
+    return reverse("admin:django_outbox_outboxmessage_change", args=[row.pk])
+
+
+def listed(response) -> list[int]:
+    assert response.status_code == 200
+    return sorted(row.pk for row in response.context["cl"].result_list)
+
+
+def logged_in(client, *codenames: str):
+    """``client`` logged in as a staff user with exactly these django_outbox permissions."""
+    user = User.objects.create_user("operator", password="unused", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="django_outbox", codename__in=codenames)
+    )
+    client.force_login(user)
+    return client
+
+
+def run_action(client, action: str, rows):
+    return client.post(
+        CHANGELIST,
+        {"action": action, "_selected_action": [row.pk for row in rows], "index": 0},
+    )
+
+
+def messages_of(response) -> list[tuple[str, str]]:
+    return [(m.level_tag, str(m)) for m in get_messages(response.wsgi_request)]
+
+
+@pytest.fixture
+def rows():
+    now = timezone.now()
+    return {
+        "pending": OutboxMessageFactory(event_type="order.placed", destination="orders"),
+        "failed": OutboxMessageFactory(
+            event_type="order.paid",
+            destination="billing",
+            status=Status.FAILED,
+            attempts=3,
+            last_error="ConnectionError: broker went away",
+        ),
+        "abandoned": OutboxMessageFactory(
+            event_type="user.created",
+            destination="crm",
+            status=Status.ABANDONED,
+            attempts=10,
+            abandoned_at=now,
+            ordering_key="user-7",
+        ),
+        "published": OutboxMessageFactory(event_type="order.placed", published=True),
+        # A relay holds it right now.
+        "leased": OutboxMessageFactory(
+            event_type="stock.reserved",
+            status=Status.PROCESSING,
+            locked_until=now + HOUR,
+            available_at=now + HOUR,
+            lease_token=uuid.uuid4(),
+            locked_by="relay-1",
+        ),
+        # Its relay died an hour ago.
+        "expired": OutboxMessageFactory(
+            event_type="stock.reserved",
+            status=Status.PROCESSING,
+            locked_until=now - HOUR,
+            available_at=now - HOUR,
+            lease_token=uuid.uuid4(),
+            locked_by="relay-0",
+        ),
+    }
+
+
+def pks(rows, *names: str) -> list[int]:
+    return sorted(rows[name].pk for name in names)
+
+
+# ---------------------------------------------------------------- the list
+
+
+def test_changelist_shows_every_row_with_badge_age_and_error_excerpt(admin_client, rows):
+    response = admin_client.get(CHANGELIST)
+    assert listed(response) == sorted(row.pk for row in rows.values())
+    html = response.content.decode()
+    assert 'class="outbox-status"' in html
+    assert ">Failed</span>" in html
+    assert "ConnectionError: broker went away" in html
+    assert "0\xa0minutes" in html  # age of a row staged just now
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ({"status__exact": "failed"}, ["failed"]),
+        ({"status__exact": "processing"}, ["leased", "expired"]),
+        ({"event_type": "order.placed"}, ["pending", "published"]),
+        ({"destination": "crm"}, ["abandoned"]),
+    ],
+)
+def test_changelist_filters(admin_client, rows, query, expected):
+    assert listed(admin_client.get(CHANGELIST, query)) == pks(rows, *expected)
+
+
+def test_created_at_filter_keeps_todays_rows_and_drops_old_ones(admin_client, rows):
+    old = OutboxMessageFactory()
+    OutboxMessage.objects.filter(pk=old.pk).update(
+        created_at=timezone.now() - dt.timedelta(days=30)
+    )
+    response = admin_client.get(CHANGELIST)
+    assert old.pk in listed(response)
+    cl = response.context["cl"]
+    (created_at,) = (spec for spec in cl.filter_specs if spec.field_path == "created_at")
+    today = next(c["query_string"] for c in created_at.choices(cl) if c["display"] == "Today")
+    assert listed(admin_client.get(CHANGELIST + today)) == sorted(row.pk for row in rows.values())
+
+
+def test_filter_choices_list_the_values_in_use(admin_client, rows):
+    html = admin_client.get(CHANGELIST).content.decode()
+    for value in ("order.placed", "order.paid", "user.created", "billing", "crm"):
+        assert f"={value}" in html, value
+
+
+def test_a_selected_value_older_than_the_sample_is_still_offered(admin_client, rows, monkeypatch):
+    from django_outbox.admin import RecentValuesFilter
+
+    monkeypatch.setattr(RecentValuesFilter, "SAMPLE", 1)
+    response = admin_client.get(CHANGELIST, {"destination": "crm"})
+    assert listed(response) == pks(rows, "abandoned")
+    spec = next(s for s in response.context["cl"].filter_specs if s.field_path == "destination")
+    assert "crm" in spec.lookup_choices
+
+
+@pytest.mark.parametrize(
+    ("term", "expected"),
+    [
+        ("user-7", ["abandoned"]),  # ordering key, exact
+        ("order.pl", ["pending", "published"]),  # start of an event type
+        ("ORDER.PAID", ["failed"]),
+        ("nothing-like-this", []),
+        ("1234", []),  # not a UUID: searches the text columns, no error
+    ],
+)
+def test_search_by_ordering_key_and_event_type(admin_client, rows, term, expected):
+    assert listed(admin_client.get(CHANGELIST, {"q": term})) == pks(rows, *expected)
+
+
+def test_search_by_event_id_is_an_exact_uuid_match(admin_client, rows):
+    row = rows["failed"]
+    assert listed(admin_client.get(CHANGELIST, {"q": str(row.event_id)})) == [row.pk]
+    assert listed(admin_client.get(CHANGELIST, {"q": row.event_id.hex.upper()})) == [row.pk]
+    assert listed(admin_client.get(CHANGELIST, {"q": str(uuid.uuid4())})) == []
+
+
+def test_a_quoted_uuid_searches_the_ordering_key(admin_client):
+    key = str(uuid.uuid4())
+    row = OutboxMessageFactory(ordering_key=key)
+    assert listed(admin_client.get(CHANGELIST, {"q": key})) == []
+    assert listed(admin_client.get(CHANGELIST, {"q": f'"{key}"'})) == [row.pk]
+
+
+def test_summary_counts_every_state_and_the_oldest_due_age(admin_client, rows):
+    OutboxMessage.objects.filter(pk=rows["pending"].pk).update(
+        available_at=timezone.now() - dt.timedelta(hours=3)
+    )
+    response = admin_client.get(CHANGELIST)
+    html = response.content.decode()
+    counts = {value: count for value, _label, count in response.context["outbox_summary"]["states"]}
+    assert {value: (count.value, count.exact) for value, count in counts.items()} == {
+        "pending": (1, True),
+        "processing": (2, True),
+        "published": (1, True),
+        "failed": (1, True),
+        "abandoned": (1, True),
+    }
+    assert '<a href="?status__exact=processing">Processing</a>:' in html
+    assert "The oldest due message has waited 3\xa0hours" in html
+
+
+def test_summary_says_when_nothing_is_due(admin_client):
+    OutboxMessageFactory(published=True)
+    assert "Nothing is due." in admin_client.get(CHANGELIST).content.decode()
+
+
+# ---------------------------------------------------------------- the detail page
+
+
+def test_detail_page_shows_payload_and_headers_escaped_and_pretty(admin_client):
+    row = OutboxMessageFactory(
+        payload={"note": "<script>alert('payload')</script>", "n": 1},
+        headers={"x-evil": '"><img src=x onerror=alert(1)>'},
+        last_error="<b>not bold</b>",
+    )
+    html = admin_client.get(change_url(row)).content.decode()
+    assert "<script>alert(" not in html
+    assert "<img src=x" not in html
+    assert "<b>not bold</b>" not in html
+    assert (
+        '<pre class="outbox-json">{\n  &quot;n&quot;: 1,\n  &quot;note&quot;: '
+        "&quot;&lt;script&gt;alert(&#x27;payload&#x27;)&lt;/script&gt;&quot;\n}</pre>"
+    ) in html
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html
+    assert "&lt;b&gt;not bold&lt;/b&gt;" in html
+
+
+def test_detail_page_is_read_only_even_for_a_superuser(admin_client, rows):
+    row = rows["failed"]
+    html = admin_client.get(change_url(row)).content.decode()
+    assert "ConnectionError: broker went away" in html
+    assert 'name="event_type"' not in html
+    assert 'name="_save"' not in html
+    admin_client.post(change_url(row), {"event_type": "edited", "status": "pending"})
+    row.refresh_from_db()
+    assert (row.event_type, row.status) == ("order.paid", Status.FAILED)
+    add = reverse("admin:django_outbox_outboxmessage_add")
+    assert admin_client.get(add).status_code == 403
+
+
+def test_only_superusers_delete_and_never_in_bulk(client, admin_client, rows):
+    row = rows["pending"]
+    delete = reverse("admin:django_outbox_outboxmessage_delete", args=[row.pk])
+    logged_in(client, "view_outboxmessage", "delete_outboxmessage", "requeue_outboxmessage")
+    assert client.post(delete, {"post": "yes"}).status_code == 403
+    choices = dict(admin_client.get(CHANGELIST).context["action_form"].fields["action"].choices)
+    assert "delete_selected" not in choices
+    assert admin_client.post(delete, {"post": "yes"}).status_code == 302
+    assert not OutboxMessage.objects.filter(pk=row.pk).exists()
+
+
+# ---------------------------------------------------------------- actions and permissions
+
+
+def test_view_only_staff_sees_no_actions_and_cannot_run_them(client, rows):
+    logged_in(client, "view_outboxmessage", "change_outboxmessage")
+    response = client.get(CHANGELIST)
+    assert response.status_code == 200
+    assert response.context["action_form"] is None
+    assert 'name="action"' not in response.content.decode()
+    run_action(client, "requeue", [rows["failed"]])
+    run_action(client, "abandon", [rows["pending"]])
+    rows["failed"].refresh_from_db()
+    rows["pending"].refresh_from_db()
+    assert (rows["failed"].status, rows["pending"].status) == (Status.FAILED, Status.PENDING)
+
+
+def test_requeue_permission_without_view_permission_opens_nothing(client):
+    logged_in(client, "requeue_outboxmessage")
+    assert client.get(CHANGELIST).status_code == 403
+
+
+def test_staff_with_the_permission_sees_both_actions(client, rows):
+    logged_in(client, "view_outboxmessage", "requeue_outboxmessage")
+    choices = dict(client.get(CHANGELIST).context["action_form"].fields["action"].choices)
+    assert set(choices) == {"", "requeue", "abandon"}
+
+
+def test_requeue_moves_failed_and_abandoned_rows_and_counts_the_refused(client, rows):
+    logged_in(client, "view_outboxmessage", "requeue_outboxmessage")
+    response = run_action(client, "requeue", rows.values())
+    assert response.status_code == 302
+    assert messages_of(response) == [
+        ("success", "2 messages requeued: pending again, attempts reset."),
+        (
+            "warning",
+            "4 selected messages were not requeued: only failed or abandoned messages can be.",
+        ),
+    ]
+    for name in ("failed", "abandoned"):
+        row = OutboxMessage.objects.get(pk=rows[name].pk)
+        assert (row.status, row.attempts, row.last_error, row.abandoned_at) == (
+            Status.PENDING,
+            0,
+            "",
+            None,
+        )
+    assert OutboxMessage.objects.get(pk=rows["leased"].pk).status == Status.PROCESSING
+
+
+def test_requeue_of_one_row_speaks_in_the_singular(client, rows):
+    logged_in(client, "view_outboxmessage", "requeue_outboxmessage")
+    response = run_action(client, "requeue", [rows["failed"], rows["published"]])
+    assert messages_of(response) == [
+        ("success", "1 message requeued: pending again, attempts reset."),
+        (
+            "warning",
+            "1 selected message was not requeued: only failed or abandoned messages can be.",
+        ),
+    ]
+
+
+def test_abandon_stops_pending_failed_and_expired_rows_never_a_live_lease(client, rows):
+    logged_in(client, "view_outboxmessage", "requeue_outboxmessage")
+    response = run_action(client, "abandon", rows.values())
+    assert messages_of(response) == [
+        ("success", "3 messages abandoned: the relay will not send them."),
+        (
+            "warning",
+            "3 selected messages were not abandoned: only pending or failed messages "
+            "(or processing ones whose lease expired) can be.",
+        ),
+    ]
+    status = dict(OutboxMessage.objects.values_list("pk", "status"))
+    assert {name: status[row.pk] for name, row in rows.items()} == {
+        "pending": Status.ABANDONED,
+        "failed": Status.ABANDONED,
+        "expired": Status.ABANDONED,
+        "abandoned": Status.ABANDONED,
+        "published": Status.PUBLISHED,
+        "leased": Status.PROCESSING,
+    }
+    expired = OutboxMessage.objects.get(pk=rows["expired"].pk)
+    assert expired.abandoned_at is not None
+    assert (expired.locked_until, expired.locked_by, expired.lease_token) == (None, "", None)
+    leased = OutboxMessage.objects.get(pk=rows["leased"].pk)
+    assert leased.lease_token == rows["leased"].lease_token
+
+
+def test_actions_over_all_filtered_rows(admin_client, rows):
+    response = admin_client.post(
+        CHANGELIST + "?status__exact=failed",
+        {"action": "requeue", "select_across": 1, "index": 0, "_selected_action": [0]},
+    )
+    assert messages_of(response) == [
+        ("success", "1 message requeued: pending again, attempts reset.")
+    ]
+    assert OutboxMessage.objects.failed().count() == 0
+
+
+# ---------------------------------------------------------------- big tables
+
+
+def test_count_rows_is_exact_up_to_the_limit_then_the_planners_estimate():
+    OutboxMessage.objects.bulk_create(
+        OutboxMessage(event_type="bulk", destination="d", payload={}) for _ in range(40)
+    )
+    rows = OutboxMessage.objects.all()
+    assert count_rows(rows, exact_up_to=40) == count_rows(rows) == RowCount(40, exact=True)
+    with connection.cursor() as cursor:
+        cursor.execute(f'ANALYZE "{OutboxMessage._meta.db_table}"')
+    estimate = count_rows(rows, exact_up_to=10)
+    assert not estimate.exact
+    assert 11 <= estimate.value <= 80
+
+
+def test_unfiltered_changelist_never_counts_the_whole_table(admin_client):
+    total = EXACT_COUNT_LIMIT + 50
+    OutboxMessage.objects.bulk_create(
+        (OutboxMessage(event_type="bulk", destination="d", payload={"n": n}) for n in range(total)),
+        batch_size=5000,
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f'ANALYZE "{OutboxMessage._meta.db_table}"')
+    with CaptureQueriesContext(connection) as queries:
+        response = admin_client.get(CHANGELIST)
+    assert response.status_code == 200
+    counts = [q["sql"] for q in queries if "COUNT(" in q["sql"].upper()]
+    assert counts, "the paginator and the summary count something"
+    unbounded = [sql for sql in counts if "LIMIT" not in sql.upper()]
+    assert unbounded == []
+    cl = response.context["cl"]
+    assert not cl.paginator.row_count.exact
+    assert total * 0.5 <= cl.result_count <= total * 2
+    assert len(cl.result_list) == cl.list_per_page
+    html = response.content.decode()
+    assert "this is PostgreSQL's estimate" in html
+    assert "_facets" not in html
+
+
+def test_changelist_queries_do_not_grow_with_the_rows_shown(admin_client):
+    def queries_for(n: int) -> int:
+        OutboxMessageFactory.create_batch(n)
+        with CaptureQueriesContext(connection) as queries:
+            assert admin_client.get(CHANGELIST).status_code == 200
+        return len(queries)
+
+    assert queries_for(3) == queries_for(60)
+
+
+# ---------------------------------------------------------------- the inbox
+
+
+def test_inbox_admin_lists_filters_by_consumer_and_finds_an_event_id(admin_client):
+    billing = InboxMessageFactory(consumer="billing")
+    shipping = InboxMessageFactory(consumer="shipping")
+    url = reverse("admin:django_outbox_inboxmessage_changelist")
+    assert listed(admin_client.get(url)) == sorted([billing.pk, shipping.pk])
+    assert listed(admin_client.get(url, {"consumer": "shipping"})) == [shipping.pk]
+    assert listed(admin_client.get(url, {"q": str(billing.event_id)})) == [billing.pk]
+    assert listed(admin_client.get(url, {"q": "billing"})) == [billing.pk]
+    assert admin_client.get(reverse("admin:django_outbox_inboxmessage_add")).status_code == 403
+
+
+def test_inbox_failure_admin_shows_parked_letters_with_their_body_escaped(admin_client):
+    parked = InboxFailure.objects.create(
+        consumer="billing",
+        event_id=uuid.uuid4(),
+        event_type="order.paid",
+        attempts=5,
+        last_error="ValueError: <bad>",
+        body='{"order_id": 7, "note": "<script>x()</script>"}',
+        headers={"event_type": "order.paid"},
+        parked_at=timezone.now(),
+    )
+    failing = InboxFailure.objects.create(
+        consumer="shipping", event_id=uuid.uuid4(), attempts=1, body="not json <i>"
+    )
+    url = reverse("admin:django_outbox_inboxfailure_changelist")
+    assert listed(admin_client.get(url)) == sorted([parked.pk, failing.pk])
+    assert listed(admin_client.get(url, {"consumer": "billing"})) == [parked.pk]
+    assert listed(admin_client.get(url, {"parked_at__isempty": "0"})) == [parked.pk]
+    assert listed(admin_client.get(url, {"q": str(failing.event_id)})) == [failing.pk]
+
+    html = admin_client.get(
+        reverse("admin:django_outbox_inboxfailure_change", args=[parked.pk])
+    ).content.decode()
+    assert "<script>" not in html
+    assert (
+        '<pre class="outbox-json">{\n  &quot;note&quot;: &quot;&lt;script&gt;x()&lt;/script&gt;'
+        "&quot;,\n  &quot;order_id&quot;: 7\n}</pre>"
+    ) in html
+    assert "ValueError: &lt;bad&gt;" in html
+    html = admin_client.get(
+        reverse("admin:django_outbox_inboxfailure_change", args=[failing.pk])
+    ).content.decode()
+    assert '<pre class="outbox-json">not json &lt;i&gt;</pre>' in html

@@ -1,0 +1,112 @@
+"""The admin in a real headless Chromium: an operator requeues every failed message.
+
+Debian's ``chromium`` package is the browser (Playwright drives it; nothing is
+downloaded); ``scripts/test`` installs it. The screenshot lands in
+``tests/artifacts/`` (ignored by git) and its path is printed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from playwright.sync_api import Page, expect, sync_playwright
+
+from django_outbox.models import OutboxMessage
+from tests.factories import OutboxMessageFactory
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+PASSWORD = "browser-test-password"
+
+Status = OutboxMessage.Status
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason=f"{CHROMIUM} is absent: apt-get install chromium chromium-driver "
+        "(scripts/test installs them)",
+    ),
+]
+
+
+def operator() -> User:
+    user = User.objects.create_user("operator", password=PASSWORD, is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(
+            content_type__app_label="django_outbox",
+            codename__in=["view_outboxmessage", "requeue_outboxmessage"],
+        )
+    )
+    return user
+
+
+def requeue_all_failed(page: Page, base_url: str, screenshot: Path) -> None:
+    """Log in, filter FAILED, select all, run requeue, then look at PENDING."""
+    page.goto(f"{base_url}/admin/login/?next=/admin/django_outbox/outboxmessage/")
+    page.get_by_label("Username").fill("operator")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_role("heading", name="Select outbox message to view")).to_be_visible()
+
+    page.locator("#changelist-filter").get_by_role("link", name="Failed", exact=True).click()
+    expect(page).to_have_url(f"{base_url}/admin/django_outbox/outboxmessage/?status__exact=failed")
+    expect(page.locator("#result_list tbody tr")).to_have_count(3)
+    page.locator("#action-toggle").check()
+    page.locator("select[name=action]").select_option("requeue")
+    page.get_by_role("button", name="Go").first.click()
+
+    expect(page.locator("ul.messagelist")).to_contain_text(
+        "3 messages requeued: pending again, attempts reset."
+    )
+    expect(page.locator("#result_list")).to_have_count(0)  # no FAILED row is left
+    expect(page.locator("#outbox-summary .outbox-summary-failed")).to_contain_text("Failed: 0")
+
+    page.locator("#changelist-filter").get_by_role("link", name="Pending", exact=True).click()
+    expect(page.locator("#result_list .outbox-status")).to_have_text(["Pending"] * 4)
+    page.screenshot(path=str(screenshot), full_page=True)
+
+
+def test_operator_requeues_every_failed_message_from_the_browser(live_server, capsys):
+    failed = OutboxMessageFactory.create_batch(3, status=Status.FAILED, attempts=4)
+    OutboxMessageFactory(status=Status.PENDING)
+    abandoned = OutboxMessageFactory(status=Status.ABANDONED)
+    operator()
+    ARTIFACTS.mkdir(exist_ok=True)
+    screenshot = ARTIFACTS / "admin_requeue.png"
+    screenshot.unlink(missing_ok=True)
+
+    # No ORM call while Playwright runs: its event loop makes Django refuse sync queries.
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 900})
+            page.set_default_timeout(30_000)
+            requeue_all_failed(page, live_server.url, screenshot)
+        finally:
+            browser.close()
+
+    with capsys.disabled():
+        print(f"\nadmin screenshot: {screenshot}")
+    assert screenshot.stat().st_size > 10_000
+    status = dict(OutboxMessage.objects.values_list("pk", "status"))
+    assert [status[row.pk] for row in failed] == [Status.PENDING] * 3
+    assert status[abandoned.pk] == Status.ABANDONED
+    assert set(
+        OutboxMessage.objects.filter(pk__in=[r.pk for r in failed]).values_list(
+            "attempts", flat=True
+        )
+    ) == {0}
