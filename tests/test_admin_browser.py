@@ -67,7 +67,8 @@ def requeue_all_failed(page: Page, base_url: str, screenshot: Path) -> None:
     expect(page.locator("#result_list tbody tr")).to_have_count(3)
     page.locator("#action-toggle").check()
     page.locator("select[name=action]").select_option("requeue")
-    page.get_by_role("button", name="Go").first.click()
+    # The submit button is "Go" before Django 6.1 and "Run" from it.
+    page.locator(".actions button[type=submit]").first.click()
 
     expect(page.locator("ul.messagelist")).to_contain_text(
         "3 messages requeued: pending again, attempts reset."
