@@ -35,9 +35,15 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_outbox",
     "example_project.shop",
+    "example_project.billing",
 ]
 
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{DEMO_DIR / 'db.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Write-ahead log without an fsync per commit: the consumer commits once per message.
+    DATABASES["default"].setdefault("OPTIONS", {})["init_command"] = (
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
+    )
 
 OUTBOX = {
     "BROKER_URL": env("OUTBOX_BROKER_URL", default="filesystem://"),

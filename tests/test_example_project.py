@@ -9,7 +9,7 @@ import sys
 from tests.support import REPO
 
 
-def test_demo_places_relays_and_reads_back_every_event(tmp_path):
+def test_demo_places_relays_and_bills_every_order_once(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "OUTBOX_BROKER_URL"}}
     env.update(DJANGO_SETTINGS_MODULE="example_project.settings", OUTBOX_DEMO_DIR=str(tmp_path))
 
@@ -28,6 +28,10 @@ def test_demo_places_relays_and_reads_back_every_event(tmp_path):
     manage("migrate", "--verbosity", "0")
     out = manage("demo", "--orders", "120")
 
-    assert "summary: staged 120, published 120, received 120" in out
-    assert "(120 match staged events, 0 duplicates)" in out
+    assert (
+        "summary: staged 120, published 120, consumed 120 (invoices for 120 distinct orders), "
+        "duplicates skipped 12, in "
+    ) in out
+    assert "received 120: handled 120, duplicates 0, failed 0, parked 0, rejected 0" in out
+    assert "received 12: handled 0, duplicates 12, failed 0, parked 0, rejected 0" in out
     assert (tmp_path / "db.sqlite3").exists()

@@ -1,35 +1,33 @@
-"""The example shop end to end: place orders, relay their events, read them off the broker."""
+"""The example end to end: place orders, relay their events, bill them once through the inbox."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
+import threading
 import time
-import uuid
 from decimal import Decimal
 from typing import Any
 
-import kombu
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
+from django.db.models.functions import Now
 
-from django_outbox.conf import outbox_settings
+from django_outbox.consumer import ConsumerStats, InboxConsumer
+from django_outbox.management.commands._options import positive_int
 from django_outbox.models import OutboxMessage
+from example_project.billing.handlers import invoice_order
+from example_project.billing.models import Invoice
 from example_project.shop.services import place_order
 
-
-def positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1; got {number}")
-    return number
+#: Seconds without a message after which a demo consumer run ends.
+IDLE_TIMEOUT = 1.0
 
 
 class Command(BaseCommand):
     help = (
         "Place orders through @publish_on_success, relay their order.placed events with "
-        "run_outbox_relay --drain, then read them back from the broker's 'orders' queue."
+        "run_outbox_relay --drain, invoice each order once with an inbox consumer, then "
+        "publish a tenth of the events again to show the inbox skipping them."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -52,44 +50,43 @@ class Command(BaseCommand):
         for _ in range(orders):
             place_order(f"customer{rng.randrange(50)}", Decimal(rng.randrange(100, 100_000)) / 100)
         staged = OutboxMessage.objects.count()
-        self.stdout.write(
-            f"1. placed {orders} orders; {staged} order.placed events staged with them"
-        )
+        self.stdout.write(f"1. placed {orders} orders; {staged} order.placed events staged")
 
         self.stdout.write("2. run_outbox_relay --drain")
         call_command("run_outbox_relay", "--drain", stdout=self.stdout)
         published = OutboxMessage.objects.published().count()
 
-        received = self._read_queue("orders")
-        expected = set(OutboxMessage.objects.values_list("event_id", flat=True))
-        matched = sum(1 for event_id in received if event_id in expected)
         self.stdout.write(
-            f"3. read {len(received)} messages from the 'orders' queue "
-            f"({matched} match staged events, {len(received) - len(set(received))} duplicates)"
+            "3. run_outbox_consumer --queue orders "
+            "--handler example_project.billing.handlers.invoice_order"
         )
+        first = self._consume()
+
+        again = max(orders // 10, 1)
+        self.stdout.write(
+            f"4. a relay that crashed before marking its batch publishes {again} events again"
+        )
+        redo = OutboxMessage.objects.order_by("-id").values_list("id", flat=True)[:again]
+        OutboxMessage.objects.filter(id__in=list(redo)).update(
+            status=OutboxMessage.Status.PENDING, available_at=Now()
+        )
+        call_command("run_outbox_relay", "--drain", stdout=self.stdout)
+        second = self._consume()
+
+        invoices = Invoice.objects.count()
+        invoiced_orders = Invoice.objects.values("order_id").distinct().count()
+        duplicates = first.duplicates + second.duplicates
         elapsed = time.perf_counter() - started
         self.stdout.write(
-            f"summary: staged {staged}, published {published}, received {len(received)} "
+            f"summary: staged {staged}, published {published}, consumed {invoices} "
+            f"(invoices for {invoiced_orders} distinct orders), duplicates skipped {duplicates}, "
             f"in {elapsed:.1f}s\n"
             "admin: python manage.py createsuperuser && python manage.py runserver, "
-            "then open http://127.0.0.1:8000/admin/django_outbox/outboxmessage/"
+            "then open http://127.0.0.1:8000/admin/django_outbox/"
         )
 
-    def _read_queue(self, name: str) -> list[uuid.UUID]:
-        event_ids = []
-        with kombu.Connection(
-            outbox_settings.broker_url, transport_options=outbox_settings.BROKER_TRANSPORT_OPTIONS
-        ) as connection:
-            queue = connection.SimpleQueue(name)
-            try:
-                while True:
-                    try:
-                        message = queue.get(block=False)
-                    except queue.Empty:
-                        break
-                    json.loads(message.body)  # every body is JSON
-                    event_ids.append(uuid.UUID(message.headers["event_id"]))
-                    message.ack()
-            finally:
-                queue.close()
-        return event_ids
+    def _consume(self) -> ConsumerStats:
+        consumer = InboxConsumer("orders", invoice_order.__wrapped__, invoice_order.inbox_consumer)
+        stats = consumer.run(threading.Event(), idle_timeout=IDLE_TIMEOUT)
+        self.stdout.write(f"   {stats.summary()}")
+        return stats
