@@ -1,8 +1,11 @@
-"""The README's first command: the example shop end to end on SQLite and filesystem://."""
+"""The README's first command and the quickstart: the example shop end to end on SQLite
+and filesystem://, no server needed."""
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
 import sys
 
@@ -35,3 +38,45 @@ def test_demo_places_relays_and_bills_every_order_once(tmp_path):
     assert "received 120: handled 120, duplicates 0, failed 0, parked 0, rejected 0" in out
     assert "received 12: handled 0, duplicates 12, failed 0, parked 0, rejected 0" in out
     assert (tmp_path / "db.sqlite3").exists()
+
+
+def test_the_quickstart_runs_as_written(tmp_path):
+    """Every `python manage.py` line of the quickstart's example-shop block, in order."""
+    text = (REPO / "docs" / "quickstart.md").read_text()
+    section = text.split("## Try it: the example shop", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.DOTALL).group(1)
+    commands = [
+        shlex.split(line, comments=True)
+        for line in block.replace("\\\n", "").splitlines()
+        if line.startswith("python manage.py ")
+    ]
+    assert [c[2] for c in commands] == [
+        "migrate",
+        "shell",
+        "outbox_status",
+        "run_outbox_relay",
+        "outbox_status",
+        "run_outbox_consumer",
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "OUTBOX_BROKER_URL"}}
+    env.update(DJANGO_SETTINGS_MODULE="example_project.settings", OUTBOX_DEMO_DIR=str(tmp_path))
+    outputs = []
+    for command in commands:
+        result = subprocess.run(
+            [sys.executable, *command[1:]],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, (command, result.stderr)
+        outputs.append(result.stdout)
+
+    assert re.search(r"^pending +3$", outputs[2], re.MULTILINE)
+    assert outputs[3].startswith("claimed 3, published 3, failed 0, abandoned 0, lease lost 0")
+    assert re.search(r"^published +3$", outputs[4], re.MULTILINE)
+    consumed = outputs[5]
+    for line in ("order.placed: order 1 for ada, 19.90", "order.placed: order 2 for grace, 19.90"):
+        assert line in consumed
+    assert "received 3: handled 3, duplicates 0, failed 0, parked 0, rejected 0" in consumed
