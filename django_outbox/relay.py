@@ -295,7 +295,11 @@ class Relay:
                     try:
                         retention.cleanup(self.using)
                     except DatabaseError:
-                        logger.warning("retention cleanup failed", exc_info=True)
+                        logger.warning(
+                            "retention cleanup failed",
+                            exc_info=True,
+                            extra={"action": "outbox.cleanup_failed", "using": self.using},
+                        )
                 close_old_connections()  # honours CONN_MAX_AGE between idle spells
                 listener = self._idle(stop, listener)
         finally:

@@ -208,6 +208,12 @@ def test_a_handler_decorated_with_inbox_handler_lends_its_consumer_name(destinat
             "@inbox_handler('decorated'); --consumer 'other' disagrees (drop --consumer or "
             "make them match)",
         ),
+        (
+            ["--handler", "tests.testapp.handlers.decorated", "--database", "other"],
+            "handler 'tests.testapp.handlers.decorated' is decorated with "
+            "@inbox_handler(using='default'); --database 'other' disagrees (drop --database or "
+            "make them match)",
+        ),
     ],
 )
 def test_bad_handler_options_are_one_line_errors(args, error):

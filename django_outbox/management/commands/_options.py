@@ -45,12 +45,12 @@ def database_alias(value: str) -> str:
     return value
 
 
-def add_database_option(parser: CommandParser) -> None:
+def add_database_option(parser: CommandParser, what: str = "outbox") -> None:
     parser.add_argument(
         "--database",
         type=database_alias,
         default=DEFAULT_DB_ALIAS,
-        help="database alias whose outbox to use (default: %(default)r)",
+        help=f"database alias whose {what} to use (default: %(default)r)",
     )
 
 

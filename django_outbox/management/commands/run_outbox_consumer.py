@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS
 from django.utils.module_loading import import_string
 
 from django_outbox.consumer import DEFAULT_MAX_DELIVERIES, DEFAULT_PREFETCH, InboxConsumer
@@ -62,7 +63,7 @@ class Command(BaseCommand):
             default=None,
             help="exit once no message has come for this many seconds (default: run until stopped)",
         )
-        add_database_option(parser)
+        add_database_option(parser, "inbox (and the handler's writes)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         handler, consumer, using = _resolve_handler(
@@ -104,7 +105,13 @@ def _resolve_handler(path: str, consumer: str | None, using: str) -> tuple[Any, 
                 f"handler {path!r} is decorated with @inbox_handler({decorated!r}); "
                 f"--consumer {consumer!r} disagrees (drop --consumer or make them match)"
             )
-        return handler.__wrapped__, decorated, handler.inbox_using
+        decorated_using = handler.inbox_using
+        if using not in (DEFAULT_DB_ALIAS, decorated_using):
+            raise CommandError(
+                f"handler {path!r} is decorated with @inbox_handler(using={decorated_using!r}); "
+                f"--database {using!r} disagrees (drop --database or make them match)"
+            )
+        return handler.__wrapped__, decorated, decorated_using
     if consumer is None:
         raise CommandError(
             f"--consumer is required: handler {path!r} is not decorated with @inbox_handler"
