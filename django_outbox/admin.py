@@ -226,60 +226,59 @@ class OutboxMessageAdmin(DeliveryAdmin):
     )
     def requeue(self, request: HttpRequest, queryset: OutboxQuerySet) -> None:
         changed, refused = self._change_fate(request, queryset, OutboxQuerySet.requeue, "requeued")
-        if changed:
-            self.message_user(
-                request,
-                ngettext(
-                    "%(count)d message requeued: pending again, attempts reset.",
-                    "%(count)d messages requeued: pending again, attempts reset.",
-                    changed,
-                )
-                % {"count": changed},
-                messages.SUCCESS,
+        self._report(
+            request,
+            ngettext(
+                "%(count)d message requeued: pending again, attempts reset.",
+                "%(count)d messages requeued: pending again, attempts reset.",
+                changed,
             )
-        if refused:
-            self.message_user(
-                request,
-                ngettext(
-                    "%(count)d selected message was not requeued: "
-                    "only failed or abandoned messages can be.",
-                    "%(count)d selected messages were not requeued: "
-                    "only failed or abandoned messages can be.",
-                    refused,
-                )
-                % {"count": refused},
-                messages.WARNING,
+            % {"count": changed},
+            ngettext(
+                "%(count)d selected message was not requeued: "
+                "only failed or abandoned messages can be.",
+                "%(count)d selected messages were not requeued: "
+                "only failed or abandoned messages can be.",
+                refused,
             )
+            % {"count": refused},
+            changed,
+            refused,
+        )
 
     @admin.action(
         description=_("Abandon selected pending/failed messages"), permissions=["requeue"]
     )
     def abandon(self, request: HttpRequest, queryset: OutboxQuerySet) -> None:
         changed, refused = self._change_fate(request, queryset, OutboxQuerySet.abandon, "abandoned")
+        self._report(
+            request,
+            ngettext(
+                "%(count)d message abandoned: the relay will not send it.",
+                "%(count)d messages abandoned: the relay will not send them.",
+                changed,
+            )
+            % {"count": changed},
+            ngettext(
+                "%(count)d selected message was not abandoned: only pending or failed "
+                "messages (or processing ones whose lease expired) can be.",
+                "%(count)d selected messages were not abandoned: only pending or failed "
+                "messages (or processing ones whose lease expired) can be.",
+                refused,
+            )
+            % {"count": refused},
+            changed,
+            refused,
+        )
+
+    def _report(
+        self, request: HttpRequest, done: str, not_done: str, changed: int, refused: int
+    ) -> None:
+        """One success message for the changed rows, one warning for the refused ones."""
         if changed:
-            self.message_user(
-                request,
-                ngettext(
-                    "%(count)d message abandoned: the relay will not send it.",
-                    "%(count)d messages abandoned: the relay will not send them.",
-                    changed,
-                )
-                % {"count": changed},
-                messages.SUCCESS,
-            )
+            self.message_user(request, done, messages.SUCCESS)
         if refused:
-            self.message_user(
-                request,
-                ngettext(
-                    "%(count)d selected message was not abandoned: only pending or failed "
-                    "messages (or processing ones whose lease expired) can be.",
-                    "%(count)d selected messages were not abandoned: only pending or failed "
-                    "messages (or processing ones whose lease expired) can be.",
-                    refused,
-                )
-                % {"count": refused},
-                messages.WARNING,
-            )
+            self.message_user(request, not_done, messages.WARNING)
 
     def _change_fate(
         self,

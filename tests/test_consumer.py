@@ -47,6 +47,14 @@ def destination():
     delete_queue(name)
 
 
+#: The handler and inbox name most tests consume with.
+RECORD = ("--handler", "tests.testapp.handlers.record", "--consumer", "audit")
+
+
+def start_consumer(queue: str, *args: str):
+    return start_command("run_outbox_consumer", "--queue", queue, *args)
+
+
 def run_consumer(queue: str, *args: str, timeout: float = 300, **outbox) -> dict[str, int]:
     """Run the consumer until the queue has been quiet for 3 s; returns its summary counts."""
     result = manage(
@@ -83,18 +91,14 @@ def without_rate(summary: dict[str, int]) -> dict[str, int]:
 def test_five_thousand_events_end_to_end_then_all_again_as_duplicates(destination):
     staged = stage_events(5000, destination)
     run_relay("--drain")
-    first = run_consumer(
-        destination, "--handler", "tests.testapp.handlers.record", "--consumer", "audit"
-    )
+    first = run_consumer(destination, *RECORD)
     assert without_rate(first) == expected(5000, handled=5000)
     assert Delivery.objects.count() == 5000
     assert set(map(str, Delivery.objects.values_list("event_id", flat=True))) == set(staged)
 
     republish_everything()
     run_relay("--drain")
-    second = run_consumer(
-        destination, "--handler", "tests.testapp.handlers.record", "--consumer", "audit"
-    )
+    second = run_consumer(destination, *RECORD)
     assert without_rate(second) == expected(5000, duplicates=5000)
     assert Delivery.objects.count() == 5000
     assert InboxMessage.objects.filter(consumer="audit").count() == 5000
@@ -147,10 +151,7 @@ def test_a_failing_event_is_redelivered_then_parked_and_bad_messages_are_rejecte
 
         summary = run_consumer(
             destination,
-            "--handler",
-            "tests.testapp.handlers.record",
-            "--consumer",
-            "audit",
+            *RECORD,
             "--max-deliveries",
             "3",
         )
@@ -249,17 +250,7 @@ def test_a_queue_declared_with_other_arguments_is_a_clear_error(destination):
 def test_sigterm_finishes_the_message_in_hand_and_loses_nothing(destination):
     stage_events(2000, destination)
     run_relay("--drain")
-    consumer = start_command(
-        "run_outbox_consumer",
-        "--queue",
-        destination,
-        "--handler",
-        "tests.testapp.handlers.record",
-        "--consumer",
-        "audit",
-        "--prefetch",
-        "50",
-    )
+    consumer = start_consumer(destination, *RECORD, "--prefetch", "50")
     wait_until(lambda: Delivery.objects.count() >= 200, timeout=120, what="200 handled")
     code, out, err = stop(consumer, signal.SIGTERM)
     assert code == 0, err
@@ -267,9 +258,7 @@ def test_sigterm_finishes_the_message_in_hand_and_loses_nothing(destination):
     handled = int(SUMMARY.fullmatch(out.strip())["handled"])
     assert Delivery.objects.count() == handled < 2000
     # The unacked prefetch went back to the queue: a second run handles exactly the rest.
-    rest = run_consumer(
-        destination, "--handler", "tests.testapp.handlers.record", "--consumer", "audit"
-    )
+    rest = run_consumer(destination, *RECORD)
     assert rest["handled"] == 2000 - handled
     assert Delivery.objects.count() == 2000
 
@@ -278,13 +267,12 @@ def test_sigterm_finishes_the_message_in_hand_and_loses_nothing(destination):
 def test_sigkill_mid_stream_then_restart_handles_each_event_once(destination):
     stage_events(2000, destination)
     run_relay("--drain")
-    args = ("--handler", "tests.testapp.handlers.record", "--consumer", "audit")
-    consumer = start_command("run_outbox_consumer", "--queue", destination, *args)
+    consumer = start_consumer(destination, *RECORD)
     wait_until(lambda: Delivery.objects.count() >= 300, timeout=120, what="300 handled")
     consumer.send_signal(signal.SIGKILL)
     consumer.communicate(timeout=30)
     killed_at = Delivery.objects.count()
-    rest = run_consumer(destination, *args)
+    rest = run_consumer(destination, *RECORD)
     # Messages handled but not acked before the kill come again and are skipped.
     assert rest["handled"] == 2000 - killed_at
     assert Delivery.objects.count() == 2000
@@ -295,15 +283,7 @@ def test_sigkill_mid_stream_then_restart_handles_each_event_once(destination):
 def test_the_consumer_rides_out_a_broker_restart(destination):
     stage_events(500, destination)
     run_relay("--drain")
-    consumer = start_command(
-        "run_outbox_consumer",
-        "--queue",
-        destination,
-        "--handler",
-        "tests.testapp.handlers.record",
-        "--consumer",
-        "audit",
-    )
+    consumer = start_consumer(destination, *RECORD)
     wait_until(lambda: Delivery.objects.count() == 500, timeout=120, what="first 500 handled")
     services("restart", "rabbitmq")
     stage_events(500, destination)
@@ -318,12 +298,11 @@ def test_the_consumer_rides_out_a_broker_restart(destination):
 def test_redis_end_to_end_with_duplicates(destination):
     staged = stage_events(300, destination)
     run_relay("--drain", BROKER_URL=REDIS_URL)
-    args = ("--handler", "tests.testapp.handlers.record", "--consumer", "audit")
-    first = run_consumer(destination, *args, BROKER_URL=REDIS_URL)
+    first = run_consumer(destination, *RECORD, BROKER_URL=REDIS_URL)
     assert without_rate(first) == expected(300, handled=300)
     republish_everything()
     run_relay("--drain", BROKER_URL=REDIS_URL)
-    second = run_consumer(destination, *args, BROKER_URL=REDIS_URL)
+    second = run_consumer(destination, *RECORD, BROKER_URL=REDIS_URL)
     assert without_rate(second) == expected(300, duplicates=300)
     assert set(map(str, Delivery.objects.values_list("event_id", flat=True))) == set(staged)
     delete_queue(destination, url=REDIS_URL)
