@@ -20,14 +20,13 @@ the mark or not at all. An exception (``self.retry()`` included: it raises
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
 from celery import Task  # type: ignore[import-untyped]
 
-from .inbox import process_once
-
-logger = logging.getLogger(__name__)
+from .inbox import run_once
 
 
 class InboxTask(Task):
@@ -49,14 +48,11 @@ class InboxTask(Task):
         task_id = self.request.id
         if task_id is None:  # called as a plain function: not a delivery, nothing to dedupe
             return super().__call__(*args, **kwargs)
-        consumer = self.inbox_consumer or self.name
-        with process_once(consumer, task_id, self.inbox_using) as new:
-            if new:
-                return self.run(*args, **kwargs)
-        logger.info(
-            "%s: task %s already ran; skipped",
-            consumer,
+        call = functools.partial(self.run, *args, **kwargs)
+        return run_once(
+            self.inbox_consumer or self.name,
             task_id,
-            extra={"action": "inbox.duplicate", "consumer": consumer, "event_id": task_id},
+            self.inbox_using,
+            call,
+            log_level=logging.INFO,
         )
-        return None

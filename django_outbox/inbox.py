@@ -75,23 +75,36 @@ def inbox_handler(
     def decorate(func: Callable[..., R]) -> Callable[..., R | None]:
         @functools.wraps(func)
         def handle(event: Any, *args: Any, **kwargs: Any) -> R | None:
-            event_id = event_id_of(event)
-            with process_once(consumer, event_id, using) as new:
-                if new:
-                    return func(event, *args, **kwargs)
-            logger.debug(
-                "%s: event %s already handled; skipped",
-                consumer,
-                event_id,
-                extra={"action": "inbox.duplicate", "consumer": consumer, "event_id": event_id},
-            )
-            return None
+            call = functools.partial(func, event, *args, **kwargs)
+            return run_once(consumer, event_id_of(event), using, call)
 
         handle.inbox_consumer = consumer  # type: ignore[attr-defined]
         handle.inbox_using = using  # type: ignore[attr-defined]
         return handle
 
     return decorate
+
+
+def run_once(
+    consumer: str,
+    event_id: uuid.UUID | str,
+    using: str,
+    call: Callable[[], R],
+    *,
+    log_level: int = logging.DEBUG,
+) -> R | None:
+    """``call()`` inside :func:`process_once` if the event is new; else log and return None."""
+    with process_once(consumer, event_id, using) as new:
+        if new:
+            return call()
+    logger.log(
+        log_level,
+        "%s: event %s already handled; skipped",
+        consumer,
+        event_id,
+        extra={"action": "inbox.duplicate", "consumer": consumer, "event_id": str(event_id)},
+    )
+    return None
 
 
 def as_event_id(value: object) -> uuid.UUID:

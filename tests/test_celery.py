@@ -114,7 +114,7 @@ def test_a_worker_runs_each_relayed_task_once_though_every_task_arrives_twice(
     assert set(Delivery.objects.values_list("event_id", flat=True)) == ids
     assert set(InboxMessage.objects.filter(consumer=TASK).values_list("event_id", flat=True)) == ids
     # Django's console handler prints each of our records bare, once.
-    skipped = re.findall(rf"^{TASK}: task \S+ already ran; skipped$", output, re.MULTILINE)
+    skipped = re.findall(rf"^{TASK}: event \S+ already handled; skipped$", output, re.MULTILINE)
     assert len(skipped) == 1000
 
 
