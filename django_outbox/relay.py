@@ -14,7 +14,10 @@ changes nothing.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -24,6 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from django.db import DatabaseError, close_old_connections, connections, transaction
 
@@ -60,6 +64,30 @@ class BatchStats:
             setattr(self, field, getattr(self, field) + getattr(other, field))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+    """A claimed batch, published: each message's outcome, and the claim's lease token."""
+
+    messages: Sequence[ClaimedMessage]
+    outcomes: Sequence[Outcome]
+    token: uuid.UUID
+
+    @property
+    def transport_failed(self) -> bool:
+        return any(outcome is not None and not outcome.permanent for outcome in self.outcomes)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Finalized:
+    """What finalizing a batch wrote; the rows of ``failures`` exclude the ``lost`` ones."""
+
+    claimed: int
+    published: list[ClaimedMessage]
+    failures: dict[tuple[str, bool, int], list[ClaimedMessage]]  # (error, abandon, attempts)
+    lost: list[ClaimedMessage]
+    transport_failed: bool
+
+
 class Relay:
     def __init__(
         self,
@@ -92,6 +120,11 @@ class Relay:
 
     def run_once(self) -> BatchStats:
         """Claim, publish and finalize one batch; returns what happened."""
+        batch = self._claim_and_publish()
+        return BatchStats() if batch is None else self._report(self._finalize(batch))
+
+    def _claim_and_publish(self) -> _Batch | None:
+        """Claim a batch and publish it; None when nothing was due."""
         token = uuid.uuid4()
         messages = db.claim(
             self.using,
@@ -101,19 +134,9 @@ class Relay:
             token=token,
         )
         if not messages:
-            return BatchStats()
+            return None
         outcomes = self._publish(messages, deadline=time.monotonic() + self.lease_seconds / 2)
-        stats = self._finalize(messages, outcomes, token)
-        logger.debug(
-            "batch of %d: %d published, %d failed, %d abandoned, %d lost",
-            stats.claimed,
-            stats.published,
-            stats.failed,
-            stats.abandoned,
-            stats.lost,
-            extra={"action": "outbox.batch", "using": self.using, **dataclasses.asdict(stats)},
-        )
-        return stats
+        return _Batch(messages, outcomes, token)
 
     def transport(self, route: Route) -> Transport:
         kind = "celery" if route.is_celery else "broker"
@@ -170,22 +193,23 @@ class Relay:
             outcomes.update(zip((m.id for m in batch), results, strict=True))
         return [outcomes[m.id] for m in messages]
 
-    def _finalize(
-        self, messages: Sequence[ClaimedMessage], outcomes: Sequence[Outcome], token: uuid.UUID
-    ) -> BatchStats:
-        stats = BatchStats(claimed=len(messages))
-        published = [m for m, outcome in zip(messages, outcomes, strict=True) if outcome is None]
+    def _finalize(self, batch: _Batch) -> _Finalized:
+        """Record the outcomes: the database writes of a batch, and nothing else (it
+        may run on the finisher's thread)."""
+        messages, token = batch.messages, batch.token
+        published = [m for m, out in zip(messages, batch.outcomes, strict=True) if out is None]
         # Rows that failed alike (same error, same attempts) are written with one UPDATE.
         failures: dict[tuple[str, bool, int], list[ClaimedMessage]] = {}
-        for message, outcome in zip(messages, outcomes, strict=True):
+        for message, outcome in zip(messages, batch.outcomes, strict=True):
             if outcome is not None:
                 attempts = message.attempts + 1
                 abandon = outcome.permanent or self.policy.exhausted(attempts)
                 failures.setdefault((outcome.error, abandon, attempts), []).append(message)
-                stats.transport_failed |= not outcome.permanent
         rows = OutboxMessage.objects.using(self.using)
         lost: list[ClaimedMessage] = []
-        with transaction.atomic(using=self.using):
+        # One statement is atomic on its own; more share a transaction.
+        several = bool(published) + len(failures) > 1
+        with transaction.atomic(using=self.using) if several else contextlib.nullcontext():
             if published:
                 ids = [m.id for m in published]
                 if rows.filter(id__in=ids).leased(token).mark_published() != len(ids):
@@ -201,35 +225,62 @@ class Relay:
                     mine = set(rows.filter(id__in=ids).leased(token).values_list("id", flat=True))
                     lost += [m for m in group if m.id not in mine]
         lost_ids = {m.id for m in lost}
-        stats.published = len(published)
+        return _Finalized(
+            claimed=len(messages),
+            published=published,
+            failures={
+                key: [m for m in group if m.id not in lost_ids] for key, group in failures.items()
+            },
+            lost=lost,
+            transport_failed=batch.transport_failed,
+        )
+
+    def _report(self, done: _Finalized) -> BatchStats:
+        """Log and signal what a finalized batch did; returns its stats."""
         # (message, error) pairs of the rows this relay still held, by outcome.
         by_fate: dict[bool, list[tuple[ClaimedMessage, str]]] = {True: [], False: []}
-        for (error, abandon, _), group in failures.items():
-            by_fate[abandon] += [(m, error) for m in group if m.id not in lost_ids]
+        for (error, abandon, _), group in done.failures.items():
+            by_fate[abandon] += [(m, error) for m in group]
         abandoned, failed = by_fate[True], by_fate[False]
-        stats.abandoned, stats.failed, stats.lost = len(abandoned), len(failed), len(lost)
-        if lost:
+        stats = BatchStats(
+            claimed=done.claimed,
+            published=len(done.published),
+            failed=len(failed),
+            abandoned=len(abandoned),
+            lost=len(done.lost),
+            transport_failed=done.transport_failed,
+        )
+        if done.lost:
             logger.warning(
                 "lease lost on %d row(s): another relay took them over; left them alone",
-                len(lost),
+                len(done.lost),
                 extra={
                     "action": "outbox.lease_lost",
                     "using": self.using,
                     "worker": self.worker,
-                    "ids": [m.id for m in lost][:50],
+                    "ids": [m.id for m in done.lost][:50],
                 },
             )
-        for (error, abandon, _), group in failures.items():
-            if abandon:
+        for (error, abandon, _), group in done.failures.items():
+            if abandon and group:
                 logger.error(
                     "abandoned %d row(s): %s",
                     len(group),
                     error,
                     extra={"action": "outbox.abandoned", "ids": [m.id for m in group][:50]},
                 )
-        self._send(event_published, published, None)
+        self._send(event_published, done.published, None)
         self._send(event_failed, [m for m, _ in failed], [e for _, e in failed])
         self._send(event_abandoned, [m for m, _ in abandoned], [e for _, e in abandoned])
+        logger.debug(
+            "batch of %d: %d published, %d failed, %d abandoned, %d lost",
+            stats.claimed,
+            stats.published,
+            stats.failed,
+            stats.abandoned,
+            stats.lost,
+            extra={"action": "outbox.batch", "using": self.using, **dataclasses.asdict(stats)},
+        )
         return stats
 
     def _send(self, signal, messages: list[ClaimedMessage], errors: list[str] | None) -> None:  # type: ignore[no-untyped-def]
@@ -264,7 +315,15 @@ class Relay:
         totals = BatchStats()
         outage = _Outage()
         listener: db.postgresql.Listener | None = None
+        finisher = _Finisher(self)
         next_cleanup = time.monotonic() + random.uniform(0, outbox_settings.CLEANUP_INTERVAL)
+
+        def tally(finalized: list[BatchStats]) -> None:
+            for stats in finalized:
+                totals.add(stats)
+                if on_batch is not None:
+                    on_batch(stats)
+
         try:
             while not stop.is_set():
                 try:
@@ -273,21 +332,22 @@ class Relay:
                         continue
                     if listener is None and not drain:
                         listener = db.listen(self.using)
-                    stats = self.run_once()
+                    batch = self._claim_and_publish()
+                    if batch is not None:
+                        finisher.start(batch)
+                    tally(finisher.collect(everything=batch is None))
                     if outage.database_down:
                         outage.database_recovered(self.using)
                 except DatabaseError as exc:
                     outage.database_failed(self.using, exc)
+                    tally(finisher.settle())
                     connections[self.using].close()
                     listener = _closed(listener)
                     stop.wait(outage.backoff())
                     continue
-                totals.add(stats)
-                if on_batch is not None and stats.claimed:
-                    on_batch(stats)
-                if stats.transport_failed:
-                    outage.broker_suspect()
-                if stats.claimed:
+                if batch is not None:
+                    if batch.transport_failed:
+                        outage.broker_suspect()
                     continue
                 if drain:
                     break
@@ -298,10 +358,14 @@ class Relay:
                     except DatabaseError:
                         logger.warning("retention cleanup failed", exc_info=True)
                 close_old_connections()  # honours CONN_MAX_AGE between idle spells
+                finisher.close_old_connections()
                 listener = self._idle(stop, listener)
         finally:
-            _closed(listener)
-            self.close()
+            try:
+                tally(finisher.close())
+            finally:
+                _closed(listener)
+                self.close()
         return totals
 
     def _broker_back(self, outage: _Outage) -> bool:
@@ -335,6 +399,68 @@ class Relay:
                 )
                 listener = _closed(listener)
         return listener
+
+
+class _Finisher:
+    """Finalizes batches on a thread of its own, with its own database connection, so
+    that the relay claims and publishes the next batch meanwhile: at most one batch
+    waits to be finalized while the next one is published.
+
+    Where the database takes one writer at a time (no SKIP LOCKED: SQLite), each
+    batch is finalized inline instead, before the next claim.
+    """
+
+    def __init__(self, relay: Relay) -> None:
+        self._relay = relay
+        self._pending: collections.deque[Callable[[], _Finalized]] = collections.deque()
+        self._executor: ThreadPoolExecutor | None = None
+        if db.supports_skip_locked(connections[relay.using]):
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="outbox-finalize")
+
+    def start(self, batch: _Batch) -> None:
+        if self._executor is None:
+            self._pending.append(functools.partial(self._relay._finalize, batch))
+        else:
+            self._pending.append(self._executor.submit(self._finalize, batch).result)
+
+    def collect(self, *, everything: bool) -> list[BatchStats]:
+        """Wait for the batches started before the newest one (``everything``: for all
+        of them) to be finalized; log and signal them, return their stats. A database
+        error is raised; the batch it hit is given up (its leases will expire)."""
+        keep = 0 if everything or self._executor is None else 1
+        finalized = []
+        while len(self._pending) > keep:
+            finalized.append(self._relay._report(self._pending.popleft()()))
+        return finalized
+
+    def settle(self) -> list[BatchStats]:
+        """Wait for every batch; those whose finalize failed are given up (their rows
+        are claimed again when their lease expires), the others reported."""
+        finalized = []
+        while self._pending:
+            try:
+                finalized += self.collect(everything=True)
+            except DatabaseError:
+                logger.debug("finalizing a batch failed", exc_info=True)
+        return finalized
+
+    def close_old_connections(self) -> None:
+        if self._executor is not None:
+            self._executor.submit(close_old_connections).result()
+
+    def close(self) -> list[BatchStats]:
+        finalized = self.settle()
+        if self._executor is not None:
+            self._executor.submit(connections.close_all).result()
+            self._executor.shutdown()
+        return finalized
+
+    def _finalize(self, batch: _Batch) -> _Finalized:
+        try:
+            return self._relay._finalize(batch)
+        except DatabaseError:
+            connections[self._relay.using].close()  # this thread's; reopened on next use
+            raise
 
 
 def _closed(listener: db.postgresql.Listener | None) -> db.postgresql.Listener | None:
