@@ -26,16 +26,18 @@ ROWS = (
     ("raw_confirm_batch_msgs_per_s", "RabbitMQ raw: batch, then all confirms", "msg/s"),
     ("raw_no_confirm_msgs_per_s", "RabbitMQ raw: no confirms", "msg/s"),
     ("relay_rabbitmq_ev_per_s", "relay -> RabbitMQ, 1 process", "ev/s"),
-    ("relay_vs_raw", "  relay / raw batch-confirm", "x"),
+    ("relay_vs_raw", "  relay / raw batch-confirm, median of rounds", "x"),
+    ("relay_large_ev_per_s", "relay -> RabbitMQ, the large backlog", "ev/s"),
     ("relay_2proc_ev_per_s", "relay -> RabbitMQ, 2 processes", "ev/s"),
     ("raw_redis_msgs_per_s", "Redis raw: kombu publish per message", "msg/s"),
     ("raw_redis_pipeline_msgs_per_s", "Redis raw: redis-py pipeline", "msg/s"),
     ("relay_redis_ev_per_s", "relay -> Redis, 1 process", "ev/s"),
-    ("redis_vs_raw", "  relay / kombu Redis", "x"),
+    ("redis_vs_raw", "  relay / kombu Redis, median of rounds", "x"),
     ("redis_vs_pipeline", "  relay / redis-py pipeline", "x"),
-    ("business_tx_ms", "business transaction", "ms"),
+    ("business_tx_ms", "business transaction (place an order)", "ms"),
     ("business_tx_with_event_ms", "  the same staging one event", "ms"),
     ("staging_overhead", "  with / without", "x"),
+    ("staging_overhead_one_insert", "  the same for a one-INSERT transaction", "x"),
     ("stage_many_vs_loop", "stage() loop / stage_many()", "x"),
     ("claim_ms_1k", "claim of a batch, 1k PUBLISHED rows kept", "ms"),
     ("claim_ms_retained", "  the same, retained_rows kept", "ms"),
@@ -63,7 +65,7 @@ def _number(value: float) -> str:
 
 def table(figures: dict[str, Any], results: dict[str, bool]) -> str:
     head = (
-        f"profile {figures['profile']}: batch {figures['batch_size']}, "
+        f"profile {figures['profile']}: batch {figures['batch_size']}, {figures['rounds']} rounds, "
         f"{figures['relay_events']:,} events in the large backlog, "
         f"{figures['retained_rows']:,} retained rows, {figures['cpus']} CPUs, "
         f"load {figures['load_avg_1m_at_start']:.2f} at start, {figures['elapsed_s']:.0f}s"

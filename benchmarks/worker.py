@@ -30,19 +30,43 @@ def _ready() -> None:
 
 
 class SqlCounter:
-    """Counts what a Django connection sends: each executed statement, and each
-    transaction as two more (BEGIN and COMMIT), while the block runs."""
+    """Counts what the process's database connections send while ``counting()``: each
+    executed statement, and each explicit transaction as two more (BEGIN, COMMIT).
 
-    def __init__(self, connection: Any) -> None:
-        self.connection = connection
+    Connections opened meanwhile (the relay's finisher thread has its own) are
+    counted too."""
+
+    def __init__(self) -> None:
         self.statements = 0
         self.transactions = 0
+        self._active = False
+        self._lock = threading.Lock()
 
-    def __call__(
+    def install(self, connection: Any) -> None:
+        connection.execute_wrappers.append(self._execute)
+        commit = connection.commit
+
+        def counted_commit() -> None:
+            self._count(transactions=1)
+            commit()
+
+        connection.commit = counted_commit  # transaction.atomic commits through this
+
+    def connected(self, sender: object, connection: Any, **kwargs: Any) -> None:
+        """``connection_created`` receiver."""
+        self.install(connection)
+
+    def _execute(
         self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
     ) -> Any:
-        self.statements += 1
+        self._count(statements=1)
         return execute(sql, params, many, context)
+
+    def _count(self, *, statements: int = 0, transactions: int = 0) -> None:
+        if self._active:
+            with self._lock:
+                self.statements += statements
+                self.transactions += transactions
 
     @property
     def total(self) -> int:
@@ -50,18 +74,11 @@ class SqlCounter:
 
     @contextlib.contextmanager
     def counting(self) -> Iterator[SqlCounter]:
-        commit = self.connection.commit
-
-        def counted_commit() -> None:
-            self.transactions += 1
-            commit()
-
-        self.connection.commit = counted_commit  # transaction.atomic commits through this
+        self._active = True
         try:
-            with self.connection.execute_wrapper(self):
-                yield self
+            yield self
         finally:
-            del self.connection.commit
+            self._active = False
 
 
 @contextlib.contextmanager
@@ -86,6 +103,7 @@ def relay(args: argparse.Namespace) -> None:
 
     django.setup()
     from django.db import connection
+    from django.db.backends.signals import connection_created
 
     from django_outbox.relay import Relay
     from django_outbox.transports.kombu import KombuTransport
@@ -94,8 +112,10 @@ def relay(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     transport = KombuTransport(args.url)
     transport.check()
+    counter = SqlCounter()
     connection.ensure_connection()
-    counter = SqlCounter(connection)
+    counter.install(connection)
+    connection_created.connect(counter.connected)
     worker = Relay(batch_size=args.batch_size, transports={"broker": transport})
     _ready()
     rss_start, started = rss_mb(), time.time()

@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, close_old_connections, connections, transaction
 
@@ -41,6 +42,7 @@ from .signals import event_abandoned, event_failed, event_published
 from .transports.base import Failure, Outcome, Transport
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Longest sleep between attempts to reach a broker or database that is down.
 MAX_OUTAGE_BACKOFF = 30.0
@@ -62,6 +64,16 @@ class BatchStats:
     def add(self, other: BatchStats) -> None:
         for field in ("claimed", "published", "failed", "abandoned", "lost"):
             setattr(self, field, getattr(self, field) + getattr(other, field))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Claim:
+    """Rows claimed under one lease token; publishing must start before ``deadline``
+    (monotonic clock: half the lease after the claim)."""
+
+    messages: list[ClaimedMessage]
+    token: uuid.UUID
+    deadline: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,11 +132,13 @@ class Relay:
 
     def run_once(self) -> BatchStats:
         """Claim, publish and finalize one batch; returns what happened."""
-        batch = self._claim_and_publish()
-        return BatchStats() if batch is None else self._report(self._finalize(batch))
+        claim = self._claim()
+        if claim is None:
+            return BatchStats()
+        return self._report(self._finalize(self._publish_claim(claim)))
 
-    def _claim_and_publish(self) -> _Batch | None:
-        """Claim a batch and publish it; None when nothing was due."""
+    def _claim(self) -> _Claim | None:
+        """Claim a batch; None when nothing is due."""
         token = uuid.uuid4()
         messages = db.claim(
             self.using,
@@ -135,8 +149,11 @@ class Relay:
         )
         if not messages:
             return None
-        outcomes = self._publish(messages, deadline=time.monotonic() + self.lease_seconds / 2)
-        return _Batch(messages, outcomes, token)
+        return _Claim(messages, token, time.monotonic() + self.lease_seconds / 2)
+
+    def _publish_claim(self, claim: _Claim) -> _Batch:
+        outcomes = self._publish(claim.messages, deadline=claim.deadline)
+        return _Batch(claim.messages, outcomes, claim.token)
 
     def transport(self, route: Route) -> Transport:
         kind = "celery" if route.is_celery else "broker"
@@ -315,7 +332,10 @@ class Relay:
         totals = BatchStats()
         outage = _Outage()
         listener: db.postgresql.Listener | None = None
-        finisher = _Finisher(self)
+        pipeline = _Pipeline(self)
+        # A claim made while the previous batch was being published; it is always
+        # published, even after a stop request, so that no row waits for its lease.
+        ahead: Callable[[], _Claim | None] | None = None
         next_cleanup = time.monotonic() + random.uniform(0, outbox_settings.CLEANUP_INTERVAL)
 
         def tally(finalized: list[BatchStats]) -> None:
@@ -325,22 +345,31 @@ class Relay:
                     on_batch(stats)
 
         try:
-            while not stop.is_set():
+            while not stop.is_set() or ahead is not None:
                 try:
-                    if outage.broker_down and not self._broker_back(outage):
+                    if ahead is not None:
+                        claim, ahead = ahead(), None
+                    elif outage.broker_down and not self._broker_back(outage):
                         stop.wait(outage.backoff())
                         continue
-                    if listener is None and not drain:
-                        listener = db.listen(self.using)
-                    batch = self._claim_and_publish()
-                    if batch is not None:
-                        finisher.start(batch)
-                    tally(finisher.collect(everything=batch is None))
+                    else:
+                        if listener is None and not drain:
+                            listener = db.listen(self.using)
+                        claim = self._claim()
+                    batch = None
+                    if claim is not None:
+                        more_due = len(claim.messages) == self.batch_size
+                        if more_due and not (stop.is_set() or outage.broker_down):
+                            ahead = pipeline.claim_ahead()
+                        batch = self._publish_claim(claim)
+                        pipeline.finalize(batch)
+                    tally(pipeline.collect(everything=batch is None))
                     if outage.database_down:
                         outage.database_recovered(self.using)
                 except DatabaseError as exc:
                     outage.database_failed(self.using, exc)
-                    tally(finisher.settle())
+                    ahead = None  # rows it claimed wait for their lease
+                    tally(pipeline.settle())
                     connections[self.using].close()
                     listener = _closed(listener)
                     stop.wait(outage.backoff())
@@ -358,11 +387,11 @@ class Relay:
                     except DatabaseError:
                         logger.warning("retention cleanup failed", exc_info=True)
                 close_old_connections()  # honours CONN_MAX_AGE between idle spells
-                finisher.close_old_connections()
+                pipeline.close_old_connections()
                 listener = self._idle(stop, listener)
         finally:
             try:
-                tally(finisher.close())
+                tally(pipeline.close())
             finally:
                 _closed(listener)
                 self.close()
@@ -401,13 +430,14 @@ class Relay:
         return listener
 
 
-class _Finisher:
-    """Finalizes batches on a thread of its own, with its own database connection, so
-    that the relay claims and publishes the next batch meanwhile: at most one batch
-    waits to be finalized while the next one is published.
+class _Pipeline:
+    """Database work done on a thread of its own, with its own connection, while the
+    relay's thread publishes: the claim of the next batch (when the last one was
+    full) and the finalize of the batch just published. At most one batch waits to
+    be finalized while the next one is published.
 
-    Where the database takes one writer at a time (no SKIP LOCKED: SQLite), each
-    batch is finalized inline instead, before the next claim.
+    Where the database takes one writer at a time (no SKIP LOCKED: SQLite), nothing
+    is claimed ahead and each batch is finalized inline, before the next claim.
     """
 
     def __init__(self, relay: Relay) -> None:
@@ -415,13 +445,21 @@ class _Finisher:
         self._pending: collections.deque[Callable[[], _Finalized]] = collections.deque()
         self._executor: ThreadPoolExecutor | None = None
         if db.supports_skip_locked(connections[relay.using]):
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="outbox-finalize")
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="outbox-db")
 
-    def start(self, batch: _Batch) -> None:
+    def claim_ahead(self) -> Callable[[], _Claim | None] | None:
+        """Start claiming the next batch; returns how to wait for it (None: not here)."""
+        if self._executor is None:
+            return None
+        return self._executor.submit(self._in_thread, self._relay._claim).result
+
+    def finalize(self, batch: _Batch) -> None:
         if self._executor is None:
             self._pending.append(functools.partial(self._relay._finalize, batch))
         else:
-            self._pending.append(self._executor.submit(self._finalize, batch).result)
+            self._pending.append(
+                self._executor.submit(self._in_thread, self._relay._finalize, batch).result
+            )
 
     def collect(self, *, everything: bool) -> list[BatchStats]:
         """Wait for the batches started before the newest one (``everything``: for all
@@ -455,9 +493,9 @@ class _Finisher:
             self._executor.shutdown()
         return finalized
 
-    def _finalize(self, batch: _Batch) -> _Finalized:
+    def _in_thread(self, work: Callable[..., T], *args: Any) -> T:
         try:
-            return self._relay._finalize(batch)
+            return work(*args)
         except DatabaseError:
             connections[self._relay.using].close()  # this thread's; reopened on next use
             raise

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
+    from ..models import OutboxMessage
+
 
 def supports_skip_locked(connection: BaseDatabaseWrapper) -> bool:
     """Whether several relays can share this database (``SELECT ... FOR UPDATE SKIP LOCKED``)."""
@@ -71,6 +73,16 @@ def claim(
     if connection.vendor == "postgresql":
         return postgresql.claim(connection, limit, lease_seconds, worker, token)
     return _claim_portable(using, limit, lease_seconds, worker, token)
+
+
+def insert(using: str, rows: list[OutboxMessage]) -> list[OutboxMessage]:
+    """Write new outbox rows in one statement; returns them saved (primary key and
+    database defaults filled in)."""
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        postgresql.insert(connection, rows)
+        return rows
+    return type(rows[0]).objects.using(using).bulk_create(rows)
 
 
 def _claim_portable(
