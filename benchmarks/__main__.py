@@ -105,6 +105,18 @@ def measure(profile: Profile, services: Services, profile_dir: Path | None) -> d
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+    try:
+        return _scenarios(profile, env, services, profile_dir)
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        drop_database(services.database_url)
+
+
+def _scenarios(
+    profile: Profile, env: dict[str, str], services: Services, profile_dir: Path | None
+) -> dict[str, Any]:
     from . import scenarios
 
     amqp, redis, batch = services.amqp_url, services.redis_url, profile.batch_size
@@ -164,10 +176,6 @@ def measure(profile: Profile, services: Services, profile_dir: Path | None) -> d
     figures.update(
         scenarios.end_to_end(env, amqp, rate=profile.e2e_rate, seconds=profile.e2e_seconds)
     )
-    from django.db import connections
-
-    connections.close_all()
-    drop_database(services.database_url)
     return figures
 
 

@@ -63,21 +63,24 @@ class Services:
 
 
 def recreate_database(url: str) -> None:
-    """Drop and create the database of ``url`` (connecting to the server's ``postgres``)."""
-    import psycopg
-
-    server = urlunsplit(urlsplit(url)._replace(path="/postgres"))
-    with psycopg.connect(server, autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
-        connection.execute(f'CREATE DATABASE "{DATABASE}"')
+    """Drop and create the benchmark database on the server of ``url``."""
+    _on_server(
+        url, f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)', f'CREATE DATABASE "{DATABASE}"'
+    )
 
 
 def drop_database(url: str) -> None:
+    _on_server(url, f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+
+
+def _on_server(url: str, *statements: str) -> None:
+    """Run ``statements`` on the server of ``url``, connected to its ``postgres`` database."""
     import psycopg
 
     server = urlunsplit(urlsplit(url)._replace(path="/postgres"))
     with psycopg.connect(server, autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+        for statement in statements:
+            connection.execute(statement)
 
 
 def worker_env(services: Services) -> dict[str, str]:

@@ -63,12 +63,14 @@ class _Confirms:
         channel.events["basic_nack"].add(self._on_nack)
         channel.events["basic_return"].add(self._on_return)
         self.last_tag = 0  # the broker numbers a channel's messages 1, 2, ...
+        self.first_tag = 1  # no tag below this one is pending
         self.pending: dict[int, int] = {}  # delivery tag -> index in the batch
         self.ids: dict[int, str] = {}  # index -> message id
         self.returned: dict[str, str] = {}  # message id -> why the broker returned it
         self.outcomes: list[Outcome] = []
 
     def start(self, outcomes: list[Outcome]) -> None:
+        self.first_tag = self.last_tag + 1
         self.pending.clear()
         self.ids.clear()
         self.returned.clear()
@@ -102,7 +104,10 @@ class _Confirms:
             self.outcomes[index] = Failure("the broker refused the message (basic.nack)")
 
     def _settle(self, delivery_tag: int, multiple: bool) -> list[int]:
-        tags = [t for t in self.pending if t <= delivery_tag] if multiple else [delivery_tag]
+        tags: range | list[int] = [delivery_tag]
+        if multiple:  # every tag up to this one: walk only those not settled before
+            tags = range(self.first_tag, delivery_tag + 1)
+            self.first_tag = max(self.first_tag, delivery_tag + 1)
         return [self.pending.pop(tag) for tag in tags if tag in self.pending]
 
 
@@ -218,6 +223,7 @@ class KombuTransport(Transport):
         accepted = []
         with self._batch(producer, len(messages)):
             for index, message in enumerate(messages):
+                headers = message.wire_headers()
                 try:
                     producer.publish(
                         message.body,
@@ -225,9 +231,9 @@ class KombuTransport(Transport):
                         routing_key=routing_key(route, message),
                         content_type=CONTENT_TYPE,
                         content_encoding=CONTENT_ENCODING,
-                        headers=message.wire_headers(),
+                        headers=headers,
                         delivery_mode=2,
-                        message_id=str(message.event_id),
+                        message_id=headers["event_id"],
                         retry=False,
                     )
                 except ENCODE_ERRORS as exc:
@@ -263,15 +269,17 @@ class KombuTransport(Transport):
         confirms.start(outcomes)
         for index, message in enumerate(messages):
             try:
+                headers = message.wire_headers()
+                event_id = headers["event_id"]
                 amqp_message = channel.prepare_message(
                     message.body,
                     content_type=CONTENT_TYPE,
                     content_encoding=CONTENT_ENCODING,
-                    headers=message.wire_headers(),
-                    properties={"delivery_mode": 2, "message_id": str(message.event_id)},
+                    headers=headers,
+                    properties={"delivery_mode": 2, "message_id": event_id},
                 )
                 # The tag is registered first: an ack can arrive while basic_publish runs.
-                confirms.sent(index, str(message.event_id))
+                confirms.sent(index, event_id)
                 channel.basic_publish(
                     amqp_message,
                     exchange=route.exchange,
