@@ -7,9 +7,10 @@ outages with backoff, and running retention cleanup now and then. No argparse,
 no printing, no exits: ``run_outbox_relay`` is a thin command over this class.
 
 Each batch is three short steps: claim (one statement on PostgreSQL), publish
-outside any transaction, and finalize in one transaction where every write is
-filtered by the batch's lease token, so a relay whose lease was taken over
-changes nothing.
+outside any transaction, and finalize, where every write is filtered by the
+batch's lease token, so a relay whose lease was taken over changes nothing.
+In :meth:`Relay.run` the database steps of neighbouring batches run on a second
+thread (:class:`_Pipeline`) while the relay's thread publishes.
 """
 
 from __future__ import annotations
@@ -212,7 +213,7 @@ class Relay:
 
     def _finalize(self, batch: _Batch) -> _Finalized:
         """Record the outcomes: the database writes of a batch, and nothing else (it
-        may run on the finisher's thread)."""
+        may run on the pipeline's database thread)."""
         messages, token = batch.messages, batch.token
         published = [m for m, out in zip(messages, batch.outcomes, strict=True) if out is None]
         # Rows that failed alike (same error, same attempts) are written with one UPDATE.
