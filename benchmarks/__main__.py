@@ -231,7 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     print(table(figures, results))
     print(json.dumps({name: _rounded(value) for name, value in figures.items()}))
     missed_gates = [name for name in GATED if not results[name]]
-    return 1 if args.gate and missed_gates else 0
+    if args.gate and missed_gates:
+        print(f"benchmarks: gate failed: {', '.join(missed_gates)} missed", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
