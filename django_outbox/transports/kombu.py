@@ -216,12 +216,12 @@ class KombuTransport(Transport):
     def _publish_each(
         self, route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
     ) -> None:
-        """Through the producer; batched where the transport can defer writes (Redis).
-        Outcomes are settled only once the batch was written."""
+        """Through the producer; batched where the transport can defer writes (Redis),
+        and then a message counts as published only once the whole batch was written."""
         producer = self._producer
         assert producer is not None
-        accepted = []
-        with self._batch(producer, len(messages)):
+        accepted = []  # written into the batch, not yet to the broker
+        with self._batch(producer, len(messages)) as batched:
             for index, message in enumerate(messages):
                 headers = message.wire_headers()
                 try:
@@ -238,26 +238,30 @@ class KombuTransport(Transport):
                     )
                 except ENCODE_ERRORS as exc:
                     outcomes[index] = Failure.from_exception(exc, permanent=True)
-                else:
+                    continue
+                if batched:
                     accepted.append(index)
+                else:
+                    outcomes[index] = None
         for index in accepted:
             outcomes[index] = None
 
     @contextlib.contextmanager
-    def _batch(self, producer: kombu.Producer, size: int) -> Iterator[None]:
-        """One pipeline for the batch where kombu supports it, else publish as we go.
+    def _batch(self, producer: kombu.Producer, size: int) -> Iterator[bool]:
+        """One pipeline for the batch where kombu supports it (yields True), else
+        publish as we go (yields False).
 
         kombu's virtual transports (Redis among them) look the exchange's bindings
         up for every message, a round trip each on Redis; within one batch they
         are read once (a binding made meanwhile applies from the next batch)."""
         if not producer.supports_batch_publish:
-            yield
+            yield False
             return
         channel = self._channel
         channel.get_table = functools.cache(channel.get_table)
         try:
             with producer.batch(max_size=size):
-                yield
+                yield True
         finally:
             del channel.get_table  # back to kombu's own method
 
