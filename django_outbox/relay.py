@@ -7,14 +7,18 @@ outages with backoff, and running retention cleanup now and then. No argparse,
 no printing, no exits: ``run_outbox_relay`` is a thin command over this class.
 
 Each batch is three short steps: claim (one statement on PostgreSQL), publish
-outside any transaction, and finalize in one transaction where every write is
-filtered by the batch's lease token, so a relay whose lease was taken over
-changes nothing.
+outside any transaction, and finalize, where every write is filtered by the
+batch's lease token, so a relay whose lease was taken over changes nothing.
+In :meth:`Relay.run` the database steps of neighbouring batches run on a second
+thread (:class:`_Pipeline`) while the relay's thread publishes.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -24,6 +28,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, close_old_connections, connections, transaction
 
@@ -38,6 +44,7 @@ from .signals import event_abandoned, event_failed, event_published
 from .transports.base import Failure, Outcome, Transport
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: How long one slice of an idle wait lasts, so a stop request is seen promptly.
 WAIT_SLICE = 0.5
@@ -57,6 +64,40 @@ class BatchStats:
     def add(self, other: BatchStats) -> None:
         for field in ("claimed", "published", "failed", "abandoned", "lost"):
             setattr(self, field, getattr(self, field) + getattr(other, field))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Claim:
+    """Rows claimed under one lease token; publishing must start before ``deadline``
+    (monotonic clock: half the lease after the claim)."""
+
+    messages: list[ClaimedMessage]
+    token: uuid.UUID
+    deadline: float
+
+
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+    """A claimed batch, published: each message's outcome, and the claim's lease token."""
+
+    messages: Sequence[ClaimedMessage]
+    outcomes: Sequence[Outcome]
+    token: uuid.UUID
+
+    @property
+    def transport_failed(self) -> bool:
+        return any(outcome is not None and not outcome.permanent for outcome in self.outcomes)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Finalized:
+    """What finalizing a batch wrote; the rows of ``failures`` exclude the ``lost`` ones."""
+
+    claimed: int
+    published: list[ClaimedMessage]
+    failures: dict[tuple[str, bool, int], list[ClaimedMessage]]  # (error, abandon, attempts)
+    lost: list[ClaimedMessage]
+    transport_failed: bool
 
 
 class Relay:
@@ -91,6 +132,13 @@ class Relay:
 
     def run_once(self) -> BatchStats:
         """Claim, publish and finalize one batch; returns what happened."""
+        claim = self._claim()
+        if claim is None:
+            return BatchStats()
+        return self._report(self._finalize(self._publish_claim(claim)))
+
+    def _claim(self) -> _Claim | None:
+        """Claim a batch; None when nothing is due."""
         token = uuid.uuid4()
         messages = db.claim(
             self.using,
@@ -100,19 +148,12 @@ class Relay:
             token=token,
         )
         if not messages:
-            return BatchStats()
-        outcomes = self._publish(messages, deadline=time.monotonic() + self.lease_seconds / 2)
-        stats = self._finalize(messages, outcomes, token)
-        logger.debug(
-            "batch of %d: %d published, %d failed, %d abandoned, %d lost",
-            stats.claimed,
-            stats.published,
-            stats.failed,
-            stats.abandoned,
-            stats.lost,
-            extra={"action": "outbox.batch", "using": self.using, **dataclasses.asdict(stats)},
-        )
-        return stats
+            return None
+        return _Claim(messages, token, time.monotonic() + self.lease_seconds / 2)
+
+    def _publish_claim(self, claim: _Claim) -> _Batch:
+        outcomes = self._publish(claim.messages, deadline=claim.deadline)
+        return _Batch(claim.messages, outcomes, claim.token)
 
     def transport(self, route: Route) -> Transport:
         kind = "celery" if route.is_celery else "broker"
@@ -169,22 +210,23 @@ class Relay:
             outcomes.update(zip((m.id for m in batch), results, strict=True))
         return [outcomes[m.id] for m in messages]
 
-    def _finalize(
-        self, messages: Sequence[ClaimedMessage], outcomes: Sequence[Outcome], token: uuid.UUID
-    ) -> BatchStats:
-        stats = BatchStats(claimed=len(messages))
-        published = [m for m, outcome in zip(messages, outcomes, strict=True) if outcome is None]
+    def _finalize(self, batch: _Batch) -> _Finalized:
+        """Record the outcomes: the database writes of a batch, and nothing else (it
+        may run on the pipeline's database thread)."""
+        messages, token = batch.messages, batch.token
+        published = [m for m, out in zip(messages, batch.outcomes, strict=True) if out is None]
         # Rows that failed alike (same error, same attempts) are written with one UPDATE.
         failures: dict[tuple[str, bool, int], list[ClaimedMessage]] = {}
-        for message, outcome in zip(messages, outcomes, strict=True):
+        for message, outcome in zip(messages, batch.outcomes, strict=True):
             if outcome is not None:
                 attempts = message.attempts + 1
                 abandon = outcome.permanent or self.policy.exhausted(attempts)
                 failures.setdefault((outcome.error, abandon, attempts), []).append(message)
-                stats.transport_failed |= not outcome.permanent
         rows = OutboxMessage.objects.using(self.using)
         lost: list[ClaimedMessage] = []
-        with transaction.atomic(using=self.using):
+        # One statement is atomic on its own; more share a transaction.
+        several = bool(published) + len(failures) > 1
+        with transaction.atomic(using=self.using) if several else contextlib.nullcontext():
             if published:
                 ids = [m.id for m in published]
                 if rows.filter(id__in=ids).leased(token).mark_published() != len(ids):
@@ -200,35 +242,62 @@ class Relay:
                     mine = set(rows.filter(id__in=ids).leased(token).values_list("id", flat=True))
                     lost += [m for m in group if m.id not in mine]
         lost_ids = {m.id for m in lost}
-        stats.published = len(published)
+        return _Finalized(
+            claimed=len(messages),
+            published=published,
+            failures={
+                key: [m for m in group if m.id not in lost_ids] for key, group in failures.items()
+            },
+            lost=lost,
+            transport_failed=batch.transport_failed,
+        )
+
+    def _report(self, done: _Finalized) -> BatchStats:
+        """Log and signal what a finalized batch did; returns its stats."""
         # (message, error) pairs of the rows this relay still held, by outcome.
         by_fate: dict[bool, list[tuple[ClaimedMessage, str]]] = {True: [], False: []}
-        for (error, abandon, _), group in failures.items():
-            by_fate[abandon] += [(m, error) for m in group if m.id not in lost_ids]
+        for (error, abandon, _), group in done.failures.items():
+            by_fate[abandon] += [(m, error) for m in group]
         abandoned, failed = by_fate[True], by_fate[False]
-        stats.abandoned, stats.failed, stats.lost = len(abandoned), len(failed), len(lost)
-        if lost:
+        stats = BatchStats(
+            claimed=done.claimed,
+            published=len(done.published),
+            failed=len(failed),
+            abandoned=len(abandoned),
+            lost=len(done.lost),
+            transport_failed=done.transport_failed,
+        )
+        if done.lost:
             logger.warning(
                 "lease lost on %d row(s): another relay took them over; left them alone",
-                len(lost),
+                len(done.lost),
                 extra={
                     "action": "outbox.lease_lost",
                     "using": self.using,
                     "worker": self.worker,
-                    "ids": [m.id for m in lost][:50],
+                    "ids": [m.id for m in done.lost][:50],
                 },
             )
-        for (error, abandon, _), group in failures.items():
-            if abandon:
+        for (error, abandon, _), group in done.failures.items():
+            if abandon and group:
                 logger.error(
                     "abandoned %d row(s): %s",
                     len(group),
                     error,
                     extra={"action": "outbox.abandoned", "ids": [m.id for m in group][:50]},
                 )
-        self._send(event_published, published, None)
+        self._send(event_published, done.published, None)
         self._send(event_failed, [m for m, _ in failed], [e for _, e in failed])
         self._send(event_abandoned, [m for m, _ in abandoned], [e for _, e in abandoned])
+        logger.debug(
+            "batch of %d: %d published, %d failed, %d abandoned, %d lost",
+            stats.claimed,
+            stats.published,
+            stats.failed,
+            stats.abandoned,
+            stats.lost,
+            extra={"action": "outbox.batch", "using": self.using, **dataclasses.asdict(stats)},
+        )
         return stats
 
     def _send(self, signal, messages: list[ClaimedMessage], errors: list[str] | None) -> None:  # type: ignore[no-untyped-def]
@@ -263,30 +332,51 @@ class Relay:
         totals = BatchStats()
         outage = Outage()
         listener: db.postgresql.Listener | None = None
+        pipeline = _Pipeline(self)
+        # A claim made while the previous batch was being published; it is always
+        # published, even after a stop request, so that no row waits for its lease.
+        ahead: Callable[[], _Claim | None] | None = None
         next_cleanup = time.monotonic() + random.uniform(0, outbox_settings.CLEANUP_INTERVAL)
+
+        def tally(finalized: list[BatchStats]) -> None:
+            for stats in finalized:
+                totals.add(stats)
+                if on_batch is not None:
+                    on_batch(stats)
+
         try:
-            while not stop.is_set():
+            while not stop.is_set() or ahead is not None:
                 try:
-                    if outage.broker_down and not self._broker_back(outage):
+                    if ahead is not None:
+                        claim, ahead = ahead(), None
+                    elif outage.broker_down and not self._broker_back(outage):
                         stop.wait(outage.backoff())
                         continue
-                    if listener is None and not drain:
-                        listener = db.listen(self.using)
-                    stats = self.run_once()
+                    else:
+                        if listener is None and not drain:
+                            listener = db.listen(self.using)
+                        claim = self._claim()
+                    batch = None
+                    if claim is not None:
+                        more_due = len(claim.messages) == self.batch_size
+                        if more_due and not (stop.is_set() or outage.broker_down):
+                            ahead = pipeline.claim_ahead()
+                        batch = self._publish_claim(claim)
+                        pipeline.finalize(batch)
+                    tally(pipeline.collect(everything=batch is None))
                     if outage.database_down:
                         outage.database_recovered(self.using)
                 except DatabaseError as exc:
                     outage.database_failed(self.using, exc)
+                    ahead = None  # rows it claimed wait for their lease
+                    tally(pipeline.settle())
                     connections[self.using].close()
                     listener = _closed(listener)
                     stop.wait(outage.backoff())
                     continue
-                totals.add(stats)
-                if on_batch is not None and stats.claimed:
-                    on_batch(stats)
-                if stats.transport_failed:
-                    outage.broker_suspect()
-                if stats.claimed:
+                if batch is not None:
+                    if batch.transport_failed:
+                        outage.broker_suspect()
                     continue
                 if drain:
                     break
@@ -301,10 +391,14 @@ class Relay:
                             extra={"action": "outbox.cleanup_failed", "using": self.using},
                         )
                 close_old_connections()  # honours CONN_MAX_AGE between idle spells
+                pipeline.close_old_connections()
                 listener = self._idle(stop, listener)
         finally:
-            _closed(listener)
-            self.close()
+            try:
+                tally(pipeline.close())
+            finally:
+                _closed(listener)
+                self.close()
         return totals
 
     def _broker_back(self, outage: Outage) -> bool:
@@ -338,6 +432,77 @@ class Relay:
                 )
                 listener = _closed(listener)
         return listener
+
+
+class _Pipeline:
+    """Database work done on a thread of its own, with its own connection, while the
+    relay's thread publishes: the claim of the next batch (when the last one was
+    full) and the finalize of the batch just published. At most one batch waits to
+    be finalized while the next one is published.
+
+    Where the database takes one writer at a time (no SKIP LOCKED: SQLite), nothing
+    is claimed ahead and each batch is finalized inline, before the next claim.
+    """
+
+    def __init__(self, relay: Relay) -> None:
+        self._relay = relay
+        self._pending: collections.deque[Callable[[], _Finalized]] = collections.deque()
+        self._executor: ThreadPoolExecutor | None = None
+        if db.supports_skip_locked(connections[relay.using]):
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="outbox-db")
+
+    def claim_ahead(self) -> Callable[[], _Claim | None] | None:
+        """Start claiming the next batch; returns how to wait for it (None: not here)."""
+        if self._executor is None:
+            return None
+        return self._executor.submit(self._in_thread, self._relay._claim).result
+
+    def finalize(self, batch: _Batch) -> None:
+        if self._executor is None:
+            self._pending.append(functools.partial(self._relay._finalize, batch))
+        else:
+            self._pending.append(
+                self._executor.submit(self._in_thread, self._relay._finalize, batch).result
+            )
+
+    def collect(self, *, everything: bool) -> list[BatchStats]:
+        """Wait for the batches started before the newest one (``everything``: for all
+        of them) to be finalized; log and signal them, return their stats. A database
+        error is raised; the batch it hit is given up (its leases will expire)."""
+        keep = 0 if everything or self._executor is None else 1
+        finalized = []
+        while len(self._pending) > keep:
+            finalized.append(self._relay._report(self._pending.popleft()()))
+        return finalized
+
+    def settle(self) -> list[BatchStats]:
+        """Wait for every batch; those whose finalize failed are given up (their rows
+        are claimed again when their lease expires), the others reported."""
+        finalized = []
+        while self._pending:
+            try:
+                finalized += self.collect(everything=True)
+            except DatabaseError:
+                logger.debug("finalizing a batch failed", exc_info=True)
+        return finalized
+
+    def close_old_connections(self) -> None:
+        if self._executor is not None:
+            self._executor.submit(close_old_connections).result()
+
+    def close(self) -> list[BatchStats]:
+        finalized = self.settle()
+        if self._executor is not None:
+            self._executor.submit(connections.close_all).result()
+            self._executor.shutdown()
+        return finalized
+
+    def _in_thread(self, work: Callable[..., T], *args: Any) -> T:
+        try:
+            return work(*args)
+        except DatabaseError:
+            connections[self._relay.using].close()  # this thread's; reopened on next use
+            raise
 
 
 def _closed(listener: db.postgresql.Listener | None) -> db.postgresql.Listener | None:

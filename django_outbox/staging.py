@@ -26,6 +26,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.utils import timezone
 
+from . import db
 from .conf import outbox_settings
 from .exceptions import (
     InvalidDestination,
@@ -205,8 +206,7 @@ def _insert(rows: list[OutboxMessage], using: str) -> list[OutboxMessage]:
             "business write it belongs to; wrap both in one atomic block, or use "
             "@publish_on_success, which opens it"
         )
-    model = type(rows[0])
-    created = model.objects.using(using).bulk_create(rows)
+    created = db.insert(using, rows)
     transaction.on_commit(functools.partial(_committed, created, using), using=using)
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug(

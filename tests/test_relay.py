@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from django_outbox import db, stage
 from django_outbox.models import OutboxMessage
-from django_outbox.relay import Relay
+from django_outbox.relay import Relay, _Batch
 from django_outbox.signals import event_abandoned, event_failed, event_published
 from tests.factories import OutboxMessageFactory
 from tests.support import (
@@ -244,7 +244,7 @@ def test_a_relay_whose_lease_was_taken_over_changes_nothing(destination, caplog)
     claimed = db.claim("default", limit=10, lease_seconds=60, worker="zombie", token=token)
     # Another relay takes the rows over (as after the zombie's lease expired).
     OutboxMessage.objects.update(lease_token=uuid.uuid4(), locked_by="rescuer")
-    stats = relay._finalize(claimed, [None, None, None], token)
+    stats = relay._report(relay._finalize(_Batch(claimed, [None, None, None], token)))
 
     assert (stats.published, stats.lost) == (0, 3)
     assert set(OutboxMessage.objects.values_list("status", "locked_by")) == {

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
+    from ..models import OutboxMessage
+
 #: Up to this many rows ``count_rows()`` counts exactly; past it, it asks for an estimate.
 EXACT_COUNT_LIMIT = 10_000
 
@@ -106,6 +108,16 @@ def claim(
     if connection.vendor == "postgresql":
         return postgresql.claim(connection, limit, lease_seconds, worker, token)
     return _claim_portable(using, limit, lease_seconds, worker, token)
+
+
+def insert(using: str, rows: list[OutboxMessage]) -> list[OutboxMessage]:
+    """Write new outbox rows in one statement; returns them saved (primary key and
+    database defaults filled in)."""
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        postgresql.insert(connection, rows)
+        return rows
+    return type(rows[0]).objects.using(using).bulk_create(rows)
 
 
 def _claim_portable(

@@ -6,14 +6,21 @@ written without waiting, then the broker's ``basic.ack``/``basic.nack`` frames
 (possibly ``multiple=True``) are collected. A message counts as published only
 when its own delivery tag was acked; a nack, a lost connection or the confirm
 timeout fail the messages still unconfirmed.
+
+On Redis a batch goes out as one pipeline (kombu's ``Producer.batch()``, so the
+messages keep kombu's format and kombu consumers read them), and the exchange's
+bindings are read once per batch instead of once per message. The batch counts as
+published when the pipeline ran; if it failed, none of it does.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import kombu
@@ -48,6 +55,7 @@ def transient_errors(connection: kombu.Connection) -> tuple[type[BaseException],
     connection's driver errors (which ``connection`` need not be connected to tell)."""
     return (
         kombu.exceptions.OperationalError,
+        kombu.exceptions.BatchPublishError,  # a pipeline failed: delivery uncertain
         OSError,
         *connection.connection_errors,
         *connection.channel_errors,
@@ -85,12 +93,14 @@ class _Confirms:
         channel.events["basic_nack"].add(self._on_nack)
         channel.events["basic_return"].add(self._on_return)
         self.last_tag = 0  # the broker numbers a channel's messages 1, 2, ...
+        self.first_tag = 1  # no tag below this one is pending
         self.pending: dict[int, int] = {}  # delivery tag -> index in the batch
         self.ids: dict[int, str] = {}  # index -> message id
         self.returned: dict[str, str] = {}  # message id -> why the broker returned it
         self.outcomes: list[Outcome] = []
 
     def start(self, outcomes: list[Outcome]) -> None:
+        self.first_tag = self.last_tag + 1
         self.pending.clear()
         self.ids.clear()
         self.returned.clear()
@@ -124,7 +134,10 @@ class _Confirms:
             self.outcomes[index] = Failure("the broker refused the message (basic.nack)")
 
     def _settle(self, delivery_tag: int, multiple: bool) -> list[int]:
-        tags = [t for t in self.pending if t <= delivery_tag] if multiple else [delivery_tag]
+        tags: range | list[int] = [delivery_tag]
+        if multiple:  # every tag up to this one: walk only those not settled before
+            tags = range(self.first_tag, delivery_tag + 1)
+            self.first_tag = max(self.first_tag, delivery_tag + 1)
         return [self.pending.pop(tag) for tag in tags if tag in self.pending]
 
 
@@ -219,24 +232,54 @@ class KombuTransport(Transport):
     def _publish_each(
         self, route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
     ) -> None:
-        assert self._producer is not None
-        for index, message in enumerate(messages):
-            try:
-                self._producer.publish(
-                    message.body,
-                    exchange=route.exchange,
-                    routing_key=routing_key(route, message),
-                    content_type=CONTENT_TYPE,
-                    content_encoding=CONTENT_ENCODING,
-                    headers=message.wire_headers(),
-                    delivery_mode=2,
-                    message_id=str(message.event_id),
-                    retry=False,
-                )
-            except ENCODE_ERRORS as exc:
-                outcomes[index] = Failure.from_exception(exc, permanent=True)
-            else:
-                outcomes[index] = None
+        """Through the producer; batched where the transport can defer writes (Redis),
+        and then a message counts as published only once the whole batch was written."""
+        producer = self._producer
+        assert producer is not None
+        accepted = []  # written into the batch, not yet to the broker
+        with self._batch(producer, len(messages)) as batched:
+            for index, message in enumerate(messages):
+                headers = message.wire_headers()
+                try:
+                    producer.publish(
+                        message.body,
+                        exchange=route.exchange,
+                        routing_key=routing_key(route, message),
+                        content_type=CONTENT_TYPE,
+                        content_encoding=CONTENT_ENCODING,
+                        headers=headers,
+                        delivery_mode=2,
+                        message_id=headers["event_id"],
+                        retry=False,
+                    )
+                except ENCODE_ERRORS as exc:
+                    outcomes[index] = Failure.from_exception(exc, permanent=True)
+                    continue
+                if batched:
+                    accepted.append(index)
+                else:
+                    outcomes[index] = None
+        for index in accepted:
+            outcomes[index] = None
+
+    @contextlib.contextmanager
+    def _batch(self, producer: kombu.Producer, size: int) -> Iterator[bool]:
+        """One pipeline for the batch where kombu supports it (yields True), else
+        publish as we go (yields False).
+
+        kombu's virtual transports (Redis among them) look the exchange's bindings
+        up for every message, a round trip each on Redis; within one batch they
+        are read once (a binding made meanwhile applies from the next batch)."""
+        if not producer.supports_batch_publish:
+            yield False
+            return
+        channel = self._channel
+        channel.get_table = functools.cache(channel.get_table)
+        try:
+            with producer.batch(max_size=size):
+                yield True
+        finally:
+            del channel.get_table  # back to kombu's own method
 
     def _publish_confirmed(
         self, route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
@@ -246,15 +289,17 @@ class KombuTransport(Transport):
         confirms.start(outcomes)
         for index, message in enumerate(messages):
             try:
+                headers = message.wire_headers()
+                event_id = headers["event_id"]
                 amqp_message = channel.prepare_message(
                     message.body,
                     content_type=CONTENT_TYPE,
                     content_encoding=CONTENT_ENCODING,
-                    headers=message.wire_headers(),
-                    properties={"delivery_mode": 2, "message_id": str(message.event_id)},
+                    headers=headers,
+                    properties={"delivery_mode": 2, "message_id": event_id},
                 )
                 # The tag is registered first: an ack can arrive while basic_publish runs.
-                confirms.sent(index, str(message.event_id))
+                confirms.sent(index, event_id)
                 channel.basic_publish(
                     amqp_message,
                     exchange=route.exchange,

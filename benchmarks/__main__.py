@@ -1,0 +1,241 @@
+"""``python -m benchmarks [--profile ci|full] [--gate] [--pyinstrument DIR]``
+
+Starts the services with ``scripts/services`` (and stops the ones it started),
+measures the raw broker ceilings and then the relay on the same broker with the
+same message, prints a table, and prints as its last line one JSON object.
+With ``--gate`` it exits 1 when a deterministic figure misses its goal (timings
+never gate). See docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import raw
+from .report import GATED, table, verdicts
+from .services import Services, drop_database, recreate_database, worker_env
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """How much each scenario does."""
+
+    rounds: int  # alternations of a raw ceiling and the relay, for the ratios
+    round_events: int  # per round: the RabbitMQ batch-confirm ceiling's messages, the relay's
+    redis_raw: int  # per round: messages of the kombu Redis ceiling
+    redis_relay: int  # per round: events the relay drains to Redis
+    raw_each: int  # messages published with a confirm each
+    relay: int  # the large backlog one relay drains (RSS and SQL are measured on it)
+    relay_2proc: int
+    staging_rounds: int
+    stage_many: int  # events per stage_many / stage() loop transaction
+    retained: int  # PUBLISHED rows kept for the second claim measurement
+    claim_rows: int  # rows claimed per claim measurement
+    e2e_seconds: float
+    batch_size: int = 500
+    e2e_rate: float = 200.0
+
+
+PROFILES = {
+    "ci": Profile(
+        rounds=3,
+        round_events=4_000,
+        redis_raw=1_000,
+        redis_relay=4_000,
+        raw_each=1_000,
+        relay=10_000,
+        relay_2proc=10_000,
+        staging_rounds=300,
+        stage_many=200,
+        retained=100_000,
+        claim_rows=5_000,
+        e2e_seconds=5,
+    ),
+    "full": Profile(
+        rounds=5,
+        round_events=20_000,
+        redis_raw=5_000,
+        redis_relay=20_000,
+        raw_each=10_000,
+        relay=200_000,
+        relay_2proc=100_000,
+        staging_rounds=2_000,
+        stage_many=500,
+        retained=1_000_000,
+        claim_rows=25_000,
+        e2e_seconds=30,
+    ),
+}
+
+
+def _step(name: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {name}", file=sys.stderr, flush=True)
+
+
+def _rounds(
+    rounds: int, ceiling: Callable[[], float], relay: Callable[[], float]
+) -> tuple[float, float, list[float]]:
+    """Alternate the raw ceiling and the relay ``rounds`` times, so that a noisy spell
+    hits a ceiling and the relay measured next to it alike. Returns the median ceiling,
+    the median relay rate, and each round's relay/ceiling ratio."""
+    ceilings, rates = [], []
+    for _ in range(rounds):
+        ceilings.append(ceiling())
+        rates.append(relay())
+    ratios = [rate / top for rate, top in zip(rates, ceilings, strict=True)]
+    return statistics.median(ceilings), statistics.median(rates), ratios
+
+
+def measure(profile: Profile, services: Services, profile_dir: Path | None) -> dict[str, Any]:
+    import django
+
+    env = worker_env(services)
+    os.environ.update(env)
+    recreate_database(services.database_url)
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    try:
+        return _scenarios(profile, env, services, profile_dir)
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        drop_database(services.database_url)
+
+
+def _scenarios(
+    profile: Profile, env: dict[str, str], services: Services, profile_dir: Path | None
+) -> dict[str, Any]:
+    from . import scenarios
+
+    amqp, redis, batch = services.amqp_url, services.redis_url, profile.batch_size
+    figures: dict[str, Any] = {}
+
+    def drain(url: str, count: int, tag: str, processes: int = 1, **kwargs: Any) -> Any:
+        return scenarios.relay_drain(
+            env, url, count, processes=processes, batch_size=batch, tag=tag, **kwargs
+        )
+
+    _step("RabbitMQ: a confirm per message; no confirms")
+    figures["raw_confirm_each_msgs_per_s"] = raw.confirm_each(amqp, profile.raw_each)
+    figures["raw_no_confirm_msgs_per_s"] = raw.no_confirm(amqp, profile.round_events)
+    _step(f"RabbitMQ: {profile.rounds} x (batch-confirm ceiling, relay), {profile.round_events}")
+    top, rate, ratios = _rounds(
+        profile.rounds,
+        lambda: raw.confirm_batch(amqp, profile.round_events, batch),
+        lambda: drain(amqp, profile.round_events, "rabbitmq")["events_per_s"],
+    )
+    figures["raw_confirm_batch_msgs_per_s"] = top
+    figures["relay_rabbitmq_ev_per_s"] = rate
+    figures["relay_vs_raw"] = statistics.median(ratios)
+    figures["relay_vs_raw_rounds"] = ratios
+    _step(f"RabbitMQ: one relay drains {profile.relay} events")
+    large = drain(amqp, profile.relay, "rabbitmq-large", profile_dir=profile_dir)
+    figures["relay_large_ev_per_s"] = large["events_per_s"]
+    figures["rss_start_mb"] = large["rss_start_mb"]
+    figures["rss_growth_mb"] = large["rss_growth_mb"]
+    figures["sql_per_event"] = large["sql_per_event"]
+    figures["sql_statements"] = large["statements"]
+    figures["sql_transactions"] = large["transactions"]
+    _step(f"RabbitMQ: two relays drain {profile.relay_2proc} events")
+    figures["relay_2proc_ev_per_s"] = drain(amqp, profile.relay_2proc, "rabbitmq2", 2)[
+        "events_per_s"
+    ]
+    _step(f"Redis: {profile.rounds} x (kombu ceiling, relay)")
+    top, rate, ratios = _rounds(
+        profile.rounds,
+        lambda: raw.kombu_redis(redis, profile.redis_raw),
+        lambda: drain(redis, profile.redis_relay, "redis")["events_per_s"],
+    )
+    figures["raw_redis_msgs_per_s"] = top
+    figures["relay_redis_ev_per_s"] = rate
+    figures["redis_vs_raw"] = statistics.median(ratios)
+    figures["raw_redis_pipeline_msgs_per_s"] = raw.redis_pipeline(
+        redis, profile.round_events, batch
+    )
+    figures["redis_vs_pipeline"] = rate / figures["raw_redis_pipeline_msgs_per_s"]
+    if profile_dir is not None:
+        drain(redis, profile.redis_relay, "redis", profile_dir=profile_dir)
+    _step("staging")
+    figures.update(scenarios.staging(profile.staging_rounds, profile.stage_many))
+    _step(f"claim with 1k and {profile.retained} retained rows")
+    figures["retained_rows"] = profile.retained
+    figures.update(scenarios.claim_growth(profile.retained, profile.claim_rows, batch))
+    _step(f"end to end at {profile.e2e_rate:g} events/s for {profile.e2e_seconds:g}s")
+    figures.update(
+        scenarios.end_to_end(env, amqp, rate=profile.e2e_rate, seconds=profile.e2e_seconds)
+    )
+    return figures
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 4)
+    if isinstance(value, list):
+        return [_rounded(item) for item in value]
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description="The outbox benchmark; see docs/benchmarks.md."
+    )
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="ci",
+        help="ci: a few minutes; full: 100k+ events, 1M retained rows (default: %(default)r)",
+    )
+    parser.add_argument(
+        "--gate",
+        action="store_true",
+        help=f"exit 1 if a deterministic figure ({', '.join(GATED)}) misses its goal",
+    )
+    parser.add_argument(
+        "--pyinstrument",
+        type=Path,
+        metavar="DIR",
+        default=None,
+        help="profile the single relay drains with pyinstrument into DIR (default: off)",
+    )
+    args = parser.parse_args(argv)
+    profile = PROFILES[args.profile]
+    if args.pyinstrument is not None:
+        args.pyinstrument.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    load = os.getloadavg()[0]
+    with Services() as services:
+        figures = measure(profile, services, args.pyinstrument)
+    figures = {
+        "profile": args.profile,
+        **figures,
+        "batch_size": profile.batch_size,
+        "relay_events": profile.relay,
+        "rounds": profile.rounds,
+        "cpus": os.cpu_count(),
+        "load_avg_1m_at_start": load,
+        "elapsed_s": time.monotonic() - started,
+    }
+    results = verdicts(figures)
+    print(table(figures, results))
+    print(json.dumps({name: _rounded(value) for name, value in figures.items()}))
+    missed_gates = [name for name in GATED if not results[name]]
+    if args.gate and missed_gates:
+        print(f"benchmarks: gate failed: {', '.join(missed_gates)} missed", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

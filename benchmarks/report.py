@@ -1,0 +1,82 @@
+"""The goals of DESIGN.md section 6, and the table the runner prints."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+#: figure -> (comparison, bound): the goals, met when ``comparison(value, bound)``.
+GOALS: dict[str, tuple[Callable[[float, float], bool], float]] = {
+    "relay_vs_raw": (operator.ge, 0.75),
+    "redis_vs_raw": (operator.ge, 0.8),
+    "staging_overhead": (operator.le, 1.3),
+    "claim_growth": (operator.le, 1.5),
+    "e2e_p50_ms": (operator.le, 5.0),
+    "e2e_p99_ms": (operator.le, 20.0),
+    "rss_growth_mb": (operator.le, 50.0),
+    "sql_per_event": (operator.le, 0.02),
+}
+#: Goals on counted (not timed) figures: the only ones ``--gate`` fails on.
+GATED = ("sql_per_event",)
+
+#: (figure, label, unit) in table order.
+ROWS = (
+    ("raw_confirm_each_msgs_per_s", "RabbitMQ raw: confirm per message", "msg/s"),
+    ("raw_confirm_batch_msgs_per_s", "RabbitMQ raw: batch, then all confirms", "msg/s"),
+    ("raw_no_confirm_msgs_per_s", "RabbitMQ raw: no confirms", "msg/s"),
+    ("relay_rabbitmq_ev_per_s", "relay -> RabbitMQ, 1 process", "ev/s"),
+    ("relay_vs_raw", "  relay / raw batch-confirm, median of rounds", "x"),
+    ("relay_large_ev_per_s", "relay -> RabbitMQ, the large backlog", "ev/s"),
+    ("relay_2proc_ev_per_s", "relay -> RabbitMQ, 2 processes", "ev/s"),
+    ("raw_redis_msgs_per_s", "Redis raw: kombu publish per message", "msg/s"),
+    ("raw_redis_pipeline_msgs_per_s", "Redis raw: redis-py pipeline", "msg/s"),
+    ("relay_redis_ev_per_s", "relay -> Redis, 1 process", "ev/s"),
+    ("redis_vs_raw", "  relay / kombu Redis, median of rounds", "x"),
+    ("redis_vs_pipeline", "  relay / redis-py pipeline", "x"),
+    ("business_tx_ms", "business transaction (place an order)", "ms"),
+    ("business_tx_with_event_ms", "  the same staging one event", "ms"),
+    ("staging_overhead", "  with / without", "x"),
+    ("staging_overhead_one_insert", "  the same for a one-INSERT transaction", "x"),
+    ("stage_many_vs_loop", "stage() loop / stage_many()", "x"),
+    ("claim_ms_1k", "claim of a batch, 1k PUBLISHED rows kept", "ms"),
+    ("claim_ms_retained", "  the same, retained_rows kept", "ms"),
+    ("claim_growth", "  retained / 1k", "x"),
+    ("claim_rows_per_s", "claim throughput", "rows/s"),
+    ("e2e_p50_ms", "commit -> consumer, p50", "ms"),
+    ("e2e_p99_ms", "commit -> consumer, p99", "ms"),
+    ("rss_start_mb", "relay RSS at the start of the drain", "MiB"),
+    ("rss_growth_mb", "  growth over the drain", "MiB"),
+    ("sql_per_event", "SQL statements per published event", ""),
+)
+
+
+def verdicts(figures: dict[str, Any]) -> dict[str, bool]:
+    return {name: compare(figures[name], bound) for name, (compare, bound) in GOALS.items()}
+
+
+def _number(value: float) -> str:
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 0.1:
+        return f"{value:.2f}"
+    return f"{value:.4f}"
+
+
+def table(figures: dict[str, Any], results: dict[str, bool]) -> str:
+    head = (
+        f"profile {figures['profile']}: batch {figures['batch_size']}, {figures['rounds']} rounds, "
+        f"{figures['relay_events']:,} events in the large backlog, "
+        f"{figures['retained_rows']:,} retained rows, {figures['cpus']} CPUs, "
+        f"load {figures['load_avg_1m_at_start']:.2f} at start, {figures['elapsed_s']:.0f}s"
+    )
+    lines = [head, f"{'figure':<44} {'value':>12} {'unit':<6} {'goal':<8} met"]
+    lines.append("-" * len(lines[-1]))
+    for name, label, unit in ROWS:
+        goal, met = "", ""
+        if name in GOALS:
+            compare, bound = GOALS[name]
+            goal = f"{'>=' if compare is operator.ge else '<='} {bound:g}"
+            met = "yes" if results[name] else "NO"
+        lines.append(f"{label:<44} {_number(figures[name]):>12} {unit:<6} {goal:<8} {met}")
+    return "\n".join(lines)

@@ -1,0 +1,309 @@
+"""The scenarios that involve the database: relays, staging, the claim, end-to-end latency.
+
+They run in the runner's process (Django set up on the benchmark database), with
+relays and the consumer as worker processes (:mod:`benchmarks.worker`).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import kombu
+from django.db import connection, transaction
+from django.db.models import F
+
+from django_outbox import db, stage, stage_many
+from django_outbox.models import OutboxMessage
+
+from .common import EXCHANGE, PAYLOAD
+from .models import Customer, Order, OrderLine
+from .services import REPO
+
+TABLE = OutboxMessage._meta.db_table
+
+
+class Worker:
+    """A ``python -m benchmarks.worker`` process: started, released with ``go()``, read back."""
+
+    def __init__(self, env: dict[str, str], *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.worker", *args],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline().strip()
+        if line != "ready":
+            self.process.kill()
+            raise RuntimeError(f"worker {args[0]} did not start (said {line!r})")
+
+    def go(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
+
+    def result(self, timeout: float) -> dict[str, Any]:
+        out, _ = self.process.communicate(timeout=timeout)
+        if self.process.returncode != 0:
+            raise RuntimeError(f"worker exited {self.process.returncode}")
+        parsed: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        return parsed
+
+    def terminate(self) -> None:
+        self.process.terminate()
+
+
+def destination(tag: str) -> str:
+    return f"bench-{tag}-{uuid.uuid4().hex[:8]}"
+
+
+def reset_outbox() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f'TRUNCATE "{TABLE}"')
+
+
+def backlog(count: int, to: str, chunk: int = 2000) -> None:
+    """Commit ``count`` events to ``to`` through ``stage_many``."""
+    for start in range(0, count, chunk):
+        with transaction.atomic():
+            stage_many(
+                {"event_type": "bench.order_placed", "payload": PAYLOAD, "destination": to}
+                for _ in range(min(chunk, count - start))
+            )
+
+
+def delete_queue(url: str, name: str) -> None:
+    with kombu.Connection(url) as broker:
+        exchange = kombu.Exchange(EXCHANGE, "topic", durable=True)
+        kombu.Queue(name, exchange, routing_key=name)(broker.default_channel).delete()
+
+
+def relay_drain(
+    env: dict[str, str],
+    url: str,
+    count: int,
+    *,
+    processes: int,
+    batch_size: int,
+    tag: str,
+    profile_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Stage ``count`` events, then let ``processes`` relays drain them together.
+
+    Returns the events/s from the first relay's start to the last one's finish,
+    plus the first relay's RSS and SQL counts."""
+    reset_outbox()
+    to = destination(tag)
+    backlog(count, to)
+    with connection.cursor() as cursor:
+        cursor.execute(f'VACUUM ANALYZE "{TABLE}"')
+    workers = []
+    for number in range(processes):
+        args = ["relay", "--url", url, "--batch-size", str(batch_size), "--drain"]
+        if profile_dir is not None:
+            args += ["--profile", str(profile_dir / f"{tag}-{number}.txt")]
+        workers.append(Worker(env, *args))
+    for worker in workers:
+        worker.go()
+    results = [worker.result(timeout=3600) for worker in workers]
+    delete_queue(url, to)
+    published = sum(r["published"] for r in results)
+    if published != count or any(r["failed"] for r in results):
+        raise RuntimeError(f"{tag}: {published} of {count} published; results {results}")
+    elapsed = max(r["finished"] for r in results) - min(r["started"] for r in results)
+    first = results[0]
+    return {
+        "events_per_s": count / elapsed,
+        "rss_start_mb": first["rss_start_mb"],
+        "rss_growth_mb": first["rss_end_mb"] - first["rss_start_mb"],
+        "sql_per_event": first["sql"] / first["published"],
+        "statements": first["statements"],
+        "transactions": first["transactions"],
+    }
+
+
+def _median_ms(samples: Sequence[float]) -> float:
+    return statistics.median(samples) * 1000
+
+
+def _timed(block: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    block()
+    return time.perf_counter() - started
+
+
+def place_order(customer_id: int, to: str | None) -> None:
+    """The business transaction: lock the customer, write the order and its lines,
+    count it on the customer; and, with ``to``, stage ``order.placed`` there."""
+    with transaction.atomic():
+        customer = Customer.objects.select_for_update().get(pk=customer_id)
+        order = Order.objects.create(customer=customer, total="1234.50")
+        OrderLine.objects.bulk_create(
+            OrderLine(order=order, sku=line["sku"], quantity=line["quantity"], price="99.90")
+            for line in PAYLOAD["lines"]
+        )
+        Customer.objects.filter(pk=customer_id).update(orders_placed=F("orders_placed") + 1)
+        if to is not None:
+            stage("bench.order_placed", {**PAYLOAD, "order_id": order.pk}, destination=to)
+
+
+def insert_order(customer_id: int, to: str | None) -> None:
+    """The smallest business transaction: one INSERT (and, with ``to``, one event)."""
+    with transaction.atomic():
+        order = Order.objects.create(customer_id=customer_id, total="1234.50")
+        if to is not None:
+            stage("bench.order_placed", {**PAYLOAD, "order_id": order.pk}, destination=to)
+
+
+def overhead(business: Callable[[int, str | None], None], rounds: int) -> tuple[float, float]:
+    """Median seconds of ``business`` without and with its event, alternated so that
+    noise hits both alike, after a warm-up."""
+    customer = Customer.objects.create(name="customer-000042").pk
+    to = destination("staging")
+    for _ in range(min(rounds, 50)):
+        business(customer, None)
+        business(customer, to)
+    without_s, with_s = [], []
+    for _ in range(rounds):
+        without_s.append(_timed(lambda: business(customer, None)))
+        with_s.append(_timed(lambda: business(customer, to)))
+    return statistics.median(without_s), statistics.median(with_s)
+
+
+def staging(rounds: int, many: int) -> dict[str, float]:
+    """The cost of staging one event in a business transaction; then ``stage_many``
+    against a loop of ``stage()`` for ``many`` events in one transaction."""
+    reset_outbox()
+    without, with_event = overhead(place_order, rounds)
+    lone_without, lone_with = overhead(insert_order, rounds)
+    to = destination("staging")
+
+    def in_one_insert() -> None:
+        with transaction.atomic():
+            stage_many(
+                {"event_type": "bench.order_placed", "payload": PAYLOAD, "destination": to}
+                for _ in range(many)
+            )
+
+    def in_a_loop() -> None:
+        with transaction.atomic():
+            for _ in range(many):
+                stage("bench.order_placed", PAYLOAD, destination=to)
+
+    many_s, loop_s = [], []
+    for _ in range(7):
+        many_s.append(_timed(in_one_insert))
+        loop_s.append(_timed(in_a_loop))
+    return {
+        "business_tx_ms": without * 1000,
+        "business_tx_with_event_ms": with_event * 1000,
+        "staging_overhead": with_event / without,
+        "staging_overhead_one_insert": lone_with / lone_without,
+        "stage_many_ms": _median_ms(many_s),
+        "stage_loop_ms": _median_ms(loop_s),
+        "stage_many_vs_loop": statistics.median(loop_s) / statistics.median(many_s),
+    }
+
+
+def _retain(total: int) -> None:
+    """Top the outbox up to ``total`` PUBLISHED rows (as retention would keep them), then
+    VACUUM ANALYZE as autovacuum eventually would."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM \"{TABLE}\" WHERE status = 'published'")
+        (have,) = cursor.fetchone()
+        for start in range(have, total, 200_000):
+            cursor.execute(
+                f"""
+                INSERT INTO "{TABLE}" (event_id, event_type, destination, payload, headers,
+                    ordering_key, status, attempts, available_at, locked_by, lease_token,
+                    last_error, created_at, published_at)
+                SELECT gen_random_uuid(), 'bench.order_placed', 'bench-retained', %s::jsonb,
+                    '{{}}', '', 'published', 0, now(), 'bench', gen_random_uuid(), '', now(), now()
+                FROM generate_series(1, %s)
+                """,
+                [json.dumps(PAYLOAD), min(200_000, total - start)],
+            )
+        cursor.execute(f'VACUUM ANALYZE "{TABLE}"')
+
+
+def _claim_latencies(rows: int, batch_size: int) -> list[float]:
+    """Stage ``rows`` events and claim them all, batch by batch; each claim's seconds."""
+    backlog(rows, destination("claim"))
+    latencies = []
+    while True:
+        started = time.perf_counter()
+        claimed = db.claim(
+            "default", limit=batch_size, lease_seconds=60, worker="bench", token=uuid.uuid4()
+        )
+        if not claimed:
+            break
+        latencies.append(time.perf_counter() - started)
+    OutboxMessage.objects.filter(status=OutboxMessage.Status.PROCESSING).delete()
+    return latencies
+
+
+def claim_growth(retained: int, rows: int, batch_size: int) -> dict[str, float]:
+    """Median claim latency with 1k PUBLISHED rows kept, then with ``retained``."""
+    reset_outbox()
+    _retain(1_000)
+    small = _claim_latencies(rows, batch_size)
+    _retain(retained)
+    large = _claim_latencies(rows, batch_size)
+    reset_outbox()
+    return {
+        "claim_ms_1k": _median_ms(small),
+        "claim_ms_retained": _median_ms(large),
+        "claim_growth": statistics.median(large) / statistics.median(small),
+        "claim_rows_per_s": batch_size / statistics.median(small),
+    }
+
+
+def end_to_end(env: dict[str, str], url: str, *, rate: float, seconds: float) -> dict[str, float]:
+    """Commit one event every 1/``rate`` s with a relay running (woken by NOTIFY) and a
+    consumer reading the queue; the latency is commit to the consumer's receipt."""
+    reset_outbox()
+    to = destination("e2e")
+    with kombu.Connection(url) as broker:
+        exchange = kombu.Exchange(EXCHANGE, "topic", durable=True)
+        kombu.Queue(to, exchange, routing_key=to, durable=True)(broker.default_channel).declare()
+    count = int(rate * seconds)
+    consumer = Worker(
+        env, "consume", "--url", url, "--queue", to, "--expected", str(count),
+        "--timeout", str(seconds + 60),
+    )  # fmt: skip
+    relay = Worker(env, "relay", "--url", url, "--batch-size", "500")
+    consumer.go()
+    relay.go()
+    time.sleep(1.0)  # the relay's first (empty) claim, then LISTEN
+    committed: dict[int, float] = {}
+    started = time.perf_counter()
+    for seq in range(count):
+        pause = started + seq / rate - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        with transaction.atomic():
+            stage("bench.order_placed", {**PAYLOAD, "seq": seq}, destination=to)
+        committed[seq] = time.time()
+    received = consumer.result(timeout=seconds + 120)["received"]
+    relay.terminate()
+    relay.result(timeout=60)
+    delete_queue(url, to)
+    if len(received) != count:
+        raise RuntimeError(f"e2e: the consumer received {len(received)} of {count} events")
+    latencies = sorted((at - committed[int(seq)]) * 1000 for seq, at in received.items())
+    return {
+        "e2e_p50_ms": latencies[len(latencies) // 2],
+        "e2e_p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+        "e2e_events": count,
+    }

@@ -1,0 +1,34 @@
+"""Django settings of the benchmark processes (the runner and the workers it starts).
+
+``OUTBOX_BENCH_DATABASE_URL`` is the benchmark's own database, created afresh by the
+runner; ``OUTBOX_BROKER_URL`` the RabbitMQ the relay publishes to by default.
+"""
+
+from __future__ import annotations
+
+import environ
+
+env = environ.Env()
+
+SECRET_KEY = "benchmarks-only-not-secret"
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEBUG = False
+INSTALLED_APPS = ["django_outbox", "benchmarks"]
+DATABASES = {
+    "default": {
+        **env.db(
+            "OUTBOX_BENCH_DATABASE_URL", default="postgres://postgres@127.0.0.1:55432/outbox_bench"
+        ),
+        # A relay is a daemon: it keeps its connection between idle spells.
+        "CONN_MAX_AGE": None,
+    }
+}
+OUTBOX = {"BROKER_URL": env("OUTBOX_BROKER_URL", default="amqp://guest:guest@127.0.0.1:55672//")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_outbox": {"handlers": ["console"], "level": "WARNING"}},
+}

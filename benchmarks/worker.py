@@ -1,0 +1,184 @@
+"""Processes the runner starts, each reporting one JSON line on stdout.
+
+    python -m benchmarks.worker relay --url URL --batch-size N [--drain] [--profile FILE]
+    python -m benchmarks.worker consume --url URL --queue Q --expected N --timeout SECONDS
+
+A worker sets itself up (Django, broker connection), prints ``ready``, and waits for
+a line on stdin, so that the runner can start several together and time only the
+work. A relay without ``--drain`` runs until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .common import emit, rss_mb
+
+
+def _ready() -> None:
+    print("ready", flush=True)
+    sys.stdin.readline()
+
+
+class SqlCounter:
+    """Counts what the process's database connections send while ``counting()``: each
+    executed statement, and each explicit transaction as two more (BEGIN, COMMIT).
+
+    Connections opened meanwhile (the relay's finisher thread has its own) are
+    counted too."""
+
+    def __init__(self) -> None:
+        self.statements = 0
+        self.transactions = 0
+        self._active = False
+        self._lock = threading.Lock()
+
+    def install(self, connection: Any) -> None:
+        connection.execute_wrappers.append(self._execute)
+        commit = connection.commit
+
+        def counted_commit() -> None:
+            self._count(transactions=1)
+            commit()
+
+        connection.commit = counted_commit  # transaction.atomic commits through this
+
+    def connected(self, sender: object, connection: Any, **kwargs: Any) -> None:
+        """``connection_created`` receiver."""
+        self.install(connection)
+
+    def _execute(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+    ) -> Any:
+        self._count(statements=1)
+        return execute(sql, params, many, context)
+
+    def _count(self, *, statements: int = 0, transactions: int = 0) -> None:
+        if self._active:
+            with self._lock:
+                self.statements += statements
+                self.transactions += transactions
+
+    @property
+    def total(self) -> int:
+        return self.statements + 2 * self.transactions
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[SqlCounter]:
+        self._active = True
+        try:
+            yield self
+        finally:
+            self._active = False
+
+
+@contextlib.contextmanager
+def _profiled(path: str | None) -> Iterator[None]:
+    """Profile the block with pyinstrument (the dev extra) into ``path`` (.txt and .html)."""
+    if not path:
+        yield
+        return
+    from pyinstrument import Profiler
+
+    profiler = Profiler(interval=0.0005)
+    with profiler:
+        yield
+    with open(path, "w") as text:
+        text.write(profiler.output_text(unicode=True, color=False, show_all=False))
+    with open(os.path.splitext(path)[0] + ".html", "w") as html:
+        html.write(profiler.output_html())
+
+
+def relay(args: argparse.Namespace) -> None:
+    import django
+
+    django.setup()
+    from django.db import connection
+    from django.db.backends.signals import connection_created
+
+    from django_outbox.relay import Relay
+    from django_outbox.transports.kombu import KombuTransport
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    transport = KombuTransport(args.url)
+    transport.check()
+    counter = SqlCounter()
+    connection.ensure_connection()
+    counter.install(connection)
+    connection_created.connect(counter.connected)
+    worker = Relay(batch_size=args.batch_size, transports={"broker": transport})
+    _ready()
+    rss_start, started = rss_mb(), time.time()
+    with _profiled(args.profile), counter.counting():
+        totals = worker.run(stop, drain=args.drain)
+    finished = time.time()
+    emit(
+        {
+            "published": totals.published,
+            "failed": totals.failed + totals.abandoned + totals.lost,
+            "started": started,
+            "finished": finished,
+            "rss_start_mb": rss_start,
+            "rss_end_mb": rss_mb(),
+            "sql": counter.total,
+            "statements": counter.statements,
+            "transactions": counter.transactions,
+        }
+    )
+
+
+def consume(args: argparse.Namespace) -> None:
+    """Receive ``--expected`` events from ``--queue``; report each one's ``seq`` and
+    receipt time (wall clock, comparable with the producer's commit times)."""
+    import kombu
+
+    received: dict[int, float] = {}
+
+    def on_message(body: Any, message: Any) -> None:
+        received[body["seq"]] = time.time()
+        message.ack()
+
+    with kombu.Connection(args.url) as connection:
+        queue = kombu.Queue(args.queue, no_declare=True)
+        with kombu.Consumer(
+            connection, queues=[queue], callbacks=[on_message], accept=["json"], prefetch_count=100
+        ):
+            _ready()
+            deadline = time.monotonic() + args.timeout
+            while len(received) < args.expected and time.monotonic() < deadline:
+                with contextlib.suppress(socket.timeout, TimeoutError):
+                    connection.drain_events(timeout=0.5)
+    emit({"received": {str(seq): at for seq, at in received.items()}})
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.worker")
+    modes = parser.add_subparsers(dest="mode", required=True)
+    relay_parser = modes.add_parser("relay")
+    relay_parser.add_argument("--url", required=True)
+    relay_parser.add_argument("--batch-size", type=int, required=True)
+    relay_parser.add_argument("--drain", action="store_true")
+    relay_parser.add_argument("--profile", default=None)
+    relay_parser.set_defaults(run=relay)
+    consume_parser = modes.add_parser("consume")
+    consume_parser.add_argument("--url", required=True)
+    consume_parser.add_argument("--queue", required=True)
+    consume_parser.add_argument("--expected", type=int, required=True)
+    consume_parser.add_argument("--timeout", type=float, required=True)
+    consume_parser.set_defaults(run=consume)
+    args = parser.parse_args(argv)
+    args.run(args)
+
+
+if __name__ == "__main__":
+    main()
