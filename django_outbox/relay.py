@@ -374,22 +374,16 @@ class Relay:
                     listener = _closed(listener)
                     stop.wait(outage.backoff())
                     continue
+                if not drain and time.monotonic() >= next_cleanup:
+                    # Busy or idle: a relay that never runs dry still keeps the table trim.
+                    next_cleanup = time.monotonic() + outbox_settings.CLEANUP_INTERVAL
+                    self._cleanup()
                 if batch is not None:
                     if batch.transport_failed:
                         outage.broker_suspect()
                     continue
                 if drain:
                     break
-                if time.monotonic() >= next_cleanup:
-                    next_cleanup = time.monotonic() + outbox_settings.CLEANUP_INTERVAL
-                    try:
-                        retention.cleanup(self.using)
-                    except DatabaseError:
-                        logger.warning(
-                            "retention cleanup failed",
-                            exc_info=True,
-                            extra={"action": "outbox.cleanup_failed", "using": self.using},
-                        )
                 close_old_connections()  # honours CONN_MAX_AGE between idle spells
                 pipeline.close_old_connections()
                 listener = self._idle(stop, listener)
@@ -400,6 +394,16 @@ class Relay:
                 _closed(listener)
                 self.close()
         return totals
+
+    def _cleanup(self) -> None:
+        try:
+            retention.cleanup(self.using)
+        except DatabaseError:
+            logger.warning(
+                "retention cleanup failed",
+                exc_info=True,
+                extra={"action": "outbox.cleanup_failed", "using": self.using},
+            )
 
     def _broker_back(self, outage: Outage) -> bool:
         try:

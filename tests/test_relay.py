@@ -5,11 +5,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import signal
+import threading
 import time
 import uuid
 from collections import Counter
 
 import pytest
+from django.conf import settings
 from django.db import transaction
 from django.test.utils import override_settings
 from django.utils import timezone
@@ -235,6 +237,27 @@ def test_retention_deletes_only_what_is_old_enough():
         pending.pk,
     }
     assert not OutboxMessage.objects.filter(pk__in=[old.pk, old_abandoned.pk]).exists()
+
+
+def test_a_running_relay_cleans_up_between_batches_while_it_still_has_work(destination):
+    now = timezone.now()
+    old = OutboxMessageFactory(published=True, published_at=now - dt.timedelta(days=8))
+    young = OutboxMessageFactory(published=True, published_at=now - dt.timedelta(days=6))
+    stage_events(300, destination)
+    stop = threading.Event()
+    seen: list[bool] = []  # per batch: was the old row still there?
+
+    def on_batch(stats):
+        seen.append(OutboxMessage.objects.filter(pk=old.pk).exists())
+        if not OutboxMessage.objects.due().exists():
+            stop.set()
+
+    with override_settings(OUTBOX={**settings.OUTBOX, "CLEANUP_INTERVAL": 0.001}):
+        Relay(batch_size=20).run(stop, on_batch=on_batch)
+    assert not OutboxMessage.objects.filter(pk=old.pk).exists()
+    assert OutboxMessage.objects.filter(pk=young.pk).exists()
+    # It was gone before the last batch: cleanup did not wait for an idle moment.
+    assert len(seen) >= 10 and seen[-1] is False
 
 
 def test_a_relay_whose_lease_was_taken_over_changes_nothing(destination, caplog):
