@@ -20,6 +20,7 @@ from tests.support import (
     delete_queue,
     rabbitmqctl,
     relay_env,
+    services,
     stage_events,
     stop,
     unique_destination,
@@ -142,3 +143,18 @@ def test_a_failing_task_body_rolls_back_its_mark_so_a_retry_runs_it(celery_queue
     # A direct call is not a delivery: no task id, no inbox.
     assert record_payment(3) == 3
     assert InboxMessage.objects.count() == 2
+
+
+@pytest.mark.slow
+def test_the_first_task_after_a_broker_restart_is_sent_at_once(celery_queue):
+    """kombu pools Celery's producers per broker URL: the pool still holds the
+    connection the restart broke, and the relay must not spend an attempt on it."""
+    stage_events(1, "payments")
+    relay_all()
+    services("restart", "rabbitmq")
+    stage_events(1, "payments")
+    routes = {"payments": {"celery_task": TASK}}
+    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "ROUTES": routes}):
+        with Relay() as relay:
+            stats = relay.run_once()
+    assert (stats.published, stats.failed) == (1, 0)

@@ -374,7 +374,7 @@ def test_celery_route_sends_a_task_with_the_event_id_as_task_id(destination):
     ):
         with Relay() as relay:
             stats = relay.run_once()
-    assert stats.published == 1
+    assert stats.published == 1, OutboxMessage.objects.get(pk=row.pk).last_error
     (message,) = consume(destination, 1)
     assert message.headers["task"] == "mail.send_receipt"
     assert message.headers["id"] == str(row.event_id)

@@ -18,6 +18,10 @@ from ..routes import Route
 from .base import Failure, Outcome, Transport
 
 TRANSIENT = (kombu.exceptions.OperationalError, OSError)
+#: Celery's producers come from kombu's process-wide pool, keyed by broker URL, so a
+#: connection the broker dropped (a restart) can still be in it: one immediate
+#: reconnect-and-retry revives it. Anything longer is the relay's backoff to decide.
+RECONNECT_ONCE = {"max_retries": 1, "interval_start": 0, "interval_step": 0, "interval_max": 0}
 
 
 class CeleryTransport(Transport):
@@ -44,7 +48,8 @@ class CeleryTransport(Transport):
                     kwargs=kwargs,
                     task_id=str(message.event_id),
                     headers=message.wire_headers(),
-                    retry=False,
+                    retry=True,
+                    retry_policy=RECONNECT_ONCE,
                 )
             except TRANSIENT as exc:
                 failure = Failure.from_exception(exc)
