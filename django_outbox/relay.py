@@ -36,7 +36,7 @@ from django.db import DatabaseError, close_old_connections, connections, transac
 from . import db, retention
 from .conf import outbox_settings
 from .envelope import ClaimedMessage
-from .models import OutboxMessage
+from .models import OutboxMessage, OutboxQuerySet
 from .outage import Outage
 from .retry import RetryPolicy
 from .routes import Route
@@ -228,19 +228,17 @@ class Relay:
         several = bool(published) + len(failures) > 1
         with transaction.atomic(using=self.using) if several else contextlib.nullcontext():
             if published:
-                ids = [m.id for m in published]
-                if rows.filter(id__in=ids).leased(token).mark_published() != len(ids):
+                held = rows.filter(id__in=[m.id for m in published]).leased(token)
+                if held.mark_published() != len(published):
                     # Published rows keep the token: those without it were taken over.
-                    kept = set(rows.filter(id__in=ids).leased(token).values_list("id", flat=True))
-                    lost += [m for m in published if m.id not in kept]
-                    published = [m for m in published if m.id in kept]
+                    taken = _not_held(published, held)
+                    lost += taken
+                    published = [m for m in published if m not in taken]
             for (error, abandon, attempts), group in failures.items():
-                ids = [m.id for m in group]
                 delay = 0.0 if abandon else self.policy.delay(attempts)
-                changed = rows.filter(id__in=ids).leased(token)
-                if changed.mark_failed(error, delay, abandon=abandon) != len(ids):
-                    mine = set(rows.filter(id__in=ids).leased(token).values_list("id", flat=True))
-                    lost += [m for m in group if m.id not in mine]
+                held = rows.filter(id__in=[m.id for m in group]).leased(token)
+                if held.mark_failed(error, delay, abandon=abandon) != len(group):
+                    lost += _not_held(group, held)
         lost_ids = {m.id for m in lost}
         return _Finalized(
             claimed=len(messages),
@@ -507,6 +505,13 @@ class _Pipeline:
         except DatabaseError:
             connections[self._relay.using].close()  # this thread's; reopened on next use
             raise
+
+
+def _not_held(messages: list[ClaimedMessage], held: OutboxQuerySet) -> list[ClaimedMessage]:
+    """The ``messages`` that ``held`` (their rows still under this batch's lease)
+    no longer contains: another relay took them over."""
+    kept = set(held.values_list("id", flat=True))
+    return [m for m in messages if m.id not in kept]
 
 
 def _closed(listener: db.postgresql.Listener | None) -> db.postgresql.Listener | None:
