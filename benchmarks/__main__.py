@@ -20,9 +20,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.services import Services, drop_database, recreate_database
+
 from . import raw
 from .report import GATED, table, verdicts
-from .services import Services, drop_database, recreate_database, worker_env
+
+DATABASE = "outbox_bench"
+
+
+def worker_env(services: Services) -> dict[str, str]:
+    """The environment of the runner's Django and of every worker it starts."""
+    return {
+        **os.environ,
+        **services.env,
+        "DJANGO_SETTINGS_MODULE": "benchmarks.settings",
+        "OUTBOX_BENCH_DATABASE_URL": services.database_url,
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         args.pyinstrument.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     load = os.getloadavg()[0]
-    with Services() as services:
+    with Services(DATABASE) as services:
         figures = measure(profile, services, args.pyinstrument)
     figures = {
         "profile": args.profile,

@@ -1,14 +1,15 @@
-"""The services under test, started with the project's own ``scripts/services``.
+"""The services a runner needs (the benchmarks, the chaos suite), started with the
+project's own ``scripts/services``.
 
 Services already running are used as they are; the ones this run started are
 stopped again when it ends. Ports follow the ``OUTBOX_*_PORT`` variables that
-``scripts/services`` honours. The benchmark works in its own database,
-``outbox_bench``, created afresh on the PostgreSQL server and dropped at the end.
+``scripts/services`` honours. A runner works in a database of its own (the
+benchmark in ``outbox_bench``, the chaos suite in ``outbox_chaos``), created afresh
+on the PostgreSQL server and dropped at the end.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,11 +18,11 @@ from urllib.parse import urlsplit, urlunsplit
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "services"
 NAMES = ("postgres", "rabbitmq", "redis")
-DATABASE = "outbox_bench"
 
 
 class Services:
-    def __init__(self) -> None:
+    def __init__(self, database: str) -> None:
+        self.database = database
         self.started: list[str] = []
         self.env: dict[str, str] = {}
 
@@ -58,19 +59,26 @@ class Services:
 
     @property
     def database_url(self) -> str:
-        """The benchmark database on the services' PostgreSQL."""
-        return urlunsplit(urlsplit(self.env["DATABASE_URL"])._replace(path=f"/{DATABASE}"))
+        """The runner's own database on the services' PostgreSQL."""
+        return urlunsplit(urlsplit(self.env["DATABASE_URL"])._replace(path=f"/{self.database}"))
+
+    def run(self, *args: str) -> str:
+        """``scripts/services ARGS`` (e.g. ``restart rabbitmq``); its stdout."""
+        return self._run(*args)
 
 
 def recreate_database(url: str) -> None:
-    """Drop and create the benchmark database on the server of ``url``."""
-    _on_server(
-        url, f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)', f'CREATE DATABASE "{DATABASE}"'
-    )
+    """Drop and create the database of ``url`` on its server."""
+    name = _database(url)
+    _on_server(url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f'CREATE DATABASE "{name}"')
 
 
 def drop_database(url: str) -> None:
-    _on_server(url, f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+    _on_server(url, f'DROP DATABASE IF EXISTS "{_database(url)}" WITH (FORCE)')
+
+
+def _database(url: str) -> str:
+    return urlsplit(url).path.lstrip("/")
 
 
 def _on_server(url: str, *statements: str) -> None:
@@ -82,13 +90,3 @@ def _on_server(url: str, *statements: str) -> None:
         for statement in statements:
             connection.execute(statement)
 
-
-def worker_env(services: Services) -> dict[str, str]:
-    """The environment of the runner's Django and of every worker it starts."""
-    return {
-        **os.environ,
-        **services.env,
-        "DJANGO_SETTINGS_MODULE": "benchmarks.settings",
-        "OUTBOX_BENCH_DATABASE_URL": services.database_url,
-        "PYTHONUNBUFFERED": "1",
-    }
