@@ -368,7 +368,9 @@ class Relay:
                     outage.database_failed(self.using, exc)
                     ahead = None  # rows it claimed wait for their lease
                     tally(pipeline.settle())
+                    # Both threads' connections: the outage broke the one not in use too.
                     connections[self.using].close()
+                    pipeline.close_connection()
                     listener = _closed(listener)
                     stop.wait(outage.backoff())
                     continue
@@ -491,6 +493,13 @@ class _Pipeline:
     def close_old_connections(self) -> None:
         if self._executor is not None:
             self._executor.submit(close_old_connections).result()
+
+    def close_connection(self) -> None:
+        """Close the database thread's connection (after an outage: the next use
+        opens a fresh one instead of failing on a connection the server dropped)."""
+        if self._executor is not None:
+            using = self._relay.using
+            self._executor.submit(lambda: connections[using].close()).result()
 
     def close(self) -> list[BatchStats]:
         finalized = self.settle()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -24,9 +25,12 @@ from tests.factories import OutboxMessageFactory
 from tests.support import (
     AMQP_URL,
     REDIS_URL,
+    REPO,
     consume,
     delete_queue,
     manage,
+    relay_command,
+    relay_env,
     run_relay,
     stage_events,
     start_relay,
@@ -536,11 +540,24 @@ def test_confirm_publish_in_transport_options_does_not_break_the_confirm_pipelin
 
 @pytest.mark.slow
 def test_the_relay_rides_out_a_postgresql_restart(destination):
+    """With persistent connections, as a daemon runs: both of the relay's threads lose
+    theirs. Regression (found by the chaos suite): the database thread kept its dead
+    connection, so the first batch after the outage failed to finalize; it was
+    published again when its lease expired and the outage was logged twice."""
     from django.db import connections
 
     from tests.support import services
 
-    relay = start_relay(POLL_INTERVAL=0.2)
+    env = relay_env(POLL_INTERVAL=0.2)
+    env["DATABASE_URL"] += "?conn_max_age=3600"
+    relay = subprocess.Popen(
+        relay_command(),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         first = stage_events(100, destination)
         wait_until(lambda: status_counts()["published"] == 100, timeout=60, what="100 published")
@@ -554,3 +571,4 @@ def test_the_relay_rides_out_a_postgresql_restart(destination):
         code, _, err = stop(relay)
     assert code == 0, err
     assert sorted(ids_of(consume(destination, 200))) == sorted(first + second)
+    assert err.count("unreachable (") == err.count("reachable again") == 1, err
