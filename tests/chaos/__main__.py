@@ -1,0 +1,261 @@
+"""Run the chaos suite: ``python -m tests.chaos --profile ci|soak [--seed N] [--sabotage K]``.
+
+Starts (or reuses) PostgreSQL and RabbitMQ with ``scripts/services``, creates the
+database ``outbox_chaos`` afresh, and runs producers, relays and a consumer while
+the fault injector works through its schedule. Then it stops the producers, lets
+the relays and the consumer drain, stops them with SIGTERM, and audits. Exits 0
+when every check passes, 1 when one fails, 2 when the run itself broke. Logs and
+the facts of every fault are kept in ``.chaos/<run>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import sys
+import time
+
+from tests.services import REPO, Services, drop_database, recreate_database
+
+from .processes import Proc, manage, module, worker_env
+
+DATABASE = "outbox_chaos"
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    seconds: float  # how long faults are injected
+    schedule: tuple[str, ...]  # faults every run has, in a seeded order
+    seed: int | None  # None: a random seed, printed
+    producers: int = 3
+    rate: float = 40.0  # events per second per producer, on average
+    relays: int = 2
+    batch_size: int = 100
+    lease: float = 5.0
+    gap: tuple[float, float] = (1.0, 4.0)  # seconds of quiet between faults
+
+
+PROFILES = {
+    # About three minutes: each kind of fault at least twice (RabbitMQ, slow to
+    # restart, once), in an order fixed by the seed.
+    "ci": Profile(
+        seconds=0,
+        schedule=(
+            *("relay_kill",) * 3,
+            *("relay_stop",) * 2,
+            "rabbitmq_restart",
+            *("postgres_restart",) * 2,
+            *("consumer_kill",) * 2,
+        ),
+        seed=20261121,
+    ),
+    # Thirty minutes: the schedule once, then faults drawn at random until time is up.
+    "soak": Profile(seconds=1800, schedule=(), seed=None, rate=50.0, gap=(3.0, 15.0)),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="ci")
+    parser.add_argument("--seed", type=int, help="replay a run (default: the profile's)")
+    parser.add_argument(
+        "--seconds", type=float, help="inject faults for this long (default: the profile's)"
+    )
+    parser.add_argument(
+        "--sabotage",
+        choices=("lease", "inbox"),
+        help="break a guarantee on purpose (relays ignore the lease token, or the consumer "
+        "runs without the inbox): the audit must then fail",
+    )
+    args = parser.parse_args(argv)
+    profile = PROFILES[args.profile]
+    if args.seconds is not None:
+        profile = dataclasses.replace(profile, seconds=args.seconds)
+    seed = args.seed if args.seed is not None else profile.seed
+    if seed is None:
+        seed = random.SystemRandom().randrange(1, 2**31)
+    print(f"chaos: profile {args.profile}, seed {seed}", flush=True)
+    with Services(DATABASE) as services:
+        return Run(args.profile, profile, seed, services, args.sabotage).main()
+
+
+class Run:
+    def __init__(
+        self,
+        name: str,
+        profile: Profile,
+        seed: int,
+        services: Services,
+        sabotage: str | None,
+    ) -> None:
+        self.name = name
+        self.profile = profile
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.services = services
+        self.logs = REPO / ".chaos" / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{seed}"
+        self.logs.mkdir(parents=True)
+        outbox = {
+            "BATCH_SIZE": profile.batch_size,
+            "LEASE_SECONDS": profile.lease,
+            "RETRY_BASE_DELAY": 0.5,
+            "RETRY_MAX_DELAY": 4,
+            "MAX_ATTEMPTS": 1000,  # a long outage must not abandon anything
+            "POLL_INTERVAL": 0.5,
+        }
+        self.env = worker_env(services.database_url, services.env, json.dumps(outbox))
+        if sabotage:
+            self.env["CHAOS_SABOTAGE"] = sabotage
+        self.procs: list[Proc] = []
+
+    def main(self) -> int:
+        recreate_database(self.services.database_url)
+        try:
+            return self._run()
+        except Exception as exc:
+            print(f"chaos: the run broke: {type(exc).__name__}: {exc}", file=sys.stderr)
+            print(f"chaos: logs in {self.logs}", file=sys.stderr)
+            return 2
+        finally:
+            for proc in self.procs:
+                proc.cleanup()
+            drop_database(self.services.database_url)
+
+    def _setup_django(self) -> None:
+        os.environ.update({**self.env, "CHAOS_ROLE": "runner"})
+        os.environ.pop("CHAOS_SABOTAGE", None)  # the runner audits honestly
+        import django
+        from django.core.management import call_command
+
+        django.setup()
+        call_command("migrate", verbosity=0)
+
+    def _run(self) -> int:
+        self._setup_django()
+        from . import audit
+        from . import database as db
+        from .faults import KINDS, Fault, Injector, NotRecovered
+
+        audit.reset_queues(self.services.amqp_url)
+        p = self.profile
+        relays = [
+            self._proc(f"relay-{i}", manage("run_outbox_relay")) for i in range(1, p.relays + 1)
+        ]
+        consumer = self._proc(
+            "consumer",
+            manage(
+                "run_outbox_consumer",
+                "--queue",
+                audit.DESTINATION,
+                "--handler",
+                "tests.chaos.handlers.record",
+                "--consumer",
+                "chaos-audit",
+                "--prefetch",
+                "50",
+            ),
+        )
+        producers = [
+            self._proc(
+                f"producer-{i}",
+                module(
+                    "tests.chaos.producer",
+                    "--index",
+                    str(i),
+                    "--seed",
+                    str(self.seed),
+                    "--rate",
+                    str(p.rate),
+                    "--destination",
+                    audit.DESTINATION,
+                ),
+            )
+            for i in range(1, p.producers + 1)
+        ]
+        started = time.monotonic()
+        for proc in self.procs:
+            proc.start()
+        injector = Injector(
+            relays=relays,
+            consumer=consumer,
+            services=self.services,
+            rng=self.rng,
+            lease=p.lease,
+            started=started,
+        )
+        self._wait(lambda: db.value(f"SELECT count(*) FROM {db.HANDLED}") > 0, 120, "first event")
+        faults: list[Fault] = []
+        schedule = list(p.schedule)
+        self.rng.shuffle(schedule)
+        facts = (self.logs / "faults.log").open("w")
+        try:
+            while schedule or time.monotonic() - started < p.seconds:
+                time.sleep(self.rng.uniform(*p.gap))
+                kind = schedule.pop(0) if schedule else self.rng.choice(KINDS)
+                fault = injector.inject(kind)
+                faults.append(fault)
+                print(fault.line(), flush=True)
+                facts.write(fault.line() + "\n")
+                facts.flush()
+        except NotRecovered as exc:
+            print(f"chaos: FAIL: {exc}", flush=True)
+            return 1
+        finally:
+            facts.close()
+        faulting = time.monotonic() - started
+        for producer in producers:
+            if producer.stop() != 0:
+                raise RuntimeError(f"{producer.role} exited {producer.exits[-1]}")
+        drain_started = time.monotonic()
+        self._wait(db.settled, 4 * p.lease + 120, "the relays and the consumer to drain")
+        time.sleep(2 * p.lease)  # late duplicates (a zombie's batch) reach the tap
+        exits = {proc.role: proc.stop() for proc in [*relays, consumer]}
+        drained = time.monotonic() - drain_started
+        read = audit.drain_tap(self.services.amqp_url)
+        counted = audit.totals()
+        results = audit.checks(faults, p.relays, p.batch_size)
+        print(
+            f"chaos: faults for {faulting:.0f}s, drained in {drained:.0f}s, {read:,} messages "
+            f"read from the tap; SIGTERM exit codes: "
+            + ", ".join(f"{role} {code}" for role, code in exits.items()),
+            flush=True,
+        )
+        for held, again in audit.killed_relay_duplicates(faults):
+            print(f"chaos: a relay fault held {held} rows; {again} were published twice")
+        text = audit.report(
+            profile=self.name,
+            seed=self.seed,
+            seconds=time.monotonic() - started,
+            faults=faults,
+            counted=counted,
+            results=results,
+        )
+        print(text, flush=True)
+        (self.logs / "report.txt").write_text(text + "\n")
+        failed = [check.name for check in results if not check.ok]
+        failed += [f"{role} exited {code}" for role, code in exits.items() if code != 0]
+        if failed:
+            print(f"chaos: FAIL: {'; '.join(failed)} (logs in {self.logs})", flush=True)
+            return 1
+        print(f"chaos: PASS (logs in {self.logs})", flush=True)
+        return 0
+
+    def _proc(self, role: str, argv: list[str]) -> Proc:
+        proc = Proc(role, argv, self.env, self.logs)
+        self.procs.append(proc)
+        return proc
+
+    @staticmethod
+    def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+            time.sleep(0.5)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""The end of a run: count what reached the broker, check the guarantees in SQL, report.
+
+The tap queue is bound to the chaos exchange beside the consumer's queue and read
+by no one during the run, so after the relays have stopped it holds one message
+per publish RabbitMQ accepted: ``BrokerCopy`` gets the number of copies of each
+event. Every check is one SQL statement over the suite's tables.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import kombu
+
+from django_outbox.routes import Route
+from django_outbox.transports.kombu import declare
+
+from . import database as db
+from .faults import KINDS, Fault
+from .models import BrokerCopy
+
+EXCHANGE = "chaos"
+DESTINATION = "chaos.orders"
+TAP = "chaos.tap"
+#: Batches a relay can have between claim and finalize: one finalizing, one
+#: publishing, one claimed ahead.
+IN_FLIGHT = 3
+
+
+def tap_route() -> Route:
+    return Route(DESTINATION, EXCHANGE, "topic", DESTINATION, TAP)
+
+
+def reset_queues(url: str) -> None:
+    """Delete what an earlier run left in the queues, and bind a fresh tap."""
+    with kombu.Connection(url, connect_timeout=10) as connection:
+        channel = connection.channel()
+        for name in (DESTINATION, TAP):
+            kombu.Queue(name, channel=channel).delete()
+        declare(channel, tap_route())
+
+
+def drain_tap(url: str) -> int:
+    """Read the tap queue to the end into ``BrokerCopy``; returns the messages read."""
+    copies: collections.Counter[str] = collections.Counter()
+    with kombu.Connection(url, connect_timeout=10) as connection:
+        channel = connection.channel()
+        queue = kombu.Queue(TAP, channel=channel)
+        expected = queue.queue_declare(passive=True).message_count
+
+        def count(body: Any, message: Any) -> None:
+            copies[message.properties["message_id"]] += 1
+
+        with kombu.Consumer(channel, [queue], callbacks=[count], no_ack=True, accept=["json"]):
+            channel.basic_qos(0, 2000, False)
+            while sum(copies.values()) < expected:
+                connection.drain_events(timeout=30)
+    BrokerCopy.objects.bulk_create(
+        (BrokerCopy(event_id=event_id, copies=n) for event_id, n in copies.items()),
+        batch_size=5000,
+    )
+    return sum(copies.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    name: str
+    value: int
+    limit: int  # the check passes when value <= limit
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.value <= self.limit
+
+
+def duplicate_bound(faults: Sequence[Fault], relays: int, batch_size: int) -> int:
+    """Copies beyond the first a run may publish: a relay fault can repeat what
+    that relay had in flight; a broker or database restart what every relay had."""
+    bound = 0
+    for fault in faults:
+        if fault.kind in ("relay_kill", "relay_stop"):
+            bound += IN_FLIGHT * batch_size
+        elif fault.kind in ("rabbitmq_restart", "postgres_restart"):
+            bound += relays * IN_FLIGHT * batch_size
+    return bound
+
+
+def checks(faults: Sequence[Fault], relays: int, batch_size: int) -> list[Check]:
+    o, h, r, b, g = db.ORDER, db.HANDLED, db.ROLLED_BACK, db.BROKER, db.REGRESSION
+    outbox = db.OUTBOX
+    duplicates = int(db.value(f"SELECT coalesce(sum(copies - 1), 0) FROM {b}"))
+    return [
+        Check(
+            "lost (committed, never handled)",
+            db.value(
+                f"SELECT count(*) FROM {o} WHERE NOT EXISTS "
+                f"(SELECT 1 FROM {h} WHERE {h}.event_id = {o}.event_id)"
+            ),
+            0,
+        ),
+        Check(
+            "duplicates handled",
+            db.value(f"SELECT count(*) - count(DISTINCT event_id) FROM {h}"),
+            0,
+        ),
+        Check(
+            "handled without a committed order",
+            db.value(
+                f"SELECT count(DISTINCT event_id) FROM {h} WHERE NOT EXISTS "
+                f"(SELECT 1 FROM {o} WHERE {o}.event_id = {h}.event_id)"
+            ),
+            0,
+        ),
+        Check(
+            "rolled-back events at the broker",
+            db.value(f"SELECT count(*) FROM {r} JOIN {b} USING (event_id)"),
+            0,
+        ),
+        Check(
+            "rolled-back events in the outbox",
+            db.value(f"SELECT count(*) FROM {r} JOIN {outbox} USING (event_id)"),
+            0,
+        ),
+        Check(
+            "committed events never at the broker",
+            db.value(
+                f"SELECT count(*) FROM {o} WHERE NOT EXISTS "
+                f"(SELECT 1 FROM {b} WHERE {b}.event_id = {o}.event_id)"
+            ),
+            0,
+        ),
+        Check(
+            "outbox rows without their order",
+            db.value(
+                f"SELECT count(*) FROM {outbox} WHERE NOT EXISTS "
+                f"(SELECT 1 FROM {o} WHERE {o}.event_id = {outbox}.event_id)"
+            ),
+            0,
+        ),
+        Check(
+            "outbox rows not PUBLISHED (processing, due, abandoned)",
+            db.value(f"SELECT count(*) FROM {outbox} WHERE status <> 'published'"),
+            0,
+        ),
+        Check("PUBLISHED rows set back (trigger)", db.value(f"SELECT count(*) FROM {g}"), 0),
+        Check(
+            "duplicates at the broker",
+            duplicates,
+            duplicate_bound(faults, relays, batch_size),
+            "bound: in-flight batches x batch size x faults",
+        ),
+    ]
+
+
+def totals() -> dict[str, int]:
+    o, h, r, b = db.ORDER, db.HANDLED, db.ROLLED_BACK, db.BROKER
+    committed, handled = db.rows(
+        f"SELECT (SELECT count(*) FROM {o}), (SELECT count(DISTINCT event_id) FROM {h})"
+    )[0]
+    kinds = dict(db.rows(f"SELECT kind, count(*) FROM {r} GROUP BY kind"))
+    published = db.value(f"SELECT coalesce(sum(copies), 0) FROM {b}")
+    return {
+        "committed": committed,
+        "rolled_back_transaction": kinds.get("transaction", 0),
+        "rolled_back_savepoint": kinds.get("savepoint", 0),
+        "delivered": handled,
+        "broker_messages": published,
+    }
+
+
+def killed_relay_duplicates(faults: Sequence[Fault]) -> list[tuple[int, int]]:
+    """For each relay fault: (rows the relay held, of them published more than once)."""
+    found = []
+    for fault in faults:
+        if fault.kind in ("relay_kill", "relay_stop"):
+            again = db.value(
+                f"SELECT count(*) FROM {db.OUTBOX} JOIN {db.BROKER} USING (event_id) "
+                f"WHERE {db.OUTBOX}.id = ANY(%s) AND copies > 1",
+                [fault.held_ids],
+            )
+            found.append((len(fault.held_ids), int(again)))
+    return found
+
+
+def report(
+    *,
+    profile: str,
+    seed: int,
+    seconds: float,
+    faults: Sequence[Fault],
+    counted: dict[str, int],
+    results: list[Check],
+) -> str:
+    def row(label: str, value: Any, note: str = "") -> str:
+        number = f"{value:,}" if isinstance(value, int) else str(value)
+        return f"{label:<56}{number:>10}   {note}".rstrip()
+
+    out = [
+        f"chaos profile {profile}, seed {seed}: {seconds:.0f}s, {len(faults)} faults",
+        row("events committed", counted["committed"]),
+        row(
+            "events rolled back (transaction / savepoint)",
+            f"{counted['rolled_back_transaction']:,} / {counted['rolled_back_savepoint']:,}",
+        ),
+        row("events delivered (handled by the consumer)", counted["delivered"]),
+        row("messages RabbitMQ received", counted["broker_messages"]),
+    ]
+    for check in results:
+        if check.limit:
+            verdict = f"{'ok' if check.ok else 'FAIL'} (<= {check.limit:,}; {check.note})"
+        else:
+            verdict = "ok" if check.ok else "FAIL (must be 0)"
+        out.append(row(check.name, check.value, verdict))
+    by_kind: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    for fault in faults:
+        by_kind[fault.kind].append(fault.recovery)
+    out.append(f"{'fault':<20}{'count':>6}{'recovery min':>14}{'median':>9}{'max':>9}  (s)")
+    for kind, times in by_kind.items():
+        if times:
+            out.append(
+                f"{kind:<20}{len(times):>6}{min(times):>14.1f}"
+                f"{statistics.median(times):>9.1f}{max(times):>9.1f}"
+            )
+        else:
+            out.append(f"{kind:<20}{0:>6}")
+    return "\n".join(out)

@@ -1,0 +1,94 @@
+"""The runner's SQL: queries that ride out the PostgreSQL restarts the suite causes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.db import DatabaseError, connection
+
+from django_outbox.models import InboxMessage, OutboxMessage
+
+from .models import BrokerCopy, Handled, Order, Regression, RolledBack
+
+OUTBOX = OutboxMessage._meta.db_table
+INBOX = InboxMessage._meta.db_table
+ORDER = Order._meta.db_table
+HANDLED = Handled._meta.db_table
+ROLLED_BACK = RolledBack._meta.db_table
+BROKER = BrokerCopy._meta.db_table
+REGRESSION = Regression._meta.db_table
+RETRY_FOR = 120.0
+
+
+def rows(sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+    """Run ``sql`` in autocommit; on a database error reconnect and try again, for up
+    to two minutes (the injector restarts PostgreSQL under the runner too)."""
+    deadline = time.monotonic() + RETRY_FOR
+    while True:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                return cursor.fetchall() if cursor.description else []
+        except DatabaseError:
+            connection.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def value(sql: str, params: Any = ()) -> Any:
+    (row,) = rows(sql, params)
+    return row[0]
+
+
+def unhandled(up_to: int) -> int:
+    """Committed orders up to id ``up_to`` whose event the consumer has not handled."""
+    return int(
+        value(
+            f"SELECT count(*) FROM {ORDER} o WHERE o.id <= %s AND NOT EXISTS "
+            f"(SELECT 1 FROM {HANDLED} h WHERE h.event_id = o.event_id)",
+            [up_to],
+        )
+    )
+
+
+def last_order() -> int:
+    return int(value(f"SELECT coalesce(max(id), 0) FROM {ORDER}"))
+
+
+def held(worker: str) -> tuple[list[int], int]:
+    """The rows ``worker`` holds PROCESSING, and how many of them the consumer has
+    already handled (published, not yet finalized)."""
+    found = rows(
+        f"SELECT o.id, EXISTS (SELECT 1 FROM {HANDLED} h WHERE h.event_id = o.event_id) "
+        f"FROM {OUTBOX} o WHERE o.status = 'processing' AND o.locked_by = %s",
+        [worker],
+    )
+    return [row[0] for row in found], sum(1 for row in found if row[1])
+
+
+def still_held(ids: list[int], worker: str) -> int:
+    return int(
+        value(
+            f"SELECT count(*) FROM {OUTBOX} WHERE id = ANY(%s) AND status = 'processing' "
+            "AND locked_by = %s",
+            [ids, worker],
+        )
+    )
+
+
+def backend_state(application_name: str) -> str | None:
+    """The ``pg_stat_activity`` state of the process's connection (None: no connection)."""
+    found = rows(
+        "SELECT state FROM pg_stat_activity WHERE application_name = %s AND datname = "
+        "current_database() ORDER BY state = 'idle'",
+        [application_name],
+    )
+    return found[0][0] if found else None
+
+
+def settled() -> bool:
+    """Every outbox row PUBLISHED and every committed order handled."""
+    open_rows = value(f"SELECT count(*) FROM {OUTBOX} WHERE status <> 'published'")
+    return open_rows == 0 and unhandled(last_order()) == 0

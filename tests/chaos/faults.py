@@ -1,0 +1,231 @@
+"""The fault injector: one method per kind of fault, each returning what it saw.
+
+Faults are injected one at a time. Each waits for the system to recover before
+the next: recovery is the time from the fault until every order committed before
+it ended has been handled by the consumer. A fault that does not recover within
+``recovery_timeout`` fails the run.
+
+Kills are aimed. The injector freezes the process (SIGSTOP), looks at what it
+holds (outbox rows under its lease; for the consumer, its transaction in
+``pg_stat_activity``), and either kills it there or lets it go on (SIGCONT) and
+tries again. So the facts logged are what the process held when it died.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import signal
+import time
+from collections.abc import Callable
+
+from tests.services import Services
+
+from . import database as db
+from .logs import lease_lost_rows, lines
+from .processes import Proc
+
+KINDS = ("relay_kill", "relay_stop", "rabbitmq_restart", "postgres_restart", "consumer_kill")
+POLL = 0.005  # seconds between looks at the outbox while aiming a relay fault
+MAX_TRIES = 50  # freezes of a process before a fault lands wherever it is
+
+
+class NotRecovered(Exception):
+    """The system did not recover from a fault in time: the run fails."""
+
+
+@dataclasses.dataclass
+class Fault:
+    kind: str
+    target: str
+    at: float  # seconds since the run started
+    recovery: float
+    facts: str
+    held_ids: list[int] = dataclasses.field(default_factory=list)  # relay faults
+
+    def line(self) -> str:
+        return (
+            f"[{self.at:7.1f}s] {self.kind:<17} {self.target:<9} "
+            f"recovered in {self.recovery:5.1f}s: {self.facts}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Done:
+    """What a fault method did: to whom, when it ended, how to describe it once the
+    system recovered, and the rows a relay held when signalled."""
+
+    target: str
+    ended: float
+    facts: Callable[[], str]
+    held_ids: list[int] = dataclasses.field(default_factory=list)
+
+
+class Injector:
+    def __init__(
+        self,
+        *,
+        relays: list[Proc],
+        consumer: Proc,
+        services: Services,
+        rng: random.Random,
+        lease: float,
+        started: float,
+    ) -> None:
+        self.relays = relays
+        self.consumer = consumer
+        self.services = services
+        self.rng = rng
+        self.lease = lease
+        self.started = started
+        self.recovery_timeout = 4 * lease + 90
+        self._kills = 0
+
+    def inject(self, kind: str) -> Fault:
+        method: Callable[[], Done] = getattr(self, kind)
+        at = time.monotonic()
+        done = method()
+        recovery = self._recovered(at, done.ended)
+        return Fault(kind, done.target, at - self.started, recovery, done.facts(), done.held_ids)
+
+    def _recovered(self, at: float, ended: float) -> float:
+        """Wait until the orders committed before ``ended`` are all handled."""
+        mark = db.last_order()
+        deadline = ended + self.recovery_timeout
+        while db.unhandled(mark):
+            if time.monotonic() > deadline:
+                raise NotRecovered(
+                    f"{db.unhandled(mark)} committed orders still unhandled "
+                    f"{self.recovery_timeout:.0f}s after the fault"
+                )
+            time.sleep(0.2)
+        return time.monotonic() - at
+
+    # -- the faults ---------------------------------------------------------------
+
+    def relay_kill(self) -> Done:
+        """SIGKILL a relay holding a claim: every other kill while it holds rows it has
+        published (the consumer handled them) but not yet finalized."""
+        relay = self.rng.choice(self.relays)
+        pid = relay.pid
+        self._kills += 1
+        tries, ids, handled = self._freeze(relay, published=self._kills % 2 == 1)
+        relay.kill()  # SIGKILL ends a stopped process too
+        relay.restart()
+        if handled:
+            moment = (
+                f"between publish and finalize: it held {len(ids)} rows, {handled} of them "
+                "already handled by the consumer"
+            )
+        elif ids:
+            moment = f"while it held a claim of {len(ids)} rows the consumer had not seen"
+        else:
+            moment = "while it held no claim"
+        facts = f"SIGKILL pid {pid} {moment} (try {tries}); restarted as pid {relay.pid}"
+        return Done(relay.role, time.monotonic(), lambda: facts, ids)
+
+    def relay_stop(self) -> Done:
+        """SIGSTOP a relay holding a claim, until another relay has taken all of it
+        over (its lease expired), then SIGCONT it: a zombie that must write nothing."""
+        relay = self.rng.choice(self.relays)
+        worker, log = relay.worker, relay.log
+        lost_before = lease_lost_rows(log)
+        tries, ids, _ = self._freeze(relay, published=False)
+        stopped_at = time.monotonic()
+        deadline = stopped_at + 3 * self.lease + 60
+        while ids and db.still_held(ids, worker):
+            if time.monotonic() > deadline:
+                relay.signal(signal.SIGCONT)
+                raise NotRecovered(f"no relay took over {relay.role}'s rows while it was stopped")
+            time.sleep(0.1)
+        taken_over = time.monotonic() - stopped_at
+        time.sleep(0.5)
+        relay.signal(signal.SIGCONT)
+        stopped_for = time.monotonic() - stopped_at
+        # The zombie finds out when it finalizes: it must report every row as lost.
+        deadline = time.monotonic() + 30
+        while lease_lost_rows(log) - lost_before < len(ids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        reported = lease_lost_rows(log) - lost_before
+        facts = (
+            f"SIGSTOP pid {relay.pid} holding {len(ids)} rows (try {tries}) for {stopped_for:.1f}s "
+            f"(lease {self.lease:g}s); the other relays had taken all of them over after "
+            f"{taken_over:.1f}s; after SIGCONT it logged outbox.lease_lost for {reported} rows"
+        )
+        return Done(relay.role, time.monotonic(), lambda: facts, ids)
+
+    def rabbitmq_restart(self) -> Done:
+        ended, facts = self._outage("rabbitmq", "outbox.broker_down", "outbox.broker_up")
+        return Done("rabbitmq", ended, facts)
+
+    def postgres_restart(self) -> Done:
+        # scripts/services stops PostgreSQL with SIGINT: a fast shutdown.
+        ended, facts = self._outage("postgres", "outbox.database_down", "outbox.database_up")
+        return Done("postgres", ended, facts)
+
+    def consumer_kill(self) -> Done:
+        """SIGKILL the consumer while its handler's transaction is open: it is frozen
+        (SIGSTOP) until ``pg_stat_activity`` shows its connection in a transaction."""
+        pid = self.consumer.pid
+        state = None
+        for tries in range(1, MAX_TRIES + 1):
+            self.consumer.signal(signal.SIGSTOP)
+            state = db.backend_state(self.consumer.role)
+            if state in ("idle in transaction", "active") or tries == MAX_TRIES:
+                break
+            self.consumer.signal(signal.SIGCONT)
+            time.sleep(self.rng.uniform(0, 0.05))
+        self.consumer.kill()
+        self.consumer.restart()
+        facts = (
+            f"SIGKILL pid {pid} frozen with its database connection {state!r} (try {tries}; "
+            f"'idle in transaction' or 'active' is mid-handler); restarted as pid "
+            f"{self.consumer.pid}"
+        )
+        return Done(self.consumer.role, time.monotonic(), lambda: facts)
+
+    # -- helpers --------------------------------------------------------------------
+
+    def _freeze(self, relay: Proc, *, published: bool) -> tuple[int, list[int], int]:
+        """SIGSTOP ``relay`` at a moment it holds a claim (with ``published``: rows the
+        consumer has already handled), trying up to MAX_TRIES times; it is left
+        stopped. Returns the tries, the rows it holds and how many were handled."""
+        worker = relay.worker
+        ids: list[int] = []
+        handled = 0
+        for tries in range(1, MAX_TRIES + 1):
+            deadline = time.monotonic() + 10
+            while not db.held(worker)[0] and time.monotonic() < deadline:
+                time.sleep(POLL)
+            relay.signal(signal.SIGSTOP)
+            time.sleep(0.05)  # the consumer catches up with what the relay published
+            ids, handled = db.held(worker)
+            if (handled if published else ids) or tries == MAX_TRIES:
+                break
+            relay.signal(signal.SIGCONT)
+        return tries, ids, handled
+
+    def _outage(self, service: str, down: str, up: str) -> tuple[float, Callable[[], str]]:
+        """Restart ``service``; returns when it ended, and how to describe (once the
+        system recovered) which processes logged the outage and the recovery."""
+        watched = [*self.relays, self.consumer]
+        before = {
+            proc.role: (len(lines(proc.log, down)), len(lines(proc.log, up))) for proc in watched
+        }
+        began = time.monotonic()
+        self.services.run("restart", service)
+        ended = time.monotonic()
+
+        def facts() -> str:
+            seen = []
+            for proc in watched:
+                was_down, was_up = before[proc.role]
+                downs = len(lines(proc.log, down)) - was_down
+                ups = len(lines(proc.log, up)) - was_up
+                seen.append(f"{proc.role} {downs}/{ups}")
+            return (
+                f"{service} stopped and started in {ended - began:.1f}s; "
+                f"{down}/{up} lines: {', '.join(seen)}"
+            )
+
+        return ended, facts

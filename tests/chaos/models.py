@@ -1,0 +1,70 @@
+"""The chaos suite's tables: the business rows, what the consumer handled, and the
+events rolled back on purpose. None has a unique constraint on ``event_id``, so
+that a duplicate shows up in the audit instead of being stopped by an index."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Order(models.Model):
+    """A business row; committed with its one event, or not at all."""
+
+    producer = models.PositiveSmallIntegerField()
+    event_id = models.UUIDField(db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"order {self.pk}"
+
+
+class Handled(models.Model):
+    """One row per run of the consumer's handler (written inside the inbox's transaction)."""
+
+    event_id = models.UUIDField(db_index=True)
+    pid = models.IntegerField()
+    handled_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"handled {self.event_id}"
+
+
+class RolledBack(models.Model):
+    """An event staged and then rolled back on purpose (written after the rollback)."""
+
+    class Kind(models.TextChoices):
+        TRANSACTION = "transaction"
+        SAVEPOINT = "savepoint"
+
+    event_id = models.UUIDField()
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+
+    def __str__(self) -> str:
+        return f"rolled back ({self.kind}) {self.event_id}"
+
+
+class BrokerCopy(models.Model):
+    """How many copies of an event RabbitMQ received: filled at the end of a run from
+    the tap queue, which is bound beside the consumer's queue and read by no one
+    while the run lasts."""
+
+    event_id = models.UUIDField(primary_key=True)
+    copies = models.PositiveIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.event_id} x{self.copies}"
+
+
+class Regression(models.Model):
+    """A PUBLISHED outbox row set back to another state: written by a trigger the
+    chaos migration puts on the outbox table. Nothing but an operator's requeue may
+    do that (the chaos suite requeues nothing), so any row here is a relay bug."""
+
+    event_id = models.UUIDField()
+    old_status = models.CharField(max_length=20)
+    new_status = models.CharField(max_length=20)
+    locked_by = models.CharField(max_length=255)
+    at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.event_id}: {self.old_status} -> {self.new_status}"

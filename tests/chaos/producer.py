@@ -1,0 +1,151 @@
+"""A chaos producer: commits business rows with their events until SIGTERM.
+
+    python -m tests.chaos.producer --index N --seed S --rate EVENTS_PER_S --destination D
+
+Each transaction stages one event (``stage``), a few, or a burst (``stage_many``),
+with one ``Order`` per event. About 10% of transactions roll back after staging,
+and about 5% roll back a savepoint holding one more order and event; the ids of
+rolled-back events are written to ``RolledBack`` after the rollback. A database
+outage (the fault injector restarts PostgreSQL) is waited out: the transaction in
+hand is simply lost or committed, and the business table says which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import sys
+import threading
+import time
+
+import django
+
+ROLLBACK_RATE = 0.10
+SAVEPOINT_RATE = 0.05
+
+
+class Rollback(Exception):
+    """Raised on purpose to roll a block back."""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--rate", type=float, required=True)
+    parser.add_argument("--destination", required=True)
+    args = parser.parse_args()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.chaos.settings")
+    django.setup()
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    producer = Producer(args.index, random.Random(args.seed * 1000 + args.index), args.destination)
+    started = time.monotonic()
+    while not stop.is_set():
+        staged = producer.run_one()
+        # Pace to the rate on average; bursts are followed by a longer pause.
+        behind = producer.events / args.rate - (time.monotonic() - started)
+        stop.wait(max(0.0, behind) if staged else 0.5)
+    print(producer.summary(), flush=True)
+    return 0
+
+
+class Producer:
+    def __init__(self, index: int, rng: random.Random, destination: str) -> None:
+        self.index = index
+        self.rng = rng
+        self.destination = destination
+        self.events = self.committed = self.rolled_back = self.outages = 0
+
+    def run_one(self) -> bool:
+        """One transaction; False when the database was unreachable."""
+        from django.db import DatabaseError, connection
+
+        try:
+            self._transaction()
+        except DatabaseError as exc:
+            self.outages += 1
+            print(f"database error, waiting: {exc}".splitlines()[0], file=sys.stderr, flush=True)
+            connection.close()
+            return False
+        return True
+
+    def _size(self) -> int:
+        draw = self.rng.random()
+        if draw < 0.5:
+            return 1
+        if draw < 0.95:
+            return self.rng.randint(2, 20)
+        return self.rng.randint(100, 300)  # a burst: relays fall behind and claim full batches
+
+    def _transaction(self) -> None:
+        from django.db import transaction
+
+        from .models import RolledBack
+
+        size = self._size()
+        rollback = self.rng.random() < ROLLBACK_RATE
+        savepoint = self.rng.random() < SAVEPOINT_RATE
+        staged: list[str] = []
+        undone: list[str] = []
+        try:
+            with transaction.atomic():
+                staged = self._stage(size)
+                if savepoint:
+                    try:
+                        with transaction.atomic():
+                            undone = self._stage(1)
+                            raise Rollback
+                    except Rollback:
+                        pass
+                if rollback:
+                    raise Rollback
+        except Rollback:
+            undone_kinds = [(e, RolledBack.Kind.SAVEPOINT) for e in undone]
+            undone_kinds += [(e, RolledBack.Kind.TRANSACTION) for e in staged]
+            RolledBack.objects.bulk_create(
+                RolledBack(event_id=e, kind=kind) for e, kind in undone_kinds
+            )
+            self.rolled_back += len(undone_kinds)
+        else:
+            if undone:
+                RolledBack.objects.bulk_create(
+                    RolledBack(event_id=e, kind=RolledBack.Kind.SAVEPOINT) for e in undone
+                )
+                self.rolled_back += len(undone)
+            self.committed += len(staged)
+        self.events += size
+
+    def _stage(self, size: int) -> list[str]:
+        """Stage ``size`` events and their orders in the current transaction."""
+        from django_outbox import stage, stage_many
+
+        from .models import Order
+
+        def payload(n: int) -> dict[str, int]:
+            return {"producer": self.index, "n": self.events + n}
+
+        to = self.destination
+        if size == 1:
+            rows = [stage("chaos.order", payload(0), destination=to)]
+        else:
+            rows = stage_many(
+                {"event_type": "chaos.order", "payload": payload(n), "destination": to}
+                for n in range(size)
+            )
+        Order.objects.bulk_create(Order(producer=self.index, event_id=row.event_id) for row in rows)
+        return [str(row.event_id) for row in rows]
+
+    def summary(self) -> str:
+        return (
+            f"producer {self.index}: committed {self.committed} events, rolled back "
+            f"{self.rolled_back}, database outages {self.outages}"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Django settings of every chaos process: the runner, producers, relays, the consumer.
+
+``CHAOS_DATABASE_URL`` is the suite's own database (created afresh by the runner),
+``OUTBOX_BROKER_URL`` its RabbitMQ. ``CHAOS_ROLE`` names the process (``relay-1``,
+``consumer`` ...): it is the PostgreSQL ``application_name``, so the fault injector
+can see in ``pg_stat_activity`` what a process is doing, and it leads each log line.
+"""
+
+from __future__ import annotations
+
+import os
+
+import environ
+
+env = environ.Env()
+
+SECRET_KEY = "chaos-only-not-secret"
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEBUG = False
+INSTALLED_APPS = ["django_outbox", "tests.chaos"]
+DATABASES = {
+    "default": {
+        **env.db("CHAOS_DATABASE_URL", default="postgres://postgres@127.0.0.1:55432/outbox_chaos"),
+        "CONN_MAX_AGE": None,  # daemons keep their connection between idle spells
+        "OPTIONS": {"application_name": os.environ.get("CHAOS_ROLE", "chaos")},
+    }
+}
+#: The knobs are the runner's (its profile), passed as JSON: a short lease so that a
+#: killed relay's rows come back within seconds, quick retries, and room for many
+#: failed attempts, so that a long broker outage cannot exhaust MAX_ATTEMPTS.
+OUTBOX = {
+    "BROKER_URL": env("OUTBOX_BROKER_URL", default="amqp://guest:guest@127.0.0.1:55672//"),
+    "DEFAULT_EXCHANGE": "chaos",
+    **env.json("CHAOS_OUTBOX", default={}),
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"action": {"()": "tests.chaos.logs.ActionFilter"}},
+    "formatters": {
+        "line": {
+            "format": "%(asctime)s %(role)s pid=%(process)d %(levelname)s [%(action)s] %(message)s"
+        }
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "line", "filters": ["action"]}
+    },
+    "loggers": {"django_outbox": {"handlers": ["console"], "level": "INFO"}},
+}
