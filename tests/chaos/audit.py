@@ -91,7 +91,7 @@ def duplicate_bound(faults: Sequence[Fault], relays: int, batch_size: int) -> in
 
 
 def checks(faults: Sequence[Fault], relays: int, batch_size: int) -> list[Check]:
-    o, h, r, b, g = db.ORDER, db.HANDLED, db.ROLLED_BACK, db.BROKER, db.REGRESSION
+    o, h, r, b, v = db.ORDER, db.HANDLED, db.ROLLED_BACK, db.BROKER, db.VIOLATION
     outbox = db.OUTBOX
     duplicates = int(db.value(f"SELECT coalesce(sum(copies - 1), 0) FROM {b}"))
     return [
@@ -147,7 +147,21 @@ def checks(faults: Sequence[Fault], relays: int, batch_size: int) -> list[Check]
             db.value(f"SELECT count(*) FROM {outbox} WHERE status <> 'published'"),
             0,
         ),
-        Check("PUBLISHED rows set back (trigger)", db.value(f"SELECT count(*) FROM {g}"), 0),
+        Check(
+            "PUBLISHED rows set back (trigger)",
+            db.value(f"SELECT count(*) FROM {v} WHERE kind = 'set_back'"),
+            0,
+        ),
+        Check(
+            "rows finalized by a relay not holding their lease (trigger)",
+            db.value(f"SELECT count(*) FROM {v} WHERE kind = 'stale_write'"),
+            0,
+        ),
+        Check(
+            "zombie relays' rows taken over, not reported lease_lost",
+            sum(fault.unreported for fault in faults),
+            0,
+        ),
         Check(
             "duplicates at the broker",
             duplicates,
@@ -198,7 +212,7 @@ def report(
 ) -> str:
     def row(label: str, value: Any, note: str = "") -> str:
         number = f"{value:,}" if isinstance(value, int) else str(value)
-        return f"{label:<56}{number:>10}   {note}".rstrip()
+        return f"{label:<62}{number:>10}   {note}".rstrip()
 
     out = [
         f"chaos profile {profile}, seed {seed}: {seconds:.0f}s, {len(faults)} faults",

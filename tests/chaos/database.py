@@ -9,7 +9,7 @@ from django.db import DatabaseError, connection
 
 from django_outbox.models import InboxMessage, OutboxMessage
 
-from .models import BrokerCopy, Handled, Order, Regression, RolledBack
+from .models import BrokerCopy, Handled, Order, RolledBack, Violation
 
 OUTBOX = OutboxMessage._meta.db_table
 INBOX = InboxMessage._meta.db_table
@@ -17,7 +17,7 @@ ORDER = Order._meta.db_table
 HANDLED = Handled._meta.db_table
 ROLLED_BACK = RolledBack._meta.db_table
 BROKER = BrokerCopy._meta.db_table
-REGRESSION = Regression._meta.db_table
+VIOLATION = Violation._meta.db_table
 RETRY_FOR = 120.0
 
 

@@ -42,6 +42,7 @@ class Fault:
     recovery: float
     facts: str
     held_ids: list[int] = dataclasses.field(default_factory=list)  # relay faults
+    unreported: int = 0  # a zombie's rows taken over that it did not report as lost
 
     def line(self) -> str:
         return (
@@ -59,6 +60,7 @@ class Done:
     ended: float
     facts: Callable[[], str]
     held_ids: list[int] = dataclasses.field(default_factory=list)
+    unreported: int = 0
 
 
 class Injector:
@@ -86,7 +88,15 @@ class Injector:
         at = time.monotonic()
         done = method()
         recovery = self._recovered(at, done.ended)
-        return Fault(kind, done.target, at - self.started, recovery, done.facts(), done.held_ids)
+        return Fault(
+            kind,
+            done.target,
+            at - self.started,
+            recovery,
+            done.facts(),
+            done.held_ids,
+            done.unreported,
+        )
 
     def _recovered(self, at: float, ended: float) -> float:
         """Wait until the orders committed before ``ended`` are all handled."""
@@ -152,7 +162,8 @@ class Injector:
             f"(lease {self.lease:g}s); the other relays had taken all of them over after "
             f"{taken_over:.1f}s; after SIGCONT it logged outbox.lease_lost for {reported} rows"
         )
-        return Done(relay.role, time.monotonic(), lambda: facts, ids)
+        unreported = max(0, len(ids) - reported)
+        return Done(relay.role, time.monotonic(), lambda: facts, ids, unreported)
 
     def rabbitmq_restart(self) -> Done:
         ended, facts = self._outage("rabbitmq", "outbox.broker_down", "outbox.broker_up")
@@ -170,7 +181,7 @@ class Injector:
         state = None
         for tries in range(1, MAX_TRIES + 1):
             self.consumer.signal(signal.SIGSTOP)
-            state = db.backend_state(self.consumer.role)
+            state = db.backend_state(self.consumer.application_name)
             if state in ("idle in transaction", "active") or tries == MAX_TRIES:
                 break
             self.consumer.signal(signal.SIGCONT)
@@ -216,13 +227,22 @@ class Injector:
         self.services.run("restart", service)
         ended = time.monotonic()
 
+        def changes() -> dict[str, tuple[int, int]]:
+            """Each process's new (down, up) lines since the restart."""
+            return {
+                proc.role: (
+                    len(lines(proc.log, down)) - before[proc.role][0],
+                    len(lines(proc.log, up)) - before[proc.role][1],
+                )
+                for proc in watched
+            }
+
         def facts() -> str:
-            seen = []
-            for proc in watched:
-                was_down, was_up = before[proc.role]
-                downs = len(lines(proc.log, down)) - was_down
-                ups = len(lines(proc.log, up)) - was_up
-                seen.append(f"{proc.role} {downs}/{ups}")
+            # A process backing off may log its recovery after the events flow again.
+            deadline = time.monotonic() + 60
+            while any(d > u for d, u in changes().values()) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            seen = [f"{role} {d}/{u}" for role, (d, u) in changes().items()]
             return (
                 f"{service} stopped and started in {ended - began:.1f}s; "
                 f"{down}/{up} lines: {', '.join(seen)}"

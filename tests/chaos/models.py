@@ -55,16 +55,23 @@ class BrokerCopy(models.Model):
         return f"{self.event_id} x{self.copies}"
 
 
-class Regression(models.Model):
-    """A PUBLISHED outbox row set back to another state: written by a trigger the
-    chaos migration puts on the outbox table. Nothing but an operator's requeue may
-    do that (the chaos suite requeues nothing), so any row here is a relay bug."""
+class Violation(models.Model):
+    """A write to the outbox that breaks the relay's rules, recorded by triggers the
+    chaos migration puts on the outbox table:
 
+    * ``set_back``: a PUBLISHED row put back into another state (only an operator's
+      requeue may do that, and the chaos suite requeues nothing);
+    * ``stale_write``: a relay finalizing a row leased to another relay (the lease
+      token exists to stop exactly that).
+    """
+
+    kind = models.CharField(max_length=20)
     event_id = models.UUIDField()
     old_status = models.CharField(max_length=20)
     new_status = models.CharField(max_length=20)
-    locked_by = models.CharField(max_length=255)
+    locked_by = models.CharField(max_length=255)  # the row's lease holder before the write
+    writer = models.CharField(max_length=255)  # the application_name of the writing process
     at = models.DateTimeField()
 
     def __str__(self) -> str:
-        return f"{self.event_id}: {self.old_status} -> {self.new_status}"
+        return f"{self.kind} {self.event_id}: {self.old_status} -> {self.new_status}"

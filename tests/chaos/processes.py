@@ -35,6 +35,11 @@ class Proc:
         return self.process.pid
 
     @property
+    def application_name(self) -> str:
+        """Its database connections' ``application_name`` (see tests.chaos.settings)."""
+        return f"{self.role} {self.pid}"
+
+    @property
     def worker(self) -> str:
         """The relay's ``locked_by``: ``host:pid``, as the relay names itself."""
         return f"{HOST}:{self.pid}"

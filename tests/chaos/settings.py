@@ -2,8 +2,10 @@
 
 ``CHAOS_DATABASE_URL`` is the suite's own database (created afresh by the runner),
 ``OUTBOX_BROKER_URL`` its RabbitMQ. ``CHAOS_ROLE`` names the process (``relay-1``,
-``consumer`` ...): it is the PostgreSQL ``application_name``, so the fault injector
-can see in ``pg_stat_activity`` what a process is doing, and it leads each log line.
+``consumer`` ...) and leads each log line. With the pid it makes the PostgreSQL
+``application_name`` (``relay-1 4242``), so the fault injector sees in
+``pg_stat_activity`` what a process is doing, and the outbox triggers know which
+process wrote a row.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ DATABASES = {
     "default": {
         **env.db("CHAOS_DATABASE_URL", default="postgres://postgres@127.0.0.1:55432/outbox_chaos"),
         "CONN_MAX_AGE": None,  # daemons keep their connection between idle spells
-        "OPTIONS": {"application_name": os.environ.get("CHAOS_ROLE", "chaos")},
+        "OPTIONS": {"application_name": f"{os.environ.get('CHAOS_ROLE', 'chaos')} {os.getpid()}"},
     }
 }
 #: The knobs are the runner's (its profile), passed as JSON: a short lease so that a
