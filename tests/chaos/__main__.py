@@ -223,8 +223,8 @@ class Run:
             + ", ".join(f"{role} {code}" for role, code in exits.items()),
             flush=True,
         )
-        for held, again in audit.killed_relay_duplicates(faults):
-            print(f"chaos: a relay fault held {held} rows; {again} were published twice")
+        for line in audit.relay_fault_copies(faults):
+            print(f"chaos: {line}")
         text = audit.report(
             profile=self.name,
             seed=self.seed,

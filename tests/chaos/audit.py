@@ -187,8 +187,10 @@ def totals() -> dict[str, int]:
     }
 
 
-def killed_relay_duplicates(faults: Sequence[Fault]) -> list[tuple[int, int]]:
-    """For each relay fault: (rows the relay held, of them published more than once)."""
+def relay_fault_copies(faults: Sequence[Fault]) -> list[str]:
+    """For each relay fault, how many of the rows the relay held reached RabbitMQ
+    more than once (published before the fault, and again by the relay that took
+    them over)."""
     found = []
     for fault in faults:
         if fault.kind in ("relay_kill", "relay_stop"):
@@ -197,7 +199,10 @@ def killed_relay_duplicates(faults: Sequence[Fault]) -> list[tuple[int, int]]:
                 f"WHERE {db.OUTBOX}.id = ANY(%s) AND copies > 1",
                 [fault.held_ids],
             )
-            found.append((len(fault.held_ids), int(again)))
+            found.append(
+                f"{fault.kind} of {fault.target} at {fault.at:.1f}s: of the "
+                f"{len(fault.held_ids)} rows it held, {again} reached RabbitMQ twice or more"
+            )
     return found
 
 
