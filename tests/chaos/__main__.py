@@ -20,7 +20,7 @@ import time
 
 from tests.services import REPO, Services, drop_database, recreate_database
 
-from .processes import Proc, manage, module, worker_env
+from .processes import HOST, Proc, manage, module, worker_env
 
 DATABASE = "outbox_chaos"
 
@@ -223,7 +223,8 @@ class Run:
             + ", ".join(f"{role} {code}" for role, code in exits.items()),
             flush=True,
         )
-        for line in audit.relay_fault_copies(faults):
+        workers = {f"{HOST}:{pid}": f"{r.role} (pid {pid})" for r in relays for pid in r.pids}
+        for line in audit.relay_fault_copies(faults, workers):
             print(f"chaos: {line}")
         text = audit.report(
             profile=self.name,

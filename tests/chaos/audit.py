@@ -187,22 +187,29 @@ def totals() -> dict[str, int]:
     }
 
 
-def relay_fault_copies(faults: Sequence[Fault]) -> list[str]:
-    """For each relay fault, how many of the rows the relay held reached RabbitMQ
-    more than once (published before the fault, and again by the relay that took
-    them over)."""
+def relay_fault_copies(faults: Sequence[Fault], workers: dict[str, str]) -> list[str]:
+    """For each relay fault: which relays published the rows the faulted relay held
+    (the rows' final ``locked_by``, named through ``workers``), and how many of them
+    reached RabbitMQ more than once (published before the fault and again after)."""
     found = []
     for fault in faults:
-        if fault.kind in ("relay_kill", "relay_stop"):
-            again = db.value(
-                f"SELECT count(*) FROM {db.OUTBOX} JOIN {db.BROKER} USING (event_id) "
-                f"WHERE {db.OUTBOX}.id = ANY(%s) AND copies > 1",
-                [fault.held_ids],
-            )
-            found.append(
-                f"{fault.kind} of {fault.target} at {fault.at:.1f}s: of the "
-                f"{len(fault.held_ids)} rows it held, {again} reached RabbitMQ twice or more"
-            )
+        if fault.kind not in ("relay_kill", "relay_stop"):
+            continue
+        again = db.value(
+            f"SELECT count(*) FROM {db.OUTBOX} JOIN {db.BROKER} USING (event_id) "
+            f"WHERE {db.OUTBOX}.id = ANY(%s) AND copies > 1",
+            [fault.held_ids],
+        )
+        by = db.rows(
+            f"SELECT locked_by, count(*) FROM {db.OUTBOX} WHERE id = ANY(%s) "
+            "GROUP BY locked_by ORDER BY 2 DESC",
+            [fault.held_ids],
+        )
+        published_by = ", ".join(f"{workers.get(w, w)} {n}" for w, n in by) or "nobody"
+        found.append(
+            f"{fault.kind} of {fault.target} at {fault.at:.1f}s: its {len(fault.held_ids)} "
+            f"rows were published by {published_by}; {again} reached RabbitMQ twice or more"
+        )
     return found
 
 

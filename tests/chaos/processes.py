@@ -28,6 +28,7 @@ class Proc:
         self.log = logs / f"{role}.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.exits: list[int] = []  # return codes of the incarnations that ended
+        self.pids: list[int] = []  # of every incarnation
 
     @property
     def pid(self) -> int:
@@ -51,6 +52,7 @@ class Proc:
             self.process = subprocess.Popen(
                 self.argv, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT
             )
+        self.pids.append(self.process.pid)
         with self.log.open("ab") as log:
             log.write(f"---- pid {self.process.pid}\n".encode())
 
