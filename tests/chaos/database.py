@@ -42,13 +42,15 @@ def value(sql: str, params: Any = ()) -> Any:
     return row[0]
 
 
-def unhandled(up_to: int) -> int:
-    """Committed orders up to id ``up_to`` whose event the consumer has not handled."""
+def unhandled(up_to: int, after: int = 0) -> int:
+    """Committed orders with ids in (``after``, ``up_to``] whose event the consumer has
+    not handled (``after``: an id up to which all are known handled, to keep this
+    query small while the tables grow)."""
     return int(
         value(
-            f"SELECT count(*) FROM {ORDER} o WHERE o.id <= %s AND NOT EXISTS "
+            f"SELECT count(*) FROM {ORDER} o WHERE o.id > %s AND o.id <= %s AND NOT EXISTS "
             f"(SELECT 1 FROM {HANDLED} h WHERE h.event_id = o.event_id)",
-            [up_to],
+            [after, up_to],
         )
     )
 
