@@ -27,21 +27,22 @@ class Services:
         self.env: dict[str, str] = {}
 
     def __enter__(self) -> Services:
-        status = self._run("status")
+        status = self.run("status")
         self.started = [name for name in NAMES if f"{name}: running" not in status]
         if self.started:
             print(f"starting {', '.join(self.started)} with scripts/services", file=sys.stderr)
-            self._run("start", *self.started)
-        for line in self._run("env").splitlines():
+            self.run("start", *self.started)
+        for line in self.run("env").splitlines():
             name, _, value = line.removeprefix("export ").partition("=")
             self.env[name] = value
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         if self.started:
-            self._run("stop", *self.started)
+            self.run("stop", *self.started)
 
-    def _run(self, *args: str) -> str:
+    def run(self, *args: str) -> str:
+        """``scripts/services ARGS`` (e.g. ``restart rabbitmq``); its stdout."""
         result = subprocess.run(
             [str(SCRIPT), *args], capture_output=True, text=True, timeout=300, check=False
         )
@@ -61,10 +62,6 @@ class Services:
     def database_url(self) -> str:
         """The runner's own database on the services' PostgreSQL."""
         return urlunsplit(urlsplit(self.env["DATABASE_URL"])._replace(path=f"/{self.database}"))
-
-    def run(self, *args: str) -> str:
-        """``scripts/services ARGS`` (e.g. ``restart rabbitmq``); its stdout."""
-        return self._run(*args)
 
 
 def recreate_database(url: str) -> None:
@@ -89,4 +86,3 @@ def _on_server(url: str, *statements: str) -> None:
     with psycopg.connect(server, autocommit=True) as connection:
         for statement in statements:
             connection.execute(statement)
-

@@ -20,6 +20,7 @@ import time
 
 from tests.services import REPO, Services, drop_database, recreate_database
 
+from . import sabotage
 from .processes import HOST, Proc, manage, module, worker_env
 
 DATABASE = "outbox_chaos"
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--sabotage",
-        choices=("lease", "inbox"),
+        choices=sabotage.KINDS,
         help="break a guarantee on purpose (relays ignore the lease token, or the consumer "
         "runs without the inbox): the audit must then fail",
     )

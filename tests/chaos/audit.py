@@ -99,10 +99,7 @@ def checks(faults: Sequence[Fault], relays: int, batch_size: int) -> list[Check]
     return [
         Check(
             "lost (committed, never handled)",
-            db.value(
-                f"SELECT count(*) FROM {o} WHERE NOT EXISTS "
-                f"(SELECT 1 FROM {h} WHERE {h}.event_id = {o}.event_id)"
-            ),
+            _without(o, h),
             0,
         ),
         Check(
@@ -112,10 +109,7 @@ def checks(faults: Sequence[Fault], relays: int, batch_size: int) -> list[Check]
         ),
         Check(
             "handled without a committed order",
-            db.value(
-                f"SELECT count(DISTINCT event_id) FROM {h} WHERE NOT EXISTS "
-                f"(SELECT 1 FROM {o} WHERE {o}.event_id = {h}.event_id)"
-            ),
+            _without(h, o, count="count(DISTINCT event_id)"),
             0,
         ),
         Check(
@@ -130,18 +124,12 @@ def checks(faults: Sequence[Fault], relays: int, batch_size: int) -> list[Check]
         ),
         Check(
             "committed events never at the broker",
-            db.value(
-                f"SELECT count(*) FROM {o} WHERE NOT EXISTS "
-                f"(SELECT 1 FROM {b} WHERE {b}.event_id = {o}.event_id)"
-            ),
+            _without(o, b),
             0,
         ),
         Check(
             "outbox rows without their order",
-            db.value(
-                f"SELECT count(*) FROM {outbox} WHERE NOT EXISTS "
-                f"(SELECT 1 FROM {o} WHERE {o}.event_id = {outbox}.event_id)"
-            ),
+            _without(outbox, o),
             0,
         ),
         Check(
@@ -161,7 +149,7 @@ def checks(faults: Sequence[Fault], relays: int, batch_size: int) -> list[Check]
         ),
         Check(
             "zombie relays' rows taken over, not reported lease_lost",
-            sum(fault.unreported for fault in faults),
+            sum(fault.done.unreported for fault in faults),
             0,
         ),
         Check(
@@ -171,6 +159,16 @@ def checks(faults: Sequence[Fault], relays: int, batch_size: int) -> list[Check]
             "bound: in-flight batches x batch size x faults",
         ),
     ]
+
+
+def _without(table: str, other: str, *, count: str = "count(*)") -> int:
+    """Rows of ``table`` whose event id is nowhere in ``other``."""
+    return int(
+        db.value(
+            f"SELECT {count} FROM {table} t WHERE NOT EXISTS "
+            f"(SELECT 1 FROM {other} x WHERE x.event_id = t.event_id)"
+        )
+    )
 
 
 def totals() -> dict[str, int]:
@@ -200,17 +198,17 @@ def relay_fault_copies(faults: Sequence[Fault], workers: dict[str, str]) -> list
         again = db.value(
             f"SELECT count(*) FROM {db.OUTBOX} JOIN {db.BROKER} USING (event_id) "
             f"WHERE {db.OUTBOX}.id = ANY(%s) AND copies > 1",
-            [fault.held_ids],
+            [fault.done.held_ids],
         )
         by = db.rows(
             f"SELECT locked_by, count(*) FROM {db.OUTBOX} WHERE id = ANY(%s) "
             "GROUP BY locked_by ORDER BY 2 DESC",
-            [fault.held_ids],
+            [fault.done.held_ids],
         )
-        published_by = ", ".join(f"{workers.get(w, w)} {n}" for w, n in by) or "nobody"
+        published_by = ", ".join(f"{n} by {workers.get(w, w)}" for w, n in by) or "nobody"
         found.append(
-            f"{fault.kind} of {fault.target} at {fault.at:.1f}s: its {len(fault.held_ids)} "
-            f"rows were published by {published_by}; {again} reached RabbitMQ twice or more"
+            f"{fault.kind} of {fault.target} at {fault.at:.1f}s: its {len(fault.done.held_ids)} "
+            f"rows were published: {published_by}; {again} reached RabbitMQ twice or more"
         )
     return found
 

@@ -18,6 +18,7 @@ import random
 import signal
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from tests.services import Services
 
@@ -25,6 +26,7 @@ from . import database as db
 from .logs import lease_lost_rows, lines
 from .processes import Proc
 
+T = TypeVar("T")
 KINDS = ("relay_kill", "relay_stop", "rabbitmq_restart", "postgres_restart", "consumer_kill")
 POLL = 0.005  # seconds between looks at the outbox while aiming a relay fault
 MAX_TRIES = 50  # freezes of a process before a fault lands wherever it is
@@ -34,33 +36,39 @@ class NotRecovered(Exception):
     """The system did not recover from a fault in time: the run fails."""
 
 
-@dataclasses.dataclass
-class Fault:
-    kind: str
-    target: str
-    at: float  # seconds since the run started
-    recovery: float
-    facts: str
-    held_ids: list[int] = dataclasses.field(default_factory=list)  # relay faults
-    unreported: int = 0  # a zombie's rows taken over that it did not report as lost
-
-    def line(self) -> str:
-        return (
-            f"[{self.at:7.1f}s] {self.kind:<17} {self.target:<9} "
-            f"recovered in {self.recovery:5.1f}s: {self.facts}"
-        )
-
-
 @dataclasses.dataclass(frozen=True)
 class Done:
     """What a fault method did: to whom, when it ended, how to describe it once the
-    system recovered, and the rows a relay held when signalled."""
+    system recovered, the rows a relay held when signalled, and (a zombie) how many
+    of them it did not report as lease lost."""
 
     target: str
     ended: float
     facts: Callable[[], str]
     held_ids: list[int] = dataclasses.field(default_factory=list)
     unreported: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """A fault injected: its kind, when (seconds since the run started), how long
+    the system took to recover, what was seen, and what the fault method did."""
+
+    kind: str
+    at: float
+    recovery: float
+    facts: str
+    done: Done
+
+    @property
+    def target(self) -> str:
+        return self.done.target
+
+    def line(self) -> str:
+        return (
+            f"[{self.at:7.1f}s] {self.kind:<17} {self.target:<9} "
+            f"recovered in {self.recovery:5.1f}s: {self.facts}"
+        )
 
 
 class Injector:
@@ -89,15 +97,7 @@ class Injector:
         at = time.monotonic()
         done = method()
         recovery = self._recovered(at, done.ended)
-        return Fault(
-            kind,
-            done.target,
-            at - self.started,
-            recovery,
-            done.facts(),
-            done.held_ids,
-            done.unreported,
-        )
+        return Fault(kind, at - self.started, recovery, done.facts(), done)
 
     def _recovered(self, at: float, ended: float) -> float:
         """Wait until the orders committed before ``ended`` are all handled. On a busy
@@ -130,9 +130,9 @@ class Injector:
         relay = self.rng.choice(self.relays)
         pid = relay.pid
         self._kills += 1
-        tries, ids, handled = self._freeze(relay, published=self._kills % 2 == 1)
+        tries, ids, handled = self._freeze_relay(relay, published=self._kills % 2 == 1)
         relay.kill()  # SIGKILL ends a stopped process too
-        relay.restart()
+        relay.start()
         if handled:
             moment = (
                 f"between publish and finalize: it held {len(ids)} rows, {handled} of them "
@@ -151,7 +151,7 @@ class Injector:
         relay = self.rng.choice(self.relays)
         worker, log = relay.worker, relay.log
         lost_before = lease_lost_rows(log)
-        tries, ids, _ = self._freeze(relay, published=False)
+        tries, ids, _ = self._freeze_relay(relay, published=False)
         stopped_at = time.monotonic()
         deadline = stopped_at + 3 * self.lease + 60
         while ids and db.still_held(ids, worker):
@@ -189,16 +189,14 @@ class Injector:
         """SIGKILL the consumer while its handler's transaction is open: it is frozen
         (SIGSTOP) until ``pg_stat_activity`` shows its connection in a transaction."""
         pid = self.consumer.pid
-        state = None
-        for tries in range(1, MAX_TRIES + 1):
-            self.consumer.signal(signal.SIGSTOP)
-            state = db.backend_state(self.consumer.application_name)
-            if state in ("idle in transaction", "active") or tries == MAX_TRIES:
-                break
-            self.consumer.signal(signal.SIGCONT)
-            time.sleep(self.rng.uniform(0, 0.05))
+        tries, state = self._freeze(
+            self.consumer,
+            lambda: db.backend_state(self.consumer.application_name),
+            lambda seen: seen in ("idle in transaction", "active"),
+            before=lambda: time.sleep(self.rng.uniform(0, 0.05)),
+        )
         self.consumer.kill()
-        self.consumer.restart()
+        self.consumer.start()
         facts = (
             f"SIGKILL pid {pid} frozen with its database connection {state!r} (try {tries}; "
             f"'idle in transaction' or 'active' is mid-handler); restarted as pid "
@@ -208,23 +206,48 @@ class Injector:
 
     # -- helpers --------------------------------------------------------------------
 
-    def _freeze(self, relay: Proc, *, published: bool) -> tuple[int, list[int], int]:
-        """SIGSTOP ``relay`` at a moment it holds a claim (with ``published``: rows the
-        consumer has already handled), trying up to MAX_TRIES times; it is left
-        stopped. Returns the tries, the rows it holds and how many were handled."""
+    def _freeze(
+        self,
+        proc: Proc,
+        look: Callable[[], T],
+        wanted: Callable[[T], object],
+        *,
+        before: Callable[[], None],
+        settle: float = 0.0,
+    ) -> tuple[int, T]:
+        """SIGSTOP ``proc`` and ``look`` at it (after ``settle`` seconds) until what it
+        sees is ``wanted``, letting it go on (SIGCONT) and calling ``before`` between
+        tries; after MAX_TRIES it stays frozen wherever it is. Returns the tries and
+        what was seen last; ``proc`` is left stopped."""
+        tries = 0
+        while True:
+            tries += 1
+            before()
+            proc.signal(signal.SIGSTOP)
+            time.sleep(settle)
+            seen = look()
+            if wanted(seen) or tries == MAX_TRIES:
+                return tries, seen
+            proc.signal(signal.SIGCONT)
+
+    def _freeze_relay(self, relay: Proc, *, published: bool) -> tuple[int, list[int], int]:
+        """Freeze ``relay`` while it holds a claim (with ``published``: rows the consumer
+        has already handled). Returns the tries, the rows it holds and how many of them
+        were handled."""
         worker = relay.worker
-        ids: list[int] = []
-        handled = 0
-        for tries in range(1, MAX_TRIES + 1):
+
+        def until_it_holds_rows() -> None:
             deadline = time.monotonic() + 10
             while not db.held(worker)[0] and time.monotonic() < deadline:
                 time.sleep(POLL)
-            relay.signal(signal.SIGSTOP)
-            time.sleep(0.05)  # the consumer catches up with what the relay published
-            ids, handled = db.held(worker)
-            if (handled if published else ids) or tries == MAX_TRIES:
-                break
-            relay.signal(signal.SIGCONT)
+
+        tries, (ids, handled) = self._freeze(
+            relay,
+            lambda: db.held(worker),
+            lambda seen: seen[1] if published else seen[0],
+            before=until_it_holds_rows,
+            settle=0.05,  # the consumer catches up with what the relay published
+        )
         return tries, ids, handled
 
     def _outage(self, service: str, down: str, up: str) -> tuple[float, Callable[[], str]]:

@@ -65,9 +65,6 @@ class Proc:
         self.signal(signal.SIGKILL)
         self.wait(30)
 
-    def restart(self) -> None:
-        self.start()
-
     def wait(self, timeout: float) -> int:
         assert self.process is not None
         code = self.process.wait(timeout)
