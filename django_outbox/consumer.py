@@ -128,9 +128,8 @@ class InboxConsumer:
                     if self._consume(idle_timeout):
                         break
                 except self._transient as exc:
-                    if not self._outage.broker_down:
-                        self._outage.broker_suspect()
-                        self._outage.broker_failed(exc)
+                    self._outage.broker_suspect()  # each logs only at an outage's start
+                    self._outage.broker_failed(exc)
                     stop.wait(self._outage.backoff())
         finally:
             self.stats.elapsed = time.monotonic() - started
@@ -227,8 +226,7 @@ class InboxConsumer:
         except Exception as exc:
             self._failed(message, event, exc)
             return
-        if self._outage.database_down:
-            self._outage.database_recovered(self.using)
+        self._outage.database_recovered(self.using)
         message.ack()
         if new:
             self.stats.handled += 1

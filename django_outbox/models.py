@@ -84,21 +84,10 @@ class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
 
     def mark_failed(self, error: str, delay: float, *, abandon: bool) -> int:
         """PROCESSING -> FAILED, due again in ``delay`` seconds; or ABANDONED."""
+        failed = {"attempts": models.F("attempts") + 1, "last_error": error, "locked_until": None}
         if abandon:
-            return self.update(
-                status=OutboxStatus.ABANDONED,
-                attempts=models.F("attempts") + 1,
-                last_error=error,
-                locked_until=None,
-                abandoned_at=Now(),
-            )
-        return self.update(
-            status=OutboxStatus.FAILED,
-            attempts=models.F("attempts") + 1,
-            last_error=error,
-            locked_until=None,
-            available_at=db_now_plus(delay),
-        )
+            return self.update(status=OutboxStatus.ABANDONED, abandoned_at=Now(), **failed)
+        return self.update(status=OutboxStatus.FAILED, available_at=db_now_plus(delay), **failed)
 
     def requeueable(self) -> OutboxQuerySet:
         return self.filter(status__in=REQUEUEABLE)

@@ -60,6 +60,9 @@ class Outage:
             )
 
     def database_recovered(self, using: str) -> None:
+        """Log the end of a database outage, if one is under way."""
+        if not self.database_down:
+            return
         logger.warning(
             "database %r reachable again after %.1fs",
             using,

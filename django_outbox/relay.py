@@ -231,9 +231,7 @@ class Relay:
                 held = rows.filter(id__in=[m.id for m in published]).leased(token)
                 if held.mark_published() != len(published):
                     # Published rows keep the token: those without it were taken over.
-                    taken = _not_held(published, held)
-                    lost += taken
-                    published = [m for m in published if m not in taken]
+                    lost += _not_held(published, held)
             for (error, abandon, attempts), group in failures.items():
                 delay = 0.0 if abandon else self.policy.delay(attempts)
                 held = rows.filter(id__in=[m.id for m in group]).leased(token)
@@ -242,7 +240,7 @@ class Relay:
         lost_ids = {m.id for m in lost}
         return _Finalized(
             claimed=len(messages),
-            published=published,
+            published=[m for m in published if m.id not in lost_ids],
             failures={
                 key: [m for m in group if m.id not in lost_ids] for key, group in failures.items()
             },
@@ -362,8 +360,7 @@ class Relay:
                         batch = self._publish_claim(claim)
                         pipeline.finalize(batch)
                     tally(pipeline.collect(everything=batch is None))
-                    if outage.database_down:
-                        outage.database_recovered(self.using)
+                    outage.database_recovered(self.using)
                 except DatabaseError as exc:
                     outage.database_failed(self.using, exc)
                     ahead = None  # rows it claimed wait for their lease

@@ -40,8 +40,8 @@ class RetryPolicy:
         """Whether a row that has now failed ``attempts`` times is abandoned."""
         return attempts >= self.max_attempts
 
-    def delay(self, attempts: int, rng: random.Random | None = None) -> float:
+    def delay(self, attempts: int) -> float:
         """Seconds until the next try of a row that has now failed ``attempts`` times."""
         exponent = min(max(attempts - 1, 0), 64)  # 2**64 * base is past any cap
         ceiling = min(self.max_delay, self.base_delay * 2**exponent)
-        return ceiling * (1 - self.jitter * (rng or random).random())
+        return ceiling * (1 - self.jitter * random.random())

@@ -42,12 +42,7 @@ Outcome = Failure | None
 
 
 class Transport(abc.ABC):
-    """A way to publish. Subclasses say what they can do through the flags."""
-
-    #: The broker acknowledges each message (PUBLISHED then means "the broker has it").
-    supports_confirms: bool = False
-    #: A batch costs fewer round trips than one per message.
-    supports_batch: bool = False
+    """A way to publish."""
 
     @abc.abstractmethod
     def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:

@@ -144,8 +144,6 @@ class _Confirms:
 class KombuTransport(Transport):
     """One connection and channel per relay, declared topology cached per route."""
 
-    supports_batch = True
-
     def __init__(
         self,
         url: str,
@@ -167,10 +165,8 @@ class KombuTransport(Transport):
         self._producer: kombu.Producer | None = None
         self._confirms: _Confirms | None = None
         self._declared: set[Route] = set()
-        # Building a Connection does not connect; it tells the driver and its errors.
-        unconnected = kombu.Connection(url)
-        self.supports_confirms = unconnected.transport.driver_type == "amqp"
-        self._transient = transient_errors(unconnected)
+        # Building a Connection does not connect; it tells the driver's errors.
+        self._transient = transient_errors(kombu.Connection(url))
 
     # -- connection -----------------------------------------------------------------
 
