@@ -47,10 +47,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 
 OUTBOX = {
     "BROKER_URL": env("OUTBOX_BROKER_URL", default="filesystem://"),
-    # Only the filesystem transport reads these: one folder serves as outbox and inbox.
+    # Only the filesystem transport reads these: one folder serves as outbox and inbox,
+    # and its exchange bindings go beside them (kombu's default is ./control).
     "BROKER_TRANSPORT_OPTIONS": {
         "data_folder_in": str(BROKER_DIR),
         "data_folder_out": str(BROKER_DIR),
+        "control_folder": str(BROKER_DIR / "control"),
     },
 }
 

@@ -13,6 +13,8 @@ from django.core.management import BaseCommand, get_commands, load_command_class
 import django_outbox
 from django_outbox.conf import CHECK_IDS, SETTINGS
 
+from . import hostile
+
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
 PACKAGE = REPO / "django_outbox"
@@ -50,6 +52,38 @@ def test_the_docs_build_without_warnings(tmp_path):
     assert result.returncode == 0, output
     assert "WARNING" not in output
     assert (tmp_path / "runbook" / "index.html").exists()
+
+
+# -- hostile input and misconfiguration ------------------------------------------------
+
+HOSTILE_ROW = re.compile(r"^\| `([a-z0-9-]+)` \| .+ \| `(.+)` \|$", re.MULTILINE)
+
+
+def hostile_page() -> dict[str, str]:
+    """The rows of docs/hostile-input.md: case name -> the line the user gets."""
+    text = (DOCS / "hostile-input.md").read_text()
+    rows = HOSTILE_ROW.findall(text)
+    page = {name: line.replace("\\|", "|") for name, line in rows}
+    assert len(page) == len(rows), "a case name appears twice on docs/hostile-input.md"
+    return page
+
+
+def documented_line(line: str) -> re.Pattern[str]:
+    """The page's line as a pattern: each ``…`` stands for any text."""
+    return re.compile(".*?".join(map(re.escape, line.split("…"))), re.DOTALL)
+
+
+def test_every_hostile_case_has_a_row_and_every_row_a_case():
+    assert sorted(hostile.load()) == sorted(hostile_page())
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.parametrize("name", sorted(hostile_page()))
+def test_the_hostile_input_page_says_what_the_code_does(name, request):
+    """Each row's trigger provokes the failure for real; its line must match the page."""
+    line = hostile.load()[name](request)
+    assert "\n" not in line.strip(), f"{name}: not one line: {line!r}"
+    assert documented_line(hostile_page()[name]).fullmatch(line), (name, line)
 
 
 # -- log actions ------------------------------------------------------------------------

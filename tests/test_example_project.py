@@ -44,6 +44,10 @@ def test_demo_places_relays_and_bills_every_order_once(tmp_path):
     assert "received 120: handled 120, duplicates 0, failed 0, parked 0, rejected 0" in out
     assert "received 12: handled 0, duplicates 12, failed 0, parked 0, rejected 0" in out
     assert (tmp_path / "db.sqlite3").exists()
+    # kombu's filesystem transport keeps its exchange bindings in the demo's folder,
+    # not in a control/ folder of the working directory (the repository).
+    assert (tmp_path / "broker" / "control" / "outbox.exchange").exists()
+    assert not (REPO / "control").exists()
 
 
 INVOICED = (

@@ -1,0 +1,34 @@
+"""Triggers for the "Settings" section of docs/hostile-input.md."""
+
+from __future__ import annotations
+
+from django.core import checks
+from django.test import override_settings
+
+from . import case
+
+
+def check_lines(**outbox: object) -> list[str]:
+    """What ``manage.py check`` reports for ``OUTBOX = outbox``, one line per message."""
+    with override_settings(OUTBOX=outbox, CELERY_BROKER_URL=None):
+        return [f"{m.id}: {m.msg}" for m in checks.run_checks() if m.id.startswith("django_outbox")]
+
+
+def only(lines: list[str]) -> str:
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@case("setting-typo")
+def setting_typo(request: object) -> str:
+    return only(check_lines(BROKER_URL="memory://", BATCH_SIZ=10))
+
+
+@case("setting-bad-value")
+def setting_bad_value(request: object) -> str:
+    return only(check_lines(BROKER_URL="memory://", BATCH_SIZE="lots"))
+
+
+@case("no-broker")
+def no_broker(request: object) -> str:
+    return only(check_lines())
