@@ -4,15 +4,22 @@
 the inbox (:func:`~django_outbox.inbox.process_once`), so a redelivered event
 is acknowledged without running the handler again. Per message:
 
-* **decodes** JSON only (``accept=["json"]``: a pickled message is refused, never
-  unpickled); a body that does not decode or carries no event id is
-  **rejected** without requeue, so the broker's dead-letter policy applies;
+* **decodes** ``application/json`` only (a pickled message is refused, never
+  unpickled, and kombu's raw ``application/data`` and text types are refused
+  too); a message of another content type, a body that does not decode or one
+  that carries no event id is **rejected** without requeue, so the broker's
+  dead-letter policy applies;
 * **handles** it in one transaction with the inbox mark, then **acks**; a
   duplicate is acked at once;
 * on a handler error, counts the failed delivery in
-  :class:`~django_outbox.models.InboxFailure` and **requeues** it, until
-  ``max_deliveries`` is reached: then the message is **parked** (body and
-  headers kept in that row) and rejected, instead of looping forever;
+  :class:`~django_outbox.models.InboxFailure`, keeps the message unacked for a
+  backoff delay (doubling, capped, with jitter) while it goes on with other
+  messages, then **requeues** it, until ``max_deliveries`` is reached: then
+  the message is **parked** (body and headers kept in that row) and rejected,
+  instead of looping forever;
+* counts a delivery the broker marks *redelivered* before its handler runs, so
+  a message whose handler kills the consumer (SIGKILL, out of memory) is
+  counted too, and parked without running once ``max_deliveries`` is reached;
 * when the database itself is unreachable, requeues without counting and
   backs off, so an outage parks nothing.
 
@@ -25,6 +32,8 @@ stop event is set (after the message in hand) or after ``idle_timeout``.
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -36,16 +45,28 @@ import kombu.exceptions
 from django.db import DatabaseError, close_old_connections, connections
 
 from .conf import outbox_settings
-from .envelope import ReceivedEvent
+from .envelope import CONTENT_TYPE, ReceivedEvent
 from .exceptions import InvalidMessage, OutboxConfigurationError
-from .inbox import process_once, record_failure
+from .inbox import (
+    UNACKED_ERROR,
+    forget_redelivery,
+    process_once,
+    record_failure,
+    record_redelivery,
+)
 from .outage import Outage
+from .retry import RetryPolicy
 from .transports.kombu import CONNECT_TIMEOUT, declare, transient_errors
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PREFETCH = 100
 DEFAULT_MAX_DELIVERIES = 5
+#: Backoff before a failed message is requeued: about 1, 2, 4, 8 s ... capped at
+#: 30 s, each shortened by up to half at random (so five deliveries span 7.5-15 s).
+DEFAULT_RETRY_DELAY = 1.0
+DEFAULT_RETRY_MAX_DELAY = 30.0
+RETRY_JITTER = 0.5
 #: How long one wait for a message lasts, so a stop request is seen promptly.
 DRAIN_TIMEOUT = 1.0
 #: Errors kombu raises when a message cannot be decoded or is of a refused type.
@@ -66,7 +87,7 @@ class ConsumerStats:
     received: int = 0
     handled: int = 0  # the handler ran and its transaction committed
     duplicates: int = 0  # already in the inbox: acked, handler not run
-    failed: int = 0  # the handler raised: requeued for another delivery
+    failed: int = 0  # the handler raised: requeued after a backoff delay
     parked: int = 0  # failed max_deliveries times: kept in InboxFailure, rejected
     rejected: int = 0  # not decodable as an outbox event: rejected
     elapsed: float = 0.0  # seconds the consumer ran
@@ -93,6 +114,8 @@ class InboxConsumer:
         using: str = "default",
         prefetch: int = DEFAULT_PREFETCH,
         max_deliveries: int | None = DEFAULT_MAX_DELIVERIES,
+        retry_delay: float = DEFAULT_RETRY_DELAY,
+        retry_max_delay: float = DEFAULT_RETRY_MAX_DELAY,
         url: str | None = None,
         transport_options: dict[str, Any] | None = None,
     ) -> None:
@@ -102,6 +125,12 @@ class InboxConsumer:
         self.using = using
         self.prefetch = prefetch
         self.max_deliveries = max_deliveries
+        self.retry = RetryPolicy(
+            base_delay=retry_delay,
+            max_delay=retry_max_delay,
+            jitter=RETRY_JITTER,
+            max_attempts=max_deliveries or 0,
+        )
         self.url = url or outbox_settings.broker_url
         if not self.url:
             raise OutboxConfigurationError(
@@ -116,6 +145,7 @@ class InboxConsumer:
         self._outage = Outage()
         self._stop = threading.Event()
         self._first_message_at: float | None = None
+        self._held = _Held()
 
     def run(self, stop: threading.Event, *, idle_timeout: float | None = None) -> ConsumerStats:
         """Consume until ``stop`` is set, or until no message came for ``idle_timeout``
@@ -163,24 +193,33 @@ class InboxConsumer:
                 prefetch_count=self.prefetch,
                 auto_declare=False,
             ):
-                idle = 0.0
-                while not self._stop.is_set():
-                    try:
-                        connection.drain_events(timeout=DRAIN_TIMEOUT)
-                    except TimeoutError:
-                        connection.heartbeat_check()
-                        idle += DRAIN_TIMEOUT
-                        if idle_timeout is not None and idle >= idle_timeout:
-                            return True
-                        close_old_connections()  # honours CONN_MAX_AGE between idle spells
-                    else:
-                        idle = 0.0
+                self._drain(connection, idle_timeout)
+            # Stopping (or idle), no longer subscribed: nothing held waits for its delay.
+            self._held.requeue_all()
             return True
         finally:
+            self._held.forget()  # on a lost connection the broker requeues them itself
             try:
                 connection.release()
             except Exception:  # the connection is already broken; nothing to save
                 logger.debug("error closing a broken broker connection", exc_info=True)
+
+    def _drain(self, connection: kombu.Connection, idle_timeout: float | None) -> None:
+        """Handle messages until stopped, or idle for ``idle_timeout`` with nothing held;
+        requeue each held message when its delay is over."""
+        last_message = time.monotonic()
+        while not self._stop.is_set():
+            self._held.requeue_due()
+            try:
+                connection.drain_events(timeout=self._held.wait(DRAIN_TIMEOUT))
+            except TimeoutError:
+                connection.heartbeat_check()
+                idle = time.monotonic() - last_message
+                if idle_timeout is not None and idle >= idle_timeout and not self._held:
+                    return
+                close_old_connections()  # honours CONN_MAX_AGE between idle spells
+            else:
+                last_message = time.monotonic()
 
     def _declare(self, connection: kombu.Connection, channel: Any) -> kombu.Queue:
         try:
@@ -197,6 +236,9 @@ class InboxConsumer:
     # -- one message ----------------------------------------------------------------
 
     def _on_message(self, message: Any) -> None:
+        if self._stop.is_set():  # delivered while the consumer unsubscribes: not started
+            message.requeue()
+            return
         if self._first_message_at is None:
             self._first_message_at = time.monotonic()
         try:
@@ -207,24 +249,27 @@ class InboxConsumer:
     def _handle(self, message: Any) -> None:
         self.stats.received += 1
         try:
-            event = ReceivedEvent.from_wire(
-                message.decode(), message.headers, message.properties.get("message_id")
-            )
+            event = _decode(message)
         except DECODE_ERRORS as exc:
             self._reject(message, exc)
+            return
+        counted = bool(message.delivery_info.get("redelivered"))
+        if counted and not self._count_redelivery(message, event):
             return
         try:
             with process_once(self.consumer, event.event_id, self.using) as new:
                 if new:
                     self.handler(event)
+                if counted:
+                    forget_redelivery(self.consumer, event.event_id, self.using)
         except DatabaseError as exc:
             if self._database_unusable():
                 self._database_down(message, exc)
                 return
-            self._failed(message, event, exc)
+            self._failed(message, event, exc, counted)
             return
         except Exception as exc:
-            self._failed(message, event, exc)
+            self._failed(message, event, exc, counted)
             return
         self._outage.database_recovered(self.using)
         message.ack()
@@ -232,6 +277,27 @@ class InboxConsumer:
             self.stats.handled += 1
         else:
             self.stats.duplicates += 1
+
+    def _count_redelivery(self, message: Any, event: ReceivedEvent) -> bool:
+        """Count a redelivered message before its handler runs (its last delivery may
+        have killed a consumer). False when it was parked instead, or put back
+        because the database is down: then the handler must not run."""
+        try:
+            deliveries, parked = record_redelivery(
+                self.consumer,
+                event,
+                queue=self.queue,
+                body=_text(message.body),
+                broker_deliveries=_broker_deliveries(message.headers),
+                park_after=self.max_deliveries,
+                using=self.using,
+            )
+        except DatabaseError as exc:
+            self._database_down(message, exc)
+            return False
+        if parked:
+            self._park(message, event, deliveries, f"not run: {UNACKED_ERROR}")
+        return not parked
 
     def _on_undecodable(self, message: Any, exc: Exception) -> None:
         """kombu could not even turn the frame into a message (e.g. bad compression)."""
@@ -255,9 +321,8 @@ class InboxConsumer:
         )
         message.reject(requeue=False)
 
-    def _failed(self, message: Any, event: ReceivedEvent, exc: Exception) -> None:
+    def _failed(self, message: Any, event: ReceivedEvent, exc: Exception, counted: bool) -> None:
         error = f"{type(exc).__name__}: {exc}"
-        extra = {"queue": self.queue, "consumer": self.consumer, "event_id": str(event.event_id)}
         try:
             deliveries, parked = record_failure(
                 self.consumer,
@@ -267,35 +332,48 @@ class InboxConsumer:
                 body=_text(message.body),
                 broker_deliveries=_broker_deliveries(message.headers),
                 park_after=self.max_deliveries,
+                counted=counted,
                 using=self.using,
             )
         except DatabaseError as db_exc:
             self._database_down(message, db_exc)
             return
         if parked:
-            self.stats.parked += 1
-            logger.error(
-                "%s: event %s failed %d deliveries and is parked (%s); "
-                "see InboxFailure in the admin",
-                self.consumer,
-                event.event_id,
-                deliveries,
-                error,
-                extra={"action": "inbox.parked", "deliveries": deliveries, **extra},
-            )
-            message.reject(requeue=False)
+            self._park(message, event, deliveries, error)
             return
         self.stats.failed += 1
+        delay = self.retry.delay(deliveries)
         logger.warning(
-            "%s: handler failed on event %s (delivery %d%s); requeued",
+            "%s: handler failed on event %s (delivery %d%s); requeued in %.1fs",
             self.consumer,
             event.event_id,
             deliveries,
             f" of {self.max_deliveries}" if self.max_deliveries else "",
+            delay,
             exc_info=exc,
-            extra={"action": "inbox.handler_failed", "deliveries": deliveries, **extra},
+            extra={
+                "action": "inbox.handler_failed",
+                "deliveries": deliveries,
+                "delay": delay,
+                **self._log_fields(event),
+            },
         )
-        message.requeue()
+        self._held.hold(message, delay)
+
+    def _park(self, message: Any, event: ReceivedEvent, deliveries: int, error: str) -> None:
+        self.stats.parked += 1
+        logger.error(
+            "%s: event %s failed %d deliveries and is parked (%s); see InboxFailure in the admin",
+            self.consumer,
+            event.event_id,
+            deliveries,
+            error,
+            extra={"action": "inbox.parked", "deliveries": deliveries, **self._log_fields(event)},
+        )
+        message.reject(requeue=False)
+
+    def _log_fields(self, event: ReceivedEvent) -> dict[str, str]:
+        return {"queue": self.queue, "consumer": self.consumer, "event_id": str(event.event_id)}
 
     def _database_unusable(self) -> bool:
         connection = connections[self.using]
@@ -308,6 +386,55 @@ class InboxConsumer:
         self._outage.database_failed(self.using, exc)
         connections[self.using].close()
         self._stop.wait(self._outage.backoff())
+
+
+class _Held:
+    """Failed messages kept unacked until their backoff delay is over, soonest first.
+
+    Each one occupies a prefetch slot meanwhile, so the consumer takes other
+    messages while they wait; a message is requeued (to be delivered again,
+    marked redelivered) when its time comes, or at once when the consumer stops.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Any]] = []
+        self._order = itertools.count()  # ties in due time: first held, first requeued
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def hold(self, message: Any, delay: float) -> None:
+        heapq.heappush(self._heap, (time.monotonic() + delay, next(self._order), message))
+
+    def wait(self, longest: float) -> float:
+        """Seconds to wait for a message before the next held one is due, at most ``longest``."""
+        if not self._heap:
+            return longest
+        return min(longest, max(self._heap[0][0] - time.monotonic(), 0.001))
+
+    def requeue_due(self) -> None:
+        now = time.monotonic()
+        while self._heap and self._heap[0][0] <= now:
+            heapq.heappop(self._heap)[2].requeue()
+
+    def requeue_all(self) -> None:
+        while self._heap:
+            heapq.heappop(self._heap)[2].requeue()
+
+    def forget(self) -> None:
+        self._heap.clear()
+
+
+def _decode(message: Any) -> ReceivedEvent:
+    """The event in ``message``; one of :data:`DECODE_ERRORS` if it is not an outbox event."""
+    if message.content_type != CONTENT_TYPE:
+        raise InvalidMessage(
+            f"content type {message.content_type!r} is not {CONTENT_TYPE}: "
+            "it was not published by an outbox relay"
+        )
+    return ReceivedEvent.from_wire(
+        message.decode(), message.headers, message.properties.get("message_id")
+    )
 
 
 def _broker_deliveries(headers: dict[str, Any] | None) -> int:

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import models, transaction
+from django.db.models import Case, Value, When
 from django.db.models.functions import Now
 
 from . import db
@@ -30,6 +32,7 @@ from .exceptions import InvalidMessage
 
 if TYPE_CHECKING:
     from .envelope import ReceivedEvent
+    from .models import InboxFailure
 
 logger = logging.getLogger(__name__)
 
@@ -136,31 +139,124 @@ def record_failure(
     body: str = "",
     broker_deliveries: int = 0,
     park_after: int | None = None,
+    counted: bool = False,
     using: str = "default",
 ) -> tuple[int, bool]:
     """Count one failed delivery of ``event`` to ``consumer``; park it at ``park_after``.
 
     Runs in its own transaction (call it after the handler's transaction rolled
-    back). The delivery count is the larger of the failures recorded here and
+    back). The delivery count is the larger of the deliveries recorded here and
     ``broker_deliveries`` (a broker's own count, such as RabbitMQ quorum queues'
-    ``x-delivery-count``). Parking keeps ``body`` and the headers in the row.
-    Returns ``(deliveries, parked)``.
+    ``x-delivery-count``). ``counted`` says that :func:`record_redelivery`
+    already counted this delivery before the handler ran: the error is recorded
+    but the delivery is not counted twice. Parking keeps ``body`` and the
+    headers in the row. Returns ``(deliveries, parked)``.
     """
-    from .models import InboxFailure
-
-    failures = InboxFailure.objects.using(using).filter(consumer=consumer, event_id=event.event_id)
     with transaction.atomic(using=using):
-        db.insert_if_absent(
-            using,
-            InboxFailure,
-            consumer=consumer,
-            event_id=event.event_id,
-            queue=queue,
-            event_type=event.event_type,
-        )
-        failures.update(attempts=models.F("attempts") + 1, last_error=error, last_failed_at=Now())
+        failures = _failure_record(consumer, event, queue, using)
+        attempts = models.F("attempts") + (0 if counted else 1)
+        failures.update(attempts=attempts, last_error=storable(error), last_failed_at=Now())
         deliveries = max(failures.values_list("attempts", flat=True).get(), broker_deliveries)
         parked = park_after is not None and deliveries >= park_after
         if parked:
-            failures.update(parked_at=Now(), body=body, headers=event.headers)
+            _park(failures, body, event)
     return deliveries, parked
+
+
+#: The error a failure record gets when its only failed deliveries were never acked.
+UNACKED_ERROR = (
+    "a delivery was never acknowledged: its consumer stopped, lost the broker "
+    "or died (killed, out of memory) while holding it"
+)
+
+
+def record_redelivery(
+    consumer: str,
+    event: ReceivedEvent,
+    *,
+    queue: str = "",
+    body: str = "",
+    broker_deliveries: int = 0,
+    park_after: int | None = None,
+    using: str = "default",
+) -> tuple[int, bool]:
+    """Count a delivery the broker marked *redelivered*, before its handler runs.
+
+    An earlier delivery of this message ended without an ack: a handler that
+    failed (already counted by :func:`record_failure`), or a consumer that died
+    mid-handler (counted by nobody). Counting every redelivered delivery when it
+    starts, and not again if it then fails (``record_failure(counted=True)``),
+    counts both. When ``park_after`` deliveries were already made, the message
+    is parked instead and the handler must not run. Returns
+    ``(deliveries, parked)``; ``deliveries`` includes this one unless parked.
+    """
+    with transaction.atomic(using=using):
+        failures = _failure_record(consumer, event, queue, using)
+        earlier = max(failures.values_list("attempts", flat=True).get(), broker_deliveries - 1)
+        if park_after is not None and earlier >= park_after:
+            _park(failures, body, event)
+            return earlier, True
+        failures.update(
+            attempts=models.F("attempts") + 1,
+            last_failed_at=Now(),
+            last_error=Case(
+                When(last_error="", then=Value(UNACKED_ERROR)),
+                default=models.F("last_error"),
+                output_field=models.TextField(),
+            ),
+        )
+    return earlier + 1, False
+
+
+def forget_redelivery(consumer: str, event_id: uuid.UUID, using: str = "default") -> None:
+    """Drop the record :func:`record_redelivery` made of a delivery that then went
+    well, when that is all it holds: one delivery counted, no error. A message that
+    comes back once because its consumer stopped holding it is no failure. Call it
+    inside the handler's transaction, so it commits with the handler's writes."""
+    from .models import InboxFailure
+
+    InboxFailure.objects.using(using).filter(
+        consumer=consumer, event_id=event_id, attempts=1, last_error=UNACKED_ERROR, parked_at=None
+    ).delete()
+
+
+def _failure_record(
+    consumer: str, event: ReceivedEvent, queue: str, using: str
+) -> models.QuerySet[InboxFailure]:
+    """The failure record of ``event`` for ``consumer``, created if absent (inside
+    the caller's transaction)."""
+    from .models import InboxFailure
+
+    db.insert_if_absent(
+        using,
+        InboxFailure,
+        consumer=consumer,
+        event_id=event.event_id,
+        queue=queue,
+        event_type=storable(event.event_type)[:255],
+    )
+    return InboxFailure.objects.using(using).filter(consumer=consumer, event_id=event.event_id)
+
+
+def _park(failures: models.QuerySet[InboxFailure], body: str, event: ReceivedEvent) -> None:
+    failures.update(parked_at=Now(), body=storable(body), headers=storable(event.headers))
+
+
+def storable(value: Any) -> Any:
+    """``value`` as PostgreSQL can store it in a text or JSON column: NUL characters
+    and lone surrogates replaced, non-finite floats and other types (bytes,
+    datetimes from AMQP headers) as text. Keeps a foreign message's headers from
+    failing the very write that records its failure."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\ufffd")
+    if isinstance(value, Mapping):
+        return {storable(str(key)): storable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [storable(item) for item in value]
+    if (
+        value is None
+        or isinstance(value, bool | int)
+        or (isinstance(value, float) and math.isfinite(value))
+    ):
+        return value
+    return storable(str(value))

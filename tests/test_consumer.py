@@ -6,14 +6,18 @@ import json
 import pickle
 import re
 import signal
+import time
 import uuid
 
+import kombu
 import pytest
+from django.db import transaction
 from django.db.models.functions import Now
 
 from django_outbox import stage
 from django_outbox.models import InboxFailure, InboxMessage, OutboxMessage
 from tests.support import (
+    AMQP_URL,
     REDIS_URL,
     broker_connection,
     delete_queue,
@@ -306,3 +310,140 @@ def test_redis_end_to_end_with_duplicates(destination):
     assert without_rate(second) == expected(300, duplicates=300)
     assert set(map(str, Delivery.objects.values_list("event_id", flat=True))) == set(staged)
     delete_queue(destination, url=REDIS_URL)
+
+
+# -- failing handlers: backoff, crashes, replay ---------------------------------------
+
+
+def declare_queue(queue: str, url: str = AMQP_URL) -> None:
+    """Declare ``queue`` as the consumer will (a durable queue), so that a raw publish to
+    it is kept before the consumer starts."""
+    with broker_connection(url) as connection:
+        kombu.Queue(queue, durable=True)(connection.channel()).declare()
+
+
+def queue_depth(queue: str, url: str = AMQP_URL) -> int:
+    """Messages ready in ``queue`` (not counting those a consumer holds unacked)."""
+    with broker_connection(url) as connection:
+        return kombu.Queue(queue, channel=connection.channel()).queue_declare(passive=True)[1]
+
+
+@pytest.mark.parametrize("url", [AMQP_URL, REDIS_URL], ids=["rabbitmq", "redis"])
+def test_default_backoff_rides_out_a_three_second_downstream_outage(destination, url, monkeypatch):
+    """Every delivery fails for 3 s: with the default backoff (about 1, 2, 4 s between
+    deliveries) no event reaches --max-deliveries 5, so none is parked."""
+    staged = stage_events(20, destination)
+    run_relay("--drain", BROKER_URL=url)
+    monkeypatch.setenv("TESTAPP_FAIL_UNTIL", str(time.time() + 3))
+    summary = run_consumer(
+        destination,
+        "--handler",
+        "tests.testapp.handlers.flaky",
+        "--consumer",
+        "audit",
+        BROKER_URL=url,
+    )
+    assert summary["parked"] == 0
+    assert summary["handled"] == 20
+    assert summary["failed"] >= 20  # each event failed at least once and was retried
+    assert not InboxFailure.objects.parked().exists()
+    assert sorted(map(str, Delivery.objects.values_list("event_id", flat=True))) == sorted(staged)
+    if url == REDIS_URL:
+        delete_queue(destination, url=REDIS_URL)
+
+
+def test_a_stop_requeues_the_messages_held_for_backoff_at_once(destination, monkeypatch):
+    stage_events(5, destination)
+    run_relay("--drain")
+    monkeypatch.setenv("TESTAPP_FAIL_UNTIL", str(time.time() + 3600))
+    consumer = start_consumer(
+        destination,
+        "--handler",
+        "tests.testapp.handlers.flaky",
+        "--consumer",
+        "audit",
+        "--retry-delay",
+        "600",
+        "--retry-max-delay",
+        "600",
+    )
+    wait_until(lambda: InboxFailure.objects.count() == 5, timeout=60, what="five failures counted")
+    assert queue_depth(destination) == 0  # all five held unacked, none due for 10 minutes
+    started = time.monotonic()
+    code, out, err = stop(consumer, signal.SIGTERM)
+    assert code == 0, err
+    assert time.monotonic() - started < 30  # not the 600 s of the delay
+    assert int(SUMMARY.fullmatch(out.strip())["failed"]) == 5, err
+    assert queue_depth(destination) == 5
+    assert not InboxFailure.objects.parked().exists()
+
+
+def test_a_message_that_kills_every_consumer_is_parked_after_max_deliveries(destination):
+    """The handler SIGKILLs its own process on the poison: restarted in a loop, the
+    consumer counts the broker's redeliveries and parks the poison without running
+    it once three deliveries were made; the other events are each handled once."""
+    stage_events(5, destination)
+    with transaction.atomic():
+        poison = stage("test.event", {"kill": True}, destination=destination)
+    stage_events(5, destination)
+    run_relay("--drain")
+    args = ("--handler", "tests.testapp.handlers.killer", "--consumer", "audit")
+    kills = 0
+    for _ in range(10):
+        result = manage(
+            "run_outbox_consumer",
+            "--queue",
+            destination,
+            *args,
+            "--max-deliveries",
+            "3",
+            "--idle-timeout",
+            "2",
+        )
+        if result.returncode != -signal.SIGKILL:
+            break
+        kills += 1
+    assert result.returncode == 0, result.stderr
+    # Delivery 1 (not yet marked redelivered) and deliveries 2-4 (counted 1-3) ran the
+    # handler and killed it; delivery 5 found 3 deliveries made and parked it unrun.
+    assert kills == 4
+    assert "parked (not run: a delivery was never acknowledged" in result.stderr
+    failure = InboxFailure.objects.get()
+    assert (failure.event_id, failure.attempts) == (poison.event_id, 3)
+    assert failure.last_error.startswith("a delivery was never acknowledged")
+    assert failure.parked_at is not None
+    assert json.loads(failure.body) == {"kill": True}
+    assert Delivery.objects.count() == 10
+    assert Delivery.objects.values("event_id").distinct().count() == 10
+    assert queue_depth(destination) == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [(b'{"n": 1}', "application/data"), (b'{"n": 1}', "application/text")],
+)
+def test_a_raw_or_text_message_is_rejected_not_handled(destination, body, content_type):
+    """kombu lets its raw content types through ``accept=["json"]`` as bytes; the
+    consumer accepts application/json only."""
+    declare_queue(destination)
+    publish_raw(
+        destination,
+        body,
+        content_type=content_type,
+        content_encoding="binary",
+        headers={"event_id": str(uuid.uuid4())},
+    )
+    result = manage("run_outbox_consumer", "--queue", destination, *RECORD, "--idle-timeout", "2")
+    assert result.returncode == 0, result.stderr
+    summary = SUMMARY.fullmatch(result.stdout.strip()).groupdict()
+    assert without_rate({key: int(value) for key, value in summary.items()}) == expected(
+        1, rejected=1
+    )
+    assert (
+        f"rejected a message from {destination} that is not an outbox event (InvalidMessage: "
+        f"content type '{content_type}' is not application/json: it was not published by an "
+        "outbox relay)"
+    ) in result.stderr
+    assert Delivery.objects.count() == 0
+    assert not InboxFailure.objects.exists()
+    assert queue_depth(destination) == 0

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 from django_outbox import ReceivedEvent, inbox_handler
 
 from .models import Delivery
@@ -12,6 +16,21 @@ def record(event: ReceivedEvent) -> None:
     if isinstance(event.payload, dict) and event.payload.get("fail"):
         raise RuntimeError(f"handler refuses event {event.event_id}")
     Delivery.objects.create(consumer="record", event_id=event.event_id, n=event.payload.get("n"))
+
+
+def flaky(event: ReceivedEvent) -> None:
+    """Fail (a downstream outage) until the epoch time in $TESTAPP_FAIL_UNTIL, then record."""
+    if time.time() < float(os.environ.get("TESTAPP_FAIL_UNTIL", "0")):
+        raise ConnectionError("downstream unavailable")
+    record(event)
+
+
+def killer(event: ReceivedEvent) -> None:
+    """SIGKILL this very process on a payload {"kill": true} (a poison message that
+    crashes every consumer, like an OOM kill); record anything else."""
+    if isinstance(event.payload, dict) and event.payload.get("kill"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    record(event)
 
 
 @inbox_handler("decorated")

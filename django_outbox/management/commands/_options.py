@@ -38,6 +38,13 @@ def positive_seconds(value: str) -> float:
     return seconds
 
 
+def non_negative_seconds(value: str) -> float:
+    seconds = _number(value, float, 0, "a number of seconds of 0 or more")
+    if seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds; got {value}")
+    return seconds
+
+
 def database_alias(value: str) -> str:
     if value not in connections.settings:
         known = ", ".join(connections.settings)

@@ -10,12 +10,19 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 from django.utils.module_loading import import_string
 
-from django_outbox.consumer import DEFAULT_MAX_DELIVERIES, DEFAULT_PREFETCH, InboxConsumer
+from django_outbox.consumer import (
+    DEFAULT_MAX_DELIVERIES,
+    DEFAULT_PREFETCH,
+    DEFAULT_RETRY_DELAY,
+    DEFAULT_RETRY_MAX_DELAY,
+    InboxConsumer,
+)
 from django_outbox.exceptions import OutboxError
 
 from ._options import (
     add_database_option,
     non_negative_int,
+    non_negative_seconds,
     positive_int,
     positive_seconds,
     stop_on_signals,
@@ -58,6 +65,20 @@ class Command(BaseCommand):
             "0 never parks (default: %(default)r)",
         )
         parser.add_argument(
+            "--retry-delay",
+            type=non_negative_seconds,
+            default=DEFAULT_RETRY_DELAY,
+            help="seconds before a failed message is first requeued, doubling after each "
+            "further failure, shortened at random by up to half; 0 requeues at once "
+            "(default: %(default)r)",
+        )
+        parser.add_argument(
+            "--retry-max-delay",
+            type=positive_seconds,
+            default=DEFAULT_RETRY_MAX_DELAY,
+            help="the longest delay before a failed message is requeued (default: %(default)r)",
+        )
+        parser.add_argument(
             "--idle-timeout",
             type=positive_seconds,
             default=None,
@@ -66,6 +87,11 @@ class Command(BaseCommand):
         add_database_option(parser, "inbox (and the handler's writes)")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["retry_delay"] > options["retry_max_delay"]:
+            raise CommandError(
+                f"--retry-delay {options['retry_delay']:g} is longer than "
+                f"--retry-max-delay {options['retry_max_delay']:g}"
+            )
         handler, consumer, using = _resolve_handler(
             options["handler"], options["consumer"], options["database"]
         )
@@ -77,6 +103,8 @@ class Command(BaseCommand):
                 using=using,
                 prefetch=options["prefetch"],
                 max_deliveries=options["max_deliveries"] or None,
+                retry_delay=options["retry_delay"],
+                retry_max_delay=options["retry_max_delay"],
             )
             stop = threading.Event()
             stop_on_signals(stop, logger, "the message in hand")
