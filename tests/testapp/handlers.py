@@ -18,9 +18,15 @@ def record(event: ReceivedEvent) -> None:
     Delivery.objects.create(consumer="record", event_id=event.event_id, n=event.payload.get("n"))
 
 
+_first_call: list[float] = []
+
+
 def flaky(event: ReceivedEvent) -> None:
-    """Fail (a downstream outage) until the epoch time in $TESTAPP_FAIL_UNTIL, then record."""
-    if time.time() < float(os.environ.get("TESTAPP_FAIL_UNTIL", "0")):
+    """Fail (a downstream outage) for $TESTAPP_FAIL_FOR seconds from this process's
+    first call, then record."""
+    if not _first_call:
+        _first_call.append(time.monotonic())
+    if time.monotonic() - _first_call[0] < float(os.environ.get("TESTAPP_FAIL_FOR", "0")):
         raise ConnectionError("downstream unavailable")
     record(event)
 

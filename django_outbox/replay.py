@@ -1,0 +1,112 @@
+"""Put parked inbox messages back on their queue: ``outbox_replay_parked``.
+
+A parked message keeps its body and headers in
+:class:`~django_outbox.models.InboxFailure`. Once the handler is fixed, a
+replay publishes each one again to the queue it came from (through the AMQP
+default exchange, which routes by queue name on RabbitMQ and on kombu's virtual
+transports alike), persistent and, on RabbitMQ, confirmed, then unparks its
+record with a fresh count, so ``--max-deliveries`` applies anew.
+
+Publish first, unpark second: a replay cut short between the two leaves the
+record parked and the message on the queue, so replaying again sends a
+duplicate the inbox skips, never a message that is neither parked nor queued.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import kombu
+from django.db.models.functions import Now
+
+from .conf import outbox_settings
+from .envelope import CONTENT_ENCODING, CONTENT_TYPE
+from .exceptions import OutboxConfigurationError
+from .transports.kombu import CONNECT_TIMEOUT, declare
+
+if TYPE_CHECKING:
+    from .models import InboxFailure, InboxFailureQuerySet
+
+logger = logging.getLogger(__name__)
+
+#: Headers a broker or kombu adds on delivery, not the relay: a replay drops them,
+#: or the broker's old delivery count would count against the replayed message.
+BROKER_HEADERS = ("x-", "redelivered")
+
+
+def replay_parked(failures: InboxFailureQuerySet, *, url: str | None = None) -> list[InboxFailure]:
+    """Publish each parked message of ``failures`` to its queue again and unpark it.
+
+    Returns the records replayed, oldest first. Raises
+    :class:`~django_outbox.exceptions.OutboxConfigurationError` without a broker
+    URL, and kombu's errors when the broker cannot be reached or refuses a queue
+    (what was replayed before stays replayed).
+    """
+    parked = list(failures.parked().order_by("id"))
+    url = url or outbox_settings.broker_url
+    if not url:
+        raise OutboxConfigurationError(
+            'No broker URL to replay to: set OUTBOX["BROKER_URL"] or CELERY_BROKER_URL.'
+        )
+    if not parked:
+        return parked
+    options = {**outbox_settings.BROKER_TRANSPORT_OPTIONS, "confirm_publish": True}
+    with kombu.Connection(url, transport_options=options, connect_timeout=CONNECT_TIMEOUT) as conn:
+        channel = conn.channel()
+        producer = kombu.Producer(channel)
+        declared: set[str] = set()
+        for failure in parked:
+            if failure.queue not in declared:
+                _declare(conn, channel, failure.queue)
+                declared.add(failure.queue)
+            _publish(producer, failure)
+            _unpark(failure)
+    return parked
+
+
+def _declare(connection: kombu.Connection, channel: Any, queue: str) -> None:
+    """Declare ``queue`` as its consumer does, so the replay cannot go nowhere."""
+    try:
+        declare(channel, outbox_settings.route_for_queue(queue))
+    except connection.channel_errors as exc:
+        raise OutboxConfigurationError(
+            f"cannot declare queue {queue!r} on the broker: {exc}; nothing more replayed"
+        ) from exc
+
+
+def _publish(producer: kombu.Producer, failure: InboxFailure) -> None:
+    producer.publish(
+        failure.body.encode(CONTENT_ENCODING),
+        exchange="",
+        routing_key=failure.queue,
+        content_type=CONTENT_TYPE,
+        content_encoding=CONTENT_ENCODING,
+        headers=replay_headers(failure.headers),
+        message_id=str(failure.event_id),
+        delivery_mode=2,
+    )
+    logger.info(
+        "%s: replayed parked event %s to %s",
+        failure.consumer,
+        failure.event_id,
+        failure.queue,
+        extra={
+            "action": "inbox.replayed",
+            "consumer": failure.consumer,
+            "event_id": str(failure.event_id),
+            "queue": failure.queue,
+        },
+    )
+
+
+def _unpark(failure: InboxFailure) -> None:
+    """Unpark with a fresh count; the body stays until the replay is handled."""
+    type(failure).objects.using(failure._state.db).filter(
+        pk=failure.pk, parked_at=failure.parked_at
+    ).update(parked_at=None, attempts=0, last_failed_at=Now())
+
+
+def replay_headers(headers: dict[str, Any]) -> dict[str, Any]:
+    """The stored headers without those the broker or kombu added on delivery."""
+    return {key: value for key, value in headers.items() if not key.startswith(BROKER_HEADERS)}
