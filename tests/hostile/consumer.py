@@ -1,0 +1,172 @@
+"""Triggers for the "Consumers: failing handlers and foreign messages" section of
+docs/hostile-input.md: real messages on the test RabbitMQ, consumed by
+``InboxConsumer`` in this process; each returns the log line the consumer wrote."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import kombu
+from django.core.management import CommandError, call_command
+
+from django_outbox import ReceivedEvent
+from django_outbox.consumer import InboxConsumer
+from tests.support import broker_connection, delete_queue, unique_destination
+
+from . import case, error_line
+
+
+def refuse(event: ReceivedEvent) -> None:
+    raise RuntimeError("the payment service said 503")
+
+
+def die(event: ReceivedEvent) -> None:
+    """Stands in for a SIGKILL mid-handler: the consumer stops holding the message
+    unacked, and the broker redelivers it marked redelivered."""
+    raise SystemExit("killed mid-handler")
+
+
+@contextmanager
+def queue_with(body: bytes, **properties: Any) -> Iterator[str]:
+    """A fresh durable queue holding one message published as given."""
+    queue = unique_destination("h")
+    with broker_connection() as connection:
+        kombu.Queue(queue, durable=True)(connection.channel()).declare()
+        connection.Producer().publish(body, routing_key=queue, **properties)
+    try:
+        yield queue
+    finally:
+        delete_queue(queue)
+
+
+def event(body: bytes = b'{"id": 1}') -> dict[str, Any]:
+    return {
+        "body": body,
+        "content_type": "application/json",
+        "content_encoding": "utf-8",
+        "headers": {"event_id": str(uuid.uuid4()), "event_type": "order.placed"},
+    }
+
+
+def consume(queue: str, handler: Callable[[ReceivedEvent], object], **options: Any) -> None:
+    """Run a consumer until the queue is idle for a second (or its handler "dies")."""
+    try:
+        InboxConsumer(queue, handler, "billing", **options).run(threading.Event(), idle_timeout=1)
+    except SystemExit:
+        pass
+
+
+def logged(action: str, run: Callable[[], None], stop: threading.Event | None = None) -> str:
+    """The message of the first consumer log record with ``action`` while ``run()`` ran;
+    ``stop`` is set once it came."""
+    lines: list[str] = []
+
+    def emit(record: logging.LogRecord) -> None:
+        if getattr(record, "action", None) == action:
+            lines.append(record.getMessage())
+            if stop is not None:
+                stop.set()
+
+    handler = logging.Handler()
+    handler.emit = emit  # type: ignore[method-assign]
+    logger = logging.getLogger("django_outbox.consumer")
+    logger.addHandler(handler)
+    try:
+        run()
+    finally:
+        logger.removeHandler(handler)
+    assert lines, f"no {action} record"
+    return lines[0]
+
+
+def rejected(body: bytes, **properties: Any) -> str:
+    with queue_with(body, **properties) as queue:
+        return logged("inbox.rejected", lambda: consume(queue, refuse))
+
+
+@case("consumer-not-json")
+def not_json(request: object) -> str:
+    return rejected(
+        b'{"id": 1}',
+        content_type="application/data",
+        content_encoding="binary",
+        headers={"event_id": str(uuid.uuid4())},
+    )
+
+
+@case("consumer-pickle")
+def pickled(request: object) -> str:
+    return rejected(
+        pickle.dumps({"id": 1}),
+        content_type="application/x-python-serialize",
+        content_encoding="binary",
+        headers={"event_id": str(uuid.uuid4())},
+    )
+
+
+@case("consumer-bad-json")
+def bad_json(request: object) -> str:
+    message = event(b"{not json")
+    return rejected(message.pop("body"), **message)
+
+
+@case("consumer-no-event-id")
+def no_event_id(request: object) -> str:
+    message = event()
+    message["headers"] = {"event_id": "42"}
+    return rejected(message.pop("body"), **message)
+
+
+@case("consumer-handler-failed")
+def handler_failed(request: object) -> str:
+    message = event()
+    with queue_with(message.pop("body"), **message) as queue:
+        stop = threading.Event()  # set at the first failure: the message goes back at once
+        consumer = InboxConsumer(queue, refuse, "billing")
+        return logged("inbox.handler_failed", lambda: consumer.run(stop), stop)
+
+
+@case("consumer-parked")
+def parked(request: object) -> str:
+    message = event()
+    with queue_with(message.pop("body"), **message) as queue:
+        return logged("inbox.parked", lambda: consume(queue, refuse, max_deliveries=1))
+
+
+@case("consumer-crash-parked")
+def crash_parked(request: object) -> str:
+    message = event()
+    with queue_with(message.pop("body"), **message) as queue:
+        consume(queue, die, max_deliveries=1)  # a fresh delivery: not counted
+        consume(queue, die, max_deliveries=1)  # redelivered: counted, then "killed"
+        return logged("inbox.parked", lambda: consume(queue, die, max_deliveries=1))
+
+
+@case("consumer-retry-delay-over-max")
+def retry_delay_over_max(request: object) -> str:
+    try:
+        call_command(
+            "run_outbox_consumer",
+            "--queue=orders",
+            "--handler=tests.testapp.handlers.record",
+            "--retry-delay=60",
+            "--retry-max-delay=30",
+        )
+    except CommandError as exc:
+        return error_line(exc)
+    raise AssertionError("run_outbox_consumer accepted the options")
+
+
+@case("replay-not-parked")
+def replay_not_parked(request: object) -> str:
+    try:
+        call_command("outbox_replay_parked", "--event-id", "7d3c1a52-5f0e-4a8e-9c11-0b6f4c1f2e9a")
+    except CommandError as exc:
+        return error_line(exc)
+    raise AssertionError("outbox_replay_parked replayed nothing without an error")
