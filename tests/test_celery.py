@@ -22,6 +22,7 @@ from django_outbox.routes import CELERY_FIELDS
 from tests.support import (
     AMQP_URL,
     REPO,
+    confirming_celery_queue,
     delete_queue,
     drain_raw,
     rabbitmqctl,
@@ -256,41 +257,22 @@ def due_again() -> None:
     OutboxMessage.objects.filter(status=OutboxMessage.Status.FAILED).update(available_at=Now())
 
 
-def test_a_nacked_task_fails_alone_and_the_tasks_around_it_are_sent_once():
-    """Confirms on as docs/consuming.md says (CELERY_BROKER_TRANSPORT_OPTIONS). The queue
-    refuses what would take it past 1,000 bytes (``x-overflow: reject-publish``), so
-    RabbitMQ nacks the big task in the middle of the batch and acks the small ones."""
-    from celery import Celery
-    from kombu import Exchange, Queue
+#: The queue refuses a message that would take it past 1,000 bytes.
+LIMIT = {"x-max-length-bytes": 1000, "x-overflow": "reject-publish"}
 
-    name = unique_destination("celery")
-    limited = Queue(
-        name,
-        Exchange(name, type="direct"),
-        routing_key=name,
-        queue_arguments={"x-max-length-bytes": 1000, "x-overflow": "reject-publish"},
-    )
-    celery_settings = {
-        "CELERY_BROKER_TRANSPORT_OPTIONS": {"confirm_publish": True},
-        "CELERY_TASK_QUEUES": [limited],
-        "CELERY_TASK_DEFAULT_QUEUE": name,
-    }
-    app = Celery("outbox-tests-confirms", broker=AMQP_URL, set_as_current=True)
-    app.config_from_object("django.conf:settings", namespace="CELERY")
+
+def test_a_nacked_task_fails_alone_and_the_tasks_around_it_are_sent_once():
+    """Confirms on as docs/consuming.md says; the queue's LIMIT makes RabbitMQ nack the big
+    task in the middle of the batch and ack the small ones."""
     payloads = [{"n": 0}, {"n": 1}, {"n": 2, "pad": "x" * 2000}, {"n": 3}, {"n": 4}]
     with transaction.atomic():
         rows = [stage("payment.made", p, destination="payments") for p in payloads]
     ids = [str(row.event_id) for row in rows]
-    try:
-        with override_settings(**celery_settings):
-            assert app.conf.broker_transport_options == {"confirm_publish": True}
-            first = relay_until_done()
-            due_again()
-            second = relay_until_done()
-            in_queue = [message.headers["id"] for message in drain_raw(name)]
-    finally:
-        delete_queue(name)
-        app.close()
+    with confirming_celery_queue(**LIMIT) as name:
+        first = relay_until_done()
+        due_again()
+        second = relay_until_done()
+        in_queue = [message.headers["id"] for message in drain_raw(name)]
     assert (first.published, first.failed, second.published, second.failed) == (4, 1, 0, 1)
     assert in_queue == ids[:2] + ids[3:]  # each once, though the relay ran twice
     for row in rows:
