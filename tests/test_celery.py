@@ -21,6 +21,7 @@ from django_outbox.relay import Relay
 from django_outbox.routes import CELERY_FIELDS
 from tests.support import (
     AMQP_URL,
+    REDIS_URL,
     REPO,
     confirming_celery_queue,
     delete_queue,
@@ -280,3 +281,21 @@ def test_a_nacked_task_fails_alone_and_the_tasks_around_it_are_sent_once():
     assert [row.status for row in rows] == ["published"] * 2 + ["failed"] + ["published"] * 2
     assert rows[2].attempts == 2
     assert rows[2].last_error == "the broker refused the message (basic.nack)"
+
+
+def test_celery_routes_on_rabbitmq_without_confirms_get_a_warning():
+    from celery import Celery
+
+    from django_outbox.checks import check_celery_confirms
+
+    def warnings(**outbox: object) -> list[str]:
+        with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, **outbox}):
+            return [message.id for message in check_celery_confirms()]
+
+    Celery("outbox-tests-unconfirmed", broker=AMQP_URL, set_as_current=True)
+    assert warnings(ROUTES=ROUTES) == ["django_outbox.W004"]
+    assert warnings() == []  # no Celery route
+    with confirming_celery_queue():  # the documented settings
+        assert warnings(ROUTES=ROUTES) == []
+    Celery("outbox-tests-redis", broker=REDIS_URL, set_as_current=True)
+    assert warnings(ROUTES=ROUTES) == []  # Redis has no confirms to turn on

@@ -73,6 +73,17 @@ class CeleryTransport(Transport):
             connection.ensure_connection(max_retries=1)
 
 
+def publishes_unconfirmed() -> bool:
+    """Whether the current Celery app publishes to RabbitMQ (an AMQP transport, where
+    ``confirm_publish`` applies) without publisher confirms. Connects nowhere."""
+    from celery import current_app
+
+    if (current_app.conf.broker_transport_options or {}).get("confirm_publish"):
+        return False
+    with current_app.connection_for_write() as connection:
+        return bool(connection.transport.driver_type == "amqp")
+
+
 def _refusal(route: Route, message: ClaimedMessage, kwargs: object) -> Failure | None:
     """Why ``message`` can never be sent as a task of ``route`` (a permanent failure)."""
     clash = celery_header_clash(route, message.headers)

@@ -8,6 +8,7 @@ from django.db import transaction
 from django.test import override_settings
 
 from django_outbox import StagingError, stage
+from django_outbox.checks import check_celery_confirms
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import Relay
 from tests.support import AMQP_URL, confirming_celery_queue
@@ -53,3 +54,13 @@ def celery_kwargs_not_object(request: object) -> str:
 def celery_nack(request: object) -> str:
     with confirming_celery_queue(**{"x-max-length": 0, "x-overflow": "reject-publish"}):
         return _relayed({"n": 1})
+
+
+@case("celery-no-confirms")
+def celery_no_confirms(request: object) -> str:
+    from celery import Celery
+
+    Celery("outbox-hostile", broker=AMQP_URL, set_as_current=True)
+    with override_settings(OUTBOX=OUTBOX):
+        (line,) = [f"{m.id}: {m.msg}" for m in check_celery_confirms()]
+    return line
