@@ -49,7 +49,7 @@ class CeleryTransport(Transport):
                     task_id=str(message.event_id),
                     headers=_headers(message),
                     serializer="json",
-                    confirm_timeout=CONFIRM_TIMEOUT,  # with confirm_publish: never wait forever
+                    confirm_timeout=CONFIRM_TIMEOUT,  # with confirm_publish: bound the wait
                     retry=True,
                     retry_policy=RECONNECT_ONCE,
                 )
