@@ -1,4 +1,5 @@
-"""System checks: ``django_outbox.E001``-``E007`` for settings, ``W001`` for databases.
+"""System checks: ``django_outbox.E001``-``E007`` for settings, ``W001`` for databases,
+``W004`` for Celery routes without publisher confirms.
 
 The ids, messages and hints are listed in docs/reference/checks.md.
 """
@@ -11,7 +12,8 @@ from django.core import checks
 from django.db import connections, router
 
 from . import db
-from .conf import outbox_settings
+from .conf import CHECK_IDS, outbox_settings
+from .exceptions import OutboxConfigurationError
 
 
 @checks.register(checks.Tags.compatibility)
@@ -43,4 +45,28 @@ def check_databases(
         for alias in databases or ()
         if router.allow_migrate_model(alias, OutboxMessage)
         and not db.supports_skip_locked(connections[alias])
+    ]
+
+
+@checks.register(checks.Tags.compatibility)
+def check_celery_confirms(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn when Celery routes publish to RabbitMQ without publisher confirms: the
+    relay's other routes always have them, and without them a task the broker drops is
+    PUBLISHED all the same. Reads the current Celery app's settings; connects nowhere."""
+    try:
+        celery_routes = sorted(name for name, r in outbox_settings.ROUTES.items() if r.is_celery)
+    except OutboxConfigurationError:
+        return []  # E004 says what is wrong with ROUTES
+    from .transports.celery import publishes_unconfirmed
+
+    if not celery_routes or not publishes_unconfirmed():
+        return []
+    return [
+        checks.Warning(
+            f"Celery routes {celery_routes} publish to RabbitMQ without publisher confirms: "
+            "a task the broker refuses or loses is marked PUBLISHED all the same.",
+            hint='Set CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True} (the Celery '
+            "app's broker_transport_options); see docs/consuming.md.",
+            id=CHECK_IDS["celery_no_confirms"],
+        )
     ]

@@ -187,6 +187,7 @@ CHECK_IDS = {
     "delay_order": "django_outbox.E005",
     "no_broker": "django_outbox.E006",
     "bad_broker": "django_outbox.E007",
+    "celery_no_confirms": "django_outbox.W004",
 }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 #: A destination (and so a default queue name) is 1-255 characters: letters,
 #: digits and ``. _ - : /``, starting with a letter or digit.
@@ -99,4 +99,38 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
         exchange_type=exchange_type,
         routing_key=spec.get("routing_key", name),
         queue=spec.get("queue") or None,
+    )
+
+
+#: The header names a Celery task message cannot carry from the user: the protocol-2
+#: headers Celery writes (``celery.app.amqp.AMQP.as_task_v2``), which ``send_task`` lets
+#: a header of the same name replace (the task to run, its id, on which the inbox
+#: dedupes, eta, expires ...); every name of a task's request (``celery.app.task.Context``,
+#: which the worker fills from the headers, so a header of that name replaces the field,
+#: a method included, or is silently replaced by it, as ``correlation_id`` is by the task
+#: id); and ``compression``, which makes kombu decompress the body.
+CELERY_FIELDS = frozenset(
+    {
+        *("lang", "task", "id", "shadow", "eta", "expires", "group", "group_index"),
+        *("retries", "timelimit", "root_id", "parent_id", "argsrepr", "kwargsrepr"),
+        *("origin", "ignore_result", "replaced_task_nesting", "stamped_headers", "stamps"),
+        *("args", "kwargs", "callbacks", "errbacks", "chain", "chord", "taskset"),
+        *("correlation_id", "reply_to", "delivery_info", "properties", "headers", "hostname"),
+        *("called_directly", "is_eager", "logfile", "loglevel", "utc"),
+        *("time_limit", "soft_time_limit", "children", "_children", "_protected"),
+        *("get", "update", "clear", "as_execution_options"),
+        *("_get_custom_headers", "_filter_x_death_headers", "compression"),
+    }
+)
+
+
+def celery_header_clash(route: Route, headers: Iterable[str]) -> str | None:
+    """Why ``headers`` cannot go on the task messages of ``route``; None when they can
+    (always, on a broker route)."""
+    clash = sorted(CELERY_FIELDS.intersection(headers)) if route.is_celery else []
+    if not clash:
+        return None
+    return (
+        f"headers {clash} are fields of Celery's task message on the Celery route "
+        f"{route.destination!r} and cannot be given"
     )

@@ -18,6 +18,8 @@ from ..routes import Route
 
 #: Longest error text kept on a row (``last_error``).
 MAX_ERROR_LENGTH = 2000
+#: The error of a message the broker nacked (publisher confirms): retried.
+NACKED = "the broker refused the message (basic.nack)"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ import kombu.exceptions
 
 from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, ClaimedMessage
 from ..routes import Route
-from .base import Failure, Outcome, Transport
+from .base import NACKED, Failure, Outcome, Transport
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class _Confirms:
 
     def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
         for index in self._settle(delivery_tag, multiple):
-            self.outcomes[index] = Failure("the broker refused the message (basic.nack)")
+            self.outcomes[index] = Failure(NACKED)
 
     def _settle(self, delivery_tag: int, multiple: bool) -> list[int]:
         tags: range | list[int] = [delivery_tag]
