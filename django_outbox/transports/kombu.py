@@ -21,7 +21,7 @@ Both fail it with the same :func:`unroutable` text.
 A queue or exchange the broker refuses to declare (it exists with other
 arguments: 406 PRECONDITION_FAILED) is a configuration error: its rows fail
 without counting an attempt and are due again in :data:`REFUSED_RETRY_DELAY`,
-and one ERROR per route and interval says why.
+and one ERROR per refusal and interval says why.
 """
 
 from __future__ import annotations
