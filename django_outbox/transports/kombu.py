@@ -347,11 +347,13 @@ class KombuTransport(Transport):
         producer = self._producer
         assert producer is not None
         accepted = []  # written into the batch, not yet to the broker
+        # Looked up once per routing key and batch, like the bindings themselves.
+        reaches = functools.cache(functools.partial(self._reaches_a_queue, route))
         with self._batch(producer, len(messages)) as batched:
             for index, message in enumerate(messages):
                 headers = message.wire_headers()
                 key = routing_key(route, message)
-                if not self._reaches_a_queue(route, key):
+                if not reaches(key):
                     outcomes[index] = Failure(unroutable(route.exchange, key))
                     continue
                 try:
