@@ -377,3 +377,33 @@ def test_a_destination_left_for_lack_of_lease_time_costs_no_attempt():
     assert (row.status, row.attempts) == (Status.FAILED, 0)
     assert row.last_error.startswith("not attempted: the batch used half its lease")
     assert row.available_at <= timezone.now()
+
+
+@pytestmark_db
+def test_a_fanout_route_on_redis_loses_what_no_subscriber_hears_as_w003_warns():
+    """Not a fix: the evidence behind django_outbox.W003. kombu's Redis fanout is PUB/SUB,
+    so with its queue bound and no consumer connected the row is PUBLISHED and the queue
+    (a Redis list) stays empty."""
+    import redis
+
+    destination = unique_destination()
+    routes = {
+        destination: {
+            "exchange": f"{destination}-x",
+            "exchange_type": "fanout",
+            "queue": destination,
+        }
+    }
+    with transaction.atomic():
+        row = stage("a.b", {"n": 1}, destination=destination)
+    with override_settings(OUTBOX={"BROKER_URL": REDIS_URL, "ROUTES": routes}):
+        with Relay() as relay:
+            assert relay.run_once().published == 1
+        assert [c.id for c in check_routes()] == ["django_outbox.W003"]
+    row.refresh_from_db()
+    assert row.status == Status.PUBLISHED
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        assert client.llen(destination) == 0
+    finally:
+        client.close()
