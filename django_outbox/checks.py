@@ -1,5 +1,6 @@
-"""System checks: ``django_outbox.E001``-``E007`` for settings, ``W001`` for databases,
-``W004`` for Celery routes without publisher confirms.
+"""System checks: ``django_outbox.E001``-``E007`` for settings, ``E008``, ``E009``,
+``W002`` and ``W003`` for route shapes, ``W001`` for databases, ``W004`` for Celery
+routes without publisher confirms.
 
 The ids, messages and hints are listed in docs/reference/checks.md.
 """
@@ -14,6 +15,7 @@ from django.db import connections, router
 from . import db
 from .conf import CHECK_IDS, outbox_settings
 from .exceptions import OutboxConfigurationError
+from .routes import shape_problems
 
 
 @checks.register(checks.Tags.compatibility)
@@ -22,6 +24,24 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         checks.Error(problem.msg, hint=problem.hint, id=problem.id)
         for problem in outbox_settings.problems()
     ]
+
+
+@checks.register(checks.Tags.compatibility)
+def check_routes(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Routes that can never deliver (errors), or only once others bind a queue (warnings)."""
+    try:
+        routes = outbox_settings.ROUTES
+        url = outbox_settings.broker_url or ""
+    except OutboxConfigurationError:  # reported by check_settings
+        return []
+    scheme = url.partition("://")[0].lower()
+    found: list[checks.CheckMessage] = []
+    for route in routes.values():
+        for shape in shape_problems(route, scheme):
+            check_id = CHECK_IDS[shape.kind]
+            level = checks.Error if check_id.startswith("django_outbox.E") else checks.Warning
+            found.append(level(shape.msg, hint=shape.hint, id=check_id))
+    return found
 
 
 @checks.register(checks.Tags.database)

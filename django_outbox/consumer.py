@@ -40,7 +40,7 @@ from .envelope import ReceivedEvent
 from .exceptions import InvalidMessage, OutboxConfigurationError
 from .inbox import process_once, record_failure
 from .outage import Outage
-from .transports.kombu import CONNECT_TIMEOUT, declare, transient_errors
+from .transports.kombu import CONNECT_TIMEOUT, declare, refusal_errors, transient_errors
 
 logger = logging.getLogger(__name__)
 
@@ -183,14 +183,9 @@ class InboxConsumer:
                 logger.debug("error closing a broken broker connection", exc_info=True)
 
     def _declare(self, connection: kombu.Connection, channel: Any) -> kombu.Queue:
-        try:
-            queue = declare(channel, self.route)
-        except connection.channel_errors as exc:
-            # The broker refused the topology (e.g. the queue exists with other
-            # arguments): retrying cannot help.
-            raise OutboxConfigurationError(
-                f"cannot declare queue {self.queue!r} on the broker: {exc}"
-            ) from exc
+        # A refusal (e.g. the queue exists with other arguments) raises DeclareRefused,
+        # an OutboxConfigurationError with the relay's wording: retrying cannot help.
+        queue = declare(channel, self.route, refused=refusal_errors(connection))
         assert queue is not None  # route_for_queue() always names the queue
         return queue
 
