@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import json
+import reprlib
 
 import pytest
 from django.db import transaction
@@ -195,3 +196,33 @@ def test_what_a_consumer_gets_back_through_the_relay_and_rabbitmq(destination):
     assert type(received["big_float"]) is int
     assert "héllo 😀" in message.body  # as UTF-8 text, not \\u escapes
     assert message.headers["x-note"] == "é😀"
+
+
+@pytest.mark.parametrize(
+    ("headers", "problem"),
+    [
+        ({"x-count": 2**63}, "holds a number outside the signed 64-bit range"),
+        ({"x-nested": {"deep": [-(2**63) - 1]}}, "holds a number outside the signed 64-bit range"),
+        ({"x-big": 1e20}, "holds a number outside the signed 64-bit range"),  # jsonb: an int
+        ({"x" * 256: 1}, "has a name (or holds a key) of over 255 bytes"),
+        ({"x-map": {"é" * 128: 1}}, "has a name (or holds a key) of over 255 bytes"),
+    ],
+)
+def test_a_header_amqp_cannot_carry_is_refused_instead_of_abandoned_at_publish(headers, problem):
+    error = refusal(headers=headers)
+    assert isinstance(error, InvalidEvent)
+    (name,) = headers
+    assert str(error) == (
+        f"event 'order.placed': header {reprlib.repr(name)} {problem}, which AMQP headers "
+        "cannot carry; put it in the payload or send it as a string"
+    )
+
+
+def test_headers_at_the_amqp_limits_are_relayed(destination):
+    headers = {"x" * 255: 1, "x-min": -(2**63), "x-max": 2**63 - 1, "x-float": 1e18}
+    with transaction.atomic():
+        stage("order.placed", {}, destination=destination, headers=headers)
+    with Relay() as relay:
+        assert relay.run_once().published == 1
+    (message,) = consume(destination, 1)
+    assert {name: message.headers[name] for name in headers} == {**headers, "x-float": 10**18}

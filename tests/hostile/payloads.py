@@ -67,3 +67,8 @@ def max_payload_bytes_bad_value(request: object) -> str:
 @case("max-batch-bytes-bad-value")
 def max_batch_bytes_bad_value(request: object) -> str:
     return only(check_lines(BROKER_URL="memory://", MAX_BATCH_BYTES=0))
+
+
+@case("header-big-number")
+def header_big_number(request: object) -> str:
+    return _refusal(headers={"x-count": 2**64})
