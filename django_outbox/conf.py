@@ -125,6 +125,19 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting("BATCH_SIZE", 500, _positive_int, "rows the relay claims per batch."),
         Setting(
+            "MAX_BATCH_BYTES",
+            16 * 1024 * 1024,
+            _positive_int,
+            "bytes of payload JSON the relay claims per batch, at most (a batch always takes "
+            "its first row, however large).",
+        ),
+        Setting(
+            "MAX_PAYLOAD_BYTES",
+            1024 * 1024,
+            _positive_int,
+            "largest payload (and largest headers) stage() accepts, in bytes of UTF-8 JSON.",
+        ),
+        Setting(
             "LEASE_SECONDS",
             60,
             _seconds,
