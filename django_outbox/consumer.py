@@ -40,9 +40,11 @@ from .envelope import ReceivedEvent
 from .exceptions import InvalidMessage, OutboxConfigurationError
 from .inbox import process_once, record_failure
 from .outage import Outage
+from .redact import SecretFilter
 from .transports.kombu import CONNECT_TIMEOUT, declare, transient_errors
 
 logger = logging.getLogger(__name__)
+logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tracebacks
 
 DEFAULT_PREFETCH = 100
 DEFAULT_MAX_DELIVERIES = 5
@@ -102,11 +104,7 @@ class InboxConsumer:
         self.using = using
         self.prefetch = prefetch
         self.max_deliveries = max_deliveries
-        self.url = url or outbox_settings.broker_url
-        if not self.url:
-            raise OutboxConfigurationError(
-                'No broker URL to consume from: set OUTBOX["BROKER_URL"] or CELERY_BROKER_URL.'
-            )
+        self.url = outbox_settings.require_broker_url(url)
         if transport_options is None:
             transport_options = outbox_settings.BROKER_TRANSPORT_OPTIONS
         self.transport_options = transport_options
