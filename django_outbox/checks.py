@@ -1,4 +1,5 @@
-"""System checks: ``django_outbox.E001``-``E007``, ``E010`` and ``E011`` for settings, ``W001`` for databases.
+"""System checks: ``django_outbox.E001``-``E007``, ``E010`` and ``E011`` for settings,
+``W001`` for databases.
 
 The ids, messages and hints are listed in docs/reference/checks.md.
 """

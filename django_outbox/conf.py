@@ -420,7 +420,7 @@ def broker_problem(url: str) -> Problem | None:
             CHECK_IDS["missing_driver"],
             f"The broker URL {mask_url(url)} needs the Python package {module!r}, "
             "which is not installed.",
-            f"pip install {install}",
+            f"Install it: pip install {install}",
         )
     return None
 

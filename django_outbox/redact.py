@@ -132,11 +132,13 @@ def url_passwords(url: str) -> list[str]:
 
 
 def scrub(text: str, secrets: Iterable[str] = ()) -> str:
-    """``text`` with every URL's password masked and every one of ``secrets`` (and
-    each piece of it a URL parser might have split off and quoted) replaced by ``***``."""
+    """``text`` with every URL's password masked, and every one of ``secrets`` and of
+    the passwords of the URLs in ``text`` (and each piece of them a URL parser might
+    have split off and quoted) replaced by ``***``."""
+    urls = _URL_IN_TEXT.findall(text)
     text = _URL_IN_TEXT.sub(lambda match: mask_url(match.group(0)), text)
     pieces = set()
-    for secret in secrets:
+    for secret in [*secrets, *(password for url in urls for password in url_passwords(url))]:
         pieces.add(secret)
         pieces.update(_DELIMITERS.split(secret))
     for piece in sorted(pieces, key=len, reverse=True):  # the longest first
