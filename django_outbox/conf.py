@@ -419,8 +419,8 @@ def broker_problem(url: str) -> Problem | None:
         return Problem(
             CHECK_IDS["missing_driver"],
             f"The broker URL {mask_url(url)} needs the Python package {module!r}, "
-            "which is not installed.",
-            f"Install it: pip install {install}",
+            f"which is not installed: pip install {install}",
+            "Install it where the relay and the consumers run, or use another transport.",
         )
     return None
 

@@ -103,7 +103,7 @@ def url_problem(url: str) -> str | None:
             return 'its user name or password holds an unquoted "@", "/", "?" or "#"'
         port = hostport.rpartition(":")[2] if ":" in hostport.rpartition("]")[2] else ""
         if port and not (port.isdigit() and int(port) < 65536):
-            return 'its port is not a number (a password with an unquoted ":" or ";"?)'
+            return 'its port is not a number (a password with an unquoted ";", or no "@"?)'
         try:
             urlsplit(part).port  # noqa: B018 (parsing is the point: it raises on what it cannot read)
         except ValueError:

@@ -296,9 +296,9 @@ def test_check_names_the_extra_to_install_for_redis(without_redis):
     assert result.returncode == 1
     assert (
         "(django_outbox.E011) The broker URL redis://127.0.0.1:" in result.stderr
-        and "needs the Python package 'redis', which is not installed." in result.stderr
+        and f"needs the Python package 'redis', which is not installed: {INSTALL_REDIS}"
+        in result.stderr
     )
-    assert INSTALL_REDIS in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -326,8 +326,8 @@ def test_a_transport_whose_package_is_missing_names_kombus_extra():
     with pytest.raises(ImportError):
         __import__("boto3")
     (error,) = outbox_errors(OUTBOX={"BROKER_URL": f"sqs://AKIA:{quote(PASSWORD, safe='')}@"})
-    assert (error.id, error.msg, error.hint) == (
+    assert (error.id, error.msg) == (
         "django_outbox.E011",
-        "The broker URL sqs://AKIA:***@ needs the Python package 'boto3', which is not installed.",
-        'Install it: pip install "kombu[sqs]"',
+        "The broker URL sqs://AKIA:***@ needs the Python package 'boto3', which is not "
+        'installed: pip install "kombu[sqs]"',
     )
