@@ -272,7 +272,7 @@ class OutboxSettings:
         except _Invalid as exc:
             return Problem(
                 CHECK_IDS["bad_value"],
-                f'OUTBOX["{name}"] {exc}; got {raw!r}.',
+                f'OUTBOX["{name}"] {exc}; got {scrub(repr(raw))}.',
                 f"Default: {SETTINGS[name].default!r}. {SETTINGS[name].doc}",
             )
 

@@ -138,6 +138,14 @@ def test_check_never_echoes_a_broker_url_without_a_scheme():
     )
 
 
+def test_a_broker_url_of_the_wrong_type_is_shown_masked():
+    (error,) = outbox_errors(OUTBOX={"BROKER_URL": [MALFORMED, WRONG_PASSWORD]})
+    assert error.msg == (
+        'OUTBOX["BROKER_URL"] must be a non-empty string or None; got '
+        f"['amqp://guest:***@127.0.0.1:{AMQP_PORT}//', 'amqp://guest:***@127.0.0.1:{AMQP_PORT}//']."
+    )
+
+
 def test_a_percent_encoded_password_passes_the_check():
     assert outbox_errors(OUTBOX={"BROKER_URL": WRONG_PASSWORD}) == []
 

@@ -20,7 +20,7 @@ PASSWORD = "s3cr#t?/@pw"  # pasted into the URL as it is, not percent-encoded
 AMQP_HOST = AMQP_URL.split("@", 1)[1]
 
 
-def _check(url: str) -> str:
+def _check(url: object) -> str:
     return only(check_lines(BROKER_URL=url))
 
 
@@ -53,6 +53,11 @@ def not_a_url(request: object) -> str:
 @case("broker-url-no-host")
 def no_host(request: object) -> str:
     return _check("amqp://guest:s3cret")
+
+
+@case("broker-url-wrong-type")
+def wrong_type(request: object) -> str:
+    return _check([f"amqp://guest:{PASSWORD}@{AMQP_HOST}"])
 
 
 @case("relay-malformed-broker-url")
