@@ -364,11 +364,7 @@ class OutboxSettings:
     def redact(self, text: str) -> str:
         """``text`` (a driver's error message, a log line) without any URL's password
         or any password of the project's configuration."""
-        try:
-            secrets = self.secrets()
-        except Exception:  # broken settings: still mask what looks like a URL
-            secrets = []
-        return scrub(text, secrets)
+        return scrub(text, self.secrets())
 
 
 #: Celery's settings that hold URLs with passwords.
@@ -394,27 +390,37 @@ def broker_problem(url: str) -> Problem | None:
             'Percent-encode the user name and password: "@" as %40, ":" as %3A, "/" as %2F, '
             '"?" as %3F, "#" as %23 (urllib.parse.quote(password, safe="")).',
         )
-    from kombu.transport import TRANSPORT_ALIASES, resolve_transport
+    from kombu.transport import TRANSPORT_ALIASES
 
-    scheme = url.partition("://")[0]
+    scheme = url.partition("://")[0].partition("+")[0]  # kombu reads sqla+postgresql:// so
     if scheme not in TRANSPORT_ALIASES and "." not in scheme:
         return Problem(
             CHECK_IDS["bad_broker"],
             f"The broker URL names an unknown kombu transport {scheme!r}.",
             "Use a kombu URL such as amqp://, redis://, memory:// or filesystem://.",
         )
+    return _missing_driver(url, scheme)
+
+
+def _missing_driver(url: str, scheme: str) -> Problem | None:
+    """E011 if the kombu transport of ``url`` cannot be loaded: the package to install
+    for the transports of :data:`DRIVERS`, kombu's own import error for the others."""
+    import kombu
+
     module, install = DRIVERS.get(scheme, (None, None))
     try:
         if module is not None:
             importlib.import_module(module)
-        resolve_transport(scheme)
-    except Exception as exc:  # ImportError, or what a transport raises without its driver
+        # Building the transport (no connection yet) is where kombu's transports
+        # raise ImportError for a missing driver.
+        kombu.Connection(url).transport  # noqa: B018
+    except Exception as exc:  # ImportError, or whatever a transport raises without its driver
         if module is None:
             return Problem(
                 CHECK_IDS["missing_driver"],
                 f"The broker URL {mask_url(url)} names kombu transport {scheme!r}, which cannot "
-                f"be loaded: {outbox_settings.redact(f'{type(exc).__name__}: {exc}')}.",
-                "Install the package the error names.",
+                f"be loaded: {outbox_settings.redact(f'{type(exc).__name__}: {exc}')}",
+                "Install the package the error names, where the relay and the consumers run.",
             )
         return Problem(
             CHECK_IDS["missing_driver"],

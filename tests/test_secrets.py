@@ -339,3 +339,13 @@ def test_a_transport_whose_package_is_missing_names_kombus_extra():
         "The broker URL sqs://AKIA:***@ needs the Python package 'boto3', which is not "
         'installed: pip install "kombu[sqs]"',
     )
+
+
+def test_a_transport_kombu_cannot_load_gets_kombus_own_error():
+    """pgmq is not installed in the test venv, and this app knows no package for it."""
+    (error,) = outbox_errors(OUTBOX={"BROKER_URL": f"pgmq://u:{quote(PASSWORD, safe='')}@db/x"})
+    assert (error.id, error.msg) == (
+        "django_outbox.E011",
+        "The broker URL pgmq://u:***@db/x names kombu transport 'pgmq', which cannot be loaded: "
+        "ImportError: PGMQ transport requires the pgmq library: pip install kombu[pgmq]",
+    )

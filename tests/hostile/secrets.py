@@ -90,3 +90,9 @@ def missing_redis_relay(request: object) -> str:
 def missing_boto3(request: object) -> str:
     """boto3 is really missing from the test venv."""
     return _check("sqs://AKIA:s3cret@")
+
+
+@case("missing-package-kombu-names")
+def missing_pgmq(request: object) -> str:
+    """pgmq is really missing from the test venv."""
+    return _check("pgmq://u:s3cret@localhost/db")
