@@ -210,17 +210,17 @@ def test_a_consumer_given_a_malformed_url_says_so_masked():
     assert_hidden(str(raised.value))
 
 
-def run_relay_until_the_broker_is_down(caplog) -> None:
-    """Run a relay (in a thread) until it logged a broker outage, then stop it."""
+def run_until_the_broker_is_down(caplog, worker: Relay | InboxConsumer) -> None:
+    """Run a relay or consumer (in a thread) until it logged a broker outage, then stop it."""
     stop = threading.Event()
 
-    def relay() -> None:
+    def run() -> None:
         try:
-            Relay().run(stop)
+            worker.run(stop)
         finally:
             connections.close_all()  # this thread's
 
-    thread = threading.Thread(target=relay)
+    thread = threading.Thread(target=run)
     thread.start()
     try:
         wait_until(
@@ -239,11 +239,20 @@ def test_a_wrong_password_at_the_real_rabbitmq_shows_nowhere(admin_client, caplo
     caplog.set_level(logging.INFO, logger="django_outbox")
     stage_events(1, "orders")
     with override_settings(OUTBOX={"BROKER_URL": WRONG_PASSWORD}):
-        run_relay_until_the_broker_is_down(caplog)
+        run_until_the_broker_is_down(caplog, Relay())
     (row,) = OutboxMessage.objects.all()
     assert "ACCESS_REFUSED" in row.last_error  # the broker's refusal, as py-amqp words it
     assert "ACCESS_REFUSED" in caplog.text
     assert_hidden(caplog.text, everything_shown(admin_client))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_consumer_refused_by_the_real_rabbitmq_logs_no_password(caplog):
+    caplog.set_level(logging.INFO, logger="django_outbox")
+    with override_settings(OUTBOX={"BROKER_URL": WRONG_PASSWORD}):
+        run_until_the_broker_is_down(caplog, InboxConsumer("orders", print, "c"))
+    assert "ACCESS_REFUSED" in caplog.text
+    assert_hidden(caplog.text)
 
 
 @pytest.mark.django_db(transaction=True)
