@@ -254,7 +254,7 @@ class InboxConsumer:
         message.reject(requeue=False)
 
     def _failed(self, message: Any, event: ReceivedEvent, exc: Exception) -> None:
-        error = f"{type(exc).__name__}: {exc}"
+        error = outbox_settings.redact(f"{type(exc).__name__}: {exc}")  # shown by the admin
         extra = {"queue": self.queue, "consumer": self.consumer, "event_id": str(event.event_id)}
         try:
             deliveries, parked = record_failure(

@@ -27,11 +27,20 @@ from django.urls import reverse
 from django_outbox.conf import outbox_settings
 from django_outbox.consumer import InboxConsumer
 from django_outbox.exceptions import OutboxConfigurationError
-from django_outbox.models import OutboxMessage
+from django_outbox.models import InboxFailure, OutboxMessage
 from django_outbox.redact import mask_url, scrub, url_passwords, url_problem
 from django_outbox.relay import Relay
 
-from .support import AMQP_URL, REDIS_URL, manage_command, relay_env, stage_events, wait_until
+from .support import (
+    AMQP_URL,
+    REDIS_URL,
+    delete_queue,
+    manage_command,
+    relay_env,
+    stage_events,
+    unique_destination,
+    wait_until,
+)
 
 MARKER = f"zebra{uuid.uuid4().hex[:8]}"
 #: The marker first, so that a parser that stops at "#" quotes it.
@@ -266,6 +275,33 @@ def test_a_wrong_password_at_the_real_redis_shows_nowhere(admin_client, caplog):
     (row,) = OutboxMessage.objects.all()
     assert "invalid username-password pair" in row.last_error
     assert_hidden(caplog.text, everything_shown(admin_client))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_handler_error_holding_a_password_is_stored_and_shown_masked(admin_client, caplog):
+    """A handler's exception text (say, its own database driver's) is what the consumer
+    logs, keeps in InboxFailure.last_error and the admin shows."""
+    destination = unique_destination("secret")
+
+    def handler(event: object) -> None:
+        raise ConnectionError(f"cannot reach {MALFORMED}: bad port '{MARKER}'")
+
+    try:
+        stage_events(1, destination)
+        with Relay() as relay:
+            assert relay.run_once().published == 1
+        consumer = InboxConsumer(destination, handler, "c", max_deliveries=1)
+        assert consumer.run(threading.Event(), idle_timeout=2).parked == 1
+    finally:
+        delete_queue(destination)
+    (failure,) = InboxFailure.objects.all()
+    assert failure.last_error.startswith("ConnectionError: cannot reach amqp://")
+    pages = [
+        admin_client.get(reverse("admin:django_outbox_inboxfailure_changelist")),
+        admin_client.get(reverse("admin:django_outbox_inboxfailure_change", args=[failure.pk])),
+    ]
+    assert all(page.status_code == 200 for page in pages)
+    assert_hidden(failure.last_error, caplog.text, *(page.content.decode() for page in pages))
 
 
 def test_a_driver_error_holding_a_url_is_logged_masked(caplog):
