@@ -109,7 +109,8 @@ SETTINGS: dict[str, Setting] = {
             "ROUTES",
             {},
             None,  # parsed by parse_routes with DEFAULT_EXCHANGE, see _parse()
-            "destination -> {exchange, exchange_type, routing_key, queue} or {celery_task}.",
+            "destination -> {exchange, exchange_type, routing_key, queue, queue_arguments, "
+            "exchange_arguments} or {celery_task}.",
         ),
         Setting(
             "DEFAULT_EXCHANGE",
@@ -189,6 +190,12 @@ CHECK_IDS = {
     "delay_order": "django_outbox.E005",
     "no_broker": "django_outbox.E006",
     "bad_broker": "django_outbox.E007",
+    "celery_no_confirms": "django_outbox.W004",
+    # Route shapes (routes.shape_problems), checked by checks.check_routes:
+    "direct_key": "django_outbox.E008",
+    "default_exchange_key": "django_outbox.E009",
+    "no_queue": "django_outbox.W002",
+    "redis_fanout": "django_outbox.W003",
     "malformed_broker": "django_outbox.E010",
     "missing_driver": "django_outbox.E011",
 }

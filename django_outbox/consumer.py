@@ -37,11 +37,11 @@ from django.db import DatabaseError, close_old_connections, connections
 
 from .conf import outbox_settings
 from .envelope import ReceivedEvent
-from .exceptions import InvalidMessage, OutboxConfigurationError
+from .exceptions import InvalidMessage
 from .inbox import process_once, record_failure
 from .outage import Outage
 from .redact import SecretFilter
-from .transports.kombu import CONNECT_TIMEOUT, declare, transient_errors
+from .transports.kombu import CONNECT_TIMEOUT, declare, refusal_errors, transient_errors
 
 logger = logging.getLogger(__name__)
 logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tracebacks
@@ -181,14 +181,9 @@ class InboxConsumer:
                 logger.debug("error closing a broken broker connection", exc_info=True)
 
     def _declare(self, connection: kombu.Connection, channel: Any) -> kombu.Queue:
-        try:
-            queue = declare(channel, self.route)
-        except connection.channel_errors as exc:
-            # The broker refused the topology (e.g. the queue exists with other
-            # arguments): retrying cannot help.
-            raise OutboxConfigurationError(
-                f"cannot declare queue {self.queue!r} on the broker: {exc}"
-            ) from exc
+        # A refusal (e.g. the queue exists with other arguments) raises DeclareRefused,
+        # an OutboxConfigurationError with the relay's wording: retrying cannot help.
+        queue = declare(channel, self.route, refused=refusal_errors(connection))
         assert queue is not None  # route_for_queue() always names the queue
         return queue
 

@@ -35,7 +35,7 @@ from .exceptions import (
     PayloadNotSerializable,
     UnknownDestination,
 )
-from .routes import is_valid_destination
+from .routes import Route, celery_header_clash, is_valid_destination
 from .signals import event_committed
 
 if TYPE_CHECKING:
@@ -176,7 +176,8 @@ def _build(
 ) -> OutboxMessage:
     _check_event_type(event_type)
     _check_destination_format(destination)
-    if outbox_settings.route_for(destination) is None:
+    route = outbox_settings.route_for(destination)
+    if route is None:
         raise UnknownDestination(
             f"destination {destination!r} is not in OUTBOX['ROUTES'] and "
             "OUTBOX['DEFAULT_ROUTE'] is False: add a route for it or turn the default route on"
@@ -190,7 +191,7 @@ def _build(
         "event_type": event_type,
         "destination": destination,
         "payload": _to_json(payload, "payload", event_type),
-        "headers": _to_json(_check_headers(headers, event_type), "headers", event_type),
+        "headers": _to_json(_check_headers(headers, event_type, route), "headers", event_type),
         "ordering_key": key or "",
     }
     if available_at is not None:
@@ -258,7 +259,9 @@ def _check_destination_format(destination: object) -> None:
         )
 
 
-def _check_headers(headers: Mapping[str, Any] | None, event_type: str) -> dict[str, Any]:
+def _check_headers(
+    headers: Mapping[str, Any] | None, event_type: str, route: Route
+) -> dict[str, Any]:
     if headers is None:
         return {}
     if not isinstance(headers, Mapping) or not all(isinstance(k, str) and k for k in headers):
@@ -271,6 +274,9 @@ def _check_headers(headers: Mapping[str, Any] | None, event_type: str) -> dict[s
             f"event {event_type!r}: headers {sorted(clash)} are set by the relay and "
             "cannot be given"
         )
+    refused = celery_header_clash(route, headers)
+    if refused:
+        raise InvalidEvent(f"event {event_type!r}: {refused}")
     return dict(headers)
 
 
