@@ -1,6 +1,6 @@
-"""System checks: ``django_outbox.E001``-``E007`` for settings, ``E008``, ``E009``,
-``W002`` and ``W003`` for route shapes, ``W001`` for databases, ``W004`` for Celery
-routes without publisher confirms.
+"""System checks: ``django_outbox.E001``-``E007``, ``E010`` and ``E011`` for settings,
+``E008``, ``E009``, ``W002`` and ``W003`` for route shapes, ``W001`` for databases, ``W004``
+for Celery routes without publisher confirms.
 
 The ids, messages and hints are listed in docs/reference/checks.md.
 """

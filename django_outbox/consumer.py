@@ -37,12 +37,14 @@ from django.db import DatabaseError, close_old_connections, connections
 
 from .conf import outbox_settings
 from .envelope import ReceivedEvent
-from .exceptions import InvalidMessage, OutboxConfigurationError
+from .exceptions import InvalidMessage
 from .inbox import process_once, record_failure
 from .outage import Outage
+from .redact import SecretFilter
 from .transports.kombu import CONNECT_TIMEOUT, declare, refusal_errors, transient_errors
 
 logger = logging.getLogger(__name__)
+logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tracebacks
 
 DEFAULT_PREFETCH = 100
 DEFAULT_MAX_DELIVERIES = 5
@@ -102,11 +104,7 @@ class InboxConsumer:
         self.using = using
         self.prefetch = prefetch
         self.max_deliveries = max_deliveries
-        self.url = url or outbox_settings.broker_url
-        if not self.url:
-            raise OutboxConfigurationError(
-                'No broker URL to consume from: set OUTBOX["BROKER_URL"] or CELERY_BROKER_URL.'
-            )
+        self.url = outbox_settings.require_broker_url(url)
         if transport_options is None:
             transport_options = outbox_settings.BROKER_TRANSPORT_OPTIONS
         self.transport_options = transport_options
@@ -251,7 +249,7 @@ class InboxConsumer:
         message.reject(requeue=False)
 
     def _failed(self, message: Any, event: ReceivedEvent, exc: Exception) -> None:
-        error = f"{type(exc).__name__}: {exc}"
+        error = outbox_settings.redact(f"{type(exc).__name__}: {exc}")  # shown by the admin
         extra = {"queue": self.queue, "consumer": self.consumer, "event_id": str(event.event_id)}
         try:
             deliveries, parked = record_failure(

@@ -38,12 +38,14 @@ from .conf import outbox_settings
 from .envelope import ClaimedMessage
 from .models import OutboxMessage, OutboxQuerySet
 from .outage import Outage
+from .redact import SecretFilter
 from .retry import RetryPolicy
 from .routes import Route
 from .signals import event_abandoned, event_failed, event_published
 from .transports.base import Failure, Outcome, Transport
 
 logger = logging.getLogger(__name__)
+logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tracebacks
 T = TypeVar("T")
 
 #: How long one slice of an idle wait lasts, so a stop request is seen promptly.
@@ -120,6 +122,9 @@ class Relay:
         self.lease_seconds = outbox_settings.LEASE_SECONDS
         #: "broker" and "celery" transports, built on first use.
         self._transports: dict[str, Transport] = dict(transports or {})
+        if "broker" not in self._transports and outbox_settings.broker_url:
+            # A malformed URL or a missing driver package: say so now, not per batch.
+            outbox_settings.require_broker_url()
 
     def close(self) -> None:
         """Close the broker connections (``run()`` does it when it returns)."""
@@ -169,11 +174,9 @@ class Relay:
             else:
                 from .transports.kombu import KombuTransport
 
-                url = outbox_settings.broker_url
-                if url is None:
-                    raise RuntimeError("no broker URL; manage.py check reports django_outbox.E006")
                 self._transports[kind] = KombuTransport(
-                    url, outbox_settings.BROKER_TRANSPORT_OPTIONS
+                    outbox_settings.require_broker_url(),
+                    outbox_settings.BROKER_TRANSPORT_OPTIONS,
                 )
         return self._transports[kind]
 

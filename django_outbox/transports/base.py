@@ -13,6 +13,7 @@ import abc
 import dataclasses
 from collections.abc import Sequence
 
+from ..conf import outbox_settings
 from ..envelope import ClaimedMessage
 from ..routes import Route
 
@@ -43,7 +44,9 @@ class Failure:
 
     @classmethod
     def from_exception(cls, exc: BaseException, *, permanent: bool = False) -> Failure:
-        return cls(f"{type(exc).__name__}: {exc}"[:MAX_ERROR_LENGTH], permanent)
+        # The driver's text may hold a URL or a password: neither reaches last_error.
+        text = outbox_settings.redact(f"{type(exc).__name__}: {exc}")
+        return cls(text[:MAX_ERROR_LENGTH], permanent)
 
     @classmethod
     def not_attempted(cls, error: str, retry_delay: float) -> Failure:
