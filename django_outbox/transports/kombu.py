@@ -191,13 +191,19 @@ class KombuTransport(Transport):
     def check(self) -> None:
         self._connect()
 
-    def close(self) -> None:
+    def close(self, *, graceful: bool = True) -> None:
+        """Drop the connection. ``graceful=False`` closes the socket without AMQP's
+        close handshake: after an error the broker may never answer it (a resource
+        alarm, a network that drops packets) and the handshake would wait forever."""
         connection, self._connection = self._connection, None
         self._channel = self._producer = self._confirms = None
         self._declared.clear()
         if connection is not None:
             try:
-                connection.release()
+                if graceful:
+                    connection.release()
+                else:
+                    connection.collect()
             except Exception:  # the connection is already broken; nothing to save
                 logger.debug("error closing a broken broker connection", exc_info=True)
 
@@ -215,7 +221,7 @@ class KombuTransport(Transport):
         except self._transient as exc:
             # Whatever was not confirmed may or may not have reached the broker:
             # it is retried (at-least-once), and the channel starts afresh.
-            self.close()
+            self.close(graceful=False)
             failure = Failure.from_exception(exc)
             outcomes = [failure if outcome is _UNSETTLED else outcome for outcome in outcomes]
         return outcomes
