@@ -1,5 +1,5 @@
 """Publishing through kombu: RabbitMQ with pipelined publisher confirms, and every
-other kombu transport (Redis, SQS, filesystem, memory) through its producer.
+other kombu transport (Redis, filesystem, memory; others untested) through its producer.
 
 On RabbitMQ (py-amqp) the channel is put in confirm mode once; a batch is
 written without waiting, then the broker's ``basic.ack``/``basic.nack`` frames
