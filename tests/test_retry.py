@@ -56,3 +56,13 @@ def test_from_settings_reads_the_outbox_knobs():
     knobs = {"RETRY_BASE_DELAY": 0.5, "RETRY_MAX_DELAY": 30, "RETRY_JITTER": 0.1, "MAX_ATTEMPTS": 4}
     with override_settings(OUTBOX={**settings.OUTBOX, **knobs}):
         assert RetryPolicy.from_settings() == policy(base=0.5, cap=30, jitter=0.1, attempts=4)
+
+
+def test_with_the_defaults_a_row_failing_every_time_is_abandoned_7_to_9_minutes_later():
+    """The runbook's figure: MAX_ATTEMPTS 10, RETRY_BASE_DELAY 1 s, RETRY_JITTER 0.2."""
+    defaults = RetryPolicy.from_settings()
+    assert defaults == policy(base=1, cap=3600, jitter=0.2, attempts=10)
+    waits = [defaults.delay(n) for n in range(1, 10)]  # after failures 1-9; the 10th abandons
+    assert [defaults.exhausted(n) for n in range(1, 11)] == [False] * 9 + [True]
+    assert 0.8 * 511 <= sum(waits) <= 511  # 1 + 2 + ... + 256 s, less up to 20 %
+    assert 6.5 * 60 < sum(waits) < 9 * 60
