@@ -25,8 +25,9 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
+from django.db import transaction
 
-from django_outbox import db
+from django_outbox import db, stage_many
 from django_outbox.conf import outbox_settings
 from django_outbox.transports.base import Failure, Outcome
 from django_outbox.transports.kombu import KombuTransport
@@ -226,3 +227,37 @@ def test_confirms_that_never_come_fail_the_batch_and_the_next_publish_reconnects
         transport.close()
     received = [m.headers["event_id"] for m in consume(destination, 3)]
     assert sorted(received) == sorted(staged)
+
+
+def test_a_batch_too_big_for_the_socket_buffers_fails_too_instead_of_blocking_the_write(
+    destination,
+):
+    """A broker that stops reading (RabbitMQ under a resource alarm, a dead network)
+    fills the socket buffers: writing the batch must time out as waiting for its
+    confirms does, not block for good."""
+    with transaction.atomic():
+        stage_many(
+            {"event_type": "big", "payload": {"blob": "x" * 50_000}, "destination": destination}
+            for _ in range(300)
+        )
+    messages = db.claim("default", limit=300, lease_seconds=60, worker="t", token=uuid.uuid4())
+    route = outbox_settings.route_for(destination)
+    assert route is not None
+    proxy = FreezableProxy(BROKER)
+    transport = KombuTransport(proxy.url, confirm_timeout=1)
+    try:
+        assert transport.publish(route, messages[:1]) == [None]
+        proxy.freeze()
+        outcomes: list[Outcome] = []
+        publish = threading.Thread(
+            target=lambda: outcomes.extend(transport.publish(route, messages[1:])), daemon=True
+        )
+        publish.start()
+        publish.join(timeout=PROMPTLY)
+        assert not publish.is_alive(), "publish still writes to the silent broker"
+        assert len(outcomes) == 299
+        # py-amqp's socket timeout (the relay's CONNECT_TIMEOUT, 5 s) ends the write.
+        assert set(outcomes) == {Failure("RecoverableConnectionError: basic_publish: timed out")}
+    finally:
+        proxy.close()
+        transport.close()
