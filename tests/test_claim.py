@@ -64,7 +64,7 @@ def no_lock_waits() -> Iterator[None]:
         cursor.execute("RESET lock_timeout")
 
 
-def _rows() -> dict[str, OutboxMessage]:
+def _rows(using: str = "default") -> dict[str, OutboxMessage]:
     """Rows created in this order (so ids ascend down the list), due at other times."""
     now = timezone.now()
     ago = lambda minutes: now - dt.timedelta(minutes=minutes)  # noqa: E731
@@ -91,7 +91,10 @@ def _rows() -> dict[str, OutboxMessage]:
         "abandoned": {"status": Status.ABANDONED, "available_at": ago(90)},
         "oldest_locked": {"available_at": ago(50)},
     }
-    return {name: OutboxMessageFactory(**fields) for name, fields in spec.items()}
+    rows = {name: OutboxMessageFactory.build(**fields) for name, fields in spec.items()}
+    for row in rows.values():
+        row.save(using=using)
+    return rows
 
 
 def test_claim_skips_a_row_another_session_holds_and_takes_the_oldest_first(
@@ -147,3 +150,23 @@ def test_the_claimed_messages_carry_the_rows_columns(claim):
     assert (message.headers, message.ordering_key, message.attempts) == ({"tenant": "t1"}, "k1", 2)
     assert json.loads(message.payload) == {"b": 1, "a": [1, "x"]}
     assert message.created_at == OutboxMessage.objects.get(pk=row.pk).created_at
+
+
+@pytest.mark.django_db(transaction=True, databases=["lite"])
+def test_the_portable_claim_on_sqlite_takes_the_oldest_due_rows_first():
+    """SQLite has no SKIP LOCKED (one relay per database); the order is the same."""
+    rows = _rows("lite")
+    name_of = {row.pk: name for name, row in rows.items()}
+    token = uuid.uuid4()
+
+    def claim(limit: int) -> list[str]:
+        return [name_of[m.id] for m in db._claim_portable("lite", limit, 30, "w", token)]
+
+    assert claim(3) == ["pending_30", "lease_expired", "oldest_locked"]  # in id order
+    assert claim(1) == ["pending_30_later_id"]
+    assert claim(1) == ["failed_due"]
+    assert claim(1) == ["pending_10"]
+    assert claim(10) == []
+    claimed = OutboxMessage.objects.using("lite").filter(lease_token=token)
+    assert set(claimed.values_list("status", flat=True)) == {Status.PROCESSING}
+    assert claimed.count() == 6
