@@ -261,3 +261,27 @@ def test_a_batch_too_big_for_the_socket_buffers_fails_too_instead_of_blocking_th
     finally:
         proxy.close()
         transport.close()
+
+
+def test_sigterm_stops_an_idle_relay_whose_broker_went_silent(destination):
+    """Closing the connection waits for the broker's reply, but not for good."""
+    proxy = FreezableProxy(BROKER)
+    relay = start_relay(BROKER_URL=proxy.url)
+    try:
+        stage_events(1, destination)
+        wait_until(lambda: status_counts()["published"] == 1, timeout=60, what="a first event")
+        proxy.freeze()
+        relay.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        try:
+            out, err = relay.communicate(timeout=60)
+        finally:
+            took = time.monotonic() - sent
+        assert relay.returncode == 0, err
+        assert took < PROMPTLY, f"exited {took:.1f}s after SIGTERM:\n{err}"
+        assert out.startswith("claimed 1, published 1,")
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+            relay.communicate()
+        proxy.close()

@@ -80,6 +80,17 @@ def declare(channel: Any, route: Route) -> kombu.Queue | None:
     return queue
 
 
+def _bound_socket_waits(connection: kombu.Connection, seconds: float) -> None:
+    """Make py-amqp give up on a broker that does not answer within ``seconds``: it
+    waits for the reply to its close without end, so a broker that went silent while
+    the relay was idle would keep a stopping relay from exiting. Other drivers (and
+    a connection never made) are left as they are."""
+    transport = getattr(connection._connection, "_transport", None)  # py-amqp's socket owner
+    sock = getattr(transport, "sock", None)
+    if sock is not None:
+        sock.settimeout(seconds)
+
+
 #: An outcome not known yet: not sent, or sent and not confirmed.
 _UNSETTLED: Any = object()
 
@@ -201,6 +212,7 @@ class KombuTransport(Transport):
         if connection is not None:
             try:
                 if graceful:
+                    _bound_socket_waits(connection, CONNECT_TIMEOUT)
                     connection.release()
                 else:
                     connection.collect()
