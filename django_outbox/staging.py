@@ -102,9 +102,10 @@ def stage(
 def stage_many(
     events: Iterable[Mapping[str, Any]], *, using: str = "default"
 ) -> list[OutboxMessage]:
-    """Stage many events with one INSERT; each event is a dict of ``stage()``'s arguments
-    (``event_type``, ``payload``, ``destination``, optional ``key``, ``headers``,
-    ``available_at``). All are validated before anything is written."""
+    """Stage many events with as few INSERTs as the database takes; each event is a
+    dict of ``stage()``'s arguments (``event_type``, ``payload``, ``destination``,
+    optional ``key``, ``headers``, ``available_at``). All are validated before
+    anything is written."""
     rows = [_build(**_event_kwargs(index, event)) for index, event in enumerate(events)]
     return _insert(rows, using) if rows else []
 

@@ -115,13 +115,23 @@ def estimated_rows(queryset: QuerySet[Any]) -> int:
     return int(plan["Plan"]["Plan Rows"])
 
 
+#: Rows one INSERT writes at most: PostgreSQL takes 65,535 parameters a statement
+#: (psycopg's ``server_side_binding`` sends them apart), and a row sends 7.
+INSERT_MAX_ROWS = 65_535 // 7
+
+
 def insert(connection: BaseDatabaseWrapper, rows: list[OutboxMessage]) -> None:
-    """Stage ``rows`` with one INSERT and set what the database filled in (id,
-    ``available_at`` unless given, ``created_at``: both the statement's time, as
-    the columns' ``Now()`` defaults would have it).
+    """Stage ``rows`` with one INSERT per ``INSERT_MAX_ROWS`` rows and set what the
+    database filled in (id, ``available_at`` unless given, ``created_at``: both the
+    statement's time, as the columns' ``Now()`` defaults would have it).
 
     Leaner than ``bulk_create``: only the columns a new row needs are sent, and the
     ones every new row starts with (PENDING, no attempts, no lease) are constants."""
+    for start in range(0, len(rows), INSERT_MAX_ROWS):
+        _insert(connection, rows[start : start + INSERT_MAX_ROWS])
+
+
+def _insert(connection: BaseDatabaseWrapper, rows: list[OutboxMessage]) -> None:
     from ..models import OutboxMessage, OutboxStatus
 
     table = OutboxMessage._meta.db_table

@@ -1,5 +1,5 @@
 """Publishing through kombu: RabbitMQ with pipelined publisher confirms, and every
-other kombu transport (Redis, SQS, filesystem, memory) through its producer.
+other kombu transport (Redis, filesystem, memory; others untested) through its producer.
 
 On RabbitMQ (py-amqp) the channel is put in confirm mode once; a batch is
 written without waiting, then the broker's ``basic.ack``/``basic.nack`` frames
@@ -147,6 +147,17 @@ def declare(
     return queue
 
 
+def _bound_socket_waits(connection: kombu.Connection, seconds: float) -> None:
+    """Make py-amqp give up on a broker that does not answer within ``seconds``: it
+    waits for the reply to its close without end, so a broker that went silent while
+    the relay was idle would keep a stopping relay from exiting. Other drivers (and
+    a connection never made) are left as they are."""
+    transport = getattr(connection._connection, "_transport", None)  # py-amqp's socket owner
+    sock = getattr(transport, "sock", None)
+    if sock is not None:
+        sock.settimeout(seconds)
+
+
 #: An outcome not known yet: not sent, or sent and not confirmed.
 _UNSETTLED: Any = object()
 
@@ -260,13 +271,20 @@ class KombuTransport(Transport):
     def check(self) -> None:
         self._connect()
 
-    def close(self) -> None:
+    def close(self, *, graceful: bool = True) -> None:
+        """Drop the connection. ``graceful=False`` closes the socket without AMQP's
+        close handshake: after an error the broker may never answer it (a resource
+        alarm, a network that drops packets) and the handshake would wait forever."""
         connection, self._connection = self._connection, None
         self._channel = self._producer = self._confirms = None
         self._declared.clear()
         if connection is not None:
             try:
-                connection.release()
+                if graceful:
+                    _bound_socket_waits(connection, CONNECT_TIMEOUT)
+                    connection.release()
+                else:
+                    connection.collect()
             except Exception:  # the connection is already broken; nothing to save
                 logger.debug("error closing a broken broker connection", exc_info=True)
 
@@ -286,7 +304,7 @@ class KombuTransport(Transport):
         except self._transient as exc:
             # Whatever was not confirmed may or may not have reached the broker:
             # it is retried (at-least-once), and the channel starts afresh.
-            self.close()
+            self.close(graceful=False)
             failure = Failure.from_exception(exc)
             outcomes = [failure if outcome is _UNSETTLED else outcome for outcome in outcomes]
         return outcomes
