@@ -36,7 +36,7 @@ def _production(limit: int, token: uuid.UUID) -> list[ClaimedMessage]:
 
 
 def _portable(limit: int, token: uuid.UUID) -> list[ClaimedMessage]:
-    return db._claim_portable("default", limit, 30, "w", token)
+    return db._claim_portable("default", limit, 2**62, 30, "w", token)  # no byte bound
 
 
 @pytest.fixture(params=[_production, _portable], ids=["postgresql", "portable"])
@@ -160,7 +160,7 @@ def test_the_portable_claim_on_sqlite_takes_the_oldest_due_rows_first():
     token = uuid.uuid4()
 
     def claim(limit: int) -> list[str]:
-        return [name_of[m.id] for m in db._claim_portable("lite", limit, 30, "w", token)]
+        return [name_of[m.id] for m in db._claim_portable("lite", limit, 2**62, 30, "w", token)]
 
     assert claim(3) == ["pending_30", "lease_expired", "oldest_locked"]  # in id order
     assert claim(1) == ["pending_30_later_id"]
