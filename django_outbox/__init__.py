@@ -17,6 +17,7 @@ from .exceptions import (
     OutboxConfigurationError,
     OutboxError,
     PayloadNotSerializable,
+    PayloadTooLarge,
     StagingError,
     UnknownDestination,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "OutboxConfigurationError",
     "OutboxError",
     "PayloadNotSerializable",
+    "PayloadTooLarge",
     "ReceivedEvent",
     "StagingError",
     "UnknownDestination",

@@ -1,4 +1,6 @@
-"""System checks: ``django_outbox.E001``-``E007`` for settings, ``W001`` for databases.
+"""System checks: ``django_outbox.E001``-``E007``, ``E010`` and ``E011`` for settings,
+``E008``, ``E009``, ``W002`` and ``W003`` for route shapes, ``W001`` for databases, ``W004``
+for Celery routes without publisher confirms.
 
 The ids, messages and hints are listed in docs/reference/checks.md.
 """
@@ -11,7 +13,9 @@ from django.core import checks
 from django.db import connections, router
 
 from . import db
-from .conf import outbox_settings
+from .conf import CHECK_IDS, outbox_settings
+from .exceptions import OutboxConfigurationError
+from .routes import shape_problems
 
 
 @checks.register(checks.Tags.compatibility)
@@ -20,6 +24,24 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         checks.Error(problem.msg, hint=problem.hint, id=problem.id)
         for problem in outbox_settings.problems()
     ]
+
+
+@checks.register(checks.Tags.compatibility)
+def check_routes(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Routes that can never deliver (errors), or only once others bind a queue (warnings)."""
+    try:
+        routes = outbox_settings.ROUTES
+        url = outbox_settings.broker_url or ""
+    except OutboxConfigurationError:  # reported by check_settings
+        return []
+    scheme = url.partition("://")[0].lower()
+    found: list[checks.CheckMessage] = []
+    for route in routes.values():
+        for shape in shape_problems(route, scheme):
+            check_id = CHECK_IDS[shape.kind]
+            level = checks.Error if check_id.startswith("django_outbox.E") else checks.Warning
+            found.append(level(shape.msg, hint=shape.hint, id=check_id))
+    return found
 
 
 @checks.register(checks.Tags.database)
@@ -43,4 +65,28 @@ def check_databases(
         for alias in databases or ()
         if router.allow_migrate_model(alias, OutboxMessage)
         and not db.supports_skip_locked(connections[alias])
+    ]
+
+
+@checks.register(checks.Tags.compatibility)
+def check_celery_confirms(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn when Celery routes publish to RabbitMQ without publisher confirms: the
+    relay's other routes always have them, and without them a task the broker drops is
+    PUBLISHED all the same. Reads the current Celery app's settings; connects nowhere."""
+    try:
+        celery_routes = sorted(name for name, r in outbox_settings.ROUTES.items() if r.is_celery)
+    except OutboxConfigurationError:
+        return []  # E004 says what is wrong with ROUTES
+    from .transports.celery import publishes_unconfirmed
+
+    if not celery_routes or not publishes_unconfirmed():
+        return []
+    return [
+        checks.Warning(
+            f"Celery routes {celery_routes} publish to RabbitMQ without publisher confirms: "
+            "a task the broker refuses or loses is marked PUBLISHED all the same.",
+            hint='Set CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True} (the Celery '
+            "app's broker_transport_options); see docs/consuming.md.",
+            id=CHECK_IDS["celery_no_confirms"],
+        )
     ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,6 +25,7 @@ from django.conf import settings
 from django.core.signals import setting_changed
 
 from .exceptions import OutboxConfigurationError
+from .redact import mask_url, scrub, url_passwords, url_problem
 from .routes import Route, is_valid_destination, parse_routes
 
 
@@ -107,7 +109,8 @@ SETTINGS: dict[str, Setting] = {
             "ROUTES",
             {},
             None,  # parsed by parse_routes with DEFAULT_EXCHANGE, see _parse()
-            "destination -> {exchange, exchange_type, routing_key, queue} or {celery_task}.",
+            "destination -> {exchange, exchange_type, routing_key, queue, queue_arguments, "
+            "exchange_arguments} or {celery_task}.",
         ),
         Setting(
             "DEFAULT_EXCHANGE",
@@ -123,6 +126,19 @@ SETTINGS: dict[str, Setting] = {
             "an error at stage time.",
         ),
         Setting("BATCH_SIZE", 500, _positive_int, "rows the relay claims per batch."),
+        Setting(
+            "MAX_BATCH_BYTES",
+            16 * 1024 * 1024,
+            _positive_int,
+            "bytes of payload JSON the relay claims per batch, at most (a batch always takes "
+            "its first row, however large).",
+        ),
+        Setting(
+            "MAX_PAYLOAD_BYTES",
+            1024 * 1024,
+            _positive_int,
+            "largest payload (and largest headers) stage() accepts, in bytes of UTF-8 JSON.",
+        ),
         Setting(
             "LEASE_SECONDS",
             60,
@@ -187,6 +203,33 @@ CHECK_IDS = {
     "delay_order": "django_outbox.E005",
     "no_broker": "django_outbox.E006",
     "bad_broker": "django_outbox.E007",
+    "celery_no_confirms": "django_outbox.W004",
+    # Route shapes (routes.shape_problems), checked by checks.check_routes:
+    "direct_key": "django_outbox.E008",
+    "default_exchange_key": "django_outbox.E009",
+    "no_queue": "django_outbox.W002",
+    "redis_fanout": "django_outbox.W003",
+    "malformed_broker": "django_outbox.E010",
+    "missing_driver": "django_outbox.E011",
+}
+
+#: The package a kombu transport needs, by URL scheme: (module to import, what to install).
+DRIVERS = {
+    **dict.fromkeys(
+        ("redis", "rediss", "sentinel"), ("redis", '"django-transactional-outbox[redis]"')
+    ),
+    **dict.fromkeys(("sqs", "SQS"), ("boto3", '"kombu[sqs]"')),
+    "mongodb": ("pymongo", '"kombu[mongodb]"'),
+    **dict.fromkeys(("kafka", "confluentkafka"), ("confluent_kafka", '"kombu[confluentkafka]"')),
+    "zookeeper": ("kazoo", '"kombu[zookeeper]"'),
+    **dict.fromkeys(("sqlalchemy", "sqla"), ("sqlalchemy", '"kombu[sqlalchemy]"')),
+    "consul": ("consul", '"kombu[consul]"'),
+    "etcd": ("etcd", '"kombu[etcd]"'),
+    "azurestoragequeues": ("azure.storage.queue", '"kombu[azurestoragequeues]"'),
+    "azureservicebus": ("azure.servicebus", '"kombu[azureservicebus]"'),
+    "gcpubsub": ("google.cloud.pubsub_v1", '"kombu[gcpubsub]"'),
+    "librabbitmq": ("librabbitmq", '"kombu[librabbitmq]"'),
+    "pyro": ("Pyro4", '"kombu[pyro]"'),
 }
 
 
@@ -249,7 +292,7 @@ class OutboxSettings:
         except _Invalid as exc:
             return Problem(
                 CHECK_IDS["bad_value"],
-                f'OUTBOX["{name}"] {exc}; got {raw!r}.',
+                f'OUTBOX["{name}"] {exc}; got {scrub(repr(raw))}.',
                 f"Default: {SETTINGS[name].default!r}. {SETTINGS[name].doc}",
             )
 
@@ -312,35 +355,99 @@ class OutboxSettings:
             return found
         url = parsed["BROKER_URL"] or getattr(settings, "CELERY_BROKER_URL", None)
         if not url:
-            found.append(
-                Problem(
-                    CHECK_IDS["no_broker"],
-                    "No broker URL: the outbox relay has nowhere to publish.",
-                    'Set OUTBOX["BROKER_URL"] (a kombu URL such as amqp://guest:guest@localhost//) '
-                    "or CELERY_BROKER_URL.",
-                )
-            )
-        elif (transport := _unknown_transport(url)) is not None:
-            found.append(
-                Problem(
-                    CHECK_IDS["bad_broker"],
-                    f"The broker URL names an unknown kombu transport {transport!r}.",
-                    "Use a kombu URL such as amqp://, redis://, memory:// or filesystem://.",
-                )
-            )
+            found.append(_NO_BROKER)
+        elif (problem := broker_problem(url)) is not None:
+            found.append(problem)
         return found
 
+    def require_broker_url(self, url: str | None = None) -> str:
+        """``url`` (by default the configured broker URL) if the relay or a consumer
+        can connect with it; else :class:`OutboxConfigurationError` with the text
+        of the system check that reports it (E006, E007, E010 or E011)."""
+        url = url or self.broker_url
+        problem = _NO_BROKER if not url else broker_problem(url)
+        if problem is not None:
+            raise OutboxConfigurationError(f"{problem.id}: {problem.msg} {problem.hint}")
+        assert url is not None
+        return url
 
-def _unknown_transport(url: str) -> str | None:
-    """The scheme of ``url`` if kombu has no transport for it (credentials never leave here)."""
-    from kombu.transport import resolve_transport
-    from kombu.utils.url import url_to_parts
+    def secrets(self) -> list[str]:
+        """The passwords of the broker URLs and databases, for :meth:`redact`."""
+        urls = [self._raw("BROKER_URL"), *(getattr(settings, name, None) for name in CELERY_URLS)]
+        found = [secret for url in urls if isinstance(url, str) for secret in url_passwords(url)]
+        for database in settings.DATABASES.values():
+            password = database.get("PASSWORD")
+            if isinstance(password, str) and password:
+                found.append(password)
+        return found
 
-    scheme = url_to_parts(url).scheme if "://" in url else url
+    def redact(self, text: str) -> str:
+        """``text`` (a driver's error message, a log line) without any URL's password
+        or any password of the project's configuration."""
+        return scrub(text, self.secrets())
+
+
+#: Celery's settings that hold URLs with passwords.
+CELERY_URLS = ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND")
+
+_NO_BROKER = Problem(
+    CHECK_IDS["no_broker"],
+    "No broker URL: the outbox relay has nowhere to publish.",
+    'Set OUTBOX["BROKER_URL"] (a kombu URL such as amqp://guest:guest@localhost//) '
+    "or CELERY_BROKER_URL.",
+)
+
+
+def broker_problem(url: str) -> Problem | None:
+    """What keeps the relay from connecting with ``url``: a malformed URL (E010), an
+    unknown transport (E007), a transport whose package is missing (E011). Every
+    text shows the URL masked, never its password."""
+    reason = url_problem(url)
+    if reason is not None:
+        return Problem(
+            CHECK_IDS["malformed_broker"],
+            f"The broker URL {mask_url(url)} is malformed: {reason}.",
+            'Percent-encode the user name and password: "@" as %40, ":" as %3A, "/" as %2F, '
+            '"?" as %3F, "#" as %23 (urllib.parse.quote(password, safe="")).',
+        )
+    from kombu.transport import TRANSPORT_ALIASES
+
+    scheme = url.partition("://")[0].partition("+")[0]  # kombu reads sqla+postgresql:// so
+    if scheme not in TRANSPORT_ALIASES and "." not in scheme:
+        return Problem(
+            CHECK_IDS["bad_broker"],
+            f"The broker URL names an unknown kombu transport {scheme!r}.",
+            "Use a kombu URL such as amqp://, redis://, memory:// or filesystem://.",
+        )
+    return _missing_driver(url, scheme)
+
+
+def _missing_driver(url: str, scheme: str) -> Problem | None:
+    """E011 if the kombu transport of ``url`` cannot be loaded: the package to install
+    for the transports of :data:`DRIVERS`, kombu's own import error for the others."""
+    import kombu
+
+    module, install = DRIVERS.get(scheme, (None, None))
     try:
-        resolve_transport(scheme)
-    except (KeyError, ImportError, ValueError):
-        return scheme
+        if module is not None:
+            importlib.import_module(module)
+        # Building the transport (no connection yet) is where kombu's transports
+        # raise ImportError for a missing driver.
+        kombu.Connection(url).transport  # noqa: B018
+    except Exception as exc:  # ImportError, or whatever a transport raises without its driver
+        if module is None:
+            return Problem(
+                CHECK_IDS["missing_driver"],
+                f"The broker URL {mask_url(url)} names kombu transport {scheme!r}, which cannot "
+                f"be loaded: {outbox_settings.redact(f'{type(exc).__name__}: {exc}')}",
+                "Install the package the error names, where the relay and the consumers run.",
+            )
+        return Problem(
+            CHECK_IDS["missing_driver"],
+            f"The broker URL {mask_url(url)} needs the Python package {module!r}, "
+            f"which is not installed: pip install {install}",
+            "Install it where the relay and the consumers run, or use another transport.",
+        )
     return None
 
 

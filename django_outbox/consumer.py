@@ -46,7 +46,7 @@ from django.db import DatabaseError, close_old_connections, connections
 
 from .conf import outbox_settings
 from .envelope import CONTENT_TYPE, ReceivedEvent
-from .exceptions import InvalidMessage, OutboxConfigurationError
+from .exceptions import InvalidMessage
 from .inbox import (
     UNACKED_ERROR,
     forget_redelivery,
@@ -55,10 +55,12 @@ from .inbox import (
     record_redelivery,
 )
 from .outage import Outage
+from .redact import SecretFilter
 from .retry import RetryPolicy
-from .transports.kombu import CONNECT_TIMEOUT, declare, transient_errors
+from .transports.kombu import CONNECT_TIMEOUT, declare, refusal_errors, transient_errors
 
 logger = logging.getLogger(__name__)
+logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tracebacks
 
 DEFAULT_PREFETCH = 100
 DEFAULT_MAX_DELIVERIES = 5
@@ -131,11 +133,7 @@ class InboxConsumer:
             jitter=RETRY_JITTER,
             max_attempts=max_deliveries or 0,
         )
-        self.url = url or outbox_settings.broker_url
-        if not self.url:
-            raise OutboxConfigurationError(
-                'No broker URL to consume from: set OUTBOX["BROKER_URL"] or CELERY_BROKER_URL.'
-            )
+        self.url = outbox_settings.require_broker_url(url)
         if transport_options is None:
             transport_options = outbox_settings.BROKER_TRANSPORT_OPTIONS
         self.transport_options = transport_options
@@ -222,14 +220,9 @@ class InboxConsumer:
                 last_message = time.monotonic()
 
     def _declare(self, connection: kombu.Connection, channel: Any) -> kombu.Queue:
-        try:
-            queue = declare(channel, self.route)
-        except connection.channel_errors as exc:
-            # The broker refused the topology (e.g. the queue exists with other
-            # arguments): retrying cannot help.
-            raise OutboxConfigurationError(
-                f"cannot declare queue {self.queue!r} on the broker: {exc}"
-            ) from exc
+        # A refusal (e.g. the queue exists with other arguments) raises DeclareRefused,
+        # an OutboxConfigurationError with the relay's wording: retrying cannot help.
+        queue = declare(channel, self.route, refused=refusal_errors(connection))
         assert queue is not None  # route_for_queue() always names the queue
         return queue
 
@@ -322,7 +315,7 @@ class InboxConsumer:
         message.reject(requeue=False)
 
     def _failed(self, message: Any, event: ReceivedEvent, exc: Exception, counted: bool) -> None:
-        error = f"{type(exc).__name__}: {exc}"
+        error = outbox_settings.redact(f"{type(exc).__name__}: {exc}")  # shown by the admin
         try:
             deliveries, parked = record_failure(
                 self.consumer,

@@ -29,7 +29,12 @@ class NotInTransaction(StagingError, TransactionManagementError):
 
 
 class PayloadNotSerializable(StagingError, TypeError):
-    """The payload or headers cannot be encoded as JSON."""
+    """The payload or headers cannot be encoded as JSON, or hold text PostgreSQL
+    cannot store (a NUL character, a lone surrogate)."""
+
+
+class PayloadTooLarge(StagingError, ValueError):
+    """The encoded payload or headers exceed ``OUTBOX["MAX_PAYLOAD_BYTES"]``."""
 
 
 class InvalidEvent(StagingError, ValueError):

@@ -82,9 +82,12 @@ class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
             status=OutboxStatus.PUBLISHED, published_at=Now(), locked_until=None, last_error=""
         )
 
-    def mark_failed(self, error: str, delay: float, *, abandon: bool) -> int:
-        """PROCESSING -> FAILED, due again in ``delay`` seconds; or ABANDONED."""
-        failed = {"attempts": models.F("attempts") + 1, "last_error": error, "locked_until": None}
+    def mark_failed(self, error: str, delay: float, *, abandon: bool, counts: bool = True) -> int:
+        """PROCESSING -> FAILED, due again in ``delay`` seconds; or ABANDONED.
+
+        ``counts=False``: nothing was sent, so the attempt is not counted."""
+        attempts = models.F("attempts") + 1 if counts else models.F("attempts")
+        failed = {"attempts": attempts, "last_error": error, "locked_until": None}
         if abandon:
             return self.update(status=OutboxStatus.ABANDONED, abandoned_at=Now(), **failed)
         return self.update(status=OutboxStatus.FAILED, available_at=db_now_plus(delay), **failed)

@@ -8,7 +8,12 @@ import logging
 import random
 import time
 
+from .conf import outbox_settings
+from .redact import SecretFilter
+
 logger = logging.getLogger(__name__)
+# The drivers' error texts are logged: no password may come with them.
+logger.addFilter(SecretFilter(outbox_settings.redact))
 
 #: Longest sleep between attempts to reach a broker or database that is down.
 MAX_OUTAGE_BACKOFF = 30.0

@@ -38,12 +38,14 @@ from .conf import outbox_settings
 from .envelope import ClaimedMessage
 from .models import OutboxMessage, OutboxQuerySet
 from .outage import Outage
+from .redact import SecretFilter
 from .retry import RetryPolicy
 from .routes import Route
 from .signals import event_abandoned, event_failed, event_published
 from .transports.base import Failure, Outcome, Transport
 
 logger = logging.getLogger(__name__)
+logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tracebacks
 T = TypeVar("T")
 
 #: How long one slice of an idle wait lasts, so a stop request is seen promptly.
@@ -86,7 +88,11 @@ class _Batch:
 
     @property
     def transport_failed(self) -> bool:
-        return any(outcome is not None and not outcome.permanent for outcome in self.outcomes)
+        """A publish was tried and failed transiently: the broker may be down."""
+        return any(
+            outcome is not None and outcome.counts and not outcome.permanent
+            for outcome in self.outcomes
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +101,7 @@ class _Finalized:
 
     claimed: int
     published: list[ClaimedMessage]
-    failures: dict[tuple[str, bool, int], list[ClaimedMessage]]  # (error, abandon, attempts)
+    failures: dict[tuple[Failure, bool, int], list[ClaimedMessage]]  # (why, abandon, attempts)
     lost: list[ClaimedMessage]
     transport_failed: bool
 
@@ -116,6 +122,9 @@ class Relay:
         self.lease_seconds = outbox_settings.LEASE_SECONDS
         #: "broker" and "celery" transports, built on first use.
         self._transports: dict[str, Transport] = dict(transports or {})
+        if "broker" not in self._transports and outbox_settings.broker_url:
+            # A malformed URL or a missing driver package: say so now, not per batch.
+            outbox_settings.require_broker_url()
 
     def close(self) -> None:
         """Close the broker connections (``run()`` does it when it returns)."""
@@ -165,11 +174,9 @@ class Relay:
             else:
                 from .transports.kombu import KombuTransport
 
-                url = outbox_settings.broker_url
-                if url is None:
-                    raise RuntimeError("no broker URL; manage.py check reports django_outbox.E006")
                 self._transports[kind] = KombuTransport(
-                    url, outbox_settings.BROKER_TRANSPORT_OPTIONS
+                    outbox_settings.require_broker_url(),
+                    outbox_settings.BROKER_TRANSPORT_OPTIONS,
                 )
         return self._transports[kind]
 
@@ -185,9 +192,10 @@ class Relay:
             batch = list(group)
             route = outbox_settings.route_for(destination)
             if time.monotonic() > deadline:
-                late = Failure(
+                late = Failure.not_attempted(
                     "not attempted: the batch used half its lease "
-                    f"(LEASE_SECONDS={self.lease_seconds:g}) before this destination's turn"
+                    f"(LEASE_SECONDS={self.lease_seconds:g}) before this destination's turn",
+                    retry_delay=0.0,
                 )
                 results: list[Outcome] = [late] * len(batch)
             elif route is None:
@@ -215,13 +223,13 @@ class Relay:
         may run on the pipeline's database thread)."""
         messages, token = batch.messages, batch.token
         published = [m for m, out in zip(messages, batch.outcomes, strict=True) if out is None]
-        # Rows that failed alike (same error, same attempts) are written with one UPDATE.
-        failures: dict[tuple[str, bool, int], list[ClaimedMessage]] = {}
+        # Rows that failed alike (same failure, same attempts) are written with one UPDATE.
+        failures: dict[tuple[Failure, bool, int], list[ClaimedMessage]] = {}
         for message, outcome in zip(messages, batch.outcomes, strict=True):
             if outcome is not None:
-                attempts = message.attempts + 1
-                abandon = outcome.permanent or self.policy.exhausted(attempts)
-                failures.setdefault((outcome.error, abandon, attempts), []).append(message)
+                attempts = message.attempts + (1 if outcome.counts else 0)
+                abandon = outcome.permanent or (outcome.counts and self.policy.exhausted(attempts))
+                failures.setdefault((outcome, abandon, attempts), []).append(message)
         rows = OutboxMessage.objects.using(self.using)
         lost: list[ClaimedMessage] = []
         # One statement is atomic on its own; more share a transaction.
@@ -232,10 +240,13 @@ class Relay:
                 if held.mark_published() != len(published):
                     # Published rows keep the token: those without it were taken over.
                     lost += _not_held(published, held)
-            for (error, abandon, attempts), group in failures.items():
-                delay = 0.0 if abandon else self.policy.delay(attempts)
+            for (failure, abandon, attempts), group in failures.items():
+                delay = self._retry_delay(failure, abandon, attempts)
                 held = rows.filter(id__in=[m.id for m in group]).leased(token)
-                if held.mark_failed(error, delay, abandon=abandon) != len(group):
+                marked = held.mark_failed(
+                    failure.error, delay, abandon=abandon, counts=failure.counts
+                )
+                if marked != len(group):
                     lost += _not_held(group, held)
         lost_ids = {m.id for m in lost}
         return _Finalized(
@@ -248,12 +259,18 @@ class Relay:
             transport_failed=batch.transport_failed,
         )
 
+    def _retry_delay(self, failure: Failure, abandon: bool, attempts: int) -> float:
+        """Seconds until a failed row is due again."""
+        if abandon:
+            return 0.0
+        return self.policy.delay(attempts) if failure.counts else failure.retry_delay
+
     def _report(self, done: _Finalized) -> BatchStats:
         """Log and signal what a finalized batch did; returns its stats."""
         # (message, error) pairs of the rows this relay still held, by outcome.
         by_fate: dict[bool, list[tuple[ClaimedMessage, str]]] = {True: [], False: []}
-        for (error, abandon, _), group in done.failures.items():
-            by_fate[abandon] += [(m, error) for m in group]
+        for (failure, abandon, _), group in done.failures.items():
+            by_fate[abandon] += [(m, failure.error) for m in group]
         abandoned, failed = by_fate[True], by_fate[False]
         stats = BatchStats(
             claimed=done.claimed,
@@ -274,12 +291,12 @@ class Relay:
                     "ids": [m.id for m in done.lost][:50],
                 },
             )
-        for (error, abandon, _), group in done.failures.items():
+        for (failure, abandon, _), group in done.failures.items():
             if abandon and group:
                 logger.error(
                     "abandoned %d row(s): %s",
                     len(group),
-                    error,
+                    failure.error,
                     extra={"action": "outbox.abandoned", "ids": [m.id for m in group][:50]},
                 )
         self._send(event_published, done.published, None)

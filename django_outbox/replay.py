@@ -22,8 +22,7 @@ from django.db.models.functions import Now
 
 from .conf import outbox_settings
 from .envelope import CONTENT_ENCODING, CONTENT_TYPE
-from .exceptions import OutboxConfigurationError
-from .transports.kombu import CONNECT_TIMEOUT, declare
+from .transports.kombu import CONNECT_TIMEOUT, declare, refusal_errors
 
 if TYPE_CHECKING:
     from .models import InboxFailure, InboxFailureQuerySet
@@ -39,16 +38,12 @@ def replay_parked(failures: InboxFailureQuerySet, *, url: str | None = None) -> 
     """Publish each parked message of ``failures`` to its queue again and unpark it.
 
     Returns the records replayed, oldest first. Raises
-    :class:`~django_outbox.exceptions.OutboxConfigurationError` without a broker
-    URL, and kombu's errors when the broker cannot be reached or refuses a queue
-    (what was replayed before stays replayed).
+    :class:`~django_outbox.exceptions.OutboxConfigurationError` without a usable
+    broker URL or when the broker refuses to declare a queue, and kombu's errors
+    when it cannot be reached (what was replayed before stays replayed).
     """
     parked = list(failures.parked().order_by("id"))
-    url = url or outbox_settings.broker_url
-    if not url:
-        raise OutboxConfigurationError(
-            'No broker URL to replay to: set OUTBOX["BROKER_URL"] or CELERY_BROKER_URL.'
-        )
+    url = outbox_settings.require_broker_url(url)
     if not parked:
         return parked
     options = {**outbox_settings.BROKER_TRANSPORT_OPTIONS, "confirm_publish": True}
@@ -58,21 +53,13 @@ def replay_parked(failures: InboxFailureQuerySet, *, url: str | None = None) -> 
         declared: set[str] = set()
         for failure in parked:
             if failure.queue not in declared:
-                _declare(conn, channel, failure.queue)
+                # As its consumer declares it, so the replay cannot go nowhere.
+                route = outbox_settings.route_for_queue(failure.queue)
+                declare(channel, route, refused=refusal_errors(conn))
                 declared.add(failure.queue)
             _publish(producer, failure)
             _unpark(failure)
     return parked
-
-
-def _declare(connection: kombu.Connection, channel: Any, queue: str) -> None:
-    """Declare ``queue`` as its consumer does, so the replay cannot go nowhere."""
-    try:
-        declare(channel, outbox_settings.route_for_queue(queue))
-    except connection.channel_errors as exc:
-        raise OutboxConfigurationError(
-            f"cannot declare queue {queue!r} on the broker: {exc}; nothing more replayed"
-        ) from exc
 
 
 def _publish(producer: kombu.Producer, failure: InboxFailure) -> None:

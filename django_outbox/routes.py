@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 #: A destination (and so a default queue name) is 1-255 characters: letters,
 #: digits and ``. _ - : /``, starting with a letter or digit.
 DESTINATION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,254}")
 
 EXCHANGE_TYPES = ("direct", "topic", "fanout", "headers")
-BROKER_KEYS = frozenset({"exchange", "exchange_type", "routing_key", "queue"})
+STRING_KEYS = frozenset({"exchange", "exchange_type", "routing_key", "queue"})
+ARGUMENT_KEYS = frozenset({"queue_arguments", "exchange_arguments"})
+BROKER_KEYS = STRING_KEYS | ARGUMENT_KEYS
 CELERY_KEYS = frozenset({"celery_task"})
+
+#: ``x-`` arguments of a queue or exchange, as sorted ``(name, value)`` pairs (hashable,
+#: so a :class:`Route` can be kept in a set); ``dict(arguments)`` gives them back.
+Arguments = tuple[tuple[str, "str | int | float | bool"], ...]
 
 
 def is_valid_destination(value: object) -> bool:
@@ -28,8 +34,9 @@ class Route:
     """How one destination is published.
 
     Either a broker route (``exchange`` of ``exchange_type``, ``routing_key``,
-    and an optional durable ``queue`` declared and bound to it), or a Celery
-    route (``celery_task``: the task name given to ``send_task``).
+    and an optional durable ``queue`` declared and bound to it, each declared
+    with its ``x-`` arguments), or a Celery route (``celery_task``: the task
+    name given to ``send_task``).
     """
 
     destination: str
@@ -38,6 +45,8 @@ class Route:
     routing_key: str = ""
     queue: str | None = None
     celery_task: str | None = None
+    queue_arguments: Arguments = ()
+    exchange_arguments: Arguments = ()
 
     @property
     def is_celery(self) -> bool:
@@ -79,6 +88,8 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
             "use one or the other"
         )
     for key, val in spec.items():
+        if key in ARGUMENT_KEYS:
+            continue
         if not isinstance(val, str) and not (key == "queue" and val is None):
             raise ValueError(
                 f"route {name!r} key {key!r} must be a string; got {type(val).__name__}"
@@ -99,4 +110,125 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
         exchange_type=exchange_type,
         routing_key=spec.get("routing_key", name),
         queue=spec.get("queue") or None,
+        queue_arguments=_arguments(name, "queue_arguments", spec.get("queue_arguments", {})),
+        exchange_arguments=_arguments(
+            name, "exchange_arguments", spec.get("exchange_arguments", {})
+        ),
     )
+
+
+#: The header names a Celery task message cannot carry from the user: the protocol-2
+#: headers Celery writes (``celery.app.amqp.AMQP.as_task_v2``), which ``send_task`` lets
+#: a header of the same name replace (the task to run, its id, on which the inbox
+#: dedupes, eta, expires ...); every name of a task's request (``celery.app.task.Context``,
+#: which the worker fills from the headers, so a header of that name replaces the field,
+#: a method included, or is silently replaced by it, as ``correlation_id`` is by the task
+#: id); and ``compression``, which makes kombu decompress the body.
+CELERY_FIELDS = frozenset(
+    {
+        *("lang", "task", "id", "shadow", "eta", "expires", "group", "group_index"),
+        *("retries", "timelimit", "root_id", "parent_id", "argsrepr", "kwargsrepr"),
+        *("origin", "ignore_result", "replaced_task_nesting", "stamped_headers", "stamps"),
+        *("args", "kwargs", "callbacks", "errbacks", "chain", "chord", "taskset"),
+        *("correlation_id", "reply_to", "delivery_info", "properties", "headers", "hostname"),
+        *("called_directly", "is_eager", "logfile", "loglevel", "utc"),
+        *("time_limit", "soft_time_limit", "children", "_children", "_protected"),
+        *("get", "update", "clear", "as_execution_options"),
+        *("_get_custom_headers", "_filter_x_death_headers", "compression"),
+    }
+)
+
+
+def celery_header_clash(route: Route, headers: Iterable[str]) -> str | None:
+    """Why ``headers`` cannot go on the task messages of ``route``; None when they can
+    (always, on a broker route)."""
+    clash = sorted(CELERY_FIELDS.intersection(headers)) if route.is_celery else []
+    if not clash:
+        return None
+    return (
+        f"headers {clash} are fields of Celery's task message on the Celery route "
+        f"{route.destination!r} and cannot be given"
+    )
+
+
+def _arguments(name: str, key: str, value: object) -> Arguments:
+    """A route's ``queue_arguments`` or ``exchange_arguments``: a dict of string
+    names to scalar values (every standard RabbitMQ argument is one)."""
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"route {name!r} {key} must be a dict such as {{'x-max-length': 10000}}; "
+            f"got {type(value).__name__}"
+        )
+    for arg, val in value.items():
+        if not isinstance(arg, str) or not arg:
+            raise ValueError(f"route {name!r} {key} has a name that is not a string: {arg!r}")
+        if not isinstance(val, str | int | float | bool):
+            raise ValueError(
+                f"route {name!r} {key}[{arg!r}] must be a string, number or boolean; "
+                f"got {type(val).__name__}"
+            )
+    return tuple(sorted(value.items()))
+
+
+#: The schemes of kombu's Redis transport, whose fanout exchanges are PUB/SUB channels.
+REDIS_SCHEMES = frozenset({"redis", "rediss", "redis+socket", "sentinel"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """A route that cannot deliver (or delivers only when something else binds a
+    queue): ``kind`` names its check id in ``conf.CHECK_IDS``."""
+
+    kind: str
+    msg: str
+    hint: str
+
+
+def shape_problems(route: Route, broker_scheme: str) -> list[Shape]:
+    """What is wrong with the way ``route`` is laid out, for the system checks."""
+    if route.is_celery:
+        return []
+    name, exchange, key, queue = route.destination, route.exchange, route.routing_key, route.queue
+    found = []
+    if exchange and queue and route.exchange_type == "direct" and "{key}" in key:
+        found.append(
+            Shape(
+                "direct_key",
+                f"Route {name!r} binds queue {queue!r} to direct exchange {exchange!r} with "
+                f"{key.replace('{key}', '')!r}, so an event staged with a key (routing key "
+                f"{key!r}) never reaches it.",
+                'Use exchange_type "topic" (the queue is then bound with # in place of {key}), '
+                "or take {key} out of routing_key.",
+            )
+        )
+    if not exchange and queue and key != queue:
+        found.append(
+            Shape(
+                "default_exchange_key",
+                f'Route {name!r} publishes to the default exchange "" with routing key '
+                f"{key!r}, which delivers to the queue of that name, never to its queue {queue!r}.",
+                f"On the default exchange the routing key is the queue name: set routing_key to "
+                f"{queue!r}, or name an exchange.",
+            )
+        )
+    if exchange and not queue:
+        found.append(
+            Shape(
+                "no_queue",
+                f"Route {name!r} declares no queue: its events reach only queues that others "
+                f"bind to exchange {exchange!r}; until one is bound they fail and are retried.",
+                "Give the route a queue, or make sure consumers bind theirs before events are "
+                'staged (then silence this with SILENCED_SYSTEM_CHECKS = ["django_outbox.W002"]).',
+            )
+        )
+    if exchange and route.exchange_type == "fanout" and broker_scheme in REDIS_SCHEMES:
+        found.append(
+            Shape(
+                "redis_fanout",
+                f"Route {name!r} uses fanout exchange {exchange!r} on Redis, where kombu delivers "
+                "fanout by PUB/SUB: an event reaches only the consumers connected at that "
+                "moment and is lost, though PUBLISHED, when none is.",
+                'Use a "topic" or "direct" exchange with a queue per consumer group, or RabbitMQ.',
+            )
+        )
+    return found

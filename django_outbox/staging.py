@@ -17,6 +17,7 @@ import functools
 import inspect
 import json
 import logging
+import re
 import reprlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -33,9 +34,10 @@ from .exceptions import (
     InvalidEvent,
     NotInTransaction,
     PayloadNotSerializable,
+    PayloadTooLarge,
     UnknownDestination,
 )
-from .routes import is_valid_destination
+from .routes import Route, celery_header_clash, is_valid_destination
 from .signals import event_committed
 
 if TYPE_CHECKING:
@@ -46,11 +48,23 @@ logger = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: Wire headers the relay writes itself; user headers may not override them.
-RESERVED_HEADERS = frozenset({"event_id", "event_type", "occurred_at", "ordering_key"})
+#: Wire headers the relay writes itself, and ``compression``, which makes every kombu
+#: consumer (this app's included) try to decompress the body: no user header takes them.
+RESERVED_HEADERS = frozenset(
+    {"event_id", "event_type", "occurred_at", "ordering_key", "compression"}
+)
 EVENT_FIELDS = frozenset({"event_type", "payload", "destination", "key", "headers", "available_at"})
 _REQUIRED_FIELDS = ("event_type", "payload", "destination")
 _MAX_LENGTH = 255
+#: Integers in AMQP headers are signed 64-bit; JSON whole numbers past it cannot go there
+#: (nor floats, which PostgreSQL's jsonb prints without exponent: 1e20 becomes an integer).
+_AMQP_INT_LIMIT = 2**63
+#: Characters PostgreSQL cannot store in text or jsonb: NUL and the surrogates, which are
+#: not Unicode characters (Python strings can hold them, UTF-8 cannot encode them).
+_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
+#: A NUL in JSON text: ``\u0000`` after an even number of backslashes (``\\u0000`` is
+#: an escaped backslash followed by the letters "u0000", which is fine).
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def stage(
@@ -88,9 +102,10 @@ def stage(
 def stage_many(
     events: Iterable[Mapping[str, Any]], *, using: str = "default"
 ) -> list[OutboxMessage]:
-    """Stage many events with one INSERT; each event is a dict of ``stage()``'s arguments
-    (``event_type``, ``payload``, ``destination``, optional ``key``, ``headers``,
-    ``available_at``). All are validated before anything is written."""
+    """Stage many events with as few INSERTs as the database takes; each event is a
+    dict of ``stage()``'s arguments (``event_type``, ``payload``, ``destination``,
+    optional ``key``, ``headers``, ``available_at``). All are validated before
+    anything is written."""
     rows = [_build(**_event_kwargs(index, event)) for index, event in enumerate(events)]
     return _insert(rows, using) if rows else []
 
@@ -176,7 +191,8 @@ def _build(
 ) -> OutboxMessage:
     _check_event_type(event_type)
     _check_destination_format(destination)
-    if outbox_settings.route_for(destination) is None:
+    route = outbox_settings.route_for(destination)
+    if route is None:
         raise UnknownDestination(
             f"destination {destination!r} is not in OUTBOX['ROUTES'] and "
             "OUTBOX['DEFAULT_ROUTE'] is False: add a route for it or turn the default route on"
@@ -186,11 +202,15 @@ def _build(
             f"event {event_type!r}: key must be None or a non-empty string of at most "
             f"{_MAX_LENGTH} characters; got {type(key).__name__}"
         )
+    if key is not None and (bad := _UNSTORABLE.search(key)):
+        raise InvalidEvent(_unstorable(bad.group(), f"the key of event {event_type!r}"))
     fields: dict[str, Any] = {
         "event_type": event_type,
         "destination": destination,
         "payload": _to_json(payload, "payload", event_type),
-        "headers": _to_json(_check_headers(headers, event_type), "headers", event_type),
+        "headers": _check_header_values(
+            _to_json(_check_headers(headers, event_type, route), "headers", event_type), event_type
+        ),
         "ordering_key": key or "",
     }
     if available_at is not None:
@@ -232,14 +252,42 @@ def _committed(rows: list[OutboxMessage], using: str) -> None:
 
 def _to_json(value: Any, what: str, event_type: str) -> Any:
     """Encode once with DjangoJSONEncoder (strict: no NaN) and keep the decoded form,
-    which is exactly what the row stores and the relay sends."""
+    which is exactly what the row stores and the relay sends.
+
+    Refused here, before any SQL: what JSON cannot encode, text PostgreSQL cannot
+    store (NUL, surrogates: its error would abort the caller's transaction) and
+    JSON over ``MAX_PAYLOAD_BYTES``. The text is encoded without ASCII escapes,
+    so that UTF-8 encoding both measures it and fails on any surrogate, and a NUL
+    is the only character that still appears as ``\\u0000``."""
+    where = f"the {what} of event {event_type!r}"
     try:
-        text = json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise PayloadNotSerializable(
-            f"the {what} of event {event_type!r} is not JSON-serialisable: {exc}"
-        ) from None
+        text = json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise PayloadNotSerializable(f"{where} is not JSON-serialisable: {exc}") from None
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError as exc:
+        raise PayloadNotSerializable(_unstorable(exc.object[exc.start], where)) from None
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        raise PayloadNotSerializable(_unstorable("\x00", where))
+    limit = outbox_settings.MAX_PAYLOAD_BYTES
+    if size > limit:
+        raise PayloadTooLarge(
+            f"the JSON of {where} is {size} bytes, more than "
+            f'OUTBOX["MAX_PAYLOAD_BYTES"] ({limit}): stage a reference to the data '
+            "(an id, a URL) instead, or raise the setting"
+        )
     return json.loads(text)
+
+
+def _unstorable(char: str, where: str) -> str:
+    """The refusal of ``char`` (NUL or a surrogate) in ``where``, without the text around it."""
+    if char == "\x00":
+        return f"PostgreSQL cannot store the NUL character (\\u0000) in {where}"
+    return (
+        f"PostgreSQL cannot store the lone surrogate \\u{ord(char):04x} in {where}: "
+        "it is half of a UTF-16 pair, not a Unicode character"
+    )
 
 
 def _check_event_type(event_type: object) -> None:
@@ -248,6 +296,8 @@ def _check_event_type(event_type: object) -> None:
             f"event_type must be a non-empty string of at most {_MAX_LENGTH} characters; "
             f"got {reprlib.repr(event_type)}"
         )
+    if bad := _UNSTORABLE.search(event_type):
+        raise InvalidEvent(_unstorable(bad.group(), f"event_type {reprlib.repr(event_type)}"))
 
 
 def _check_destination_format(destination: object) -> None:
@@ -258,7 +308,9 @@ def _check_destination_format(destination: object) -> None:
         )
 
 
-def _check_headers(headers: Mapping[str, Any] | None, event_type: str) -> dict[str, Any]:
+def _check_headers(
+    headers: Mapping[str, Any] | None, event_type: str, route: Route
+) -> dict[str, Any]:
     if headers is None:
         return {}
     if not isinstance(headers, Mapping) or not all(isinstance(k, str) and k for k in headers):
@@ -268,10 +320,38 @@ def _check_headers(headers: Mapping[str, Any] | None, event_type: str) -> dict[s
     clash = RESERVED_HEADERS.intersection(headers)
     if clash:
         raise InvalidEvent(
-            f"event {event_type!r}: headers {sorted(clash)} are set by the relay and "
-            "cannot be given"
+            f"event {event_type!r}: headers {sorted(clash)} are reserved for the relay and "
+            "kombu and cannot be given"
         )
+    refused = celery_header_clash(route, headers)
+    if refused:
+        raise InvalidEvent(f"event {event_type!r}: {refused}")
     return dict(headers)
+
+
+def _check_header_values(headers: dict[str, Any], event_type: str) -> dict[str, Any]:
+    """Headers travel as AMQP field tables, whose names (nested ones too) are at most 255
+    bytes and whose integers have 64 bits; the relay could not publish others."""
+    for name, value in headers.items():
+        if problem := _amqp_problem(name, value):
+            raise InvalidEvent(
+                f"event {event_type!r}: header {reprlib.repr(name)} {problem}, which AMQP "
+                "headers cannot carry; put it in the payload or send it as a string"
+            )
+    return headers
+
+
+def _amqp_problem(name: str, value: Any) -> str | None:
+    if len(name.encode()) > _MAX_LENGTH:
+        return f"has a name (or holds a key) of over {_MAX_LENGTH} bytes"
+    if isinstance(value, int | float) and not -_AMQP_INT_LIMIT <= value < _AMQP_INT_LIMIT:
+        return "holds a number outside the signed 64-bit range"
+    children: list[tuple[str, Any]] = []
+    if isinstance(value, dict):
+        children = list(value.items())
+    elif isinstance(value, list):
+        children = [("", item) for item in value]
+    return next((p for key, child in children if (p := _amqp_problem(key, child))), None)
 
 
 def _check_time(value: object, event_type: str) -> dt.datetime:

@@ -216,3 +216,30 @@ def drain_raw(queue: str, url: str = AMQP_URL) -> list[kombu.Message]:
         while (message := bound.get(no_ack=True)) is not None:
             messages.append(message)
     return messages
+
+
+@contextmanager
+def confirming_celery_queue(**queue_arguments: Any) -> Iterator[str]:
+    """A current Celery app with publisher confirms on, set as docs/consuming.md says
+    (``CELERY_BROKER_TRANSPORT_OPTIONS``), sending tasks to a private queue declared
+    with ``queue_arguments``; yields the queue's name and deletes the queue after."""
+    from celery import Celery
+    from django.test import override_settings
+
+    name = unique_destination("celery")
+    queue = kombu.Queue(
+        name, kombu.Exchange(name, type="direct"), routing_key=name, queue_arguments=queue_arguments
+    )
+    app = Celery("outbox-tests-confirms", broker=AMQP_URL, set_as_current=True)
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    try:
+        with override_settings(
+            CELERY_BROKER_TRANSPORT_OPTIONS={"confirm_publish": True},
+            CELERY_TASK_QUEUES=[queue],
+            CELERY_TASK_DEFAULT_QUEUE=name,
+        ):
+            assert app.conf.broker_transport_options == {"confirm_publish": True}
+            yield name
+    finally:
+        delete_queue(name)
+        app.close()

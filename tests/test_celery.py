@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
+from django.db import transaction
 from django.db.models.functions import Now
 from django.test import override_settings
 
+from django_outbox import InvalidEvent, stage
 from django_outbox.models import InboxMessage, OutboxMessage
 from django_outbox.relay import Relay
+from django_outbox.routes import CELERY_FIELDS
+from django_outbox.staging import RESERVED_HEADERS
 from tests.support import (
     AMQP_URL,
+    REDIS_URL,
     REPO,
+    confirming_celery_queue,
     delete_queue,
+    drain_raw,
     rabbitmqctl,
     relay_env,
     services,
@@ -32,6 +41,7 @@ from tests.testapp.tasks import record_payment
 pytestmark = pytest.mark.django_db(transaction=True)
 
 TASK = "testapp.record_payment"
+ROUTES = {"payments": {"celery_task": TASK}}
 
 
 @pytest.fixture
@@ -47,10 +57,13 @@ def celery_queue():
 
 
 def relay_all() -> None:
-    routes = {"payments": {"celery_task": TASK}}
-    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "ROUTES": routes}):
-        totals = Relay().run(threading.Event(), drain=True)
-    assert totals.published == OutboxMessage.objects.count()
+    assert relay_until_done().published == OutboxMessage.objects.count()
+
+
+def relay_until_done():  # type: ignore[no-untyped-def]
+    """Relay every due row to the Celery route of "payments"; the totals."""
+    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "ROUTES": ROUTES}):
+        return Relay().run(threading.Event(), drain=True)
 
 
 def queue_settled(queue: str) -> bool:
@@ -64,15 +77,11 @@ def queue_settled(queue: str) -> bool:
     return False
 
 
-@pytest.mark.slow
-def test_a_worker_runs_each_relayed_task_once_though_every_task_arrives_twice(
-    celery_queue, tmp_path
-):
-    stage_events(1000, "payments")
-    relay_all()
-    log = tmp_path / "worker.log"  # a file, not a pipe: a full pipe would stall the worker
+def start_worker(queue: str, log: Path) -> subprocess.Popen[str]:
+    """A real solo worker of tests.celery_app on ``queue``, logging to ``log`` (a file, not
+    a pipe: a full pipe would stall the worker)."""
     with log.open("w") as log_file:
-        worker = subprocess.Popen(
+        return subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -83,7 +92,7 @@ def test_a_worker_runs_each_relayed_task_once_though_every_task_arrives_twice(
                 "--pool",
                 "solo",
                 "--queues",
-                celery_queue,
+                queue,
                 "--without-gossip",
                 "--without-mingle",
                 "--without-heartbeat",
@@ -91,11 +100,21 @@ def test_a_worker_runs_each_relayed_task_once_though_every_task_arrives_twice(
                 "INFO",
             ],
             cwd=REPO,
-            env={**relay_env(), "TEST_CELERY_QUEUE": celery_queue},
+            env={**relay_env(), "TEST_CELERY_QUEUE": queue},
             stdout=log_file,
             stderr=subprocess.STDOUT,
             text=True,
         )
+
+
+@pytest.mark.slow
+def test_a_worker_runs_each_relayed_task_once_though_every_task_arrives_twice(
+    celery_queue, tmp_path
+):
+    stage_events(1000, "payments")
+    relay_all()
+    log = tmp_path / "worker.log"
+    worker = start_worker(celery_queue, log)
     try:
         wait_until(
             lambda: Delivery.objects.filter(consumer="celery").count() == 1000,
@@ -153,8 +172,131 @@ def test_the_first_task_after_a_broker_restart_is_sent_at_once(celery_queue):
     relay_all()
     services("restart", "rabbitmq")
     stage_events(1, "payments")
-    routes = {"payments": {"celery_task": TASK}}
-    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "ROUTES": routes}):
+    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "ROUTES": ROUTES}):
         with Relay() as relay:
             stats = relay.run_once()
     assert (stats.published, stats.failed) == (1, 0)
+
+
+# -- hostile input: headers, serializer, nacks ----------------------------------------
+
+
+def test_the_refused_headers_are_the_names_the_installed_celery_reads_as_its_own():
+    """CELERY_FIELDS against the Celery installed here: every header its protocol writes
+    and every name of a task's request, and nothing Celery would pass on as a custom header."""
+    from celery import Celery
+    from celery.app.task import Context
+
+    written = set(Celery("names").amqp.as_task_v2("an-id", "a.task").headers)
+    request_names = {name for name in vars(Context) if not name.startswith("__")}
+    assert written | request_names <= CELERY_FIELDS
+    kept_as_custom = {name for name in CELERY_FIELDS if Context()._get_custom_headers({name: 1})}
+    assert kept_as_custom == set()
+
+
+def test_a_celery_field_as_a_header_is_refused_at_stage_time_on_a_celery_route_only():
+    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "ROUTES": ROUTES}):
+        for name in sorted(CELERY_FIELDS - RESERVED_HEADERS):  # those are refused everywhere
+            with pytest.raises(InvalidEvent) as refused, transaction.atomic():
+                stage("payment.made", {"n": 1}, destination="payments", headers={name: "x"})
+            assert str(refused.value) == (
+                f"event 'payment.made': headers [{name!r}] are fields of Celery's task message "
+                "on the Celery route 'payments' and cannot be given"
+            )
+        with transaction.atomic():  # a broker route carries them as any other header
+            stage("payment.made", {"n": 1}, destination="refunds", headers={"task": "x", "id": 1})
+            stage("payment.made", {"n": 1}, destination="payments", headers={"tenant": "acme"})
+    assert OutboxMessage.objects.count() == 2
+
+
+@pytest.mark.slow
+def test_a_header_cannot_pick_the_task_a_worker_runs_nor_its_task_id(celery_queue, tmp_path):
+    """Rows staged while "payments" was a broker route (so stage() let the headers in),
+    relayed once it is a Celery route: the relay abandons them, a real worker runs only
+    the task of the route under the event's own id."""
+    with transaction.atomic():
+        honest = stage("payment.made", {"n": 1}, destination="payments", headers={"t": "acme"})
+        other_task = stage(
+            "payment.made", {"n": 2}, destination="payments", headers={"task": "testapp.hijacked"}
+        )
+        twin = stage(
+            "payment.made", {"n": 3}, destination="payments", headers={"id": str(honest.event_id)}
+        )
+    totals = relay_until_done()
+    assert (totals.published, totals.abandoned) == (1, 2)
+    worker = start_worker(celery_queue, tmp_path / "worker.log")
+    try:
+        wait_until(lambda: Delivery.objects.exists(), timeout=120, what="the worker to run a task")
+        wait_until(lambda: queue_settled(celery_queue), timeout=60, what="the queue to drain")
+    finally:
+        stop(worker, signal.SIGTERM)
+    ran = list(Delivery.objects.values_list("consumer", "event_id", "n"))
+    assert ran == [("celery", honest.event_id, 1)]
+    for row, name in ((other_task, "task"), (twin, "id")):
+        row.refresh_from_db()
+        assert row.status == OutboxMessage.Status.ABANDONED
+        assert row.last_error == (
+            f"headers [{name!r}] are fields of Celery's task message on the Celery route "
+            "'payments' and cannot be given"
+        )
+
+
+def test_a_task_goes_as_json_though_the_app_serializes_tasks_with_pickle(celery_queue):
+    from celery import current_app
+
+    current_app.conf.task_serializer = "pickle"
+    current_app.conf.accept_content = ["pickle", "json"]
+    (event_id,) = stage_events(1, "payments")
+    relay_all()
+    (message,) = drain_raw(celery_queue)
+    assert message.content_type == "application/json"
+    assert message.headers["id"] == event_id
+    args, kwargs, _ = json.loads(message.body)
+    assert (args, kwargs) == ([], {"n": 0})
+
+
+def due_again() -> None:
+    OutboxMessage.objects.filter(status=OutboxMessage.Status.FAILED).update(available_at=Now())
+
+
+#: The queue refuses a message that would take it past 1,000 bytes.
+LIMIT = {"x-max-length-bytes": 1000, "x-overflow": "reject-publish"}
+
+
+def test_a_nacked_task_fails_alone_and_the_tasks_around_it_are_sent_once():
+    """Confirms on as docs/consuming.md says; the queue's LIMIT makes RabbitMQ nack the big
+    task in the middle of the batch and ack the small ones."""
+    payloads = [{"n": 0}, {"n": 1}, {"n": 2, "pad": "x" * 2000}, {"n": 3}, {"n": 4}]
+    with transaction.atomic():
+        rows = [stage("payment.made", p, destination="payments") for p in payloads]
+    ids = [str(row.event_id) for row in rows]
+    with confirming_celery_queue(**LIMIT) as name:
+        first = relay_until_done()
+        due_again()
+        second = relay_until_done()
+        in_queue = [message.headers["id"] for message in drain_raw(name)]
+    assert (first.published, first.failed, second.published, second.failed) == (4, 1, 0, 1)
+    assert in_queue == ids[:2] + ids[3:]  # each once, though the relay ran twice
+    for row in rows:
+        row.refresh_from_db()
+    assert [row.status for row in rows] == ["published"] * 2 + ["failed"] + ["published"] * 2
+    assert rows[2].attempts == 2
+    assert rows[2].last_error == "the broker refused the message (basic.nack)"
+
+
+def test_celery_routes_on_rabbitmq_without_confirms_get_a_warning():
+    from celery import Celery
+
+    from django_outbox.checks import check_celery_confirms
+
+    def warnings(**outbox: object) -> list[str]:
+        with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, **outbox}):
+            return [message.id for message in check_celery_confirms()]
+
+    Celery("outbox-tests-unconfirmed", broker=AMQP_URL, set_as_current=True)
+    assert warnings(ROUTES=ROUTES) == ["django_outbox.W004"]
+    assert warnings() == []  # no Celery route
+    with confirming_celery_queue():  # the documented settings
+        assert warnings(ROUTES=ROUTES) == []
+    Celery("outbox-tests-redis", broker=REDIS_URL, set_as_current=True)
+    assert warnings(ROUTES=ROUTES) == []  # Redis has no confirms to turn on

@@ -11,13 +11,15 @@ import dataclasses
 import datetime as dt
 import json
 import uuid
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models.constants import OnConflict
-from django.db.models.functions import Now
+from django.db.models.functions import Cast, Now
 from django.db.models.sql import InsertQuery
 
+from ..conf import outbox_settings
 from ..envelope import CLAIMED_FIELDS, ClaimedMessage
 from . import postgresql
 
@@ -96,18 +98,29 @@ def now_plus(seconds: float) -> models.Expression:
 
 
 def claim(
-    using: str, *, limit: int, lease_seconds: float, worker: str, token: uuid.UUID
+    using: str,
+    *,
+    limit: int,
+    lease_seconds: float,
+    worker: str,
+    token: uuid.UUID,
+    max_bytes: int | None = None,
 ) -> list[ClaimedMessage]:
     """Claim up to ``limit`` due rows, oldest first, for ``lease_seconds``.
 
-    Rows locked by another relay's claim in progress are skipped, not waited
-    for. Claimed rows are PROCESSING with ``lease_token=token`` and
-    ``locked_until`` = database now + lease. Returned in id order.
+    The batch also stops before its payloads add up to more than ``max_bytes``
+    of JSON text (default ``OUTBOX["MAX_BATCH_BYTES"]``), but always takes its
+    first row, so a row larger than the bound goes out alone. Rows locked by
+    another relay's claim in progress are skipped, not waited for. Claimed rows
+    are PROCESSING with ``lease_token=token`` and ``locked_until`` = database
+    now + lease. Returned in id order.
     """
     connection = connections[using]
+    if max_bytes is None:
+        max_bytes = outbox_settings.MAX_BATCH_BYTES
     if connection.vendor == "postgresql":
-        return postgresql.claim(connection, limit, lease_seconds, worker, token)
-    return _claim_portable(using, limit, lease_seconds, worker, token)
+        return postgresql.claim(connection, limit, max_bytes, lease_seconds, worker, token)
+    return _claim_portable(using, limit, max_bytes, lease_seconds, worker, token)
 
 
 def insert(using: str, rows: list[OutboxMessage]) -> list[OutboxMessage]:
@@ -121,7 +134,7 @@ def insert(using: str, rows: list[OutboxMessage]) -> list[OutboxMessage]:
 
 
 def _claim_portable(
-    using: str, limit: int, lease_seconds: float, worker: str, token: uuid.UUID
+    using: str, limit: int, max_bytes: int, lease_seconds: float, worker: str, token: uuid.UUID
 ) -> list[ClaimedMessage]:
     """Any database Django supports: three statements in one transaction. Without
     SKIP LOCKED (SQLite) it is safe for one relay per database only."""
@@ -132,7 +145,7 @@ def _claim_portable(
         due = rows.due().order_by("available_at", "id")
         if supports_skip_locked(connections[using]):
             due = due.select_for_update(skip_locked=True)
-        ids = list(due.values_list("id", flat=True)[:limit])
+        ids = _within_bytes(due.values_list("id", _JsonBytes("payload"))[:limit], max_bytes)
         if not ids:
             return []
         lease_end = now_plus(lease_seconds)
@@ -151,6 +164,34 @@ def _claim_portable(
             )
             for row in claimed
         ]
+
+
+class _JsonBytes(models.Func):
+    """The size in bytes of a JSON column's text (``OCTET_LENGTH``; SQLite counts a BLOB)."""
+
+    function = "OCTET_LENGTH"
+    output_field = models.BigIntegerField()
+
+    def __init__(self, column: str) -> None:
+        super().__init__(Cast(column, models.TextField()))
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return self.as_sql(
+            compiler, connection, template="LENGTH(CAST(%(expressions)s AS BLOB))", **extra
+        )
+
+
+def _within_bytes(sizes: Iterable[tuple[int, int]], max_bytes: int) -> list[int]:
+    """The ids of the leading ``(id, size)`` pairs whose sizes add up to at most
+    ``max_bytes``; the first id always."""
+    ids: list[int] = []
+    total = 0
+    for pk, size in sizes:
+        total += size
+        if ids and total > max_bytes:
+            break
+        ids.append(pk)
+    return ids
 
 
 def insert_if_absent(using: str, model: type[models.Model], **values: Any) -> bool:

@@ -49,24 +49,35 @@ def drop_notify_trigger_sql(table: str) -> list[str]:
 def claim(
     connection: BaseDatabaseWrapper,
     limit: int,
+    max_bytes: int,
     lease_seconds: float,
     worker: str,
     token: uuid.UUID,
 ) -> list[ClaimedMessage]:
     """One statement, so one implicit transaction and one round trip: pick due rows
     through ``outbox_due_idx`` with SKIP LOCKED, lease them, return them. The
-    payload comes back as JSON text, ready to publish without a decode/encode."""
+    payload comes back as JSON text, ready to publish without a decode/encode.
+
+    Of the picked rows only the oldest whose payload text adds up to ``max_bytes``
+    are leased (the first one always): a locking CTE cannot hold the window
+    function, so a second CTE sums the sizes. Picked rows left out are unlocked
+    when the statement ends, and the next claim takes them."""
     from ..models import CLAIMABLE, OutboxMessage, OutboxStatus
 
     table = OutboxMessage._meta.db_table
     claimable = ", ".join(f"'{status.value}'" for status in CLAIMABLE)
     sql = f"""
         WITH picked AS (
-            SELECT id FROM "{table}"
+            SELECT id, available_at, octet_length(payload::text) AS size FROM "{table}"
             WHERE status IN ({claimable}) AND available_at <= now()
             ORDER BY available_at, id
             LIMIT %s
             FOR UPDATE SKIP LOCKED
+        ), running AS (
+            SELECT id, row_number() OVER w AS n, sum(size) OVER w AS total FROM picked
+            WINDOW w AS (ORDER BY available_at, id)
+        ), bounded AS (
+            SELECT id FROM running WHERE n = 1 OR total <= %s
         )
         UPDATE "{table}" AS o
         SET status = '{OutboxStatus.PROCESSING.value}',
@@ -74,13 +85,13 @@ def claim(
             locked_until = now() + make_interval(secs => %s),
             locked_by = %s,
             lease_token = %s
-        FROM picked
-        WHERE o.id = picked.id
+        FROM bounded
+        WHERE o.id = bounded.id
         RETURNING o.id, o.event_id, o.event_type, o.destination, o.payload::text,
                   o.headers::text, o.ordering_key, o.attempts, o.created_at
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql, [limit, lease_seconds, lease_seconds, worker, token])
+        cursor.execute(sql, [limit, max_bytes, lease_seconds, lease_seconds, worker, token])
         rows = cursor.fetchall()
     rows.sort()
     # Columns as in CLAIMED_FIELDS, the payload as JSON text and the headers to decode.
@@ -104,13 +115,23 @@ def estimated_rows(queryset: QuerySet[Any]) -> int:
     return int(plan["Plan"]["Plan Rows"])
 
 
+#: Rows one INSERT writes at most: PostgreSQL takes 65,535 parameters a statement
+#: (psycopg's ``server_side_binding`` sends them apart), and a row sends 7.
+INSERT_MAX_ROWS = 65_535 // 7
+
+
 def insert(connection: BaseDatabaseWrapper, rows: list[OutboxMessage]) -> None:
-    """Stage ``rows`` with one INSERT and set what the database filled in (id,
-    ``available_at`` unless given, ``created_at``: both the statement's time, as
-    the columns' ``Now()`` defaults would have it).
+    """Stage ``rows`` with one INSERT per ``INSERT_MAX_ROWS`` rows and set what the
+    database filled in (id, ``available_at`` unless given, ``created_at``: both the
+    statement's time, as the columns' ``Now()`` defaults would have it).
 
     Leaner than ``bulk_create``: only the columns a new row needs are sent, and the
     ones every new row starts with (PENDING, no attempts, no lease) are constants."""
+    for start in range(0, len(rows), INSERT_MAX_ROWS):
+        _insert(connection, rows[start : start + INSERT_MAX_ROWS])
+
+
+def _insert(connection: BaseDatabaseWrapper, rows: list[OutboxMessage]) -> None:
     from ..models import OutboxMessage, OutboxStatus
 
     table = OutboxMessage._meta.db_table

@@ -13,11 +13,14 @@ import abc
 import dataclasses
 from collections.abc import Sequence
 
+from ..conf import outbox_settings
 from ..envelope import ClaimedMessage
 from ..routes import Route
 
 #: Longest error text kept on a row (``last_error``).
 MAX_ERROR_LENGTH = 2000
+#: The error of a message the broker nacked (publisher confirms): retried.
+NACKED = "the broker refused the message (basic.nack)"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -26,15 +29,29 @@ class Failure:
 
     ``permanent`` failures (the message can never be published as it is:
     an unencodable header, a payload a Celery task cannot take) abandon the
-    row at once; the others are retried with backoff.
+    row at once; the others are retried with backoff and count an attempt.
+
+    A failure that does not ``count`` was no attempt: nothing was sent (a
+    configuration error such as a queue the broker refuses to declare, or a
+    batch out of time). The row's attempts are unchanged and it is due again
+    in ``retry_delay`` seconds (DESIGN guarantee 8: no attempt without a publish).
     """
 
     error: str
     permanent: bool = False
+    counts: bool = True
+    retry_delay: float = 0.0
 
     @classmethod
     def from_exception(cls, exc: BaseException, *, permanent: bool = False) -> Failure:
-        return cls(f"{type(exc).__name__}: {exc}"[:MAX_ERROR_LENGTH], permanent)
+        # The driver's text may hold a URL or a password: neither reaches last_error.
+        text = outbox_settings.redact(f"{type(exc).__name__}: {exc}")
+        return cls(text[:MAX_ERROR_LENGTH], permanent)
+
+    @classmethod
+    def not_attempted(cls, error: str, retry_delay: float) -> Failure:
+        """Nothing was sent: no attempt counted, due again in ``retry_delay`` seconds."""
+        return cls(error[:MAX_ERROR_LENGTH], counts=False, retry_delay=retry_delay)
 
 
 #: One outcome per message: None when the broker has it.

@@ -1,5 +1,5 @@
 """Publishing through kombu: RabbitMQ with pipelined publisher confirms, and every
-other kombu transport (Redis, SQS, filesystem, memory) through its producer.
+other kombu transport (Redis, filesystem, memory; others untested) through its producer.
 
 On RabbitMQ (py-amqp) the channel is put in confirm mode once; a batch is
 written without waiting, then the broker's ``basic.ack``/``basic.nack`` frames
@@ -11,6 +11,17 @@ On Redis a batch goes out as one pipeline (kombu's ``Producer.batch()``, so the
 messages keep kombu's format and kombu consumers read them), and the exchange's
 bindings are read once per batch instead of once per message. The batch counts as
 published when the pipeline ran; if it failed, none of it does.
+
+No message counts as published unless it reached a queue: RabbitMQ returns an
+unroutable message (``mandatory``); on kombu's virtual transports (Redis,
+filesystem, memory ...), which would drop it, the relay looks the queues up in
+the exchange's bindings first and does not send a message that would reach none.
+Both fail it with the same :func:`unroutable` text.
+
+A queue or exchange the broker refuses to declare (it exists with other
+arguments: 406 PRECONDITION_FAILED) is a configuration error: its rows fail
+without counting an attempt and are due again in :data:`REFUSED_RETRY_DELAY`,
+and one ERROR per refusal and interval says why.
 """
 
 from __future__ import annotations
@@ -25,15 +36,21 @@ from typing import Any
 
 import kombu
 import kombu.exceptions
+import kombu.transport.virtual
+from kombu.transport.virtual.base import NotEquivalentError
 
 from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, ClaimedMessage
+from ..exceptions import OutboxConfigurationError
 from ..routes import Route
-from .base import Failure, Outcome, Transport
+from .base import NACKED, Failure, Outcome, Transport
 
 logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 5.0
 CONFIRM_TIMEOUT = 30.0
+#: Seconds until the rows of a route whose queue the broker refused are due again,
+#: and between two ERROR records about the same refusal.
+REFUSED_RETRY_DELAY = 30.0
 #: Errors that mean "the message could not be encoded": retrying cannot help.
 #: (py-amqp raises struct.error for a header int beyond 64 bits or a key over 255 bytes,
 #: while it builds the frame and before it writes a byte.)
@@ -50,6 +67,39 @@ def binding_key(route: Route) -> str:
     return route.routing_key.replace("{key}", "#" if route.exchange_type == "topic" else "")
 
 
+def unroutable(exchange: str, routing_key: str) -> str:
+    """The error of a message that no queue would receive, on every transport."""
+    return f"unroutable: no queue is bound to exchange {exchange!r} for routing key {routing_key!r}"
+
+
+class DeclareRefused(OutboxConfigurationError):
+    """The broker refused to declare a route's exchange or queue: it exists with other
+    arguments (or type), or the user may not declare it. Retrying cannot help."""
+
+    def __init__(self, kind: str, name: str, exc: BaseException) -> None:
+        fix = "exchange_type and exchange_arguments" if kind == "exchange" else "queue_arguments"
+        super().__init__(
+            f"the broker refused to declare {kind} {name!r}: {exc}; make the route's {fix} "
+            f"in OUTBOX['ROUTES'] match the existing {kind}, or delete it"
+        )
+        self.kind, self.name = kind, name
+
+
+@contextlib.contextmanager
+def _refusal(kind: str, name: str, refused: tuple[type[BaseException], ...]) -> Iterator[None]:
+    """Turn the broker's refusal to declare ``name`` (one of ``refused``) into DeclareRefused."""
+    try:
+        yield
+    except refused as exc:
+        raise DeclareRefused(kind, name, exc) from exc
+
+
+def refusal_errors(connection: kombu.Connection) -> tuple[type[BaseException], ...]:
+    """The errors with which a broker refuses a declaration: a channel error
+    (AMQP 403, 404, 405, 406), or kombu's own for an inequivalent virtual exchange."""
+    return (*connection.channel_errors, NotEquivalentError)
+
+
 def transient_errors(connection: kombu.Connection) -> tuple[type[BaseException], ...]:
     """Errors that mean the broker or the way to it failed, not the message: the
     connection's driver errors (which ``connection`` need not be connected to tell)."""
@@ -62,22 +112,50 @@ def transient_errors(connection: kombu.Connection) -> tuple[type[BaseException],
     )
 
 
-def declare(channel: Any, route: Route) -> kombu.Queue | None:
-    """Declare the route's durable exchange and queue and bind them; returns the queue.
+def declare(
+    channel: Any, route: Route, *, refused: tuple[type[BaseException], ...] = ()
+) -> kombu.Queue | None:
+    """Declare the route's durable exchange and queue, with their arguments, and bind
+    them; returns the queue. Raises :class:`DeclareRefused` naming the exchange or
+    queue when the broker refuses it with one of ``refused`` (see :func:`refusal_errors`).
 
     The relay and the consumer both call this, so either may start first and
     nothing published before a consumer exists is dropped.
     """
     exchange = None
     if route.exchange:  # "" is the AMQP default exchange: nothing to declare
-        exchange = kombu.Exchange(route.exchange, route.exchange_type, durable=True)
-        exchange(channel).declare()
+        exchange = kombu.Exchange(
+            route.exchange,
+            route.exchange_type,
+            durable=True,
+            arguments=dict(route.exchange_arguments) or None,
+        )
+        with _refusal("exchange", route.exchange, refused):
+            exchange(channel).declare()
     if not route.queue:
         return None
     routing = binding_key(route) if exchange is not None else route.queue
-    queue = kombu.Queue(route.queue, exchange, routing_key=routing, durable=True)(channel)
-    queue.declare()
+    queue = kombu.Queue(
+        route.queue,
+        exchange,
+        routing_key=routing,
+        durable=True,
+        queue_arguments=dict(route.queue_arguments) or None,
+    )(channel)
+    with _refusal("queue", route.queue, refused):
+        queue.declare()
     return queue
+
+
+def _bound_socket_waits(connection: kombu.Connection, seconds: float) -> None:
+    """Make py-amqp give up on a broker that does not answer within ``seconds``: it
+    waits for the reply to its close without end, so a broker that went silent while
+    the relay was idle would keep a stopping relay from exiting. Other drivers (and
+    a connection never made) are left as they are."""
+    transport = getattr(connection._connection, "_transport", None)  # py-amqp's socket owner
+    sock = getattr(transport, "sock", None)
+    if sock is not None:
+        sock.settimeout(seconds)
 
 
 #: An outcome not known yet: not sent, or sent and not confirmed.
@@ -118,10 +196,7 @@ class _Confirms:
             self.last_tag -= 1
 
     def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
-        self.returned[message.properties.get("message_id", "")] = (
-            f"unroutable: no queue is bound to exchange {exchange!r} for routing key "
-            f"{routing_key!r} ({exc})"
-        )
+        self.returned[message.properties.get("message_id", "")] = unroutable(exchange, routing_key)
 
     def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
         # A returned message is acked after its basic.return: it reached no queue.
@@ -131,7 +206,7 @@ class _Confirms:
 
     def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
         for index in self._settle(delivery_tag, multiple):
-            self.outcomes[index] = Failure("the broker refused the message (basic.nack)")
+            self.outcomes[index] = Failure(NACKED)
 
     def _settle(self, delivery_tag: int, multiple: bool) -> list[int]:
         tags: range | list[int] = [delivery_tag]
@@ -150,6 +225,7 @@ class KombuTransport(Transport):
         transport_options: dict[str, Any] | None = None,
         *,
         confirm_timeout: float = CONFIRM_TIMEOUT,
+        refused_retry_delay: float = REFUSED_RETRY_DELAY,
     ) -> None:
         self._url = url
         # Confirms are pipelined here; py-amqp's own per-message confirm mode would
@@ -160,6 +236,9 @@ class KombuTransport(Transport):
             if key != "confirm_publish"
         }
         self._confirm_timeout = confirm_timeout
+        self._refused_retry_delay = refused_retry_delay
+        #: refusal text -> when (monotonic) it may be logged again
+        self._refusals_logged: dict[str, float] = {}
         self._connection: kombu.Connection | None = None
         self._channel: Any = None
         self._producer: kombu.Producer | None = None
@@ -167,6 +246,7 @@ class KombuTransport(Transport):
         self._declared: set[Route] = set()
         # Building a Connection does not connect; it tells the driver's errors.
         self._transient = transient_errors(kombu.Connection(url))
+        self._refused = refusal_errors(kombu.Connection(url))
 
     # -- connection -----------------------------------------------------------------
 
@@ -191,13 +271,20 @@ class KombuTransport(Transport):
     def check(self) -> None:
         self._connect()
 
-    def close(self) -> None:
+    def close(self, *, graceful: bool = True) -> None:
+        """Drop the connection. ``graceful=False`` closes the socket without AMQP's
+        close handshake: after an error the broker may never answer it (a resource
+        alarm, a network that drops packets) and the handshake would wait forever."""
         connection, self._connection = self._connection, None
         self._channel = self._producer = self._confirms = None
         self._declared.clear()
         if connection is not None:
             try:
-                connection.release()
+                if graceful:
+                    _bound_socket_waits(connection, CONNECT_TIMEOUT)
+                    connection.release()
+                else:
+                    connection.collect()
             except Exception:  # the connection is already broken; nothing to save
                 logger.debug("error closing a broken broker connection", exc_info=True)
 
@@ -207,7 +294,9 @@ class KombuTransport(Transport):
         outcomes: list[Outcome] = [_UNSETTLED] * len(messages)
         try:
             self._connect()
-            self._declare(route)
+            refusal = self._declare(route)
+            if refusal is not None:
+                return [refusal] * len(messages)
             if self._confirms is not None:
                 self._publish_confirmed(route, messages, outcomes)
             else:
@@ -215,15 +304,58 @@ class KombuTransport(Transport):
         except self._transient as exc:
             # Whatever was not confirmed may or may not have reached the broker:
             # it is retried (at-least-once), and the channel starts afresh.
-            self.close()
+            self.close(graceful=False)
             failure = Failure.from_exception(exc)
             outcomes = [failure if outcome is _UNSETTLED else outcome for outcome in outcomes]
         return outcomes
 
-    def _declare(self, route: Route) -> None:
-        if route not in self._declared:
-            declare(self._channel, route)
-            self._declared.add(route)
+    def _declare(self, route: Route) -> Failure | None:
+        """Declare the route's topology once per connection; the failure of all its
+        messages when the broker refuses it (a configuration error: no attempt)."""
+        if route in self._declared:
+            return None
+        try:
+            declare(self._channel, route, refused=self._refused)
+        except DeclareRefused as exc:
+            self.close()  # the broker closed the channel; the next route reconnects
+            self._log_refusal(route, exc)
+            return Failure.not_attempted(str(exc), self._refused_retry_delay)
+        self._declared.add(route)
+        return None
+
+    def _log_refusal(self, route: Route, exc: DeclareRefused) -> None:
+        """One ERROR per refusal and retry interval, however many batches it fails."""
+        text, now = str(exc), time.monotonic()
+        if self._refusals_logged.get(text, 0.0) > now:
+            return
+        self._refusals_logged[text] = now + self._refused_retry_delay
+        logger.error(
+            "destination %r: %s (its rows wait, attempts unchanged, and are retried every %gs)",
+            route.destination,
+            text,
+            self._refused_retry_delay,
+            extra={
+                "action": "outbox.declare_refused",
+                "destination": route.destination,
+                exc.kind: exc.name,
+            },
+        )
+
+    def _reaches_a_queue(self, route: Route, key: str) -> bool:
+        """Whether kombu's virtual channel would deliver a message with routing key
+        ``key`` to a queue: the lookup its own delivery makes, in the exchange's
+        bindings (cached per batch on Redis), without its dead-letter fallback."""
+        channel = self._channel
+        if not isinstance(channel, kombu.transport.virtual.Channel) or not route.exchange:
+            return True  # RabbitMQ returns what it cannot route; "" delivers to queue `key`
+        exchange_type = channel.typeof(route.exchange)
+        if exchange_type.type == "fanout" and not channel.supports_fanout:
+            return False  # kombu drops fanout messages where the transport has no fanout
+        try:
+            table = channel.get_table(route.exchange)
+        except KeyError:  # an exchange that was never declared has no bindings
+            return False
+        return bool(exchange_type.lookup(table, route.exchange, key, None))
 
     def _publish_each(
         self, route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
@@ -233,14 +365,20 @@ class KombuTransport(Transport):
         producer = self._producer
         assert producer is not None
         accepted = []  # written into the batch, not yet to the broker
+        # Looked up once per routing key and batch, like the bindings themselves.
+        reaches = functools.cache(functools.partial(self._reaches_a_queue, route))
         with self._batch(producer, len(messages)) as batched:
             for index, message in enumerate(messages):
                 headers = message.wire_headers()
+                key = routing_key(route, message)
+                if not reaches(key):
+                    outcomes[index] = Failure(unroutable(route.exchange, key))
+                    continue
                 try:
                     producer.publish(
                         message.body,
                         exchange=route.exchange,
-                        routing_key=routing_key(route, message),
+                        routing_key=key,
                         content_type=CONTENT_TYPE,
                         content_encoding=CONTENT_ENCODING,
                         headers=headers,

@@ -59,6 +59,11 @@ def reserved_header(request: object) -> str:
     return _staged(headers={"event_id": "mine"})
 
 
+@case("compression-header")
+def compression_header(request: object) -> str:
+    return _staged(headers={"compression": "application/x-gzip"})
+
+
 @case("naive-available-at")
 def naive_available_at(request: object) -> str:
-    return _staged(available_at=dt.datetime(2030, 1, 1))  # noqa: DTZ001 (the point of the case)
+    return _staged(available_at=dt.datetime(2030, 1, 1))  # naive on purpose: the case

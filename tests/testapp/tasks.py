@@ -13,3 +13,9 @@ from .models import Delivery
 def record_payment(n: int) -> int:
     Delivery.objects.create(consumer="celery", event_id=record_payment.request.id, n=n)
     return n
+
+
+@shared_task(name="testapp.hijacked")
+def hijacked(**kwargs: object) -> None:
+    """Never the task of a route: a worker that runs it was told to by a header."""
+    Delivery.objects.create(consumer="hijacked", event_id=hijacked.request.id)

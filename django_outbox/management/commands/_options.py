@@ -4,8 +4,11 @@ and the stop-on-signal handlers of the long-running commands."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import signal
+import sys
 import threading
 from types import FrameType
 
@@ -63,15 +66,27 @@ def add_database_option(parser: CommandParser, what: str = "outbox") -> None:
 
 def stop_on_signals(stop: threading.Event, logger: logging.Logger, after: str) -> None:
     """SIGTERM or SIGINT sets ``stop`` (the loop finishes ``after`` first); a
-    second one exits at once."""
+    second one exits at once, with status 1."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if stop.is_set():
-            # SystemExit, not an Exception: no handler in the loop may swallow it.
-            raise SystemExit(f"{name} again: exiting at once")
+            logger.warning("%s again: exiting at once", name, extra={"action": "outbox.stopping"})
+            _exit_now(1)
         logger.info("%s: stopping after %s", name, after, extra={"action": "outbox.stopping"})
         stop.set()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+
+
+def _exit_now(status: int) -> None:
+    """Exit without unwinding: no ``finally`` and no atexit hook runs, because those
+    close broker channels and join the database thread, and each of those waits for
+    a peer that may have stopped answering (the very reason for a second signal).
+    What was in hand is left to its lease (relay) or to the broker (consumer)."""
+    logging.shutdown()  # flush the log handlers
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)

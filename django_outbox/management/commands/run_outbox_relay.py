@@ -7,8 +7,9 @@ import threading
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_outbox.exceptions import OutboxError
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import BatchStats, Relay
 
@@ -41,7 +42,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         using: str = options["database"]
-        relay = Relay(using, batch_size=options["batch_size"])
+        try:
+            relay = Relay(using, batch_size=options["batch_size"])
+        except OutboxError as exc:  # a broker URL it cannot use (with --skip-checks)
+            raise CommandError(str(exc)) from exc
         if options["once"]:
             with relay:
                 stats = relay.run_once()

@@ -1,0 +1,158 @@
+"""Payload size: MAX_PAYLOAD_BYTES at stage time, MAX_BATCH_BYTES on every claim, on
+real PostgreSQL and RabbitMQ."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from django.conf import settings
+from django.core import checks
+from django.db import connection, transaction
+from django.test.utils import override_settings
+
+from django_outbox import PayloadTooLarge, db, stage, stage_many
+from django_outbox.models import OutboxMessage
+from django_outbox.relay import Relay
+from tests.support import consume, delete_queue, unique_destination
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MiB = 1024 * 1024
+
+
+def blob(size: int) -> dict[str, str]:
+    """A payload whose JSON text is exactly ``size`` bytes, as staged and as jsonb prints it."""
+    return {"blob": "x" * (size - len('{"blob": ""}'))}
+
+
+def outbox(**overrides: object):
+    return override_settings(OUTBOX={**settings.OUTBOX, **overrides})
+
+
+def test_the_default_bound_refuses_a_payload_over_one_mebibyte_and_takes_one_at_it():
+    with transaction.atomic():
+        stage("a.b", blob(MiB), destination="d")
+        with pytest.raises(PayloadTooLarge) as excinfo:
+            stage("a.b", blob(MiB + 1), destination="d")
+        stage("a.b", {"after": "the refusal"}, destination="d")
+    assert str(excinfo.value) == (
+        f"the JSON of the payload of event 'a.b' is {MiB + 1} bytes, more than "
+        f'OUTBOX["MAX_PAYLOAD_BYTES"] ({MiB}): stage a reference to the data (an id, a URL) '
+        "instead, or raise the setting"
+    )
+    assert isinstance(excinfo.value, ValueError)
+    assert OutboxMessage.objects.count() == 2
+
+
+def test_the_bound_counts_utf8_bytes_and_applies_to_headers_too():
+    with outbox(MAX_PAYLOAD_BYTES=20), transaction.atomic():
+        stage("a.b", {"é": "ééééé"}, destination="d")  # 20 bytes, 14 characters
+        with pytest.raises(PayloadTooLarge, match=r"payload of event 'a.b' is 22 bytes"):
+            stage("a.b", {"é": "éééééé"}, destination="d")
+        with pytest.raises(PayloadTooLarge, match=r"the headers of event 'a.b' is 25 bytes"):
+            stage("a.b", {}, destination="d", headers={"x-trace": "0123456789"})
+        with pytest.raises(PayloadTooLarge):
+            stage_many([{"event_type": "a.b", "payload": blob(21), "destination": "d"}])
+    assert OutboxMessage.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("MAX_PAYLOAD_BYTES", "1 MiB"), ("MAX_BATCH_BYTES", 0)]
+)
+def test_the_byte_settings_are_checked(name, value):
+    with outbox(**{name: value}):
+        errors = [m for m in checks.run_checks() if m.id == "django_outbox.E003"]
+    assert [e.msg for e in errors] == [
+        f'OUTBOX["{name}"] must be a positive integer; got {value!r}.'
+    ]
+
+
+def stage_sizes(*sizes: int) -> list[int]:
+    """Commit one event per size (payload JSON of that many bytes), in this order; their ids."""
+    ids = []
+    for size in sizes:
+        with transaction.atomic():
+            ids.append(stage("a.b", blob(size), destination="d").pk)
+    return ids
+
+
+def claim_through_the_setting(max_bytes: int) -> list[int]:
+    """The relay's claim (the PostgreSQL statement), bounded by ``MAX_BATCH_BYTES``."""
+    with outbox(MAX_BATCH_BYTES=max_bytes):
+        claimed = db.claim("default", limit=500, lease_seconds=60, worker="w", token=uuid.uuid4())
+    return [m.id for m in claimed]
+
+
+def claim_portable(max_bytes: int) -> list[int]:
+    """The claim of databases other than PostgreSQL (it runs on PostgreSQL too)."""
+    claimed = db._claim_portable("default", 500, max_bytes, 60, "w", uuid.uuid4())
+    return [m.id for m in claimed]
+
+
+@pytest.mark.parametrize("claim", [claim_through_the_setting, claim_portable])
+def test_a_batch_is_split_by_bytes_and_the_next_claim_takes_the_rest(claim):
+    ids = stage_sizes(1000, 1000, 1000, 1000, 600)
+
+    batches = []
+    while batch := claim(2500):
+        batches.append(batch)
+    assert batches == [ids[0:2], ids[2:4], ids[4:5]]
+
+
+def test_the_row_count_bound_still_holds_under_the_byte_bound():
+    ids = stage_sizes(100, 100, 100)
+    claimed = db.claim(
+        "default", limit=2, max_bytes=MiB, lease_seconds=60, worker="w", token=uuid.uuid4()
+    )
+    assert [m.id for m in claimed] == ids[:2]
+
+
+def insert_legacy_row(destination: str, size: int) -> int:
+    """A row as an older version (with no MAX_PAYLOAD_BYTES) could have staged it."""
+    table = OutboxMessage._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'INSERT INTO "{table}" (event_id, event_type, destination, payload, headers, '
+            "ordering_key, available_at, created_at, status, attempts, locked_by, last_error) "
+            "VALUES (%s, 'legacy.big', %s, %s::jsonb, '{}', '', now(), now(), 'pending', 0, "
+            "'', '') RETURNING id",
+            [uuid.uuid4(), destination, json.dumps(blob(size))],
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.fixture
+def destination():
+    name = unique_destination("size")
+    yield name
+    delete_queue(name)
+
+
+def test_a_legacy_row_over_max_payload_bytes_is_published_alone_in_its_batch(destination):
+    def small() -> int:
+        with transaction.atomic():
+            return stage("a.b", {"n": 1}, destination=destination).pk
+
+    first = [small(), small()]
+    legacy = insert_legacy_row(destination, 3 * MiB)
+    last = [small(), small()]
+
+    claimed = []
+    with outbox(MAX_BATCH_BYTES=2 * MiB), Relay() as relay:
+        while (stats := relay.run_once()).claimed:
+            assert stats.published == stats.claimed
+            claimed.append(stats.claimed)
+    assert claimed == [2, 1, 2]
+    messages = consume(destination, 5)
+    bodies = {m.headers["event_type"]: m.body for m in messages}
+    assert len(messages) == 5
+    assert json.loads(bodies["legacy.big"]) == blob(3 * MiB)
+    assert OutboxMessage.objects.get(pk=legacy).status == OutboxMessage.Status.PUBLISHED
+    assert all(
+        status == OutboxMessage.Status.PUBLISHED
+        for status in OutboxMessage.objects.filter(pk__in=first + last).values_list(
+            "status", flat=True
+        )
+    )

@@ -1,0 +1,94 @@
+"""Retention with more expired rows than one delete batch, on real PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_outbox import retention
+from django_outbox.models import InboxMessage, OutboxMessage
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Status = OutboxMessage.Status
+
+
+def _outbox_rows(count: int, **fields) -> set[int]:
+    rows = OutboxMessage.objects.bulk_create(
+        OutboxMessage(event_type="e", destination="d", payload={"n": n}, **fields)
+        for n in range(count)
+    )
+    return {row.pk for row in rows}
+
+
+def _inbox_marks(count: int, processed_at: dt.datetime) -> None:
+    InboxMessage.objects.bulk_create(
+        InboxMessage(consumer="c", event_id=uuid.uuid4()) for _ in range(count)
+    )
+    InboxMessage.objects.filter(processed_at__gt=processed_at).update(processed_at=processed_at)
+
+
+def _deletes(queries: CaptureQueriesContext, table: str) -> int:
+    return sum(q["sql"].startswith(f'DELETE FROM "{table}"') for q in queries.captured_queries)
+
+
+def test_cleanup_deletes_every_expired_row_over_several_batches_and_keeps_the_rest():
+    now = timezone.now()
+    week_ago, month_ago = now - dt.timedelta(days=8), now - dt.timedelta(days=31)
+    old_published = _outbox_rows(2_345, status=Status.PUBLISHED, published_at=week_ago)
+    young_published = _outbox_rows(
+        40, status=Status.PUBLISHED, published_at=now - dt.timedelta(days=6)
+    )
+    _outbox_rows(1_001, status=Status.ABANDONED, abandoned_at=month_ago)
+    young_abandoned = _outbox_rows(
+        30, status=Status.ABANDONED, abandoned_at=now - dt.timedelta(days=29)
+    )
+    waiting = _outbox_rows(20, available_at=month_ago)  # PENDING however old: never deleted
+    _inbox_marks(1_000, week_ago)  # exactly one batch: the next select finds none
+
+    assert retention.cleanup(dry_run=True) == {
+        "published": 2_345,
+        "abandoned": 1_001,
+        "inbox": 1_000,
+        "failures": 0,
+        "parked": 0,
+    }
+    assert OutboxMessage.objects.count() == 2_345 + 40 + 1_001 + 30 + 20
+
+    with CaptureQueriesContext(connection) as queries:
+        counts = retention.cleanup()
+
+    assert counts == {
+        "published": 2_345,
+        "abandoned": 1_001,
+        "inbox": 1_000,
+        "failures": 0,
+        "parked": 0,
+    }
+    # Batches of DELETE_BATCH (1000) rows: 3 for the published rows, 2 for the abandoned.
+    assert retention.DELETE_BATCH == 1000
+    assert _deletes(queries, OutboxMessage._meta.db_table) == 3 + 2
+    assert _deletes(queries, InboxMessage._meta.db_table) == 1
+    left = set(OutboxMessage.objects.values_list("pk", flat=True))
+    assert left == young_published | young_abandoned | waiting
+    assert not left & old_published
+    assert InboxMessage.objects.count() == 0
+    assert retention.cleanup() == dict.fromkeys(counts, 0)
+
+
+def test_a_small_batch_size_takes_as_many_rounds_as_it_needs():
+    week_ago = timezone.now() - dt.timedelta(days=8)
+    _outbox_rows(23, status=Status.PUBLISHED, published_at=week_ago)
+    kept = _outbox_rows(5, status=Status.PUBLISHED, published_at=timezone.now())
+
+    with CaptureQueriesContext(connection) as queries:
+        counts = retention.cleanup(batch_size=5)
+
+    assert counts["published"] == 23
+    assert _deletes(queries, OutboxMessage._meta.db_table) == 5  # 5+5+5+5+3
+    assert set(OutboxMessage.objects.values_list("pk", flat=True)) == kept
