@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
+import json
 import logging
 import threading
 import time
@@ -426,8 +427,20 @@ def _decode(message: Any) -> ReceivedEvent:
             "it was not published by an outbox relay"
         )
     return ReceivedEvent.from_wire(
-        message.decode(), message.headers, message.properties.get("message_id")
+        _json_body(message), message.headers, message.properties.get("message_id")
     )
+
+
+def _json_body(message: Any) -> Any:
+    """The body as plain JSON, exactly as the relay sent it. Not ``message.decode()``:
+    kombu's JSON decoder turns an object with a ``__type__`` key into a datetime,
+    Decimal or UUID, so a payload holding one would reach the handler changed."""
+    body = message.body
+    try:
+        text = body.decode(message.content_encoding or "utf-8") if isinstance(body, bytes) else body
+        return json.loads(text)
+    except (ValueError, LookupError) as exc:  # LookupError: an unknown content encoding
+        raise InvalidMessage(f"the body is not JSON text: {exc}") from None
 
 
 def _broker_deliveries(headers: dict[str, Any] | None) -> int:

@@ -6,6 +6,7 @@ import json
 import pickle
 import re
 import signal
+import threading
 import time
 import uuid
 
@@ -14,7 +15,8 @@ import pytest
 from django.db import transaction
 from django.db.models.functions import Now
 
-from django_outbox import stage
+from django_outbox import ReceivedEvent, stage
+from django_outbox.consumer import InboxConsumer
 from django_outbox.models import InboxFailure, InboxMessage, OutboxMessage
 from tests.support import (
     AMQP_URL,
@@ -452,3 +454,19 @@ def test_a_raw_or_text_message_is_rejected_not_handled(destination, body, conten
     assert Delivery.objects.count() == 0
     assert not InboxFailure.objects.exists()
     assert queue_depth(destination) == 0
+
+
+def test_a_payload_object_with_a_type_key_reaches_the_handler_as_sent(destination):
+    """kombu's JSON decoder turns {"__type__": "datetime", "__value__": ...} into a
+    datetime (and "decimal" into a Decimal); the consumer hands over plain JSON."""
+    payload = {
+        "when": {"__type__": "datetime", "__value__": "2020-01-01T00:00:00"},
+        "amount": {"__type__": "decimal", "__value__": "1.50"},
+    }
+    with transaction.atomic():
+        event_id = stage("order.placed", payload, destination=destination).event_id
+    run_relay("--drain")
+    received: list[ReceivedEvent] = []
+    consumer = InboxConsumer(destination, received.append, "types")
+    consumer.run(threading.Event(), idle_timeout=2)
+    assert [(event.event_id, event.payload) for event in received] == [(event_id, payload)]
