@@ -127,15 +127,7 @@ def publish_on_success(
     """
     _check_event_type(event_type)
     _check_destination_format(destination)
-    if not callable(payload):
-        raise TypeError(
-            "publish_on_success(payload=...) must be a callable (result, *args, **kwargs) -> dict"
-        )
-    if key is not None and not callable(key):
-        raise TypeError(
-            "publish_on_success(key=...) must be None or a callable "
-            "(result, *args, **kwargs) -> str"
-        )
+    _check_mappers(payload, key)
 
     def decorator(func: Callable[P, R]) -> Callable[P, R]:
         if inspect.iscoroutinefunction(func):
@@ -161,6 +153,19 @@ def publish_on_success(
         return wrapper
 
     return decorator
+
+
+def _check_mappers(payload: object, key: object) -> None:
+    """``publish_on_success``'s ``payload`` and ``key`` must be callables."""
+    if not callable(payload):
+        raise TypeError(
+            "publish_on_success(payload=...) must be a callable (result, *args, **kwargs) -> dict"
+        )
+    if key is not None and not callable(key):
+        raise TypeError(
+            "publish_on_success(key=...) must be None or a callable "
+            "(result, *args, **kwargs) -> str"
+        )
 
 
 def _event_kwargs(index: int, event: object) -> dict[str, Any]:

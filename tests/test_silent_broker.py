@@ -29,6 +29,8 @@ from django.db import transaction
 
 from django_outbox import db, stage_many
 from django_outbox.conf import outbox_settings
+from django_outbox.envelope import ClaimedMessage
+from django_outbox.routes import Route
 from django_outbox.transports.base import Failure, Outcome
 from django_outbox.transports.kombu import KombuTransport
 from tests.support import (
@@ -198,6 +200,23 @@ def test_a_second_signal_exits_at_once_while_the_relay_waits_for_confirms(
         proxy.close()
 
 
+def publish_after_the_broker_falls_silent(
+    proxy: FreezableProxy, transport: KombuTransport, route: Route, messages: list[ClaimedMessage]
+) -> list[Outcome]:
+    """Publish the first message, silence the broker, publish the rest: the outcomes of
+    the rest, which must come back promptly instead of waiting for the broker."""
+    assert transport.publish(route, messages[:1]) == [None]
+    proxy.freeze()
+    outcomes: list[Outcome] = []
+    publish = threading.Thread(
+        target=lambda: outcomes.extend(transport.publish(route, messages[1:])), daemon=True
+    )
+    publish.start()
+    publish.join(timeout=PROMPTLY)
+    assert not publish.is_alive(), "publish still waits for the silent broker"
+    return outcomes
+
+
 def test_confirms_that_never_come_fail_the_batch_and_the_next_publish_reconnects(destination):
     """Closing the connection after the timeout must not wait for the silent broker
     either (AMQP's close handshake would, forever)."""
@@ -208,15 +227,7 @@ def test_confirms_that_never_come_fail_the_batch_and_the_next_publish_reconnects
     proxy = FreezableProxy(BROKER)
     transport = KombuTransport(proxy.url, confirm_timeout=1)
     try:
-        assert transport.publish(route, messages[:1]) == [None]
-        proxy.freeze()
-        outcomes: list[Outcome] = []
-        publish = threading.Thread(
-            target=lambda: outcomes.extend(transport.publish(route, messages[1:])), daemon=True
-        )
-        publish.start()
-        publish.join(timeout=PROMPTLY)
-        assert not publish.is_alive(), "publish still waits for the silent broker"
+        outcomes = publish_after_the_broker_falls_silent(proxy, transport, route, messages)
         timed_out = "TimeoutError: 2 of 2 messages were not confirmed by the broker within 1s"
         assert outcomes == [Failure(timed_out), Failure(timed_out)]
 
@@ -246,15 +257,7 @@ def test_a_batch_too_big_for_the_socket_buffers_fails_too_instead_of_blocking_th
     proxy = FreezableProxy(BROKER)
     transport = KombuTransport(proxy.url, confirm_timeout=1)
     try:
-        assert transport.publish(route, messages[:1]) == [None]
-        proxy.freeze()
-        outcomes: list[Outcome] = []
-        publish = threading.Thread(
-            target=lambda: outcomes.extend(transport.publish(route, messages[1:])), daemon=True
-        )
-        publish.start()
-        publish.join(timeout=PROMPTLY)
-        assert not publish.is_alive(), "publish still writes to the silent broker"
+        outcomes = publish_after_the_broker_falls_silent(proxy, transport, route, messages)
         assert len(outcomes) == 299
         # py-amqp's socket timeout (the relay's CONNECT_TIMEOUT, 5 s) ends the write.
         assert set(outcomes) == {Failure("RecoverableConnectionError: basic_publish: timed out")}

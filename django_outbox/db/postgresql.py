@@ -46,27 +46,14 @@ def drop_notify_trigger_sql(table: str) -> list[str]:
     ]
 
 
-def claim(
-    connection: BaseDatabaseWrapper,
-    limit: int,
-    max_bytes: int,
-    lease_seconds: float,
-    worker: str,
-    token: uuid.UUID,
-) -> list[ClaimedMessage]:
-    """One statement, so one implicit transaction and one round trip: pick due rows
-    through ``outbox_due_idx`` with SKIP LOCKED, lease them, return them. The
-    payload comes back as JSON text, ready to publish without a decode/encode.
-
-    Of the picked rows only the oldest whose payload text adds up to ``max_bytes``
-    are leased (the first one always): a locking CTE cannot hold the window
-    function, so a second CTE sums the sizes. Picked rows left out are unlocked
-    when the statement ends, and the next claim takes them."""
+def _claim_sql() -> str:
+    """The claim statement: parameters limit, max_bytes, lease seconds (twice), worker,
+    token."""
     from ..models import CLAIMABLE, OutboxMessage, OutboxStatus
 
     table = OutboxMessage._meta.db_table
     claimable = ", ".join(f"'{status.value}'" for status in CLAIMABLE)
-    sql = f"""
+    return f"""
         WITH picked AS (
             SELECT id, available_at, octet_length(payload::text) AS size FROM "{table}"
             WHERE status IN ({claimable}) AND available_at <= now()
@@ -90,8 +77,28 @@ def claim(
         RETURNING o.id, o.event_id, o.event_type, o.destination, o.payload::text,
                   o.headers::text, o.ordering_key, o.attempts, o.created_at
     """
+
+
+def claim(
+    connection: BaseDatabaseWrapper,
+    limit: int,
+    max_bytes: int,
+    lease_seconds: float,
+    worker: str,
+    token: uuid.UUID,
+) -> list[ClaimedMessage]:
+    """One statement, so one implicit transaction and one round trip: pick due rows
+    through ``outbox_due_idx`` with SKIP LOCKED, lease them, return them. The
+    payload comes back as JSON text, ready to publish without a decode/encode.
+
+    Of the picked rows only the oldest whose payload text adds up to ``max_bytes``
+    are leased (the first one always): a locking CTE cannot hold the window
+    function, so a second CTE sums the sizes. Picked rows left out are unlocked
+    when the statement ends, and the next claim takes them."""
     with connection.cursor() as cursor:
-        cursor.execute(sql, [limit, max_bytes, lease_seconds, lease_seconds, worker, token])
+        cursor.execute(
+            _claim_sql(), [limit, max_bytes, lease_seconds, lease_seconds, worker, token]
+        )
         rows = cursor.fetchall()
     rows.sort()
     # Columns as in CLAIMED_FIELDS, the payload as JSON text and the headers to decode.
