@@ -42,7 +42,6 @@ from collections.abc import Callable
 from typing import Any
 
 import kombu
-import kombu.exceptions
 from django.db import DatabaseError, close_old_connections, connections
 
 from .conf import outbox_settings
@@ -72,14 +71,6 @@ DEFAULT_RETRY_MAX_DELAY = 30.0
 RETRY_JITTER = 0.5
 #: How long one wait for a message lasts, so a stop request is seen promptly.
 DRAIN_TIMEOUT = 1.0
-#: Errors kombu raises when a message cannot be decoded or is of a refused type.
-DECODE_ERRORS = (
-    kombu.exceptions.ContentDisallowed,
-    kombu.exceptions.DecodeError,
-    UnicodeError,
-    InvalidMessage,
-)
-
 Handler = Callable[[ReceivedEvent], object]
 
 
@@ -244,7 +235,7 @@ class InboxConsumer:
         self.stats.received += 1
         try:
             event = _decode(message)
-        except DECODE_ERRORS as exc:
+        except InvalidMessage as exc:
             self._reject(message, exc)
             return
         counted = bool(message.delivery_info.get("redelivered"))
@@ -420,7 +411,7 @@ class _Held:
 
 
 def _decode(message: Any) -> ReceivedEvent:
-    """The event in ``message``; one of :data:`DECODE_ERRORS` if it is not an outbox event."""
+    """The event in ``message``; :class:`InvalidMessage` if it is not an outbox event."""
     if message.content_type != CONTENT_TYPE:
         raise InvalidMessage(
             f"content type {message.content_type!r} is not {CONTENT_TYPE}: "

@@ -19,7 +19,7 @@ import kombu
 import pytest
 from django.db import connections
 from django.db.models import Count
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from django_outbox import ReceivedEvent
@@ -111,6 +111,28 @@ event_message = st.fixed_dictionaries(
 message = event_message | foreign_message
 
 
+def _event(payload: object, event_id: uuid.UUID) -> dict[str, Any]:
+    body = json.dumps(payload).encode()
+    headers = {"event_id": str(event_id)}
+    return {
+        "body": body,
+        "content_type": "application/json",
+        "content_encoding": "utf-8",
+        "headers": headers,
+    }
+
+
+_HANDLED, _FAILING = uuid.uuid4(), uuid.uuid4()
+#: One example that reaches every outcome, whatever the generator draws: handled, the
+#: same event again (duplicate), a handler failure until parked, a foreign message.
+EVERY_OUTCOME = [
+    _event({"n": 1}, _HANDLED),
+    _event({"n": 1}, _HANDLED),
+    _event({"fail": True}, _FAILING),
+    {**_event({"n": 2}, uuid.uuid4()), "content_type": "application/data"},
+]
+
+
 def handler(event: ReceivedEvent) -> None:
     if isinstance(event.payload, dict) and event.payload.get("fail"):
         raise RuntimeError("the handler refuses this event")
@@ -181,6 +203,7 @@ def test_generated_messages_are_each_settled_and_never_crash_the_consumer(runnin
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
     @given(st.lists(message, min_size=1, max_size=6))
+    @example(EVERY_OUTCOME)
     def check(messages: list[dict[str, Any]]) -> None:
         before = settled(consumer.stats)
         messages = [properties for properties in messages if publish(queue, properties)]
@@ -197,6 +220,6 @@ def test_generated_messages_are_each_settled_and_never_crash_the_consumer(runnin
         assert list(twice) == []
 
     check()
-    # The generator reached every outcome at least once.
+    # Every outcome was reached (EVERY_OUTCOME makes sure of it).
     stats = consumer.stats
     assert min(stats.handled, stats.duplicates, stats.parked, stats.rejected) > 0, stats
