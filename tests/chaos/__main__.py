@@ -202,16 +202,29 @@ class Run:
                 facts.write(fault.line() + "\n")
                 facts.flush()
         except NotRecovered as exc:
-            print(f"chaos: FAIL: {exc}", flush=True)
+            print(f"chaos: FAIL: {exc}; the audit shows what is missing", flush=True)
+            self._finish(producers, relays, consumer, faults, started, drain=False)
             return 1
         finally:
             facts.close()
+        return self._finish(producers, relays, consumer, faults, started, drain=True)
+
+    def _finish(  # type: ignore[no-untyped-def]
+        self, producers, relays, consumer, faults, started: float, *, drain: bool
+    ) -> int:
+        """Stop the producers, wait for the relays and the consumer to drain (not after a
+        fault that never recovered: nothing would), then audit and report; 0 on a pass."""
+        from . import audit
+        from . import database as db
+
+        p = self.profile
         faulting = time.monotonic() - started
         for producer in producers:
             if producer.stop() != 0:
                 raise RuntimeError(f"{producer.role} exited {producer.exits[-1]}")
         drain_started = time.monotonic()
-        self._wait(db.settled, 4 * p.lease + 120, "the relays and the consumer to drain")
+        if drain:
+            self._wait(db.settled, 4 * p.lease + 120, "the relays and the consumer to drain")
         time.sleep(2 * p.lease)  # late duplicates (a zombie's batch) reach the tap
         exits = {proc.role: proc.stop() for proc in [*relays, consumer]}
         drained = time.monotonic() - drain_started

@@ -153,6 +153,11 @@ def checks(faults: Sequence[Fault], relays: int, batch_size: int) -> list[Check]
             0,
         ),
         Check(
+            "events parked by the consumer (consumer kills, database restarts)",
+            db.value(f"SELECT count(*) FROM {db.INBOX_FAILURE} WHERE parked_at IS NOT NULL"),
+            0,
+        ),
+        Check(
             "duplicates at the broker",
             duplicates,
             duplicate_bound(faults, relays, batch_size),

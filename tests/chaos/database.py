@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db import DatabaseError, connection
 
-from django_outbox.models import InboxMessage, OutboxMessage
+from django_outbox.models import InboxFailure, InboxMessage, OutboxMessage
 
 from .models import BrokerCopy, Handled, Order, RolledBack, Violation
 
@@ -18,6 +18,7 @@ HANDLED = Handled._meta.db_table
 ROLLED_BACK = RolledBack._meta.db_table
 BROKER = BrokerCopy._meta.db_table
 VIOLATION = Violation._meta.db_table
+INBOX_FAILURE = InboxFailure._meta.db_table
 RETRY_FOR = 120.0
 
 

@@ -3,18 +3,22 @@
 ``python -m tests.chaos --sabotage lease`` starts relays whose finalize ignores the
 lease token (a relay whose lease was taken over writes anyway);
 ``--sabotage inbox`` starts a consumer without the inbox (every delivery runs the
-handler). A run with either must fail its audit. Nothing imports this module
+handler); ``--sabotage parking`` starts a consumer that parks a message at its first
+redelivery, as if a consumer kill were the message's fault. A run with any of them must
+fail its audit. Nothing imports this module
 unless ``CHAOS_SABOTAGE`` is set.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from django.db import transaction
 
-KINDS = ("lease", "inbox")
+KINDS = ("lease", "inbox", "parking")
 
 
 def apply(kind: str) -> None:
@@ -26,6 +30,10 @@ def apply(kind: str) -> None:
         from django_outbox import consumer
 
         consumer.process_once = _no_inbox  # type: ignore[assignment]
+    elif kind == "parking":
+        from django_outbox.consumer import InboxConsumer
+
+        InboxConsumer.__init__ = _parking_at_once(InboxConsumer.__init__)  # type: ignore[method-assign]
     else:
         raise ValueError(f"CHAOS_SABOTAGE must be one of {', '.join(KINDS)}; got {kind!r}")
 
@@ -35,3 +43,14 @@ def _no_inbox(consumer: str, event_id: object, using: str = "default") -> Iterat
     """``process_once`` without the mark: every delivery counts as new."""
     with transaction.atomic(using=using):
         yield True
+
+
+def _parking_at_once(init: Callable[..., None]) -> Callable[..., None]:
+    """``InboxConsumer.__init__`` with ``max_deliveries=1``: a redelivered message (its
+    consumer was killed) is parked before its handler runs."""
+
+    @functools.wraps(init)
+    def parking(self: object, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **{**kwargs, "max_deliveries": 1})
+
+    return parking
