@@ -19,6 +19,8 @@ STRING_KEYS = frozenset({"exchange", "exchange_type", "routing_key", "queue"})
 ARGUMENT_KEYS = frozenset({"queue_arguments", "exchange_arguments"})
 BROKER_KEYS = STRING_KEYS | ARGUMENT_KEYS
 CELERY_KEYS = frozenset({"celery_task"})
+#: AMQP names (exchange, queue) and routing keys are short strings: at most 255 bytes.
+MAX_NAME_BYTES = 255
 
 #: ``x-`` arguments of a queue or exchange, as sorted ``(name, value)`` pairs (hashable,
 #: so a :class:`Route` can be kept in a set); ``dict(arguments)`` gives them back.
@@ -51,6 +53,10 @@ class Route:
     @property
     def is_celery(self) -> bool:
         return self.celery_task is not None
+
+    def routing_key_for(self, key: str) -> str:
+        """The routing key of a message with ordering key ``key`` ("" for none)."""
+        return self.routing_key.replace("{key}", key)
 
     @classmethod
     def default(cls, destination: str, exchange: str) -> Route:
@@ -93,6 +99,11 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
         if not isinstance(val, str) and not (key == "queue" and val is None):
             raise ValueError(
                 f"route {name!r} key {key!r} must be a string; got {type(val).__name__}"
+            )
+        if isinstance(val, str) and len(val.encode()) > MAX_NAME_BYTES:
+            raise ValueError(
+                f"route {name!r} {key} is {len(val.encode())} bytes long; AMQP takes "
+                f"at most {MAX_NAME_BYTES}"
             )
     if "celery_task" in spec:
         if not spec["celery_task"]:

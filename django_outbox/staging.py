@@ -37,7 +37,7 @@ from .exceptions import (
     PayloadTooLarge,
     UnknownDestination,
 )
-from .routes import Route, celery_header_clash, is_valid_destination
+from .routes import MAX_NAME_BYTES, Route, celery_header_clash, is_valid_destination
 from .signals import event_committed
 
 if TYPE_CHECKING:
@@ -204,6 +204,7 @@ def _build(
         )
     if key is not None and (bad := _UNSTORABLE.search(key)):
         raise InvalidEvent(_unstorable(bad.group(), f"the key of event {event_type!r}"))
+    _check_routing_key(route, key or "", event_type)
     fields: dict[str, Any] = {
         "event_type": event_type,
         "destination": destination,
@@ -288,6 +289,17 @@ def _unstorable(char: str, where: str) -> str:
         f"PostgreSQL cannot store the lone surrogate \\u{ord(char):04x} in {where}: "
         "it is half of a UTF-16 pair, not a Unicode character"
     )
+
+
+def _check_routing_key(route: Route, key: str, event_type: str) -> None:
+    """The routing key ``key`` makes must fit AMQP's 255 bytes, or no broker takes it."""
+    size = 0 if route.is_celery else len(route.routing_key_for(key).encode())
+    if size > MAX_NAME_BYTES:
+        raise InvalidEvent(
+            f"event {event_type!r}: its key makes the routing key of route "
+            f"{route.destination!r} {size} bytes long, over AMQP's {MAX_NAME_BYTES}; "
+            "use a shorter key"
+        )
 
 
 def _check_event_type(event_type: object) -> None:

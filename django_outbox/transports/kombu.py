@@ -59,7 +59,7 @@ ENCODE_ERRORS = (TypeError, ValueError, UnicodeError, struct.error, kombu.except
 
 def routing_key(route: Route, message: ClaimedMessage) -> str:
     """The route's routing key, with ``{key}`` replaced by the message's ordering key."""
-    return route.routing_key.replace("{key}", message.ordering_key)
+    return route.routing_key_for(message.ordering_key)
 
 
 def binding_key(route: Route) -> str:

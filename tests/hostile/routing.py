@@ -26,6 +26,7 @@ from tests.support import (
 
 from . import case
 from .settings import check_lines, only
+from .staging import _staged
 
 
 def _shape(**route: Any) -> str:
@@ -132,3 +133,10 @@ def exchange_refused(request: object) -> str:
 @case("route-arguments-not-a-dict")
 def route_arguments_not_a_dict(request: object) -> str:
     return _shape(queue="orders", queue_arguments=["x-max-length", 10])
+
+
+@case("routing-key-too-long")
+def routing_key_too_long(request: object) -> str:
+    route = {"exchange": "shop", "routing_key": "order.{key}", "queue": "orders"}
+    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "ROUTES": {"orders": route}}):
+        return _staged(key="é" * 125)
