@@ -59,6 +59,11 @@ _MAX_LENGTH = 255
 #: Integers in AMQP headers are signed 64-bit; JSON whole numbers past it cannot go there
 #: (nor floats, which PostgreSQL's jsonb prints without exponent: 1e20 becomes an integer).
 _AMQP_INT_LIMIT = 2**63
+#: The most an event's headers may take as an AMQP field table (as py-amqp encodes it,
+#: counted from above): they travel in one content-header frame, which must fit the
+#: broker's ``frame_max`` (128 KiB on RabbitMQ by default) with the other properties. A
+#: larger one made RabbitMQ close the connection, failing every message of the batch.
+MAX_HEADERS_BYTES = 65_536
 #: Characters PostgreSQL cannot store in text or jsonb: NUL and the surrogates, which are
 #: not Unicode characters (Python strings can hold them, UTF-8 cannot encode them).
 _UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
@@ -350,7 +355,26 @@ def _check_header_values(headers: dict[str, Any], event_type: str) -> dict[str, 
                 f"event {event_type!r}: header {reprlib.repr(name)} {problem}, which AMQP "
                 "headers cannot carry; put it in the payload or send it as a string"
             )
+    size = _amqp_size(headers)
+    if size > MAX_HEADERS_BYTES:
+        raise InvalidEvent(
+            f"event {event_type!r}: the headers take {size} bytes as an AMQP field table, "
+            f"more than the {MAX_HEADERS_BYTES} a message's properties can carry; put the "
+            "data in the payload"
+        )
     return headers
+
+
+def _amqp_size(value: Any) -> int:
+    """The bytes ``value`` takes in an AMQP field table at most: a type octet, then a
+    32-bit length and the UTF-8 text, 8 bytes for a number, a length octet before a name."""
+    if isinstance(value, dict):
+        return 5 + sum(1 + len(k.encode()) + _amqp_size(v) for k, v in value.items())
+    if isinstance(value, list):
+        return 5 + sum(map(_amqp_size, value))
+    if isinstance(value, str):
+        return 5 + len(value.encode())
+    return 9
 
 
 def _amqp_problem(name: str, value: Any) -> str | None:

@@ -226,3 +226,24 @@ def test_headers_at_the_amqp_limits_are_relayed(destination):
         assert relay.run_once().published == 1
     (message,) = consume(destination, 1)
     assert {name: message.headers[name] for name in headers} == {**headers, "x-float": 10**18}
+
+
+def test_headers_too_large_for_a_content_frame_are_refused():
+    """RabbitMQ closed the connection on such a message (FRAME_ERROR frame_too_large),
+    failing every message of its batch, attempt after attempt, until all were abandoned."""
+    error = refusal(headers={"x-big": "x" * 200_000})
+    assert isinstance(error, InvalidEvent)
+    assert str(error) == (
+        "event 'order.placed': the headers take 200016 bytes as an AMQP field table, more "
+        "than the 65536 a message's properties can carry; put the data in the payload"
+    )
+
+
+def test_headers_just_under_the_frame_bound_are_relayed_with_their_batch(destination):
+    with transaction.atomic():
+        stage("order.placed", {"n": 0}, destination=destination)
+        stage("order.placed", {"n": 1}, destination=destination, headers={"x-big": "é" * 32_500})
+        stage("order.placed", {"n": 2}, destination=destination)
+    with Relay() as relay:
+        assert relay.run_once().published == 3
+    assert len(consume(destination, 3)) == 3
