@@ -35,6 +35,7 @@ from .exceptions import (
     NotInTransaction,
     PayloadNotSerializable,
     PayloadTooLarge,
+    StagingError,
     UnknownDestination,
 )
 from .routes import MAX_NAME_BYTES, Route, celery_header_clash, is_valid_destination
@@ -111,7 +112,7 @@ def stage_many(
     dict of ``stage()``'s arguments (``event_type``, ``payload``, ``destination``,
     optional ``key``, ``headers``, ``available_at``). All are validated before
     anything is written."""
-    rows = [_build(**_event_kwargs(index, event)) for index, event in enumerate(events)]
+    rows = [_build_nth(index, event) for index, event in enumerate(events)]
     return _insert(rows, using) if rows else []
 
 
@@ -183,6 +184,15 @@ def _event_kwargs(index: int, event: object) -> dict[str, Any]:
     if missing:
         raise InvalidEvent(f"stage_many(): event #{index} lacks {', '.join(missing)}")
     return dict(event)
+
+
+def _build_nth(index: int, event: object) -> OutboxMessage:
+    """Event ``index`` of a ``stage_many()`` call, its refusal saying which one it is."""
+    kwargs = _event_kwargs(index, event)
+    try:
+        return _build(**kwargs)
+    except StagingError as exc:
+        raise type(exc)(f"stage_many(): event #{index}: {exc}") from None
 
 
 def _build(
