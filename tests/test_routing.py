@@ -397,6 +397,33 @@ def test_an_exchange_declared_with_another_type_is_refused_by_name(caplog):
 
 
 @pytestmark_db
+@pytest.mark.parametrize("exchange_type", ["headers", "x-consistent-hash"])
+def test_an_exchange_type_redis_lacks_is_refused_by_name_without_an_attempt(exchange_type):
+    """kombu's virtual transports know direct, topic and fanout only: each batch failed
+    with "KeyError: 'headers'", counting attempts until the rows were abandoned."""
+    destination = unique_destination()
+    exchange = f"{destination}-x"
+    route = {"exchange": exchange, "exchange_type": exchange_type, "queue": destination}
+    with transaction.atomic():
+        stage("a.b", {"n": 1}, destination=destination)
+    try:
+        with override_settings(OUTBOX={"BROKER_URL": REDIS_URL, "ROUTES": {destination: route}}):
+            with Relay() as relay:
+                stats = relay.run_once()
+        assert not stats.transport_failed
+        row = OutboxMessage.objects.get()
+        assert (row.status, row.attempts, row.last_error) == (
+            Status.FAILED,
+            0,
+            f"the broker refused to declare exchange {exchange!r}: this kombu transport has "
+            f"no exchange type {exchange_type!r}; make the route's exchange_type one of "
+            "direct, fanout, topic",
+        )
+    finally:
+        delete_queue(destination, url=REDIS_URL)
+
+
+@pytestmark_db
 def test_a_destination_left_for_lack_of_lease_time_costs_no_attempt():
     """DESIGN guarantee 8: the relay's own "not attempted" failure counts no attempt."""
     destination = unique_destination()

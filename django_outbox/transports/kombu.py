@@ -76,12 +76,12 @@ class DeclareRefused(OutboxConfigurationError):
     """The broker refused to declare a route's exchange or queue: it exists with other
     arguments (or type), or the user may not declare it. Retrying cannot help."""
 
-    def __init__(self, kind: str, name: str, exc: BaseException) -> None:
-        fix = "exchange_type and exchange_arguments" if kind == "exchange" else "queue_arguments"
-        super().__init__(
-            f"the broker refused to declare {kind} {name!r}: {exc}; make the route's {fix} "
-            f"in OUTBOX['ROUTES'] match the existing {kind}, or delete it"
+    def __init__(self, kind: str, name: str, exc: BaseException, fix: str = "") -> None:
+        keys = "exchange_type and exchange_arguments" if kind == "exchange" else "queue_arguments"
+        fix = fix or (
+            f"make the route's {keys} in OUTBOX['ROUTES'] match the existing {kind}, or delete it"
         )
+        super().__init__(f"the broker refused to declare {kind} {name!r}: {exc}; {fix}")
         self.kind, self.name = kind, name
 
 
@@ -130,6 +130,7 @@ def declare(
             durable=True,
             arguments=dict(route.exchange_arguments) or None,
         )
+        _check_exchange_type(channel, route)
         with _refusal("exchange", route.exchange, refused):
             exchange(channel).declare()
     if not route.queue:
@@ -145,6 +146,19 @@ def declare(
     with _refusal("queue", route.queue, refused):
         queue.declare()
     return queue
+
+
+def _check_exchange_type(channel: Any, route: Route) -> None:
+    """kombu's virtual transports (Redis, filesystem, memory) know only some exchange
+    types; with another one each publish failed with ``KeyError: 'headers'``."""
+    known = getattr(channel, "exchange_types", None)
+    if isinstance(channel, kombu.transport.virtual.Channel) and route.exchange_type not in known:
+        raise DeclareRefused(
+            "exchange",
+            route.exchange,
+            LookupError(f"this kombu transport has no exchange type {route.exchange_type!r}"),
+            fix=f"make the route's exchange_type one of {', '.join(sorted(known))}",
+        )
 
 
 def _bound_socket_waits(connection: kombu.Connection, seconds: float) -> None:

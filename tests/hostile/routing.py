@@ -130,6 +130,16 @@ def exchange_refused(request: object) -> str:
     return row.last_error
 
 
+@case("exchange-type-not-on-redis")
+def exchange_type_not_on_redis(request: object) -> str:
+    exchange = unique_destination()
+    route = {"exchange": exchange, "exchange_type": "headers", "queue": exchange}
+    try:
+        return _relayed(REDIS_URL, route).last_error
+    finally:
+        delete_queue(exchange, url=REDIS_URL)
+
+
 @case("route-arguments-not-a-dict")
 def route_arguments_not_a_dict(request: object) -> str:
     return _shape(queue="orders", queue_arguments=["x-max-length", 10])
