@@ -424,6 +424,26 @@ def test_an_exchange_type_redis_lacks_is_refused_by_name_without_an_attempt(exch
 
 
 @pytestmark_db
+def test_an_exchange_type_rabbitmq_does_not_know_is_refused_by_name_without_an_attempt():
+    """A plugin's type, the plugin not enabled: RabbitMQ closes the connection (503), which
+    counted as an outage, an attempt each batch, until the rows were abandoned."""
+    destination = unique_destination()
+    exchange = f"{destination}-x"
+    route = {"exchange": exchange, "exchange_type": "x-no-such-type", "queue": destination}
+    with transaction.atomic():
+        stage("a.b", {"n": 1}, destination=destination)
+    with override_settings(OUTBOX={**BROKER, "ROUTES": {destination: route}}), Relay() as relay:
+        stats = relay.run_once()
+    assert not stats.transport_failed
+    row = OutboxMessage.objects.get()
+    assert (row.status, row.attempts) == (Status.FAILED, 0)
+    assert row.last_error.startswith(
+        f"the broker refused to declare exchange {exchange!r}: Exchange.declare: (503) "
+        "COMMAND_INVALID - unknown exchange type 'x-no-such-type'"
+    )
+
+
+@pytestmark_db
 def test_a_destination_left_for_lack_of_lease_time_costs_no_attempt():
     """DESIGN guarantee 8: the relay's own "not attempted" failure counts no attempt."""
     destination = unique_destination()

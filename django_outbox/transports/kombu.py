@@ -34,6 +34,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import amqp.exceptions  # type: ignore[import-untyped]
 import kombu
 import kombu.exceptions
 import kombu.transport.virtual
@@ -96,8 +97,10 @@ def _refusal(kind: str, name: str, refused: tuple[type[BaseException], ...]) -> 
 
 def refusal_errors(connection: kombu.Connection) -> tuple[type[BaseException], ...]:
     """The errors with which a broker refuses a declaration: a channel error
-    (AMQP 403, 404, 405, 406), or kombu's own for an inequivalent virtual exchange."""
-    return (*connection.channel_errors, NotEquivalentError)
+    (AMQP 403, 404, 405, 406), RabbitMQ's 503 for an exchange type it does not know (a
+    plugin's, not enabled: a connection error, which would count as an outage), or
+    kombu's own for an inequivalent virtual exchange."""
+    return (*connection.channel_errors, amqp.exceptions.InvalidCommand, NotEquivalentError)
 
 
 def transient_errors(connection: kombu.Connection) -> tuple[type[BaseException], ...]:
@@ -151,8 +154,10 @@ def declare(
 def _check_exchange_type(channel: Any, route: Route) -> None:
     """kombu's virtual transports (Redis, filesystem, memory) know only some exchange
     types; with another one each publish failed with ``KeyError: 'headers'``."""
-    known = getattr(channel, "exchange_types", None)
-    if isinstance(channel, kombu.transport.virtual.Channel) and route.exchange_type not in known:
+    if not isinstance(channel, kombu.transport.virtual.Channel):
+        return  # RabbitMQ refuses an unknown type itself (see refusal_errors)
+    known: dict[str, Any] = channel.exchange_types
+    if route.exchange_type not in known:
         raise DeclareRefused(
             "exchange",
             route.exchange,
