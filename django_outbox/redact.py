@@ -136,15 +136,16 @@ def scrub(text: str, secrets: Iterable[str] = ()) -> str:
     the passwords of the URLs in ``text`` (and each piece of them a URL parser might
     have split off and quoted) replaced by ``***``."""
     urls = _URL_IN_TEXT.findall(text)
-    text = _URL_IN_TEXT.sub(lambda match: mask_url(match.group(0)), text)
     pieces = set()
     for secret in [*secrets, *(password for url in urls for password in url_passwords(url))]:
         pieces.add(secret)
         pieces.update(_DELIMITERS.split(secret))
+    # The secrets go first: a password with a space or a quote ends the URL it is in,
+    # and masking that URL first would leave the rest of it for no secret to match.
     for piece in sorted(pieces, key=len, reverse=True):  # the longest first
         if len(piece) >= MIN_SECRET_LENGTH and not piece.isdigit():
             text = text.replace(piece, MASK)
-    return text
+    return _URL_IN_TEXT.sub(lambda match: mask_url(match.group(0)), text)
 
 
 class SecretFilter(logging.Filter):

@@ -19,6 +19,8 @@ STRING_KEYS = frozenset({"exchange", "exchange_type", "routing_key", "queue"})
 ARGUMENT_KEYS = frozenset({"queue_arguments", "exchange_arguments"})
 BROKER_KEYS = STRING_KEYS | ARGUMENT_KEYS
 CELERY_KEYS = frozenset({"celery_task"})
+#: AMQP names (exchange, queue) and routing keys are short strings: at most 255 bytes.
+MAX_NAME_BYTES = 255
 
 #: ``x-`` arguments of a queue or exchange, as sorted ``(name, value)`` pairs (hashable,
 #: so a :class:`Route` can be kept in a set); ``dict(arguments)`` gives them back.
@@ -51,6 +53,10 @@ class Route:
     @property
     def is_celery(self) -> bool:
         return self.celery_task is not None
+
+    def routing_key_for(self, key: str) -> str:
+        """The routing key of a message with ordering key ``key`` ("" for none)."""
+        return self.routing_key.replace("{key}", key)
 
     @classmethod
     def default(cls, destination: str, exchange: str) -> Route:
@@ -88,12 +94,8 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
             "use one or the other"
         )
     for key, val in spec.items():
-        if key in ARGUMENT_KEYS:
-            continue
-        if not isinstance(val, str) and not (key == "queue" and val is None):
-            raise ValueError(
-                f"route {name!r} key {key!r} must be a string; got {type(val).__name__}"
-            )
+        if key not in ARGUMENT_KEYS:
+            _check_string(name, key, val)
     if "celery_task" in spec:
         if not spec["celery_task"]:
             raise ValueError(f"route {name!r} has an empty celery_task")
@@ -115,6 +117,18 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
             name, "exchange_arguments", spec.get("exchange_arguments", {})
         ),
     )
+
+
+def _check_string(name: str, key: str, value: object) -> None:
+    """A route's name or routing key: a string (``queue`` may be None) of at most
+    :data:`MAX_NAME_BYTES`, which py-amqp could not even frame."""
+    if not isinstance(value, str) and not (key == "queue" and value is None):
+        raise ValueError(f"route {name!r} key {key!r} must be a string; got {type(value).__name__}")
+    if isinstance(value, str) and len(value.encode()) > MAX_NAME_BYTES:
+        raise ValueError(
+            f"route {name!r} {key} is {len(value.encode())} bytes long; AMQP takes "
+            f"at most {MAX_NAME_BYTES}"
+        )
 
 
 #: The header names a Celery task message cannot carry from the user: the protocol-2

@@ -35,9 +35,10 @@ from .exceptions import (
     NotInTransaction,
     PayloadNotSerializable,
     PayloadTooLarge,
+    StagingError,
     UnknownDestination,
 )
-from .routes import Route, celery_header_clash, is_valid_destination
+from .routes import MAX_NAME_BYTES, Route, celery_header_clash, is_valid_destination
 from .signals import event_committed
 
 if TYPE_CHECKING:
@@ -59,6 +60,11 @@ _MAX_LENGTH = 255
 #: Integers in AMQP headers are signed 64-bit; JSON whole numbers past it cannot go there
 #: (nor floats, which PostgreSQL's jsonb prints without exponent: 1e20 becomes an integer).
 _AMQP_INT_LIMIT = 2**63
+#: The most an event's headers may take as an AMQP field table (as py-amqp encodes it,
+#: counted from above): they travel in one content-header frame, which must fit the
+#: broker's ``frame_max`` (128 KiB on RabbitMQ by default) with the other properties. A
+#: larger one made RabbitMQ close the connection, failing every message of the batch.
+MAX_HEADERS_BYTES = 65_536
 #: Characters PostgreSQL cannot store in text or jsonb: NUL and the surrogates, which are
 #: not Unicode characters (Python strings can hold them, UTF-8 cannot encode them).
 _UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
@@ -106,7 +112,7 @@ def stage_many(
     dict of ``stage()``'s arguments (``event_type``, ``payload``, ``destination``,
     optional ``key``, ``headers``, ``available_at``). All are validated before
     anything is written."""
-    rows = [_build(**_event_kwargs(index, event)) for index, event in enumerate(events)]
+    rows = [_build_nth(index, event) for index, event in enumerate(events)]
     return _insert(rows, using) if rows else []
 
 
@@ -185,6 +191,15 @@ def _event_kwargs(index: int, event: object) -> dict[str, Any]:
     return dict(event)
 
 
+def _build_nth(index: int, event: object) -> OutboxMessage:
+    """Event ``index`` of a ``stage_many()`` call, its refusal saying which one it is."""
+    kwargs = _event_kwargs(index, event)
+    try:
+        return _build(**kwargs)
+    except StagingError as exc:
+        raise type(exc)(f"stage_many(): event #{index}: {exc}") from None
+
+
 def _build(
     event_type: str,
     payload: Any,
@@ -209,6 +224,7 @@ def _build(
         )
     if key is not None and (bad := _UNSTORABLE.search(key)):
         raise InvalidEvent(_unstorable(bad.group(), f"the key of event {event_type!r}"))
+    _check_routing_key(route, key or "", event_type)
     fields: dict[str, Any] = {
         "event_type": event_type,
         "destination": destination,
@@ -295,6 +311,17 @@ def _unstorable(char: str, where: str) -> str:
     )
 
 
+def _check_routing_key(route: Route, key: str, event_type: str) -> None:
+    """The routing key ``key`` makes must fit AMQP's 255 bytes, or no broker takes it."""
+    size = 0 if route.is_celery else len(route.routing_key_for(key).encode())
+    if size > MAX_NAME_BYTES:
+        raise InvalidEvent(
+            f"event {event_type!r}: its key makes the routing key of route "
+            f"{route.destination!r} {size} bytes long, over AMQP's {MAX_NAME_BYTES}; "
+            "use a shorter key"
+        )
+
+
 def _check_event_type(event_type: object) -> None:
     if not (isinstance(event_type, str) and 0 < len(event_type) <= _MAX_LENGTH):
         raise InvalidEvent(
@@ -343,7 +370,26 @@ def _check_header_values(headers: dict[str, Any], event_type: str) -> dict[str, 
                 f"event {event_type!r}: header {reprlib.repr(name)} {problem}, which AMQP "
                 "headers cannot carry; put it in the payload or send it as a string"
             )
+    size = _amqp_size(headers)
+    if size > MAX_HEADERS_BYTES:
+        raise InvalidEvent(
+            f"event {event_type!r}: the headers take {size} bytes as an AMQP field table, "
+            f"more than the {MAX_HEADERS_BYTES} a message's properties can carry; put the "
+            "data in the payload"
+        )
     return headers
+
+
+def _amqp_size(value: Any) -> int:
+    """The bytes ``value`` takes in an AMQP field table at most: a type octet, then a
+    32-bit length and the UTF-8 text, 8 bytes for a number, a length octet before a name."""
+    if isinstance(value, dict):
+        return 5 + sum(1 + len(k.encode()) + _amqp_size(v) for k, v in value.items())
+    if isinstance(value, list):
+        return 5 + sum(map(_amqp_size, value))
+    if isinstance(value, str):
+        return 5 + len(value.encode())
+    return 9
 
 
 def _amqp_problem(name: str, value: Any) -> str | None:

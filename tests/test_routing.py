@@ -19,6 +19,7 @@ from django.utils import timezone
 from django_outbox import stage
 from django_outbox.checks import check_routes, check_settings
 from django_outbox.conf import outbox_settings
+from django_outbox.exceptions import InvalidEvent
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import Relay
 from tests.support import (
@@ -155,6 +156,16 @@ def test_route_arguments_are_parsed_sorted_and_hashable():
             {"queue_arguments": {3: "x"}},
             "route 'orders' queue_arguments has a name that is not a string: 3",
         ),
+        # py-amqp cannot frame a name over 255 bytes: the relay failed every batch with
+        # "error: ubyte format requires 0 <= number <= 255" until the rows were abandoned.
+        (
+            {"exchange": "é" * 128},
+            "route 'orders' exchange is 256 bytes long; AMQP takes at most 255",
+        ),
+        (
+            {"queue": "q" * 256},
+            "route 'orders' queue is 256 bytes long; AMQP takes at most 255",
+        ),
     ],
 )
 def test_malformed_route_arguments_are_e004(spec, reason):
@@ -165,6 +176,29 @@ def test_malformed_route_arguments_are_e004(spec, reason):
         hint="See the ROUTES entry of the settings reference in docs/reference/settings.md.",
         id="django_outbox.E004",
     )
+
+
+@pytest.mark.django_db
+def test_a_key_that_makes_the_routing_key_too_long_for_amqp_is_refused_by_stage():
+    """The key is at most 255 characters, but the routing key it makes (with the route's
+    own text, in UTF-8) must fit AMQP's 255 bytes; the relay abandoned such an event with
+    "error: ubyte format requires 0 <= number <= 255"."""
+    routes = {
+        "orders": {"exchange": "shop", "routing_key": "order.{key}", "queue": "orders"},
+        "tasks": {"celery_task": "tasks.handle"},
+    }
+    with override_settings(OUTBOX={**BROKER, "ROUTES": routes}):
+        with pytest.raises(InvalidEvent) as raised:
+            stage("order.placed", {}, destination="orders", key="é" * 125)
+        assert str(raised.value) == (
+            "event 'order.placed': its key makes the routing key of route 'orders' 256 bytes "
+            "long, over AMQP's 255; use a shorter key"
+        )
+        # Nothing was written (no SQL ran), and these keys fit:
+        routes_ok = [("orders", "é" * 124), ("tasks", "é" * 255), ("other", "é" * 255)]
+        for destination, key in routes_ok:
+            with transaction.atomic():
+                stage("order.placed", {}, destination=destination, key=key)
 
 
 # -- nothing PUBLISHED that no queue received ------------------------------------------------
@@ -360,6 +394,53 @@ def test_an_exchange_declared_with_another_type_is_refused_by_name(caplog):
     finally:
         with broker_connection() as connection:
             kombu.Exchange(exchange)(connection.channel()).delete()
+
+
+@pytestmark_db
+@pytest.mark.parametrize("exchange_type", ["headers", "x-consistent-hash"])
+def test_an_exchange_type_redis_lacks_is_refused_by_name_without_an_attempt(exchange_type):
+    """kombu's virtual transports know direct, topic and fanout only: each batch failed
+    with "KeyError: 'headers'", counting attempts until the rows were abandoned."""
+    destination = unique_destination()
+    exchange = f"{destination}-x"
+    route = {"exchange": exchange, "exchange_type": exchange_type, "queue": destination}
+    with transaction.atomic():
+        stage("a.b", {"n": 1}, destination=destination)
+    try:
+        with override_settings(OUTBOX={"BROKER_URL": REDIS_URL, "ROUTES": {destination: route}}):
+            with Relay() as relay:
+                stats = relay.run_once()
+        assert not stats.transport_failed
+        row = OutboxMessage.objects.get()
+        assert (row.status, row.attempts, row.last_error) == (
+            Status.FAILED,
+            0,
+            f"the broker refused to declare exchange {exchange!r}: this kombu transport has "
+            f"no exchange type {exchange_type!r}; make the route's exchange_type one of "
+            "direct, fanout, topic",
+        )
+    finally:
+        delete_queue(destination, url=REDIS_URL)
+
+
+@pytestmark_db
+def test_an_exchange_type_rabbitmq_does_not_know_is_refused_by_name_without_an_attempt():
+    """A plugin's type, the plugin not enabled: RabbitMQ closes the connection (503), which
+    counted as an outage, an attempt each batch, until the rows were abandoned."""
+    destination = unique_destination()
+    exchange = f"{destination}-x"
+    route = {"exchange": exchange, "exchange_type": "x-no-such-type", "queue": destination}
+    with transaction.atomic():
+        stage("a.b", {"n": 1}, destination=destination)
+    with override_settings(OUTBOX={**BROKER, "ROUTES": {destination: route}}), Relay() as relay:
+        stats = relay.run_once()
+    assert not stats.transport_failed
+    row = OutboxMessage.objects.get()
+    assert (row.status, row.attempts) == (Status.FAILED, 0)
+    assert row.last_error.startswith(
+        f"the broker refused to declare exchange {exchange!r}: Exchange.declare: (503) "
+        "COMMAND_INVALID - unknown exchange type 'x-no-such-type'"
+    )
 
 
 @pytestmark_db

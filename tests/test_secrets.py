@@ -116,6 +116,24 @@ def test_scrub_masks_urls_known_secrets_and_the_pieces_a_parser_quotes():
     assert scrubbed.startswith("ValueError: Port could not be cast to integer value as '***'")
 
 
+@pytest.mark.parametrize(
+    ("password", "words"),
+    [
+        ("correct horse battery staple", ["horse", "battery", "staple"]),
+        ('wombat\'s"quoted"secret', ["quoted", "secret"]),
+    ],
+)
+def test_redact_hides_a_configured_password_that_ends_a_url_in_the_text(password, words):
+    """A password with a space or a quote passes the check (URL parsers take it), but
+    ends a URL in a text: the URL was masked up to there, and the rest of the password
+    stayed in the text."""
+    url = f"amqp://guest:{password}@127.0.0.1:{AMQP_PORT}//"
+    with override_settings(OUTBOX={"BROKER_URL": url}):
+        assert outbox_errors() == []
+        redacted = outbox_settings.redact(f"cannot connect to {url}: refused")
+    assert not [word for word in words if word in redacted], redacted
+
+
 @pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
 def test_redact_knows_the_database_passwords(settings):
     databases = {**settings.DATABASES, "extra": {**settings.DATABASES["default"]}}

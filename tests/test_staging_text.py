@@ -97,12 +97,14 @@ def test_a_nul_or_surrogate_in_the_key_or_event_type_is_an_invalid_event(kwargs,
     assert str(error) == message
 
 
-def test_stage_many_refuses_the_whole_call_for_one_bad_event():
-    events = [{"event_type": "a.b", "payload": {"n": n}, "destination": "d"} for n in range(3)]
-    events[1]["payload"] = {"n": "\x00"}
-    with pytest.raises(PayloadNotSerializable, match=r"in the payload of event 'a\.b'"):
+def test_stage_many_refuses_the_whole_call_for_one_bad_event_and_names_it():
+    """Among many events of one type, the refusal says which one (it did not)."""
+    events = [{"event_type": "a.b", "payload": {"n": n}, "destination": "d"} for n in range(50)]
+    events[37]["payload"] = {"k\x00ey": 1}  # in a name
+    with pytest.raises(PayloadNotSerializable) as raised:
         with transaction.atomic():
             stage_many(events)
+    assert str(raised.value) == f"stage_many(): event #37: {NUL}the payload of event 'a.b'"
     assert not OutboxMessage.objects.exists()
 
 
@@ -226,3 +228,24 @@ def test_headers_at_the_amqp_limits_are_relayed(destination):
         assert relay.run_once().published == 1
     (message,) = consume(destination, 1)
     assert {name: message.headers[name] for name in headers} == {**headers, "x-float": 10**18}
+
+
+def test_headers_too_large_for_a_content_frame_are_refused():
+    """RabbitMQ closed the connection on such a message (FRAME_ERROR frame_too_large),
+    failing every message of its batch, attempt after attempt, until all were abandoned."""
+    error = refusal(headers={"x-big": "x" * 200_000})
+    assert isinstance(error, InvalidEvent)
+    assert str(error) == (
+        "event 'order.placed': the headers take 200016 bytes as an AMQP field table, more "
+        "than the 65536 a message's properties can carry; put the data in the payload"
+    )
+
+
+def test_headers_just_under_the_frame_bound_are_relayed_with_their_batch(destination):
+    with transaction.atomic():
+        stage("order.placed", {"n": 0}, destination=destination)
+        stage("order.placed", {"n": 1}, destination=destination, headers={"x-big": "é" * 32_500})
+        stage("order.placed", {"n": 2}, destination=destination)
+    with Relay() as relay:
+        assert relay.run_once().published == 3
+    assert len(consume(destination, 3)) == 3

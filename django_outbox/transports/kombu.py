@@ -34,6 +34,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import amqp.exceptions  # type: ignore[import-untyped]
 import kombu
 import kombu.exceptions
 import kombu.transport.virtual
@@ -59,7 +60,7 @@ ENCODE_ERRORS = (TypeError, ValueError, UnicodeError, struct.error, kombu.except
 
 def routing_key(route: Route, message: ClaimedMessage) -> str:
     """The route's routing key, with ``{key}`` replaced by the message's ordering key."""
-    return route.routing_key.replace("{key}", message.ordering_key)
+    return route.routing_key_for(message.ordering_key)
 
 
 def binding_key(route: Route) -> str:
@@ -76,12 +77,12 @@ class DeclareRefused(OutboxConfigurationError):
     """The broker refused to declare a route's exchange or queue: it exists with other
     arguments (or type), or the user may not declare it. Retrying cannot help."""
 
-    def __init__(self, kind: str, name: str, exc: BaseException) -> None:
-        fix = "exchange_type and exchange_arguments" if kind == "exchange" else "queue_arguments"
-        super().__init__(
-            f"the broker refused to declare {kind} {name!r}: {exc}; make the route's {fix} "
-            f"in OUTBOX['ROUTES'] match the existing {kind}, or delete it"
+    def __init__(self, kind: str, name: str, exc: BaseException, fix: str = "") -> None:
+        keys = "exchange_type and exchange_arguments" if kind == "exchange" else "queue_arguments"
+        fix = fix or (
+            f"make the route's {keys} in OUTBOX['ROUTES'] match the existing {kind}, or delete it"
         )
+        super().__init__(f"the broker refused to declare {kind} {name!r}: {exc}; {fix}")
         self.kind, self.name = kind, name
 
 
@@ -96,8 +97,10 @@ def _refusal(kind: str, name: str, refused: tuple[type[BaseException], ...]) -> 
 
 def refusal_errors(connection: kombu.Connection) -> tuple[type[BaseException], ...]:
     """The errors with which a broker refuses a declaration: a channel error
-    (AMQP 403, 404, 405, 406), or kombu's own for an inequivalent virtual exchange."""
-    return (*connection.channel_errors, NotEquivalentError)
+    (AMQP 403, 404, 405, 406), RabbitMQ's 503 for an exchange type it does not know (a
+    plugin's, not enabled: a connection error, which would count as an outage), or
+    kombu's own for an inequivalent virtual exchange."""
+    return (*connection.channel_errors, amqp.exceptions.InvalidCommand, NotEquivalentError)
 
 
 def transient_errors(connection: kombu.Connection) -> tuple[type[BaseException], ...]:
@@ -130,6 +133,7 @@ def declare(
             durable=True,
             arguments=dict(route.exchange_arguments) or None,
         )
+        _check_exchange_type(channel, route)
         with _refusal("exchange", route.exchange, refused):
             exchange(channel).declare()
     if not route.queue:
@@ -145,6 +149,21 @@ def declare(
     with _refusal("queue", route.queue, refused):
         queue.declare()
     return queue
+
+
+def _check_exchange_type(channel: Any, route: Route) -> None:
+    """kombu's virtual transports (Redis, filesystem, memory) know only some exchange
+    types; with another one each publish failed with ``KeyError: 'headers'``."""
+    if not isinstance(channel, kombu.transport.virtual.Channel):
+        return  # RabbitMQ refuses an unknown type itself (see refusal_errors)
+    known: dict[str, Any] = channel.exchange_types
+    if route.exchange_type not in known:
+        raise DeclareRefused(
+            "exchange",
+            route.exchange,
+            LookupError(f"this kombu transport has no exchange type {route.exchange_type!r}"),
+            fix=f"make the route's exchange_type one of {', '.join(sorted(known))}",
+        )
 
 
 def _bound_socket_waits(connection: kombu.Connection, seconds: float) -> None:

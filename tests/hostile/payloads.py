@@ -72,3 +72,8 @@ def max_batch_bytes_bad_value(request: object) -> str:
 @case("header-big-number")
 def header_big_number(request: object) -> str:
     return _refusal(headers={"x-count": 2**64})
+
+
+@case("headers-too-large")
+def headers_too_large(request: object) -> str:
+    return _refusal(headers={"x-big": "x" * 200_000})

@@ -26,6 +26,7 @@ from tests.support import (
 
 from . import case
 from .settings import check_lines, only
+from .staging import _staged
 
 
 def _shape(**route: Any) -> str:
@@ -129,6 +130,23 @@ def exchange_refused(request: object) -> str:
     return row.last_error
 
 
+@case("exchange-type-not-on-redis")
+def exchange_type_not_on_redis(request: object) -> str:
+    exchange = unique_destination()
+    route = {"exchange": exchange, "exchange_type": "headers", "queue": exchange}
+    try:
+        return _relayed(REDIS_URL, route).last_error
+    finally:
+        delete_queue(exchange, url=REDIS_URL)
+
+
 @case("route-arguments-not-a-dict")
 def route_arguments_not_a_dict(request: object) -> str:
     return _shape(queue="orders", queue_arguments=["x-max-length", 10])
+
+
+@case("routing-key-too-long")
+def routing_key_too_long(request: object) -> str:
+    route = {"exchange": "shop", "routing_key": "order.{key}", "queue": "orders"}
+    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "ROUTES": {"orders": route}}):
+        return _staged(key="é" * 125)
