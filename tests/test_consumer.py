@@ -470,3 +470,30 @@ def test_a_payload_object_with_a_type_key_reaches_the_handler_as_sent(destinatio
     consumer = InboxConsumer(destination, received.append, "types")
     consumer.run(threading.Event(), idle_timeout=2)
     assert [(event.event_id, event.payload) for event in received] == [(event_id, payload)]
+
+
+def redeliver(queue: str) -> None:
+    """Take the first message of ``queue`` without acking it and drop the connection, as
+    a consumer that died would: the broker delivers it again, marked redelivered."""
+    with broker_connection() as connection:
+        assert kombu.Queue(queue, channel=connection.channel()).get(no_ack=False) is not None
+
+
+def test_a_redelivered_event_already_handled_is_a_duplicate_not_a_failed_delivery(destination):
+    """The handler failed twice, then succeeded and committed, and the consumer died
+    before its ack: the redelivery is acked as a duplicate, neither counted nor parked."""
+    with transaction.atomic():
+        event_id = stage("test.event", {"n": 1}, destination=destination).event_id
+    run_relay("--drain")
+    InboxMessage.objects.create(consumer="audit", event_id=event_id)
+    InboxFailure.objects.create(
+        consumer="audit", event_id=event_id, queue=destination, attempts=3, last_error="E: x"
+    )
+    redeliver(destination)
+    handled: list[ReceivedEvent] = []
+    consumer = InboxConsumer(destination, handled.append, "audit", max_deliveries=3)
+    stats = consumer.run(threading.Event(), idle_timeout=2)
+    assert (stats.duplicates, stats.parked, stats.failed, handled) == (1, 0, 0, [])
+    failure = InboxFailure.objects.get()
+    assert (failure.attempts, failure.parked_at, failure.last_error) == (3, None, "E: x")
+    assert queue_depth(destination) == 0
