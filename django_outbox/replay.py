@@ -31,7 +31,9 @@ logger = logging.getLogger(__name__)
 
 #: Headers a broker or kombu adds on delivery, not the relay: a replay drops them,
 #: or the broker's old delivery count would count against the replayed message.
-BROKER_HEADERS = ("x-", "redelivered")
+#: Named one by one: stage() lets an event's own headers start with ``x-`` too.
+BROKER_HEADERS = frozenset({"x-delivery-count", "x-death", "x-received-from", "redelivered"})
+BROKER_HEADER_PREFIXES = ("x-first-death-", "x-last-death-")
 
 
 def replay_parked(failures: InboxFailureQuerySet, *, url: str | None = None) -> list[InboxFailure]:
@@ -96,4 +98,8 @@ def _unpark(failure: InboxFailure) -> None:
 
 def replay_headers(headers: dict[str, Any]) -> dict[str, Any]:
     """The stored headers without those the broker or kombu added on delivery."""
-    return {key: value for key, value in headers.items() if not key.startswith(BROKER_HEADERS)}
+    return {
+        key: value
+        for key, value in headers.items()
+        if key not in BROKER_HEADERS and not key.startswith(BROKER_HEADER_PREFIXES)
+    }

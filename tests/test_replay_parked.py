@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import re
+import uuid
 
 import kombu
 import pytest
+from django.utils import timezone
 
 from django_outbox.models import InboxFailure
 from tests.support import (
     broker_connection,
     delete_queue,
+    drain_raw,
     manage,
     run_relay,
     stage_events,
@@ -94,3 +97,36 @@ def test_an_event_id_that_is_not_parked_refuses_the_whole_replay(destination, mo
     )
     assert InboxFailure.objects.parked().count() == 2
     assert queue_depth(destination) == 0
+
+
+def test_a_replay_keeps_the_events_own_x_headers_and_drops_the_brokers(destination):
+    """stage() lets a user header be called x-tenant; only what the broker or kombu added
+    on delivery (x-delivery-count, x-death ..., redelivered) is left out of the replay."""
+    event_id = uuid.uuid4()
+    headers = {
+        "event_id": str(event_id),
+        "event_type": "test.event",
+        "x-tenant": "acme",
+        "x-delivery-count": 4,
+        "x-death": [{"queue": destination, "count": 1}],
+        "x-first-death-queue": destination,
+        "x-last-death-reason": "rejected",
+        "redelivered": True,
+    }
+    InboxFailure.objects.create(
+        consumer="audit",
+        event_id=event_id,
+        queue=destination,
+        attempts=2,
+        body='{"n": 1}',
+        headers=headers,
+        parked_at=timezone.now(),
+    )
+    assert replay()[-1] == "replayed 1 parked message"
+    [message] = drain_raw(destination)
+    assert message.headers == {
+        "event_id": str(event_id),
+        "event_type": "test.event",
+        "x-tenant": "acme",
+    }
+    assert message.body == '{"n": 1}'  # py-amqp decodes it by its content encoding
