@@ -281,7 +281,7 @@ class InboxConsumer:
                 self.consumer,
                 event,
                 queue=self.queue,
-                body=_text(message.body),
+                body=_text(message),
                 broker_deliveries=_broker_deliveries(message.headers),
                 park_after=self.max_deliveries,
                 using=self.using,
@@ -323,7 +323,7 @@ class InboxConsumer:
                 event,
                 error=error,
                 queue=self.queue,
-                body=_text(message.body),
+                body=_text(message),
                 broker_deliveries=_broker_deliveries(message.headers),
                 park_after=self.max_deliveries,
                 counted=counted,
@@ -435,10 +435,8 @@ def _json_body(message: Any) -> Any:
     """The body as plain JSON, exactly as the relay sent it. Not ``message.decode()``:
     kombu's JSON decoder turns an object with a ``__type__`` key into a datetime,
     Decimal or UUID, so a payload holding one would reach the handler changed."""
-    body = message.body
     try:
-        text = body.decode(message.content_encoding or "utf-8") if isinstance(body, bytes) else body
-        return json.loads(text)
+        return json.loads(_text(message))
     except (ValueError, LookupError) as exc:  # LookupError: an unknown content encoding
         raise InvalidMessage(f"the body is not JSON text: {exc}") from None
 
@@ -450,5 +448,8 @@ def _broker_deliveries(headers: dict[str, Any] | None) -> int:
     return count + 1 if isinstance(count, int) and not isinstance(count, bool) else 0
 
 
-def _text(body: bytes | str) -> str:
-    return body if isinstance(body, str) else body.decode("utf-8", errors="replace")
+def _text(message: Any) -> str:
+    """The body as text, read by its content encoding (py-amqp hands it over decoded
+    already, kombu's virtual transports as bytes)."""
+    body = message.body
+    return body if isinstance(body, str) else body.decode(message.content_encoding or "utf-8")

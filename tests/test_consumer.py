@@ -497,3 +497,28 @@ def test_a_redelivered_event_already_handled_is_a_duplicate_not_a_failed_deliver
     failure = InboxFailure.objects.get()
     assert (failure.attempts, failure.parked_at, failure.last_error) == (3, None, "E: x")
     assert queue_depth(destination) == 0
+
+
+@pytest.mark.parametrize("url", [AMQP_URL, REDIS_URL], ids=["rabbitmq", "redis"])
+def test_a_parked_message_keeps_its_body_whatever_its_content_encoding(destination, url):
+    """A latin-1 body decodes (the consumer honours content_encoding); the body kept
+    when it is parked is that same text, not its bytes read as UTF-8."""
+    declare_queue(destination, url)
+    publish_raw(
+        destination,
+        '{"name": "café"}'.encode("latin-1"),
+        url=url,
+        content_type="application/json",
+        content_encoding="latin-1",
+        headers={"event_id": str(uuid.uuid4())},
+    )
+    seen: list[object] = []
+
+    def fail(event: ReceivedEvent) -> None:
+        seen.append(event.payload)
+        raise ConnectionError("downstream")
+
+    consumer = InboxConsumer(destination, fail, "audit", max_deliveries=1, url=url)
+    stats = consumer.run(threading.Event(), idle_timeout=2)
+    assert (stats.parked, seen) == (1, [{"name": "café"}])
+    assert json.loads(InboxFailure.objects.get().body) == {"name": "café"}
