@@ -17,11 +17,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+import amqp.exceptions  # type: ignore[import-untyped]
 import kombu
 from django.db.models.functions import Now
 
 from .conf import outbox_settings
 from .envelope import CONTENT_ENCODING, CONTENT_TYPE
+from .exceptions import OutboxError
 from .transports.kombu import CONNECT_TIMEOUT, declare, refusal_errors
 
 if TYPE_CHECKING:
@@ -41,7 +43,9 @@ def replay_parked(failures: InboxFailureQuerySet, *, url: str | None = None) -> 
 
     Returns the records replayed, oldest first. Raises
     :class:`~django_outbox.exceptions.OutboxConfigurationError` without a usable
-    broker URL or when the broker refuses to declare a queue, and kombu's errors
+    broker URL or when the broker refuses to declare a queue,
+    :class:`~django_outbox.exceptions.OutboxError` when it refuses (nacks) a
+    message, and kombu's errors
     when it cannot be reached (what was replayed before stays replayed).
     """
     parked = list(failures.parked().order_by("id"))
@@ -65,16 +69,22 @@ def replay_parked(failures: InboxFailureQuerySet, *, url: str | None = None) -> 
 
 
 def _publish(producer: kombu.Producer, failure: InboxFailure) -> None:
-    producer.publish(
-        failure.body.encode(CONTENT_ENCODING),
-        exchange="",
-        routing_key=failure.queue,
-        content_type=CONTENT_TYPE,
-        content_encoding=CONTENT_ENCODING,
-        headers=replay_headers(failure.headers),
-        message_id=str(failure.event_id),
-        delivery_mode=2,
-    )
+    try:
+        producer.publish(
+            failure.body.encode(CONTENT_ENCODING),
+            exchange="",
+            routing_key=failure.queue,
+            content_type=CONTENT_TYPE,
+            content_encoding=CONTENT_ENCODING,
+            headers=replay_headers(failure.headers),
+            message_id=str(failure.event_id),
+            delivery_mode=2,
+        )
+    except amqp.exceptions.MessageNacked:  # e.g. a full queue with x-overflow reject-publish
+        raise OutboxError(
+            f"the broker refused the message replayed to {failure.queue} "
+            "(negative acknowledgement); nothing more replayed"
+        ) from None
     logger.info(
         "%s: replayed parked event %s to %s",
         failure.consumer,

@@ -130,3 +130,33 @@ def test_a_replay_keeps_the_events_own_x_headers_and_drops_the_brokers(destinati
         "x-tenant": "acme",
     }
     assert message.body == '{"n": 1}'  # py-amqp decodes it by its content encoding
+
+
+def park(queue: str) -> InboxFailure:
+    event_id = uuid.uuid4()
+    return InboxFailure.objects.create(
+        consumer="audit",
+        event_id=event_id,
+        queue=queue,
+        attempts=2,
+        body='{"n": 1}',
+        headers={"event_id": str(event_id)},
+        parked_at=timezone.now(),
+    )
+
+
+def test_a_replay_the_broker_refuses_is_a_one_line_error_and_stays_parked(destination):
+    """A full queue with x-overflow reject-publish nacks the replay: a CommandError, no
+    traceback, and the record stays parked for the next replay."""
+    park(destination)
+    full = {
+        "queue": destination,
+        "queue_arguments": {"x-max-length": 0, "x-overflow": "reject-publish"},
+    }
+    result = manage("outbox_replay_parked", ROUTES={destination: full})
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip() == (
+        f"CommandError: the broker refused the message replayed to {destination} "
+        "(negative acknowledgement); nothing more replayed"
+    )
+    assert InboxFailure.objects.parked().count() == 1
