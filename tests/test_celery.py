@@ -304,8 +304,8 @@ def test_celery_routes_on_rabbitmq_without_confirms_get_a_warning():
 
 def test_a_payload_a_celery_worker_would_decode_as_another_type_is_refused(celery_queue):
     """A worker decodes task bodies with kombu's JSON, which turns an object of exactly
-    the keys __type__ and __value__ into a datetime, Decimal ... (and refuses an unknown
-    type, a message Celery then acks and drops): the relay refuses such a payload for a
+    the keys __type__ and __value__ into a datetime, Decimal ... (and fails on an unknown
+    type, so the task cannot be decoded): the relay refuses such a payload for a
     Celery route, and the payloads around it go through."""
     from kombu.utils.json import loads
 
