@@ -100,7 +100,7 @@ def _publish(producer: kombu.Producer, failure: InboxFailure) -> None:
 
 
 def _unpark(failure: InboxFailure) -> None:
-    """Unpark with a fresh count; the body stays until the replay is handled."""
+    """Unpark with a fresh count; the body stays (retention deletes the record)."""
     type(failure).objects.using(failure._state.db).filter(
         pk=failure.pk, parked_at=failure.parked_at
     ).update(parked_at=None, attempts=0, last_failed_at=Now())
