@@ -24,7 +24,7 @@ from django.db.models.functions import Now
 from .conf import outbox_settings
 from .envelope import CONTENT_ENCODING, CONTENT_TYPE
 from .exceptions import OutboxError
-from .transports.kombu import CONNECT_TIMEOUT, declare, refusal_errors
+from .transports.kombu import CONFIRM_TIMEOUT, CONNECT_TIMEOUT, declare, refusal_errors
 
 if TYPE_CHECKING:
     from .models import InboxFailure, InboxFailureQuerySet
@@ -53,7 +53,8 @@ def replay_parked(failures: InboxFailureQuerySet, *, url: str | None = None) -> 
     if not parked:
         return parked
     options = {**outbox_settings.BROKER_TRANSPORT_OPTIONS, "confirm_publish": True}
-    with kombu.Connection(url, transport_options=options, connect_timeout=CONNECT_TIMEOUT) as conn:
+    conn = kombu.Connection(url, transport_options=options, connect_timeout=CONNECT_TIMEOUT)
+    try:
         channel = conn.channel()
         producer = kombu.Producer(channel)
         declared: set[str] = set()
@@ -65,6 +66,12 @@ def replay_parked(failures: InboxFailureQuerySet, *, url: str | None = None) -> 
                 declared.add(failure.queue)
             _publish(producer, failure)
             _unpark(failure)
+    except BaseException:
+        # No close handshake: a broker that blocked or stopped answering (a resource
+        # alarm, a silent network) would never reply to it, and the replay would hang.
+        conn.collect()
+        raise
+    conn.release()
     return parked
 
 
@@ -79,6 +86,7 @@ def _publish(producer: kombu.Producer, failure: InboxFailure) -> None:
             headers=replay_headers(failure.headers),
             message_id=str(failure.event_id),
             delivery_mode=2,
+            confirm_timeout=CONFIRM_TIMEOUT,  # a broker that never confirms (blocked, silent)
         )
     except amqp.exceptions.MessageNacked:  # e.g. a full queue with x-overflow reject-publish
         raise OutboxError(

@@ -19,6 +19,7 @@ from tests.support import (
     stage_events,
     unique_destination,
 )
+from tests.test_silent_broker import memory_alarm
 from tests.testapp.models import Delivery
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -159,4 +160,17 @@ def test_a_replay_the_broker_refuses_is_a_one_line_error_and_stays_parked(destin
         f"CommandError: the broker refused the message replayed to {destination} "
         "(negative acknowledgement); nothing more replayed"
     )
+    assert InboxFailure.objects.parked().count() == 1
+
+
+@pytest.mark.slow
+def test_a_replay_whose_confirm_never_comes_fails_instead_of_hanging(destination):
+    """RabbitMQ's memory alarm blocks publishers: the confirm never comes. The replay
+    gives up after the confirm timeout with a one-line error, the record stays parked."""
+    park(destination)
+    with memory_alarm():
+        result = manage("outbox_replay_parked", timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("CommandError: cannot reach the broker: "), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
     assert InboxFailure.objects.parked().count() == 1
