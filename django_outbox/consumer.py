@@ -58,7 +58,13 @@ from .inbox import (
 from .outage import Outage
 from .redact import SecretFilter
 from .retry import RetryPolicy
-from .transports.kombu import CONNECT_TIMEOUT, declare, refusal_errors, transient_errors
+from .transports.kombu import (
+    CONNECT_TIMEOUT,
+    _bound_socket_waits,
+    declare,
+    refusal_errors,
+    transient_errors,
+)
 
 logger = logging.getLogger(__name__)
 logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tracebacks
@@ -172,6 +178,9 @@ class InboxConsumer:
         )
         try:
             connection.connect()
+            # A reply the broker never sends (a silent network) fails the wait for it, so
+            # neither subscribing, unsubscribing nor closing blocks a stopping consumer.
+            _bound_socket_waits(connection, CONNECT_TIMEOUT)
             channel = connection.channel()
             queue = self._declare(connection, channel)
             if self._outage.broker_down:

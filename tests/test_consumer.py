@@ -522,3 +522,37 @@ def test_a_parked_message_keeps_its_body_whatever_its_content_encoding(destinati
     stats = consumer.run(threading.Event(), idle_timeout=2)
     assert (stats.parked, seen) == (1, [{"name": "café"}])
     assert json.loads(InboxFailure.objects.get().body) == {"name": "café"}
+
+
+def test_sigterm_stops_a_consumer_whose_broker_went_silent(destination):
+    """Unsubscribing and closing wait for the broker's replies, but not for good: a
+    network that drops everything does not keep a stopping consumer from exiting."""
+    from tests.test_silent_broker import BROKER, FreezableProxy
+
+    declare_queue(destination)
+    proxy = FreezableProxy(BROKER)
+    consumer = start_command(
+        "run_outbox_consumer", "--queue", destination, *RECORD, BROKER_URL=proxy.url
+    )
+    try:
+        wait_until(
+            lambda: "consuming" in (consumer.stderr.readline() or ""),
+            timeout=60,
+            what="the consumer to subscribe",
+        )
+        proxy.freeze()
+        consumer.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        try:
+            _, err = consumer.communicate(timeout=60)
+        finally:
+            took = time.monotonic() - sent
+        assert consumer.returncode == 0, err
+        # Each wait gives up after CONNECT_TIMEOUT (5 s): the one in hand, then the close.
+        # Unbounded, the consumer never exited.
+        assert took < 30, f"exited {took:.1f}s after SIGTERM:\n{err}"
+    finally:
+        if consumer.poll() is None:
+            consumer.kill()
+            consumer.communicate()
+        proxy.close()
