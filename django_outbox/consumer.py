@@ -57,7 +57,13 @@ from .inbox import (
 from .outage import Outage
 from .redact import SecretFilter
 from .retry import RetryPolicy
-from .transports.kombu import CONNECT_TIMEOUT, declare, refusal_errors, transient_errors
+from .transports.kombu import (
+    CONNECT_TIMEOUT,
+    _bound_socket_waits,
+    declare,
+    refusal_errors,
+    transient_errors,
+)
 
 logger = logging.getLogger(__name__)
 logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tracebacks
@@ -163,6 +169,9 @@ class InboxConsumer:
         )
         try:
             connection.connect()
+            # A reply the broker never sends (a silent network) fails the wait for it, so
+            # neither subscribing, unsubscribing nor closing blocks a stopping consumer.
+            _bound_socket_waits(connection, CONNECT_TIMEOUT)
             channel = connection.channel()
             queue = self._declare(connection, channel)
             if self._outage.broker_down:
@@ -272,7 +281,7 @@ class InboxConsumer:
                 self.consumer,
                 event,
                 queue=self.queue,
-                body=_text(message.body),
+                body=_text(message),
                 broker_deliveries=_broker_deliveries(message.headers),
                 park_after=self.max_deliveries,
                 using=self.using,
@@ -314,7 +323,7 @@ class InboxConsumer:
                 event,
                 error=error,
                 queue=self.queue,
-                body=_text(message.body),
+                body=_text(message),
                 broker_deliveries=_broker_deliveries(message.headers),
                 park_after=self.max_deliveries,
                 counted=counted,
@@ -426,10 +435,8 @@ def _json_body(message: Any) -> Any:
     """The body as plain JSON, exactly as the relay sent it. Not ``message.decode()``:
     kombu's JSON decoder turns an object with a ``__type__`` key into a datetime,
     Decimal or UUID, so a payload holding one would reach the handler changed."""
-    body = message.body
     try:
-        text = body.decode(message.content_encoding or "utf-8") if isinstance(body, bytes) else body
-        return json.loads(text)
+        return json.loads(_text(message))
     except (ValueError, LookupError) as exc:  # LookupError: an unknown content encoding
         raise InvalidMessage(f"the body is not JSON text: {exc}") from None
 
@@ -441,5 +448,8 @@ def _broker_deliveries(headers: dict[str, Any] | None) -> int:
     return count + 1 if isinstance(count, int) and not isinstance(count, bool) else 0
 
 
-def _text(body: bytes | str) -> str:
-    return body if isinstance(body, str) else body.decode("utf-8", errors="replace")
+def _text(message: Any) -> str:
+    """The body as text, read by its content encoding (py-amqp hands it over decoded
+    already, kombu's virtual transports as bytes)."""
+    body = message.body
+    return body if isinstance(body, str) else body.decode(message.content_encoding or "utf-8")

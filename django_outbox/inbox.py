@@ -189,7 +189,17 @@ def record_redelivery(
     counts both. When ``park_after`` deliveries were already made, the message
     is parked instead and the handler must not run. Returns
     ``(deliveries, parked)``; ``deliveries`` includes this one unless parked.
+    An event already in the inbox (handled, but its ack was lost) is a duplicate,
+    not a failed delivery: nothing is counted and ``(0, False)`` returned.
     """
+    from .models import InboxMessage
+
+    if (
+        InboxMessage.objects.using(using)
+        .filter(consumer=consumer, event_id=event.event_id)
+        .exists()
+    ):
+        return 0, False
     with transaction.atomic(using=using):
         failures = _failure_record(consumer, event, queue, using)
         earlier = max(failures.values_list("attempts", flat=True).get(), broker_deliveries - 1)

@@ -17,12 +17,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+import amqp.exceptions  # type: ignore[import-untyped]
 import kombu
 from django.db.models.functions import Now
 
 from .conf import outbox_settings
 from .envelope import CONTENT_ENCODING, CONTENT_TYPE
-from .transports.kombu import CONNECT_TIMEOUT, declare, refusal_errors
+from .exceptions import OutboxError
+from .transports.kombu import CONFIRM_TIMEOUT, CONNECT_TIMEOUT, declare, refusal_errors
 
 if TYPE_CHECKING:
     from .models import InboxFailure, InboxFailureQuerySet
@@ -31,7 +33,9 @@ logger = logging.getLogger(__name__)
 
 #: Headers a broker or kombu adds on delivery, not the relay: a replay drops them,
 #: or the broker's old delivery count would count against the replayed message.
-BROKER_HEADERS = ("x-", "redelivered")
+#: Named one by one: stage() lets an event's own headers start with ``x-`` too.
+BROKER_HEADERS = frozenset({"x-delivery-count", "x-death", "x-received-from", "redelivered"})
+BROKER_HEADER_PREFIXES = ("x-first-death-", "x-last-death-")
 
 
 def replay_parked(failures: InboxFailureQuerySet, *, url: str | None = None) -> list[InboxFailure]:
@@ -39,7 +43,9 @@ def replay_parked(failures: InboxFailureQuerySet, *, url: str | None = None) -> 
 
     Returns the records replayed, oldest first. Raises
     :class:`~django_outbox.exceptions.OutboxConfigurationError` without a usable
-    broker URL or when the broker refuses to declare a queue, and kombu's errors
+    broker URL or when the broker refuses to declare a queue,
+    :class:`~django_outbox.exceptions.OutboxError` when it refuses (nacks) a
+    message, and kombu's errors
     when it cannot be reached (what was replayed before stays replayed).
     """
     parked = list(failures.parked().order_by("id"))
@@ -47,7 +53,8 @@ def replay_parked(failures: InboxFailureQuerySet, *, url: str | None = None) -> 
     if not parked:
         return parked
     options = {**outbox_settings.BROKER_TRANSPORT_OPTIONS, "confirm_publish": True}
-    with kombu.Connection(url, transport_options=options, connect_timeout=CONNECT_TIMEOUT) as conn:
+    conn = kombu.Connection(url, transport_options=options, connect_timeout=CONNECT_TIMEOUT)
+    try:
         channel = conn.channel()
         producer = kombu.Producer(channel)
         declared: set[str] = set()
@@ -59,20 +66,33 @@ def replay_parked(failures: InboxFailureQuerySet, *, url: str | None = None) -> 
                 declared.add(failure.queue)
             _publish(producer, failure)
             _unpark(failure)
+    except BaseException:
+        # No close handshake: a broker that blocked or stopped answering (a resource
+        # alarm, a silent network) would never reply to it, and the replay would hang.
+        conn.collect()
+        raise
+    conn.release()
     return parked
 
 
 def _publish(producer: kombu.Producer, failure: InboxFailure) -> None:
-    producer.publish(
-        failure.body.encode(CONTENT_ENCODING),
-        exchange="",
-        routing_key=failure.queue,
-        content_type=CONTENT_TYPE,
-        content_encoding=CONTENT_ENCODING,
-        headers=replay_headers(failure.headers),
-        message_id=str(failure.event_id),
-        delivery_mode=2,
-    )
+    try:
+        producer.publish(
+            failure.body.encode(CONTENT_ENCODING),
+            exchange="",
+            routing_key=failure.queue,
+            content_type=CONTENT_TYPE,
+            content_encoding=CONTENT_ENCODING,
+            headers=replay_headers(failure.headers),
+            message_id=str(failure.event_id),
+            delivery_mode=2,
+            confirm_timeout=CONFIRM_TIMEOUT,  # a broker that never confirms (blocked, silent)
+        )
+    except amqp.exceptions.MessageNacked:  # e.g. a full queue with x-overflow reject-publish
+        raise OutboxError(
+            f"the broker refused the message replayed to {failure.queue} "
+            "(negative acknowledgement); nothing more replayed"
+        ) from None
     logger.info(
         "%s: replayed parked event %s to %s",
         failure.consumer,
@@ -88,7 +108,7 @@ def _publish(producer: kombu.Producer, failure: InboxFailure) -> None:
 
 
 def _unpark(failure: InboxFailure) -> None:
-    """Unpark with a fresh count; the body stays until the replay is handled."""
+    """Unpark with a fresh count; the body stays (retention deletes the record)."""
     type(failure).objects.using(failure._state.db).filter(
         pk=failure.pk, parked_at=failure.parked_at
     ).update(parked_at=None, attempts=0, last_failed_at=Now())
@@ -96,4 +116,8 @@ def _unpark(failure: InboxFailure) -> None:
 
 def replay_headers(headers: dict[str, Any]) -> dict[str, Any]:
     """The stored headers without those the broker or kombu added on delivery."""
-    return {key: value for key, value in headers.items() if not key.startswith(BROKER_HEADERS)}
+    return {
+        key: value
+        for key, value in headers.items()
+        if key not in BROKER_HEADERS and not key.startswith(BROKER_HEADER_PREFIXES)
+    }

@@ -300,3 +300,28 @@ def test_celery_routes_on_rabbitmq_without_confirms_get_a_warning():
         assert warnings(ROUTES=ROUTES) == []
     Celery("outbox-tests-redis", broker=REDIS_URL, set_as_current=True)
     assert warnings(ROUTES=ROUTES) == []  # Redis has no confirms to turn on
+
+
+def test_a_payload_a_celery_worker_would_decode_as_another_type_is_refused(celery_queue):
+    """A worker decodes task bodies with kombu's JSON, which turns an object of exactly
+    the keys __type__ and __value__ into a datetime, Decimal ... (and fails on an unknown
+    type, so the task cannot be decoded): the relay refuses such a payload for a
+    Celery route, and the payloads around it go through."""
+    from kombu.utils.json import loads
+
+    typed = {"__type__": "datetime", "__value__": "2020-01-01T00:00:00"}
+    assert loads(json.dumps({"when": typed})) != {"when": typed}  # why it is refused
+    with transaction.atomic():
+        stage("payment.made", {"n": 1}, destination="payments")
+        bad = stage("payment.made", {"at": [{"when": typed}]}, destination="payments")
+        stage("payment.made", {"n": 2, "when": {**typed, "note": "x"}}, destination="payments")
+    relay_until_done()
+    bad.refresh_from_db()
+    assert bad.status != OutboxMessage.Status.PUBLISHED
+    assert bad.last_error == (
+        f"route 'payments' sends Celery task {TASK!r}, whose worker would decode the object "
+        "at $.at[0].when (keys __type__ and __value__) as another type or refuse it: "
+        "kombu's JSON reads such objects so"
+    )
+    assert OutboxMessage.objects.filter(status=OutboxMessage.Status.PUBLISHED).count() == 2
+    assert len(drain_raw(celery_queue)) == 2

@@ -470,3 +470,89 @@ def test_a_payload_object_with_a_type_key_reaches_the_handler_as_sent(destinatio
     consumer = InboxConsumer(destination, received.append, "types")
     consumer.run(threading.Event(), idle_timeout=2)
     assert [(event.event_id, event.payload) for event in received] == [(event_id, payload)]
+
+
+def redeliver(queue: str) -> None:
+    """Take the first message of ``queue`` without acking it and drop the connection, as
+    a consumer that died would: the broker delivers it again, marked redelivered."""
+    with broker_connection() as connection:
+        assert kombu.Queue(queue, channel=connection.channel()).get(no_ack=False) is not None
+
+
+def test_a_redelivered_event_already_handled_is_a_duplicate_not_a_failed_delivery(destination):
+    """The handler failed twice, then succeeded and committed, and the consumer died
+    before its ack: the redelivery is acked as a duplicate, neither counted nor parked."""
+    with transaction.atomic():
+        event_id = stage("test.event", {"n": 1}, destination=destination).event_id
+    run_relay("--drain")
+    InboxMessage.objects.create(consumer="audit", event_id=event_id)
+    InboxFailure.objects.create(
+        consumer="audit", event_id=event_id, queue=destination, attempts=3, last_error="E: x"
+    )
+    redeliver(destination)
+    handled: list[ReceivedEvent] = []
+    consumer = InboxConsumer(destination, handled.append, "audit", max_deliveries=3)
+    stats = consumer.run(threading.Event(), idle_timeout=2)
+    assert (stats.duplicates, stats.parked, stats.failed, handled) == (1, 0, 0, [])
+    failure = InboxFailure.objects.get()
+    assert (failure.attempts, failure.parked_at, failure.last_error) == (3, None, "E: x")
+    assert queue_depth(destination) == 0
+
+
+@pytest.mark.parametrize("url", [AMQP_URL, REDIS_URL], ids=["rabbitmq", "redis"])
+def test_a_parked_message_keeps_its_body_whatever_its_content_encoding(destination, url):
+    """A latin-1 body decodes (the consumer honours content_encoding); the body kept
+    when it is parked is that same text, not its bytes read as UTF-8."""
+    declare_queue(destination, url)
+    publish_raw(
+        destination,
+        '{"name": "café"}'.encode("latin-1"),
+        url=url,
+        content_type="application/json",
+        content_encoding="latin-1",
+        headers={"event_id": str(uuid.uuid4())},
+    )
+    seen: list[object] = []
+
+    def fail(event: ReceivedEvent) -> None:
+        seen.append(event.payload)
+        raise ConnectionError("downstream")
+
+    consumer = InboxConsumer(destination, fail, "audit", max_deliveries=1, url=url)
+    stats = consumer.run(threading.Event(), idle_timeout=2)
+    assert (stats.parked, seen) == (1, [{"name": "café"}])
+    assert json.loads(InboxFailure.objects.get().body) == {"name": "café"}
+
+
+def test_sigterm_stops_a_consumer_whose_broker_went_silent(destination):
+    """Unsubscribing and closing wait for the broker's replies, but not for good: a
+    network that drops everything does not keep a stopping consumer from exiting."""
+    from tests.test_silent_broker import BROKER, FreezableProxy
+
+    declare_queue(destination)
+    proxy = FreezableProxy(BROKER)
+    consumer = start_command(
+        "run_outbox_consumer", "--queue", destination, *RECORD, BROKER_URL=proxy.url
+    )
+    try:
+        wait_until(
+            lambda: "consuming" in (consumer.stderr.readline() or ""),
+            timeout=60,
+            what="the consumer to subscribe",
+        )
+        proxy.freeze()
+        consumer.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        try:
+            _, err = consumer.communicate(timeout=60)
+        finally:
+            took = time.monotonic() - sent
+        assert consumer.returncode == 0, err
+        # Each wait gives up after CONNECT_TIMEOUT (5 s): the one in hand, then the close.
+        # Unbounded, the consumer never exited.
+        assert took < 30, f"exited {took:.1f}s after SIGTERM:\n{err}"
+    finally:
+        if consumer.poll() is None:
+            consumer.kill()
+            consumer.communicate()
+        proxy.close()

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import re
+import uuid
 
 import kombu
 import pytest
+from django.utils import timezone
 
 from django_outbox.models import InboxFailure
 from tests.support import (
     broker_connection,
     delete_queue,
+    drain_raw,
     manage,
     run_relay,
     stage_events,
     unique_destination,
 )
+from tests.test_silent_broker import memory_alarm
 from tests.testapp.models import Delivery
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -94,3 +98,79 @@ def test_an_event_id_that_is_not_parked_refuses_the_whole_replay(destination, mo
     )
     assert InboxFailure.objects.parked().count() == 2
     assert queue_depth(destination) == 0
+
+
+def test_a_replay_keeps_the_events_own_x_headers_and_drops_the_brokers(destination):
+    """stage() lets a user header be called x-tenant; only what the broker or kombu added
+    on delivery (x-delivery-count, x-death ..., redelivered) is left out of the replay."""
+    event_id = uuid.uuid4()
+    headers = {
+        "event_id": str(event_id),
+        "event_type": "test.event",
+        "x-tenant": "acme",
+        "x-delivery-count": 4,
+        "x-death": [{"queue": destination, "count": 1}],
+        "x-first-death-queue": destination,
+        "x-last-death-reason": "rejected",
+        "redelivered": True,
+    }
+    InboxFailure.objects.create(
+        consumer="audit",
+        event_id=event_id,
+        queue=destination,
+        attempts=2,
+        body='{"n": 1}',
+        headers=headers,
+        parked_at=timezone.now(),
+    )
+    assert replay()[-1] == "replayed 1 parked message"
+    [message] = drain_raw(destination)
+    assert message.headers == {
+        "event_id": str(event_id),
+        "event_type": "test.event",
+        "x-tenant": "acme",
+    }
+    assert message.body == '{"n": 1}'  # py-amqp decodes it by its content encoding
+
+
+def park(queue: str) -> InboxFailure:
+    event_id = uuid.uuid4()
+    return InboxFailure.objects.create(
+        consumer="audit",
+        event_id=event_id,
+        queue=queue,
+        attempts=2,
+        body='{"n": 1}',
+        headers={"event_id": str(event_id)},
+        parked_at=timezone.now(),
+    )
+
+
+def test_a_replay_the_broker_refuses_is_a_one_line_error_and_stays_parked(destination):
+    """A full queue with x-overflow reject-publish nacks the replay: a CommandError, no
+    traceback, and the record stays parked for the next replay."""
+    park(destination)
+    full = {
+        "queue": destination,
+        "queue_arguments": {"x-max-length": 0, "x-overflow": "reject-publish"},
+    }
+    result = manage("outbox_replay_parked", ROUTES={destination: full})
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip() == (
+        f"CommandError: the broker refused the message replayed to {destination} "
+        "(negative acknowledgement); nothing more replayed"
+    )
+    assert InboxFailure.objects.parked().count() == 1
+
+
+@pytest.mark.slow
+def test_a_replay_whose_confirm_never_comes_fails_instead_of_hanging(destination):
+    """RabbitMQ's memory alarm blocks publishers: the confirm never comes. The replay
+    gives up after the confirm timeout with a one-line error, the record stays parked."""
+    park(destination)
+    with memory_alarm():
+        result = manage("outbox_replay_parked", timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("CommandError: cannot reach the broker: "), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert InboxFailure.objects.parked().count() == 1

@@ -97,6 +97,31 @@ def _refusal(route: Route, message: ClaimedMessage, kwargs: object) -> Failure |
             f"whose kwargs must be a JSON object; the payload is a {type(kwargs).__name__}",
             permanent=True,
         )
+    typed = _kombu_typed(kwargs, "$")
+    if typed is not None:
+        return Failure(
+            f"route {route.destination!r} sends Celery task {route.celery_task!r}, whose worker "
+            f"would decode the object at {typed} (keys __type__ and __value__) as another type "
+            "or refuse it: kombu's JSON reads such objects so",
+            permanent=True,
+        )
+    return None
+
+
+def _kombu_typed(value: object, path: str) -> str | None:
+    """The path of an object in ``value`` that kombu's JSON decoder, which a Celery
+    worker reads task bodies with, would not hand over as sent: one whose keys are
+    exactly ``__type__`` and ``__value__`` (a datetime, a Decimal ..., or an error).
+    Iterative: a payload nested as deep as JSON allows must not exhaust the stack."""
+    stack = [(path, value)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            if value.keys() == {"__type__", "__value__"}:
+                return path
+            stack.extend((f"{path}.{key}", item) for key, item in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{index}]", item) for index, item in enumerate(value))
     return None
 
 

@@ -50,6 +50,11 @@ def celery_kwargs_not_object(request: object) -> str:
     return _relayed([1, 2])
 
 
+@case("celery-kombu-typed-payload")
+def celery_kombu_typed_payload(request: object) -> str:
+    return _relayed({"when": {"__type__": "datetime", "__value__": "2020-01-01T00:00:00"}})
+
+
 @case("celery-nack")
 def celery_nack(request: object) -> str:
     with confirming_celery_queue(**{"x-max-length": 0, "x-overflow": "reject-publish"}):

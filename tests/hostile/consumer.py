@@ -170,3 +170,32 @@ def replay_not_parked(request: object) -> str:
     except CommandError as exc:
         return error_line(exc)
     raise AssertionError("outbox_replay_parked replayed nothing without an error")
+
+
+@case("replay-nacked")
+def replay_nacked(request: object) -> str:
+    from django.conf import settings
+    from django.test import override_settings
+    from django.utils import timezone
+
+    from django_outbox.models import InboxFailure
+
+    queue = unique_destination("h")
+    event_id = uuid.uuid4()
+    InboxFailure.objects.create(
+        consumer="billing",
+        event_id=event_id,
+        queue=queue,
+        body="{}",
+        headers={"event_id": str(event_id)},
+        parked_at=timezone.now(),
+    )
+    full = {"queue": queue, "queue_arguments": {"x-max-length": 0, "x-overflow": "reject-publish"}}
+    try:
+        with override_settings(OUTBOX={**settings.OUTBOX, "ROUTES": {queue: full}}):
+            call_command("outbox_replay_parked", "--event-id", str(event_id))
+    except CommandError as exc:
+        return error_line(exc)
+    finally:
+        delete_queue(queue)
+    raise AssertionError("outbox_replay_parked replayed to a full queue without an error")
