@@ -59,7 +59,7 @@ from .redact import SecretFilter
 from .retry import RetryPolicy
 from .transports.kombu import (
     CONNECT_TIMEOUT,
-    _bound_socket_waits,
+    bound_socket_waits,
     declare,
     refusal_errors,
     transient_errors,
@@ -171,7 +171,7 @@ class InboxConsumer:
             connection.connect()
             # A reply the broker never sends (a silent network) fails the wait for it, so
             # neither subscribing, unsubscribing nor closing blocks a stopping consumer.
-            _bound_socket_waits(connection, CONNECT_TIMEOUT)
+            bound_socket_waits(connection, CONNECT_TIMEOUT)
             channel = connection.channel()
             queue = self._declare(connection, channel)
             if self._outage.broker_down:

@@ -166,7 +166,7 @@ def _check_exchange_type(channel: Any, route: Route) -> None:
         )
 
 
-def _bound_socket_waits(connection: kombu.Connection, seconds: float) -> None:
+def bound_socket_waits(connection: kombu.Connection, seconds: float) -> None:
     """Make py-amqp give up on a broker that does not answer within ``seconds``: it
     waits for the reply to its close without end, so a broker that went silent while
     the relay was idle would keep a stopping relay from exiting. Other drivers (and
@@ -300,7 +300,7 @@ class KombuTransport(Transport):
         if connection is not None:
             try:
                 if graceful:
-                    _bound_socket_waits(connection, CONNECT_TIMEOUT)
+                    bound_socket_waits(connection, CONNECT_TIMEOUT)
                     connection.release()
                 else:
                     connection.collect()
