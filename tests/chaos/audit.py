@@ -153,7 +153,7 @@ def checks(faults: Sequence[Fault], relays: int, batch_size: int) -> list[Check]
             0,
         ),
         Check(
-            "events parked by the consumer (consumer kills, database restarts)",
+            "events the consumer parked",
             db.value(f"SELECT count(*) FROM {db.INBOX_FAILURE} WHERE parked_at IS NOT NULL"),
             0,
         ),
