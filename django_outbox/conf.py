@@ -247,9 +247,11 @@ class OutboxSettings:
 
     def __init__(self) -> None:
         self._cache: dict[str, Any] = {}
+        self._secrets: list[str] | None = None
 
     def reload(self) -> None:
         self._cache.clear()
+        self._secrets = None
 
     @property
     def user_settings(self) -> Any:
@@ -372,7 +374,13 @@ class OutboxSettings:
         return url
 
     def secrets(self) -> list[str]:
-        """The passwords of the broker URLs and databases, for :meth:`redact`."""
+        """The passwords of the broker URLs and databases, for :meth:`redact`; read once
+        (redact runs for every log record of the relay and the consumer)."""
+        if self._secrets is None:
+            self._secrets = self._read_secrets()
+        return self._secrets
+
+    def _read_secrets(self) -> list[str]:
         urls = [self._raw("BROKER_URL"), *(getattr(settings, name, None) for name in CELERY_URLS)]
         found = [secret for url in urls if isinstance(url, str) for secret in url_passwords(url)]
         for database in settings.DATABASES.values():
@@ -455,7 +463,7 @@ outbox_settings = OutboxSettings()
 
 
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting in ("OUTBOX", "CELERY_BROKER_URL"):
+    if setting in ("OUTBOX", "DATABASES", *CELERY_URLS):
         outbox_settings.reload()
 
 

@@ -106,6 +106,29 @@ class _Finalized:
     transport_failed: bool
 
 
+@dataclasses.dataclass
+class _Run:
+    """What one :meth:`Relay.run` carries from one batch to the next."""
+
+    stop: threading.Event
+    drain: bool
+    on_batch: Callable[[BatchStats], None] | None
+    pipeline: _Pipeline
+    totals: BatchStats = dataclasses.field(default_factory=BatchStats)
+    outage: Outage = dataclasses.field(default_factory=Outage)
+    listener: db.postgresql.Listener | None = None
+    #: A claim made while the previous batch was being published; it is always
+    #: published, even after a stop request, so that no row waits for its lease.
+    ahead: Callable[[], _Claim | None] | None = None
+    next_cleanup: float = 0.0  # monotonic time of the next retention cleanup
+
+    def tally(self, finalized: list[BatchStats]) -> None:
+        for stats in finalized:
+            self.totals.add(stats)
+            if self.on_batch is not None:
+                self.on_batch(stats)
+
+
 class Relay:
     def __init__(
         self,
@@ -122,9 +145,11 @@ class Relay:
         self.lease_seconds = outbox_settings.LEASE_SECONDS
         #: "broker" and "celery" transports, built on first use.
         self._transports: dict[str, Transport] = dict(transports or {})
+        #: Checked here when there is one: a malformed URL or a missing driver package
+        #: is said now, not per batch.
+        self._broker_url: str | None = None
         if "broker" not in self._transports and outbox_settings.broker_url:
-            # A malformed URL or a missing driver package: say so now, not per batch.
-            outbox_settings.require_broker_url()
+            self._broker_url = outbox_settings.require_broker_url()
 
     def close(self) -> None:
         """Close the broker connections (``run()`` does it when it returns)."""
@@ -175,7 +200,7 @@ class Relay:
                 from .transports.kombu import KombuTransport
 
                 self._transports[kind] = KombuTransport(
-                    outbox_settings.require_broker_url(),
+                    self._broker_url or outbox_settings.require_broker_url(),
                     outbox_settings.BROKER_TRANSPORT_OPTIONS,
                 )
         return self._transports[kind]
@@ -342,56 +367,20 @@ class Relay:
         Returns the totals. A batch in progress when ``stop`` is set is finished
         first, so its rows are not left PROCESSING.
         """
-        totals = BatchStats()
-        outage = Outage()
-        listener: db.postgresql.Listener | None = None
-        pipeline = _Pipeline(self)
-        # A claim made while the previous batch was being published; it is always
-        # published, even after a stop request, so that no row waits for its lease.
-        ahead: Callable[[], _Claim | None] | None = None
-        next_cleanup = time.monotonic() + random.uniform(0, outbox_settings.CLEANUP_INTERVAL)
-
-        def tally(finalized: list[BatchStats]) -> None:
-            for stats in finalized:
-                totals.add(stats)
-                if on_batch is not None:
-                    on_batch(stats)
-
+        state = _Run(stop, drain, on_batch, _Pipeline(self))
+        state.next_cleanup = time.monotonic() + random.uniform(0, outbox_settings.CLEANUP_INTERVAL)
         try:
-            while not stop.is_set() or ahead is not None:
-                try:
-                    if ahead is not None:
-                        claim, ahead = ahead(), None
-                    elif outage.broker_down and not self._broker_back(outage):
-                        stop.wait(outage.backoff())
-                        continue
-                    else:
-                        if listener is None and not drain:
-                            listener = db.listen(self.using)
-                        claim = self._claim()
-                    batch = None
-                    if claim is not None:
-                        more_due = len(claim.messages) == self.batch_size
-                        if more_due and not (stop.is_set() or outage.broker_down):
-                            ahead = pipeline.claim_ahead()
-                        batch = self._publish_claim(claim)
-                        pipeline.finalize(batch)
-                    tally(pipeline.collect(everything=batch is None))
-                    outage.database_recovered(self.using)
-                except DatabaseError as exc:
-                    outage.database_failed(self.using, exc)
-                    ahead = None  # rows it claimed wait for their lease
-                    tally(pipeline.settle())
-                    # Both threads' connections: the outage broke the one not in use too.
-                    connections[self.using].close()
-                    pipeline.close_connection()
-                    listener = _closed(listener)
+            while not stop.is_set() or state.ahead is not None:
+                outage = state.outage
+                if state.ahead is None and outage.broker_down and not self._broker_back(outage):
                     stop.wait(outage.backoff())
                     continue
-                if not drain and time.monotonic() >= next_cleanup:
-                    # Busy or idle: a relay that never runs dry still keeps the table trim.
-                    next_cleanup = time.monotonic() + outbox_settings.CLEANUP_INTERVAL
-                    self._cleanup()
+                try:
+                    batch = self._turn(state)
+                except DatabaseError as exc:
+                    self._database_failed(state, exc)
+                    continue
+                self._cleanup_when_due(state)
                 if batch is not None:
                     if batch.transport_failed:
                         outage.broker_suspect()
@@ -399,15 +388,55 @@ class Relay:
                 if drain:
                     break
                 close_old_connections()  # honours CONN_MAX_AGE between idle spells
-                pipeline.close_old_connections()
-                listener = self._idle(stop, listener)
+                state.pipeline.close_old_connections()
+                state.listener = self._idle(stop, state.listener)
         finally:
             try:
-                tally(pipeline.close())
+                state.tally(state.pipeline.close())
             finally:
-                _closed(listener)
+                _closed(state.listener)
                 self.close()
-        return totals
+        return state.totals
+
+    def _turn(self, state: _Run) -> _Batch | None:
+        """One batch: take the claim made ahead (or claim now), claim the next one ahead
+        when this one was full, publish, and hand the batch to the pipeline; report the
+        batches the pipeline finished. Returns the batch, or None when nothing was due."""
+        if state.ahead is not None:
+            claim, state.ahead = state.ahead(), None
+        else:
+            if state.listener is None and not state.drain:
+                state.listener = db.listen(self.using)
+            claim = self._claim()
+        batch = None
+        if claim is not None:
+            more_due = len(claim.messages) == self.batch_size
+            if more_due and not (state.stop.is_set() or state.outage.broker_down):
+                state.ahead = state.pipeline.claim_ahead()
+            batch = self._publish_claim(claim)
+            state.pipeline.finalize(batch)
+        state.tally(state.pipeline.collect(everything=batch is None))
+        state.outage.database_recovered(self.using)
+        return batch
+
+    def _database_failed(self, state: _Run, exc: DatabaseError) -> None:
+        """Log the outage, give up the claim made ahead (its rows wait for their lease),
+        settle the pipeline, close every connection of this relay (both threads' and the
+        listener's: the outage broke those not in use too), and back off."""
+        state.outage.database_failed(self.using, exc)
+        state.ahead = None
+        state.tally(state.pipeline.settle())
+        connections[self.using].close()
+        state.pipeline.close_connection()
+        state.listener = _closed(state.listener)
+        state.stop.wait(state.outage.backoff())
+
+    def _cleanup_when_due(self, state: _Run) -> None:
+        """Retention between batches, busy or idle: a relay that never runs dry still
+        keeps the table trim (not while draining)."""
+        if not state.drain and time.monotonic() >= state.next_cleanup:
+            state.next_cleanup = time.monotonic() + outbox_settings.CLEANUP_INTERVAL
+            self._cleanup()
 
     def _cleanup(self) -> None:
         try:

@@ -209,7 +209,7 @@ def shape_problems(route: Route, broker_scheme: str) -> list[Shape]:
             Shape(
                 "direct_key",
                 f"Route {name!r} binds queue {queue!r} to direct exchange {exchange!r} with "
-                f"{key.replace('{key}', '')!r}, so an event staged with a key (routing key "
+                f"{route.routing_key_for('')!r}, so an event staged with a key (routing key "
                 f"{key!r}) never reaches it.",
                 'Use exchange_type "topic" (the queue is then bound with # in place of {key}), '
                 "or take {key} out of routing_key.",

@@ -264,8 +264,9 @@ class KombuTransport(Transport):
         self._confirms: _Confirms | None = None
         self._declared: set[Route] = set()
         # Building a Connection does not connect; it tells the driver's errors.
-        self._transient = transient_errors(kombu.Connection(url))
-        self._refused = refusal_errors(kombu.Connection(url))
+        probe = kombu.Connection(url)
+        self._transient = transient_errors(probe)
+        self._refused = refusal_errors(probe)
 
     # -- connection -----------------------------------------------------------------
 
