@@ -18,6 +18,10 @@ filesystem, memory ...), which would drop it, the relay looks the queues up in
 the exchange's bindings first and does not send a message that would reach none.
 Both fail it with the same :func:`unroutable` text.
 
+A ``filesystem://`` broker whose folder does not exist fails the batch without
+counting an attempt, with the text of system check E012 (see
+:mod:`~django_outbox.transports.filesystem`): the rows wait until it is created.
+
 A queue or exchange the broker refuses to declare (it exists with other
 arguments: 406 PRECONDITION_FAILED) is a configuration error: its rows fail
 without counting an attempt and are due again in :data:`REFUSED_RETRY_DELAY`,
@@ -44,6 +48,7 @@ from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, ClaimedMessage
 from ..exceptions import OutboxConfigurationError
 from ..routes import Route
 from .base import NACKED, Failure, Outcome, Transport
+from .filesystem import folder_problem
 
 logger = logging.getLogger(__name__)
 
@@ -325,9 +330,20 @@ class KombuTransport(Transport):
             # Whatever was not confirmed may or may not have reached the broker:
             # it is retried (at-least-once), and the channel starts afresh.
             self.close(graceful=False)
-            failure = Failure.from_exception(exc)
+            failure = self._missing_folder(exc) or Failure.from_exception(exc)
             outcomes = [failure if outcome is _UNSETTLED else outcome for outcome in outcomes]
         return outcomes
+
+    def _missing_folder(self, exc: BaseException) -> Failure | None:
+        """The filesystem broker's folder it writes into does not exist: a configuration
+        error (nothing was written, no attempt counts), said with the option to fix."""
+        if not isinstance(exc, FileNotFoundError):
+            return None
+        problem = folder_problem(self._url, self._options, "data_folder_out")
+        if problem is None:
+            return None
+        error = f"{problem.msg} {problem.hint} ({type(exc).__name__}: {exc})"
+        return Failure.not_attempted(error, self._refused_retry_delay)
 
     def _declare(self, route: Route) -> Failure | None:
         """Declare the route's topology once per connection; the failure of all its
