@@ -80,8 +80,7 @@ def _folder_problem(option: str, folder: object, default: str) -> Problem | None
         return Problem(
             CHECK_IDS["filesystem_folder"],
             f"{_OPTIONS}[{option!r}] must be a folder path; got {folder!r}.",
-            f'Set "data_folder_in" and "data_folder_out" in {_OPTIONS} to one folder that '
-            "exists.",
+            f'Set "data_folder_in" and "data_folder_out" in {_OPTIONS} to one folder that exists.',
         )
     if not os.path.isdir(folder):
         return Problem(
