@@ -4,6 +4,7 @@ docs/hostile-input.md, and for the consumer that gives up on an unreachable brok
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from django.test import override_settings
 from django_outbox import stage
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import Relay
+from tests.support import manage
 
 from . import case
 from .settings import check_lines, only
@@ -55,3 +57,20 @@ def filesystem_folder_missing_at_publish(request: Any) -> str:
     failed = OutboxMessage.objects.get(pk=row.pk)
     assert (failed.status, failed.attempts) == (OutboxMessage.Status.FAILED, 0)
     return failed.last_error
+
+
+@case("consumer-gave-up")
+def consumer_gave_up(request: Any) -> str:
+    with socket.socket() as sock:  # a port nothing listens on: a broker that is down
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = manage(
+        "run_outbox_consumer",
+        "--queue=orders",
+        "--handler=tests.testapp.handlers.record",
+        "--consumer=billing",
+        "--idle-timeout=1",
+        BROKER_URL=f"amqp://guest:guest@127.0.0.1:{port}//",
+    )
+    assert result.returncode == 1, result.stderr
+    return result.stderr.strip().splitlines()[-1]
