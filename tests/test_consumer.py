@@ -662,3 +662,28 @@ def test_without_idle_timeout_a_consumer_waits_for_a_broker_that_is_down():
     assert returncode == 0, err
     assert "gave up" not in err
     assert SUMMARY.fullmatch(out.strip()), out
+
+
+@pytest.mark.slow
+def test_idle_timeout_gives_up_when_rabbitmq_stops_after_messages_were_handled(destination):
+    stage_events(20, destination)
+    run_relay("--drain")
+    # Idle for 15 s while connected would exit 0: longer than stopping RabbitMQ takes.
+    consumer = start_consumer(destination, *RECORD, "--idle-timeout", "15")
+    try:
+        wait_until(lambda: Delivery.objects.count() == 20, timeout=120, what="20 handled")
+        services("stop", "rabbitmq")
+        try:
+            out, err = consumer.communicate(timeout=120)
+        finally:
+            services("start", "rabbitmq")
+    finally:
+        if consumer.poll() is None:
+            stop(consumer, signal.SIGKILL)
+    assert consumer.returncode == 1, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("CommandError: gave up after 15s without a broker: amqp://guest:***@"), (
+        err
+    )
+    summary = SUMMARY.fullmatch(out.strip())
+    assert summary and summary["handled"] == "20", out
