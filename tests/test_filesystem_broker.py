@@ -1,5 +1,5 @@
-"""A filesystem:// broker whose folder is missing: said in words at publish time, and no
-attempt spent, so the rows wait for the folder instead of being abandoned."""
+"""A filesystem:// broker whose folder is missing: said in words at publish time (the text
+of system check E012), then retried like a broker that is down."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from django_outbox.relay import Relay
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_missing_folder_fails_the_publish_with_its_option_and_counts_no_attempt(tmp_path):
+def test_a_missing_folder_fails_the_publish_with_its_option_then_it_is_retried(tmp_path):
     folder = tmp_path / "broker"
     options = {
         "data_folder_in": str(folder),
@@ -30,7 +30,7 @@ def test_a_missing_folder_fails_the_publish_with_its_option_and_counts_no_attemp
             stats = relay.run_once()
         row.refresh_from_db()
         assert (stats.published, stats.failed) == (0, 1)
-        assert (row.status, row.attempts) == (OutboxMessage.Status.FAILED, 0)
+        assert (row.status, row.attempts) == (OutboxMessage.Status.FAILED, 1)
         assert row.last_error.startswith(
             f"The filesystem:// broker's folder {str(folder)!r} "
             "(OUTBOX[\"BROKER_TRANSPORT_OPTIONS\"]['data_folder_out']) does not exist. "
