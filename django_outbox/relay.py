@@ -290,7 +290,7 @@ class Relay:
         lost: list[ClaimedMessage] = []
         # One statement is atomic on its own; more share a transaction.
         several = bool(published) + len(failures) > 1
-        written = []
+        written: list[_Failed] = []
         with transaction.atomic(using=self.using) if several else contextlib.nullcontext():
             if published:
                 held = rows.filter(id__in=[m.id for m in published]).leased(token)
