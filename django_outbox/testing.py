@@ -209,11 +209,12 @@ def _open_connections() -> list[BaseDatabaseWrapper]:
 def _test_committed(connection: BaseDatabaseWrapper) -> list[Any]:
     """The on-commit callbacks of ``connection`` whose transaction has closed into a
     test's (``TestCase``) transaction: the ones it would run if that committed."""
-    blocks = connection.atomic_blocks
-    if not blocks or not getattr(blocks[0], "_from_testcase", False):
+    # Django marks the atomic blocks TestCase opens (a private attribute).
+    flags = [getattr(block, "_from_testcase", False) for block in connection.atomic_blocks]
+    tests = len(list(itertools.takewhile(bool, flags)))
+    if not tests:
         return []
     # savepoint_ids runs parallel to atomic_blocks[1:] (the outermost has no savepoint).
-    tests = len(list(itertools.takewhile(lambda block: block._from_testcase, blocks)))
     open_ids = set(connection.savepoint_ids)
     test_ids = set(connection.savepoint_ids[: tests - 1])
     return [
