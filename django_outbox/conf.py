@@ -508,16 +508,17 @@ def from_env(
     variable and what it must hold; it never shows a broker URL's password, nor a JSON
     value (it may hold one).
     """
-    if env is None:
-        env = environ.Env()
-    elif not isinstance(env, environ.Env):
-        variables, env = env, environ.Env()
-        env.ENVIRON = variables
+    if isinstance(env, environ.Env):
+        reader = env
+    else:
+        reader = environ.Env()
+        if env is not None:
+            reader.ENVIRON = env  # a plain mapping of variables
     found: dict[str, Any] = {}
     for setting in SETTINGS.values():
         variable = prefix + setting.name
-        if env.ENVIRON.get(variable):
-            found[setting.name] = _from_variable(env, variable, setting)
+        if reader.ENVIRON.get(variable):
+            found[setting.name] = _from_variable(reader, variable, setting)
     return found
 
 
