@@ -119,7 +119,7 @@ def drain(using: str = "default") -> list[OutboxEvent]:
     that fail (a destination with no route) are recorded as the relay records them.
     Inside a transaction (``TestCase``) the database clock stands still at the
     transaction's start, before the events were staged: the rows due by the wall clock
-    are first made due by the transaction's clock (and so are relayed in id order).
+    are first made due by the transaction's clock.
     """
     from .models import OutboxMessage
     from .relay import Relay

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 from django.db import connections, transaction
-from django.test import TestCase
+from django.test import TestCase, override_settings
 from django.utils import timezone
 
 from django_outbox import ReceivedEvent, event_published, stage
@@ -68,6 +68,14 @@ class _Helpers:
         with captured_events() as events:
             _stage("order.inside", self.using)
         assert [e.event_type for e in events] == ["order.inside"]
+
+    def test_an_event_is_captured_once_when_the_test_runs_the_on_commit_callbacks(self):
+        with (
+            captured_events() as events,
+            self.captureOnCommitCallbacks(using=self.using, execute=True),
+        ):
+            _stage("order.placed", self.using)
+        assert [e.event_type for e in events] == ["order.placed"]
 
     def test_drain_publishes_every_due_row_in_order(self):
         published = []
@@ -126,6 +134,20 @@ def test_the_helpers_in_a_test_that_commits(outbox, using):
     assert [e.destination for e in drain(using)] == ["orders"]
     assert not connections[using].in_atomic_block
     assert OutboxMessage.objects.using(using).get().status == OutboxStatus.PUBLISHED
+
+
+@pytest.mark.django_db
+def test_drain_needs_no_broker_and_takes_celery_routes_too(outbox):
+    routes = {"emails": {"celery_task": "shop.tasks.send_receipt"}}
+    with override_settings(OUTBOX={"ROUTES": routes}, CELERY_BROKER_URL=None):
+        _stage("order.placed", "default")
+        with transaction.atomic():
+            stage("receipt.due", {"order": 1}, destination="emails")
+        published = outbox.drain()
+    assert [(e.destination, e.payload) for e in published] == [
+        ("emails", {"order": 1}),
+        ("orders", {"kind": "order.placed"}),
+    ]
 
 
 def test_the_plugin_imports_before_django_is_set_up():
