@@ -117,9 +117,11 @@ def drain(using: str = "default") -> list[OutboxEvent]:
 
     The rows end PUBLISHED and ``event_published`` is sent, as with a real relay; rows
     that fail (a destination with no route) are recorded as the relay records them.
-    Inside a transaction (``TestCase``) the database clock stands still at the
-    transaction's start, before the events were staged: the rows due by the wall clock
-    are first made due by the transaction's clock.
+    It calls :meth:`Relay.run_once` until nothing is claimed, never :meth:`Relay.run`:
+    no LISTEN connection, no database thread, no ``close_old_connections()`` (which
+    would close a test's connection). Inside a transaction (``TestCase``) the database
+    clock stands still at the transaction's start, before the events were staged: the
+    rows due by the wall clock are first made due by the transaction's clock.
     """
     from .models import OutboxMessage
     from .relay import Relay
@@ -225,7 +227,8 @@ def _test_committed(connection: BaseDatabaseWrapper) -> list[Any]:
 
 
 def _staged_rows(func: Any) -> list[OutboxMessage]:
-    """The rows a staging on-commit callback signals; [] for any other callback."""
+    """The rows a staging on-commit callback signals (``staging._insert`` registers a
+    ``partial(_committed, rows, using)``); [] for any other callback."""
     if isinstance(func, functools.partial) and func.func is _committed:
         return list(func.args[0])
     return []
