@@ -18,6 +18,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -145,8 +146,9 @@ def test_a_new_user_following_the_page_consumes_their_first_event(tmp_path):
         consumer,
         re.MULTILINE,
     ), consumer
-    with sqlite3.connect(user.cwd / "db.sqlite3") as db:
-        invoices = db.execute("SELECT order_id, CAST(total AS TEXT) FROM billing_invoice").fetchall()
+    with closing(sqlite3.connect(user.cwd / "db.sqlite3")) as db:
+        query = "SELECT order_id, CAST(total AS TEXT) FROM billing_invoice"
+        invoices = db.execute(query).fetchall()
     assert [(order_id, Decimal(total)) for order_id, total in invoices] == [(1, Decimal("19.90"))]
     # The broker was a folder of the project.
     assert (user.cwd / "broker" / "control" / "outbox.exchange").exists()
