@@ -9,6 +9,8 @@ is acknowledged without running the handler again. Per message:
   too); a message of another content type, a body that does not decode or one
   that carries no event id is **rejected** without requeue, so the broker's
   dead-letter policy applies;
+* **ignores** an event whose type is not one of ``event_types`` (when given):
+  acked at once, no handler call, no inbox row;
 * **handles** it in one transaction with the inbox mark, then **acks**; a
   duplicate is acked at once;
 * on a handler error, counts the failed delivery in
@@ -38,7 +40,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import kombu
@@ -50,6 +52,8 @@ from .exceptions import InvalidMessage
 from .inbox import (
     UNACKED_ERROR,
     forget_redelivery,
+    handled_types,
+    handles,
     process_once,
     record_failure,
     record_redelivery,
@@ -87,6 +91,7 @@ class ConsumerStats:
     received: int = 0
     handled: int = 0  # the handler ran and its transaction committed
     duplicates: int = 0  # already in the inbox: acked, handler not run
+    ignored: int = 0  # an event type the handler does not handle: acked, handler not run
     failed: int = 0  # the handler raised: requeued after a backoff delay
     parked: int = 0  # failed max_deliveries times: kept in InboxFailure, rejected
     rejected: int = 0  # not decodable as an outbox event: rejected
@@ -97,8 +102,8 @@ class ConsumerStats:
         rate = self.received / self.busy if self.busy else 0.0
         return (
             f"received {self.received}: handled {self.handled}, duplicates {self.duplicates}, "
-            f"failed {self.failed}, parked {self.parked}, rejected {self.rejected} "
-            f"in {self.elapsed:.1f}s ({rate:.0f} messages/s while busy)"
+            f"ignored {self.ignored}, failed {self.failed}, parked {self.parked}, "
+            f"rejected {self.rejected} in {self.elapsed:.1f}s ({rate:.0f} messages/s while busy)"
         )
 
 
@@ -118,10 +123,12 @@ class InboxConsumer:
         retry_max_delay: float = DEFAULT_RETRY_MAX_DELAY,
         url: str | None = None,
         transport_options: dict[str, Any] | None = None,
+        event_types: Iterable[str] | None = None,
     ) -> None:
         self.queue = queue
         self.handler = handler
         self.consumer = consumer
+        self.event_types = handled_types(event_types)
         self.using = using
         self.prefetch = prefetch
         self.max_deliveries = max_deliveries
@@ -246,6 +253,12 @@ class InboxConsumer:
             event = _decode(message)
         except InvalidMessage as exc:
             self._reject(message, exc)
+            return
+        if self.event_types is not None and not handles(
+            self.consumer, self.event_types, event.event_type, event.event_id
+        ):
+            message.ack()
+            self.stats.ignored += 1
             return
         counted = bool(message.delivery_info.get("redelivered"))
         if counted and not self._count_redelivery(message, event):

@@ -19,7 +19,7 @@ import functools
 import logging
 import math
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -65,7 +65,7 @@ def process_once(
 
 
 def inbox_handler(
-    consumer: str, *, using: str = "default"
+    consumer: str, *, using: str = "default", event_types: Iterable[str] | None = None
 ) -> Callable[[Callable[..., R]], Callable[..., R | None]]:
     """Decorate a handler ``func(event, *args, **kwargs)`` to run once per event.
 
@@ -73,19 +73,74 @@ def inbox_handler(
     with an ``event_id`` attribute or key. A duplicate returns None without
     calling ``func``. ``run_outbox_consumer`` recognises a decorated handler and
     takes its consumer name from here.
+
+    ``event_types`` (``["order.placed"]``) are the only event types ``func``
+    handles: another event returns None without calling ``func`` and without an
+    inbox row, and ``run_outbox_consumer`` acks it and counts it as ignored.
     """
+    types = handled_types(event_types)
 
     def decorate(func: Callable[..., R]) -> Callable[..., R | None]:
         @functools.wraps(func)
         def handle(event: Any, *args: Any, **kwargs: Any) -> R | None:
+            event_id = event_id_of(event)
+            if types is not None and not handles(consumer, types, event_type_of(event), event_id):
+                return None
             call = functools.partial(func, event, *args, **kwargs)
-            return run_once(consumer, event_id_of(event), using, call)
+            return run_once(consumer, event_id, using, call)
 
         handle.inbox_consumer = consumer  # type: ignore[attr-defined]
         handle.inbox_using = using  # type: ignore[attr-defined]
+        handle.inbox_event_types = types  # type: ignore[attr-defined]
         return handle
 
     return decorate
+
+
+def handled_types(event_types: Iterable[str] | None) -> frozenset[str] | None:
+    """``event_types`` as a set, or a TypeError/ValueError saying what is wrong with it
+    (raised where the handler is decorated, not at its first event)."""
+    if event_types is None:
+        return None
+    if isinstance(event_types, str):
+        raise TypeError(
+            f"event_types must be a list of event type names, not one str: "
+            f"write event_types=[{event_types!r}]"
+        )
+    if isinstance(event_types, bytes) or not isinstance(event_types, Iterable):
+        raise TypeError(
+            f"event_types must be a list of event type names; "
+            f"got {type(event_types).__name__} {event_types!r}"
+        )
+    types = list(event_types)
+    if not types:
+        raise ValueError("event_types must name at least one event type; got an empty list")
+    wrong = [item for item in types if not isinstance(item, str) or not item]
+    if wrong:
+        raise TypeError(f"event_types must hold non-empty str event type names; got {wrong[0]!r}")
+    return frozenset(types)
+
+
+def handles(
+    consumer: str, event_types: frozenset[str], event_type: str, event_id: uuid.UUID
+) -> bool:
+    """Whether ``event_type`` is one of ``event_types``; logs the event ignored if not."""
+    if event_type in event_types:
+        return True
+    logger.debug(
+        "%s: event %s of type %r ignored (handles only %s)",
+        consumer,
+        event_id,
+        event_type,
+        ", ".join(sorted(event_types)),
+        extra={
+            "action": "inbox.ignored",
+            "consumer": consumer,
+            "event_id": str(event_id),
+            "event_type": event_type,
+        },
+    )
+    return False
 
 
 def run_once(
@@ -128,6 +183,14 @@ def event_id_of(event: object) -> uuid.UUID:
             f"an inbox handler's first argument needs an event_id; got {type(event).__name__}"
         )
     return as_event_id(raw)
+
+
+def event_type_of(event: object) -> str:
+    """The event type of a :class:`ReceivedEvent`, an object or a mapping; "" if none."""
+    raw = (
+        event.get("event_type") if isinstance(event, Mapping) else getattr(event, "event_type", "")
+    )
+    return str(raw or "")
 
 
 def record_failure(

@@ -41,8 +41,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 SUMMARY = re.compile(
     r"received (?P<received>\d+): handled (?P<handled>\d+), duplicates (?P<duplicates>\d+), "
-    r"failed (?P<failed>\d+), parked (?P<parked>\d+), rejected (?P<rejected>\d+) "
-    r"in [\d.]+s \((?P<rate>\d+) messages/s while busy\)"
+    r"ignored (?P<ignored>\d+), failed (?P<failed>\d+), parked (?P<parked>\d+), "
+    r"rejected (?P<rejected>\d+) in [\d.]+s \((?P<rate>\d+) messages/s while busy\)"
 )
 
 
@@ -85,7 +85,7 @@ def republish_everything() -> None:
 
 
 def expected(received: int, **counts: int) -> dict[str, int]:
-    base = {"handled": 0, "duplicates": 0, "failed": 0, "parked": 0, "rejected": 0}
+    base = {"handled": 0, "duplicates": 0, "ignored": 0, "failed": 0, "parked": 0, "rejected": 0}
     return {"received": received, **base, **counts}
 
 
@@ -190,6 +190,20 @@ def test_a_handler_decorated_with_inbox_handler_lends_its_consumer_name(destinat
     summary = run_consumer(destination, "--handler", "tests.testapp.handlers.decorated")
     assert without_rate(summary) == expected(10, handled=10)
     assert InboxMessage.objects.filter(consumer="decorated").count() == 10
+
+
+def test_a_handler_with_event_types_acks_other_events_as_ignored(destination):
+    with transaction.atomic():
+        placed = [stage("order.placed", {"n": n}, destination=destination) for n in range(2)]
+        shipped = stage("order.shipped", {"n": 2}, destination=destination)
+    run_relay("--drain")
+    summary = run_consumer(destination, "--handler", "tests.testapp.handlers.bill")
+    assert without_rate(summary) == expected(3, handled=2, ignored=1)
+    handled = {row.event_id for row in placed}
+    assert set(Delivery.objects.values_list("event_id", flat=True)) == handled
+    assert set(InboxMessage.objects.values_list("event_id", flat=True)) == handled
+    assert not InboxFailure.objects.filter(event_id=shipped.event_id).exists()
+    assert queue_depth(destination) == 0  # acked, not left behind nor requeued
 
 
 @pytest.mark.parametrize(

@@ -41,8 +41,10 @@ def test_demo_places_relays_and_bills_every_order_once(tmp_path):
         "summary: staged 120, published 120, consumed 120 (invoices for 120 distinct orders), "
         "duplicates skipped 12, in "
     ) in out
-    assert "received 120: handled 120, duplicates 0, failed 0, parked 0, rejected 0" in out
-    assert "received 12: handled 0, duplicates 12, failed 0, parked 0, rejected 0" in out
+    assert (
+        "received 120: handled 120, duplicates 0, ignored 0, failed 0, parked 0, rejected 0" in out
+    )
+    assert "received 12: handled 0, duplicates 12, ignored 0, failed 0, parked 0, rejected 0" in out
     assert (tmp_path / "db.sqlite3").exists()
     # kombu's filesystem transport keeps its exchange bindings in the demo's folder,
     # not in a control/ folder of the working directory (the repository).
@@ -81,7 +83,7 @@ def test_the_quickstart_runs_as_written(tmp_path):
     assert outputs[3].startswith("claimed 3, published 3, failed 0, abandoned 0, lease lost 0")
     assert re.search(r"^published +3$", outputs[4], re.MULTILINE)
     assert outputs[5].startswith(
-        "received 3: handled 3, duplicates 0, failed 0, parked 0, rejected 0 in "
+        "received 3: handled 3, duplicates 0, ignored 0, failed 0, parked 0, rejected 0 in "
     )
     invoiced = manage_in(env, "shell", "-c", INVOICED)
     assert invoiced.splitlines()[-1].split() == ["ada", "alan", "grace"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
 import uuid
 
@@ -76,6 +77,69 @@ def test_decorator_runs_once_and_returns_none_for_a_duplicate():
     assert calls == [(event.event_id, "hi")]
     assert send_mail.inbox_consumer == "mail"
     assert send_mail.__wrapped__.__name__ == "send_mail"
+
+
+def test_decorator_with_event_types_ignores_other_types_without_an_inbox_row(caplog):
+    calls = []
+
+    @inbox_handler("billing", event_types=("order.placed",))
+    def bill(event):
+        calls.append(event.event_type)
+        return "billed"
+
+    placed = ReceivedEvent(uuid.uuid4(), "order.placed", {}, {})
+    shipped = ReceivedEvent(uuid.uuid4(), "order.shipped", {}, {})
+    with caplog.at_level(logging.DEBUG, logger="django_outbox.inbox"):
+        assert bill(shipped) is None
+        assert bill({"event_id": str(shipped.event_id), "event_type": "order.shipped"}) is None
+        assert bill(placed) == "billed"
+    assert calls == ["order.placed"]
+    assert bill.inbox_event_types == frozenset({"order.placed"})
+    assert list(InboxMessage.objects.values_list("event_id", flat=True)) == [placed.event_id]
+    ignored = [r for r in caplog.records if getattr(r, "action", None) == "inbox.ignored"]
+    line = (
+        f"billing: event {shipped.event_id} of type 'order.shipped' ignored "
+        "(handles only order.placed)"
+    )
+    assert [r.getMessage() for r in ignored] == [line, line]
+    assert {r.levelno for r in ignored} == {logging.DEBUG}
+
+
+@pytest.mark.parametrize(
+    ("event_types", "error", "message"),
+    [
+        (
+            "order.placed",
+            TypeError,
+            "event_types must be a list of event type names, not one str: "
+            "write event_types=['order.placed']",
+        ),
+        (
+            [],
+            ValueError,
+            "event_types must name at least one event type; got an empty list",
+        ),
+        (
+            ["order.placed", 7],
+            TypeError,
+            "event_types must hold non-empty str event type names; got 7",
+        ),
+        (
+            ["order.placed", ""],
+            TypeError,
+            "event_types must hold non-empty str event type names; got ''",
+        ),
+        (
+            42,
+            TypeError,
+            "event_types must be a list of event type names; got int 42",
+        ),
+    ],
+)
+def test_decorator_refuses_bad_event_types_when_it_decorates(event_types, error, message):
+    with pytest.raises(error) as info:
+        inbox_handler("billing", event_types=event_types)
+    assert str(info.value) == message
 
 
 @pytest.mark.parametrize(

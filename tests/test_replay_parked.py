@@ -80,7 +80,9 @@ def test_parked_messages_are_replayed_to_their_queue_and_handled_once(destinatio
 
     # The handler is fixed: each replayed event is handled once, nothing parked again.
     monkeypatch.setenv("TESTAPP_FAIL_FOR", "0")
-    assert "handled 3, duplicates 0, failed 0, parked 0, rejected 0" in consume(destination)
+    assert "handled 3, duplicates 0, ignored 0, failed 0, parked 0, rejected 0" in consume(
+        destination
+    )
     assert sorted(map(str, Delivery.objects.values_list("event_id", flat=True))) == sorted(staged)
     assert replay() == ["replayed 0 parked messages"]
 

@@ -45,3 +45,9 @@ def decorated(event: ReceivedEvent) -> None:
 
 
 not_callable = 42
+
+
+@inbox_handler("billing", event_types=["order.placed"])
+def bill(event: ReceivedEvent) -> None:
+    """The quickstart's billing handler: order.placed only; order.shipped is ignored."""
+    Delivery.objects.create(consumer="billing", event_id=event.event_id)

@@ -92,7 +92,7 @@ class Command(BaseCommand):
                 f"--retry-delay {options['retry_delay']:g} is longer than "
                 f"--retry-max-delay {options['retry_max_delay']:g}"
             )
-        handler, consumer, using = _resolve_handler(
+        handler, consumer, using, event_types = _resolve_handler(
             options["handler"], options["consumer"], options["database"]
         )
         try:
@@ -105,6 +105,7 @@ class Command(BaseCommand):
                 max_deliveries=options["max_deliveries"] or None,
                 retry_delay=options["retry_delay"],
                 retry_max_delay=options["retry_max_delay"],
+                event_types=event_types,
             )
             stop = threading.Event()
             stop_on_signals(stop, logger, "the message in hand")
@@ -114,11 +115,14 @@ class Command(BaseCommand):
         self.stdout.write(stats.summary())
 
 
-def _resolve_handler(path: str, consumer: str | None, using: str) -> tuple[Any, str, str]:
-    """The callable to run, the inbox consumer name and the database alias.
+def _resolve_handler(
+    path: str, consumer: str | None, using: str
+) -> tuple[Any, str, str, frozenset[str] | None]:
+    """The callable to run, the inbox consumer name, the database alias and the event
+    types it handles (None: all).
 
     A handler decorated with ``@inbox_handler`` is unwrapped (the consumer runs
-    the inbox itself) and lends its consumer name and database.
+    the inbox itself) and lends its consumer name, database and event types.
     """
     try:
         handler = import_string(path)
@@ -139,11 +143,11 @@ def _resolve_handler(path: str, consumer: str | None, using: str) -> tuple[Any, 
                 f"handler {path!r} is decorated with @inbox_handler(using={decorated_using!r}); "
                 f"--database {using!r} disagrees (drop --database or make them match)"
             )
-        return handler.__wrapped__, decorated, decorated_using
+        return handler.__wrapped__, decorated, decorated_using, handler.inbox_event_types
     if consumer is None:
         raise CommandError(
             f"--consumer is required: handler {path!r} is not decorated with @inbox_handler"
         )
     if not 0 < len(consumer) <= 255:
         raise CommandError(f"--consumer must be 1-255 characters; got {consumer!r}")
-    return handler, consumer, using
+    return handler, consumer, using, None
