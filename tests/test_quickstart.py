@@ -85,7 +85,7 @@ class NewUser:
             env=self.env,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=60,
         )
         output = result.stdout + result.stderr
         assert result.returncode == 0, f"{command}\nexited {result.returncode}:\n{output}"
