@@ -36,9 +36,10 @@ from django.db import DatabaseError, close_old_connections, connections, transac
 from . import db, retention
 from .conf import outbox_settings
 from .envelope import ClaimedMessage
+from .failures import FailureCounts, Reason
 from .models import OutboxMessage, OutboxQuerySet
 from .outage import Outage
-from .redact import SecretFilter
+from .redact import SecretFilter, mask_url
 from .retry import RetryPolicy
 from .routes import Route
 from .signals import event_abandoned, event_failed, event_published
@@ -50,6 +51,8 @@ T = TypeVar("T")
 
 #: How long one slice of an idle wait lasts, so a stop request is seen promptly.
 WAIT_SLICE = 0.5
+#: The counts of :class:`BatchStats`, which add up over a run.
+_COUNTED = ("claimed", "published", "failed", "abandoned", "lost")
 
 
 @dataclasses.dataclass
@@ -62,10 +65,27 @@ class BatchStats:
     abandoned: int = 0
     lost: int = 0  # rows whose lease another relay had taken over: left untouched
     transport_failed: bool = False  # a transient publish error: the broker may be down
+    #: Why the failed and abandoned rows were not published, with a count each.
+    reasons: FailureCounts = dataclasses.field(default_factory=FailureCounts)
 
     def add(self, other: BatchStats) -> None:
-        for field in ("claimed", "published", "failed", "abandoned", "lost"):
+        for field in _COUNTED:
             setattr(self, field, getattr(self, field) + getattr(other, field))
+        self.reasons.update(other.reasons)
+
+    @property
+    def unpublished(self) -> int:
+        """Rows that failed or were abandoned: the batch (or run) did not go as it should."""
+        return self.failed + self.abandoned
+
+
+@dataclasses.dataclass
+class RunStats(BatchStats):
+    """What :meth:`Relay.run` did: the totals of its batches, and why a drain gave up."""
+
+    #: Set when a drain ended because the broker could not be reached (the reason,
+    #: without passwords); the rows it could not publish wait for their retry.
+    gave_up: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,12 +116,23 @@ class _Batch:
 
 
 @dataclasses.dataclass(frozen=True)
+class _Failed:
+    """Rows of a batch that failed alike (same failure, fate and attempts), written
+    with one UPDATE."""
+
+    failure: Failure
+    abandon: bool
+    delay: float  # seconds until the rows are due again (0 when abandoned)
+    messages: list[ClaimedMessage]
+
+
+@dataclasses.dataclass(frozen=True)
 class _Finalized:
     """What finalizing a batch wrote; the rows of ``failures`` exclude the ``lost`` ones."""
 
     claimed: int
     published: list[ClaimedMessage]
-    failures: dict[tuple[Failure, bool, int], list[ClaimedMessage]]  # (why, abandon, attempts)
+    failures: list[_Failed]
     lost: list[ClaimedMessage]
     transport_failed: bool
 
@@ -114,7 +145,7 @@ class _Run:
     drain: bool
     on_batch: Callable[[BatchStats], None] | None
     pipeline: _Pipeline
-    totals: BatchStats = dataclasses.field(default_factory=BatchStats)
+    totals: RunStats = dataclasses.field(default_factory=RunStats)
     outage: Outage = dataclasses.field(default_factory=Outage)
     listener: db.postgresql.Listener | None = None
     #: A claim made while the previous batch was being published; it is always
@@ -259,6 +290,7 @@ class Relay:
         lost: list[ClaimedMessage] = []
         # One statement is atomic on its own; more share a transaction.
         several = bool(published) + len(failures) > 1
+        written = []
         with transaction.atomic(using=self.using) if several else contextlib.nullcontext():
             if published:
                 held = rows.filter(id__in=[m.id for m in published]).leased(token)
@@ -273,13 +305,17 @@ class Relay:
                 )
                 if marked != len(group):
                     lost += _not_held(group, held)
+                written.append(_Failed(failure, abandon, delay, group))
         lost_ids = {m.id for m in lost}
         return _Finalized(
             claimed=len(messages),
             published=[m for m in published if m.id not in lost_ids],
-            failures={
-                key: [m for m in group if m.id not in lost_ids] for key, group in failures.items()
-            },
+            failures=[
+                dataclasses.replace(
+                    done, messages=[m for m in done.messages if m.id not in lost_ids]
+                )
+                for done in written
+            ],
             lost=lost,
             transport_failed=batch.transport_failed,
         )
@@ -294,16 +330,17 @@ class Relay:
         """Log and signal what a finalized batch did; returns its stats."""
         # (message, error) pairs of the rows this relay still held, by outcome.
         by_fate: dict[bool, list[tuple[ClaimedMessage, str]]] = {True: [], False: []}
-        for (failure, abandon, _), group in done.failures.items():
-            by_fate[abandon] += [(m, failure.error) for m in group]
-        abandoned, failed = by_fate[True], by_fate[False]
+        for failed in done.failures:
+            by_fate[failed.abandon] += [(m, failed.failure.error) for m in failed.messages]
+        abandoned, failed_rows = by_fate[True], by_fate[False]
         stats = BatchStats(
             claimed=done.claimed,
             published=len(done.published),
-            failed=len(failed),
+            failed=len(failed_rows),
             abandoned=len(abandoned),
             lost=len(done.lost),
             transport_failed=done.transport_failed,
+            reasons=self._log_failures(done.failures),
         )
         if done.lost:
             logger.warning(
@@ -316,16 +353,8 @@ class Relay:
                     "ids": [m.id for m in done.lost][:50],
                 },
             )
-        for (failure, abandon, _), group in done.failures.items():
-            if abandon and group:
-                logger.error(
-                    "abandoned %d row(s): %s",
-                    len(group),
-                    failure.error,
-                    extra={"action": "outbox.abandoned", "ids": [m.id for m in group][:50]},
-                )
         self._send(event_published, done.published, None)
-        self._send(event_failed, [m for m, _ in failed], [e for _, e in failed])
+        self._send(event_failed, [m for m, _ in failed_rows], [e for _, e in failed_rows])
         self._send(event_abandoned, [m for m, _ in abandoned], [e for _, e in abandoned])
         logger.debug(
             "batch of %d: %d published, %d failed, %d abandoned, %d lost",
@@ -334,9 +363,60 @@ class Relay:
             stats.failed,
             stats.abandoned,
             stats.lost,
-            extra={"action": "outbox.batch", "using": self.using, **dataclasses.asdict(stats)},
+            extra={
+                "action": "outbox.batch",
+                "using": self.using,
+                **{field: getattr(stats, field) for field in _COUNTED},
+            },
         )
         return stats
+
+    def _log_failures(self, failures: list[_Failed]) -> FailureCounts:
+        """One record per destination, error and fate of a batch, never one per row: a
+        WARNING for rows that wait for a retry, an ERROR for abandoned ones. Returns
+        the rows counted by reason."""
+        groups: dict[Reason, list[_Failed]] = {}
+        for failed in failures:
+            error = outbox_settings.redact(failed.failure.error)
+            for destination, rows in _by_destination(failed.messages).items():
+                reason = Reason(destination, error, failed.abandon)
+                groups.setdefault(reason, []).append(dataclasses.replace(failed, messages=rows))
+        counts = FailureCounts()
+        for reason, parts in groups.items():
+            counts.add(reason, self._log_reason(reason, parts))
+        return counts
+
+    def _log_reason(self, reason: Reason, parts: list[_Failed]) -> int:
+        """The one record of the rows of a batch that failed for ``reason``; their count."""
+        ids = [m.id for part in parts for m in part.messages]
+        extra = {
+            "using": self.using,
+            "destination": reason.destination,
+            "count": len(ids),
+            "error": reason.error,
+        }
+        if reason.abandoned:
+            logger.error(
+                "abandoned %d row(s) to %r (%s): %s",
+                len(ids),
+                reason.destination,
+                "a permanent error"
+                if any(part.failure.permanent for part in parts)
+                else f"attempts exhausted, MAX_ATTEMPTS={self.policy.max_attempts}",
+                reason.error,
+                extra={"action": "outbox.abandoned", "ids": ids[:50], **extra},
+            )
+        else:
+            retry_in = min(part.delay for part in parts)
+            logger.warning(
+                "publishing %d row(s) to %r failed: %s; the next retry is due in %.1fs",
+                len(ids),
+                reason.destination,
+                reason.error,
+                retry_in,
+                extra={"action": "outbox.publish_failed", "retry_in": retry_in, **extra},
+            )
+        return len(ids)
 
     def _send(self, signal, messages: list[ClaimedMessage], errors: list[str] | None) -> None:  # type: ignore[no-untyped-def]
         if not messages or not signal.has_listeners(OutboxMessage):
@@ -361,8 +441,9 @@ class Relay:
         *,
         drain: bool = False,
         on_batch: Callable[[BatchStats], None] | None = None,
-    ) -> BatchStats:
-        """Relay until ``stop`` is set (or, with ``drain``, until nothing is due).
+    ) -> RunStats:
+        """Relay until ``stop`` is set (or, with ``drain``, until nothing is due, or
+        the broker cannot be reached: a drain gives up rather than wait for it).
 
         Returns the totals. A batch in progress when ``stop`` is set is finished
         first, so its rows are not left PROCESSING.
@@ -372,7 +453,9 @@ class Relay:
         try:
             while not stop.is_set() or state.ahead is not None:
                 outage = state.outage
-                if state.ahead is None and outage.broker_down and not self._broker_back(outage):
+                if state.ahead is None and outage.broker_down and not self._broker_back(state):
+                    if drain:
+                        break
                     stop.wait(outage.backoff())
                     continue
                 try:
@@ -448,15 +531,30 @@ class Relay:
                 extra={"action": "outbox.cleanup_failed", "using": self.using},
             )
 
-    def _broker_back(self, outage: Outage) -> bool:
-        try:
-            for transport in self._transports.values():
+    def _broker_back(self, state: _Run) -> bool:
+        """Whether the broker can be reached again. When it cannot, a relay logs the
+        outage (once) and waits it out; a drain records why it gives up."""
+        for kind, transport in self._transports.items():
+            try:
                 transport.check()
-        except Exception as exc:  # any connect error: still down
-            outage.broker_failed(exc)
-            return False
-        outage.broker_recovered()
+            except Exception as exc:  # any connect error: still down
+                if state.drain:
+                    state.totals.gave_up = self._unreachable(kind, exc)
+                else:
+                    state.outage.broker_failed(exc)
+                return False
+        state.outage.broker_recovered()
         return True
+
+    def _unreachable(self, kind: str, exc: Exception) -> str:
+        """Why the broker of transport ``kind`` cannot be reached, with its URL masked."""
+        if kind == "celery":
+            broker = "Celery's broker"
+        elif self._broker_url is not None:
+            broker = f"the broker {mask_url(self._broker_url)}"
+        else:
+            broker = "the broker"
+        return f"{broker} is unreachable ({Failure.from_exception(exc).error})"
 
     def _idle(
         self, stop: threading.Event, listener: db.postgresql.Listener | None
@@ -557,6 +655,13 @@ class _Pipeline:
         except DatabaseError:
             connections[self._relay.using].close()  # this thread's; reopened on next use
             raise
+
+
+def _by_destination(messages: list[ClaimedMessage]) -> dict[str, list[ClaimedMessage]]:
+    by_destination: dict[str, list[ClaimedMessage]] = {}
+    for message in messages:
+        by_destination.setdefault(message.destination, []).append(message)
+    return by_destination
 
 
 def _not_held(messages: list[ClaimedMessage], held: OutboxQuerySet) -> list[ClaimedMessage]:

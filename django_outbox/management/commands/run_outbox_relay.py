@@ -12,16 +12,21 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_outbox.exceptions import OutboxError
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import BatchStats, Relay
+from django_outbox.status import retry_wait
 
 from ._options import add_database_option, positive_int, stop_on_signals
+from ._text import duration, one_line
 
 logger = logging.getLogger("django_outbox.relay")
+#: How many failure reasons --once and --drain print, most rows first.
+TOP_REASONS = 5
 
 
 class Command(BaseCommand):
     help = (
         "Relay staged outbox events to the broker. Runs until SIGTERM/SIGINT, then finishes "
-        "the batch in hand and exits 0; a second signal exits at once."
+        "the batch in hand and exits 0; a second signal exits at once. With --once or "
+        "--drain, exits 1 when a row failed or was abandoned."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -50,6 +55,7 @@ class Command(BaseCommand):
             with relay:
                 stats = relay.run_once()
             self.stdout.write(_summary(stats))
+            self._failures(stats, using)
             return
         stop = threading.Event()
         stop_on_signals(stop, logger, "the batch in hand")
@@ -65,6 +71,32 @@ class Command(BaseCommand):
             f"{_summary(totals)} in {elapsed:.1f}s "
             f"({totals.published / elapsed if elapsed else 0:.0f} events/s)"
         )
+        if options["drain"]:
+            gave_up = f"--drain gave up: {totals.gave_up}" if totals.gave_up else ""
+            self._failures(totals, using, error=gave_up)
+
+    def _failures(self, stats: BatchStats, using: str, error: str = "") -> None:
+        """Print why rows were not published and how many wait for a retry; then exit 1
+        (with ``error``, or the counts) if any row failed or was abandoned."""
+        reasons, rest = stats.reasons.most_common(TOP_REASONS)
+        for reason, count in reasons:
+            fate = "abandoned" if reason.abandoned else "failed"
+            self.stdout.write(f"{fate} {count} to {reason.destination!r}: {one_line(reason.error)}")
+        if rest:
+            self.stdout.write(f"and {rest} more failed for other reasons")
+        wait = retry_wait(using)
+        if wait.rows.value and wait.next_due_in is not None:
+            rows = f"{'' if wait.rows.exact else 'about '}{wait.rows.value}"
+            waits = "1 row waits" if rows == "1" else f"{rows} rows wait"
+            self.stdout.write(
+                f"{waits} for a retry; the next is due in {duration(wait.next_due_in)}"
+            )
+        if error or stats.unpublished:
+            raise CommandError(
+                error
+                or f"{stats.unpublished} of {stats.claimed} claimed rows were not published: "
+                f"failed {stats.failed}, abandoned {stats.abandoned}"
+            )
 
 
 def _summary(stats: BatchStats) -> str:
