@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .envelope import ReceivedEvent
 from .exceptions import (
+    BrokerUnreachable,
     InvalidDestination,
     InvalidEvent,
     InvalidMessage,
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "BrokerUnreachable",
     "InboxTask",
     "InvalidDestination",
     "InvalidEvent",

@@ -1,6 +1,7 @@
 """System checks: ``django_outbox.E001``-``E007``, ``E010`` and ``E011`` for settings,
 ``E008``, ``E009``, ``W002`` and ``W003`` for route shapes, ``W001`` for databases, ``W004``
-for Celery routes without publisher confirms.
+for Celery routes without publisher confirms, ``E012`` and ``W005`` for the folders of a
+``filesystem://`` broker.
 
 The ids, messages and hints are listed in docs/reference/checks.md.
 """
@@ -16,6 +17,7 @@ from . import db
 from .conf import CHECK_IDS, outbox_settings
 from .exceptions import OutboxConfigurationError
 from .routes import shape_problems
+from .transports.filesystem import folder_problems
 
 
 @checks.register(checks.Tags.compatibility)
@@ -89,4 +91,23 @@ def check_celery_confirms(app_configs: Any = None, **kwargs: Any) -> list[checks
             "app's broker_transport_options); see docs/consuming.md.",
             id=CHECK_IDS["celery_no_confirms"],
         )
+    ]
+
+
+@checks.register(checks.Tags.compatibility)
+def check_filesystem(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The folders of a ``filesystem://`` broker: missing (E012) or two different ones
+    (W005), found here instead of by the first publish."""
+    try:
+        url = outbox_settings.broker_url
+        options = outbox_settings.BROKER_TRANSPORT_OPTIONS
+    except OutboxConfigurationError:  # reported by check_settings
+        return []
+    if not url:
+        return []
+    return [
+        (checks.Error if problem.id.startswith("django_outbox.E") else checks.Warning)(
+            problem.msg, hint=problem.hint, id=problem.id
+        )
+        for problem in folder_problems(url, options)
     ]

@@ -211,6 +211,9 @@ CHECK_IDS = {
     "redis_fanout": "django_outbox.W003",
     "malformed_broker": "django_outbox.E010",
     "missing_driver": "django_outbox.E011",
+    # kombu's filesystem transport (transports.filesystem), checked by checks.check_filesystem:
+    "filesystem_folder": "django_outbox.E012",
+    "filesystem_split": "django_outbox.W005",
 }
 
 #: The package a kombu transport needs, by URL scheme: (module to import, what to install).

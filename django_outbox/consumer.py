@@ -28,7 +28,9 @@ is acknowledged without running the handler again. Per message:
 Prefetch is bounded, so a stopped or killed consumer leaves at most
 ``prefetch`` messages unacked, and the broker redelivers them. A lost broker
 connection is retried with backoff. :meth:`InboxConsumer.run` returns when its
-stop event is set (after the message in hand) or after ``idle_timeout``.
+stop event is set (after the message in hand) or after ``idle_timeout``; with an
+``idle_timeout``, it gives up (:class:`~django_outbox.exceptions.BrokerUnreachable`)
+once that long went by without a broker since the last message.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from django.db import DatabaseError, close_old_connections, connections
 
 from .conf import outbox_settings
 from .envelope import CONTENT_TYPE, ReceivedEvent
-from .exceptions import InvalidMessage
+from .exceptions import BrokerUnreachable, InvalidMessage
 from .inbox import (
     UNACKED_ERROR,
     forget_redelivery,
@@ -59,7 +61,7 @@ from .inbox import (
     record_redelivery,
 )
 from .outage import Outage
-from .redact import SecretFilter
+from .redact import SecretFilter, mask_url
 from .retry import RetryPolicy
 from .transports.kombu import (
     CONNECT_TIMEOUT,
@@ -149,10 +151,16 @@ class InboxConsumer:
         self._stop = threading.Event()
         self._first_message_at: float | None = None
         self._held = _Held()
+        self._unreachable = _Unreachable()
 
     def run(self, stop: threading.Event, *, idle_timeout: float | None = None) -> ConsumerStats:
         """Consume until ``stop`` is set, or until no message came for ``idle_timeout``
-        seconds. Returns the totals."""
+        seconds. Returns the totals (also in :attr:`stats`).
+
+        Without ``idle_timeout`` an unreachable broker is waited for without end.
+        With it, the time without a broker since the last message (or the start) is
+        counted too: once it reaches ``idle_timeout``, :class:`BrokerUnreachable`
+        is raised."""
         self._stop = stop
         started = time.monotonic()
         try:
@@ -163,10 +171,24 @@ class InboxConsumer:
                 except self._transient as exc:
                     self._outage.broker_suspect()  # each logs only at an outage's start
                     self._outage.broker_failed(exc)
-                    stop.wait(self._outage.backoff())
+                    self._wait_for_broker(exc, idle_timeout)
         finally:
             self.stats.elapsed = time.monotonic() - started
         return self.stats
+
+    def _wait_for_broker(self, exc: BaseException, idle_timeout: float | None) -> None:
+        """Back off before the next attempt to reach the broker; give up (raise
+        :class:`BrokerUnreachable`) once ``idle_timeout`` seconds went by without it."""
+        without = self._unreachable.failed()
+        backoff = self._outage.backoff()
+        if idle_timeout is not None:
+            if without >= idle_timeout:
+                raise BrokerUnreachable(
+                    f"gave up after {idle_timeout:g}s without a broker: {mask_url(self.url)} "
+                    f"unreachable ({outbox_settings.redact(f'{type(exc).__name__}: {exc}')})"
+                )
+            backoff = min(backoff, idle_timeout - without)
+        self._stop.wait(backoff)
 
     def _consume(self, idle_timeout: float | None) -> bool:
         """One connection's life. True when done (stopped or idle), on a broker
@@ -175,12 +197,14 @@ class InboxConsumer:
             self.url, transport_options=self.transport_options, connect_timeout=CONNECT_TIMEOUT
         )
         try:
+            self._unreachable.connecting()
             connection.connect()
             # A reply the broker never sends (a silent network) fails the wait for it, so
             # neither subscribing, unsubscribing nor closing blocks a stopping consumer.
             bound_socket_waits(connection, CONNECT_TIMEOUT)
             channel = connection.channel()
             queue = self._declare(connection, channel)
+            self._unreachable.reached()
             if self._outage.broker_down:
                 self._outage.broker_recovered()
             logger.info(
@@ -242,6 +266,7 @@ class InboxConsumer:
             return
         if self._first_message_at is None:
             self._first_message_at = time.monotonic()
+        self._unreachable.reset()
         try:
             self._handle(message)
         finally:
@@ -393,6 +418,38 @@ class InboxConsumer:
         self._outage.database_failed(self.using, exc)
         connections[self.using].close()
         self._stop.wait(self._outage.backoff())
+
+
+class _Unreachable:
+    """Seconds without a broker since the last message (or the start), over one
+    outage or several: what ``idle_timeout`` counts while the broker is away. An
+    outage begins when the attempt to connect that failed began, or when a working
+    connection failed."""
+
+    def __init__(self) -> None:
+        self._total = 0.0  # of the outages that ended
+        self._since: float | None = None  # when the current one began
+        self._attempt: float | None = None  # when the connection attempt under way began
+
+    def connecting(self) -> None:
+        self._attempt = time.monotonic()
+
+    def failed(self) -> float:
+        """Reaching the broker failed; the seconds without it so far."""
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now if self._attempt is None else self._attempt
+        self._attempt = None
+        return self._total + now - self._since
+
+    def reached(self) -> None:
+        if self._since is not None:
+            self._total += time.monotonic() - self._since
+        self._since = self._attempt = None
+
+    def reset(self) -> None:
+        """A message came."""
+        self._total = 0.0
 
 
 class _Held:

@@ -51,3 +51,8 @@ class UnknownDestination(InvalidDestination):
 
 class InvalidMessage(OutboxError, ValueError):
     """A consumed message is not an outbox event: undecodable body, or no valid event id."""
+
+
+class BrokerUnreachable(OutboxError, ConnectionError):
+    """A consumer given an idle timeout spent that long without reaching its broker,
+    counted since its last message (or its start), and gave up."""

@@ -19,7 +19,7 @@ import functools
 import logging
 import math
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -122,7 +122,7 @@ def handled_types(event_types: Iterable[str] | None) -> frozenset[str] | None:
 
 
 def handles(
-    consumer: str, event_types: frozenset[str], event_type: str, event_id: uuid.UUID
+    consumer: str, event_types: Collection[str], event_type: str, event_id: uuid.UUID | str
 ) -> bool:
     """Whether ``event_type`` is one of ``event_types``; logs the event ignored if not."""
     if event_type in event_types:

@@ -36,7 +36,7 @@ from tests.support import (
     wait_until,
 )
 from tests.testapp.models import Delivery
-from tests.testapp.tasks import record_payment
+from tests.testapp.tasks import bill, record_payment
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -162,6 +162,58 @@ def test_a_failing_task_body_rolls_back_its_mark_so_a_retry_runs_it(celery_queue
     # A direct call is not a delivery: no task id, no inbox.
     assert record_payment(3) == 3
     assert InboxMessage.objects.count() == 2
+
+
+def test_inbox_event_types_runs_the_body_for_those_event_types_only(celery_queue):
+    """Run in-process with task_always_eager: Celery's own request context, no worker."""
+    from celery import current_app
+
+    placed, shipped = "5a0d3c1e-8f5b-4c4e-9d1a-2b7c6e0f4a11", "9e4b2f70-1c3d-4a5b-8e6f-7a8b9c0d1e22"
+    current_app.conf.task_always_eager = True
+    try:
+        results = [
+            bill.apply(kwargs={"order_id": n}, task_id=task_id, headers={"event_type": kind})
+            for n, task_id, kind in [(1, placed, "order.placed"), (2, shipped, "order.shipped")]
+        ]
+    finally:
+        current_app.conf.task_always_eager = False
+    assert [result.result for result in results] == [1, None]
+    assert list(Delivery.objects.values_list("n", flat=True)) == [1]
+    assert [str(i) for i in InboxMessage.objects.values_list("event_id", flat=True)] == [placed]
+
+
+@pytest.mark.parametrize(
+    ("event_types", "error"),
+    [
+        ("order.placed", TypeError),
+        ([], ValueError),
+        ([None], TypeError),
+    ],
+)
+def test_inbox_event_types_are_checked_when_the_task_class_is_made(event_types, error):
+    from django_outbox.celery import InboxTask
+
+    with pytest.raises(error, match=r"^event_types must "):
+        type("Bill", (InboxTask,), {"inbox_event_types": event_types})
+
+
+@pytest.mark.slow
+def test_a_worker_runs_an_inbox_event_types_task_for_its_event_types_only(celery_queue, tmp_path):
+    with transaction.atomic():
+        placed = stage("order.placed", {"order_id": 1}, destination="billing")
+        stage("order.shipped", {"order_id": 1}, destination="billing")
+    routes = {"billing": {"celery_task": "testapp.bill"}}
+    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "ROUTES": routes}):
+        assert Relay().run(threading.Event(), drain=True).published == 2
+    log = tmp_path / "worker.log"
+    worker = start_worker(celery_queue, log)
+    try:
+        wait_until(lambda: queue_settled(celery_queue), timeout=120, what="the queue to drain")
+    finally:
+        stop(worker, signal.SIGTERM)
+    assert worker.returncode == 0, log.read_text()
+    assert list(Delivery.objects.values_list("event_id", "n")) == [(placed.event_id, 1)]
+    assert list(InboxMessage.objects.values_list("event_id", flat=True)) == [placed.event_id]
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test.utils import override_settings
 
-from django_outbox.checks import check_databases, check_settings
+from django_outbox.checks import check_databases, check_filesystem, check_settings
 from django_outbox.conf import SETTINGS, outbox_settings
 from django_outbox.exceptions import OutboxConfigurationError
 from django_outbox.routes import Route
@@ -199,3 +199,91 @@ def test_skip_locked_warning_names_the_database():
             id="django_outbox.W001",
         )
     ]
+
+
+# -- the folders of a filesystem:// broker ------------------------------------------------
+
+OPTIONS = 'OUTBOX["BROKER_TRANSPORT_OPTIONS"]'
+
+
+def filesystem_check(options, url="filesystem://", **more):
+    with override_settings(OUTBOX={"BROKER_URL": url, "BROKER_TRANSPORT_OPTIONS": options}, **more):
+        return check_filesystem()
+
+
+def test_filesystem_folders_that_exist_and_are_one_pass(tmp_path):
+    assert filesystem_check({"data_folder_in": tmp_path, "data_folder_out": str(tmp_path)}) == []
+
+
+def test_a_filesystem_folder_that_does_not_exist_is_named_with_its_option(tmp_path):
+    missing = tmp_path / "broker"
+    assert filesystem_check({"data_folder_in": str(missing), "data_folder_out": str(missing)}) == [
+        checks.Error(
+            f"The filesystem:// broker's folder {str(missing)!r} ({OPTIONS}[{option!r}]) "
+            "does not exist.",
+            hint=f"Create it (mkdir -p {missing}) where the relay and the consumers run, or "
+            f"set {OPTIONS}[{option!r}] to a folder that exists.",
+            id="django_outbox.E012",
+        )
+        for option in ("data_folder_in", "data_folder_out")
+    ]
+
+
+def test_a_filesystem_folder_option_left_out_names_kombus_default(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert filesystem_check({"data_folder_in": str(tmp_path)}) == [
+        checks.Error(
+            f"{OPTIONS} has no 'data_folder_out' for the filesystem:// broker: kombu would use "
+            f"the folder {str(tmp_path / 'data_out')!r} (its default 'data_out', relative to "
+            "the working directory).",
+            hint=f'Set "data_folder_in" and "data_folder_out" in {OPTIONS} to one folder that '
+            'exists, such as str(BASE_DIR / "broker").',
+            id="django_outbox.E012",
+        )
+    ]
+
+
+def test_a_filesystem_folder_option_that_is_no_path_is_an_error(tmp_path):
+    assert filesystem_check({"data_folder_in": str(tmp_path), "data_folder_out": 42}) == [
+        checks.Error(
+            f"{OPTIONS}['data_folder_out'] must be a folder path; got 42.",
+            hint=f'Set "data_folder_in" and "data_folder_out" in {OPTIONS} to one folder that '
+            "exists.",
+            id="django_outbox.E012",
+        )
+    ]
+
+
+def test_two_different_filesystem_folders_are_a_warning_naming_both(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out").mkdir()
+    options = {"data_folder_in": str(tmp_path / "in"), "data_folder_out": str(tmp_path / "out")}
+    assert filesystem_check(options) == [
+        checks.Warning(
+            f'{OPTIONS} has "data_folder_in" {str(tmp_path / "in")!r} and "data_folder_out" '
+            f"{str(tmp_path / 'out')!r}: the relay writes into the second and consumers read "
+            "from the first, so no event is ever consumed.",
+            hint="Set both to the same folder: the relay and the consumers read the same "
+            "options, so the relay writes where they read only when the two are one.",
+            id="django_outbox.W005",
+        )
+    ]
+
+
+def test_the_filesystem_check_reads_the_celery_broker_url_and_ignores_other_brokers(tmp_path):
+    missing = {"data_folder_in": str(tmp_path / "x"), "data_folder_out": str(tmp_path / "x")}
+    with override_settings(
+        OUTBOX={"BROKER_TRANSPORT_OPTIONS": missing}, CELERY_BROKER_URL="filesystem://"
+    ):
+        assert [m.id for m in check_filesystem()] == ["django_outbox.E012"] * 2
+    assert filesystem_check(missing, url="memory://") == []
+    assert filesystem_check({}, url="redis://localhost:6379/0") == []
+
+
+def test_manage_py_check_refuses_a_missing_filesystem_folder(tmp_path):
+    missing = {"data_folder_in": str(tmp_path / "x"), "data_folder_out": str(tmp_path / "x")}
+    with override_settings(
+        OUTBOX={"BROKER_URL": "filesystem://", "BROKER_TRANSPORT_OPTIONS": missing}
+    ):
+        with pytest.raises(SystemCheckError, match=r"django_outbox\.E012"):
+            call_command("check")

@@ -6,6 +6,7 @@ import json
 import pickle
 import re
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -570,3 +571,119 @@ def test_sigterm_stops_a_consumer_whose_broker_went_silent(destination):
             consumer.kill()
             consumer.communicate()
         proxy.close()
+
+
+# -- --idle-timeout without a broker ----------------------------------------------------
+
+
+def closed_port() -> int:
+    """A local port nothing listens on (a broker that is down: connection refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("url", "masked", "error"),
+    [
+        (
+            "amqp://guest:s3cret-pw@127.0.0.1:{port}//",
+            "amqp://guest:***@127.0.0.1:{port}//",
+            "ConnectionRefusedError: [Errno 111] Connection refused",
+        ),
+        (
+            "redis://:s3cret-pw@127.0.0.1:{port}/0",
+            "redis://:***@127.0.0.1:{port}/0",
+            "ConnectionError: Error 111 connecting to 127.0.0.1:{port}. Connection refused.",
+        ),
+    ],
+    ids=["rabbitmq", "redis"],
+)
+def test_idle_timeout_gives_up_on_a_broker_that_is_down(url, masked, error):
+    port = closed_port()
+    result = manage(
+        "run_outbox_consumer",
+        "--queue",
+        "q",
+        *RECORD,
+        "--idle-timeout",
+        "2",
+        BROKER_URL=url.format(port=port),
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"CommandError: gave up after 2s without a broker: {masked.format(port=port)} "
+        f"unreachable ({error.format(port=port)})"
+    )
+    assert without_rate(SUMMARY.fullmatch(result.stdout.strip()).groupdict()) == {
+        key: str(value) for key, value in expected(0).items()
+    }
+    assert "s3cret-pw" not in result.stdout + result.stderr
+
+
+def test_idle_timeout_gives_up_on_a_filesystem_broker_without_its_folder(tmp_path):
+    folder = str(tmp_path / "missing")
+    options = {
+        "data_folder_in": folder,
+        "data_folder_out": folder,
+        "control_folder": str(tmp_path / "control"),
+    }
+    result = manage(
+        "run_outbox_consumer",
+        "--queue",
+        "q",
+        *RECORD,
+        "--idle-timeout",
+        "1",
+        "--skip-checks",  # else E012 stops it before it starts
+        BROKER_URL="filesystem://",
+        BROKER_TRANSPORT_OPTIONS=options,
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "CommandError: gave up after 1s without a broker: filesystem:// unreachable "
+        f"(FileNotFoundError: [Errno 2] No such file or directory: {folder!r})"
+    )
+
+
+def test_without_idle_timeout_a_consumer_waits_for_a_broker_that_is_down():
+    consumer = start_command(
+        "run_outbox_consumer",
+        "--queue",
+        "q",
+        *RECORD,
+        BROKER_URL=f"amqp://guest:guest@127.0.0.1:{closed_port()}//",
+    )
+    first = consumer.stderr.readline()  # blocks until the consumer has met the outage
+    assert first.startswith("broker unreachable ([Errno 111] Connection refused)"), first
+    time.sleep(3)  # over the first backoffs (1, 2 s): still trying
+    assert consumer.poll() is None
+    returncode, out, err = stop(consumer)
+    assert returncode == 0, err
+    assert "gave up" not in err
+    assert SUMMARY.fullmatch(out.strip()), out
+
+
+@pytest.mark.slow
+def test_idle_timeout_gives_up_when_rabbitmq_stops_after_messages_were_handled(destination):
+    stage_events(20, destination)
+    run_relay("--drain")
+    # Idle for 15 s while connected would exit 0: longer than stopping RabbitMQ takes.
+    consumer = start_consumer(destination, *RECORD, "--idle-timeout", "15")
+    try:
+        wait_until(lambda: Delivery.objects.count() == 20, timeout=120, what="20 handled")
+        services("stop", "rabbitmq")
+        try:
+            out, err = consumer.communicate(timeout=120)
+        finally:
+            services("start", "rabbitmq")
+    finally:
+        if consumer.poll() is None:
+            stop(consumer, signal.SIGKILL)
+    assert consumer.returncode == 1, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("CommandError: gave up after 15s without a broker: amqp://guest:***@"), (
+        err
+    )
+    summary = SUMMARY.fullmatch(out.strip())
+    assert summary and summary["handled"] == "20", out

@@ -19,3 +19,10 @@ def record_payment(n: int) -> int:
 def hijacked(**kwargs: object) -> None:
     """Never the task of a route: a worker that runs it was told to by a header."""
     Delivery.objects.create(consumer="hijacked", event_id=hijacked.request.id)
+
+
+@shared_task(base=InboxTask, name="testapp.bill", inbox_event_types=["order.placed"])
+def bill(order_id: int) -> int:
+    """Bills order.placed only; an order.shipped task returns None, unrun."""
+    Delivery.objects.create(consumer="bill", event_id=bill.request.id, n=order_id)
+    return order_id

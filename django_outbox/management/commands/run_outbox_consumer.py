@@ -17,7 +17,7 @@ from django_outbox.consumer import (
     DEFAULT_RETRY_MAX_DELAY,
     InboxConsumer,
 )
-from django_outbox.exceptions import OutboxError
+from django_outbox.exceptions import BrokerUnreachable, OutboxError
 
 from ._options import (
     add_database_option,
@@ -82,7 +82,9 @@ class Command(BaseCommand):
             "--idle-timeout",
             type=positive_seconds,
             default=None,
-            help="exit once no message has come for this many seconds (default: run until stopped)",
+            help="exit once no message has come for this many seconds; while the broker is "
+            "unreachable for this many seconds in all since the last message, exit 1 "
+            "(default: run until stopped, riding out broker outages)",
         )
         add_database_option(parser, "inbox (and the handler's writes)")
 
@@ -107,9 +109,15 @@ class Command(BaseCommand):
                 retry_max_delay=options["retry_max_delay"],
                 event_types=event_types,
             )
-            stop = threading.Event()
-            stop_on_signals(stop, logger, "the message in hand")
+        except OutboxError as exc:
+            raise CommandError(str(exc)) from exc
+        stop = threading.Event()
+        stop_on_signals(stop, logger, "the message in hand")
+        try:
             stats = inbox_consumer.run(stop, idle_timeout=options["idle_timeout"])
+        except BrokerUnreachable as exc:  # what it did before giving up, then why
+            self.stdout.write(inbox_consumer.stats.summary())
+            raise CommandError(str(exc)) from exc
         except OutboxError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(stats.summary())

@@ -1,0 +1,93 @@
+"""kombu's filesystem transport (``filesystem://``): the folders it needs, checked
+before the first publish.
+
+The transport writes each message as a file into ``data_folder_out`` and reads
+from ``data_folder_in``, both transport options. A folder that does not exist
+fails every publish (or every read) with a bare ``FileNotFoundError``; an option
+left out falls back to kombu's ``data_out``/``data_in`` in the working directory;
+and two different folders lose nothing but deliver nothing, since the relay
+writes where no consumer reads. :func:`folder_problems` says so in words, for the
+system checks (E012, W005) and for a failed publish.
+
+Nothing here reads settings: the caller passes the URL and the options.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ..conf import CHECK_IDS, Problem
+
+#: The options that name the folders, in the order they are checked, with kombu's
+#: default for each (relative to the working directory).
+FOLDERS = {"data_folder_in": "data_in", "data_folder_out": "data_out"}
+
+_OPTIONS = 'OUTBOX["BROKER_TRANSPORT_OPTIONS"]'
+
+
+def is_filesystem(url: str) -> bool:
+    return url.partition("://")[0].lower() == "filesystem"
+
+
+def folder_problems(url: str, options: Mapping[str, Any]) -> list[Problem]:
+    """What keeps the filesystem broker at ``url`` from delivering with ``options``:
+    a folder option left out or naming no folder (E012), or ``data_folder_in`` and
+    ``data_folder_out`` naming different folders (W005). Empty for other transports."""
+    if not is_filesystem(url):
+        return []
+    found = [
+        problem
+        for option, default in FOLDERS.items()
+        if (problem := _folder_problem(option, options.get(option), default)) is not None
+    ]
+    if found:
+        return found
+    folder_in, folder_out = (os.fspath(options[option]) for option in FOLDERS)
+    if os.path.abspath(folder_in) != os.path.abspath(folder_out):
+        found.append(
+            Problem(
+                CHECK_IDS["filesystem_split"],
+                f'{_OPTIONS} has "data_folder_in" {folder_in!r} and "data_folder_out" '
+                f"{folder_out!r}: the relay writes into the second and consumers read from "
+                "the first, so no event is ever consumed.",
+                "Set both to the same folder: the relay and the consumers read the same "
+                "options, so the relay writes where they read only when the two are one.",
+            )
+        )
+    return found
+
+
+def folder_problem(url: str, options: Mapping[str, Any], option: str) -> Problem | None:
+    """E012 for the folder of ``option`` (one of :data:`FOLDERS`), if it has one."""
+    if not is_filesystem(url):
+        return None
+    return _folder_problem(option, options.get(option), FOLDERS[option])
+
+
+def _folder_problem(option: str, folder: object, default: str) -> Problem | None:
+    if folder is None:
+        return Problem(
+            CHECK_IDS["filesystem_folder"],
+            f"{_OPTIONS} has no {option!r} for the filesystem:// broker: kombu would use "
+            f"the folder {os.path.abspath(default)!r} (its default {default!r}, relative to "
+            "the working directory).",
+            f'Set "data_folder_in" and "data_folder_out" in {_OPTIONS} to one folder that '
+            'exists, such as str(BASE_DIR / "broker").',
+        )
+    if not isinstance(folder, str | os.PathLike) or not os.fspath(folder):
+        return Problem(
+            CHECK_IDS["filesystem_folder"],
+            f"{_OPTIONS}[{option!r}] must be a folder path; got {folder!r}.",
+            f'Set "data_folder_in" and "data_folder_out" in {_OPTIONS} to one folder that exists.',
+        )
+    if not os.path.isdir(folder):
+        return Problem(
+            CHECK_IDS["filesystem_folder"],
+            f"The filesystem:// broker's folder {os.fspath(folder)!r} "
+            f"({_OPTIONS}[{option!r}]) does not exist.",
+            f"Create it (mkdir -p {os.fspath(folder)}) where the relay and the consumers "
+            f"run, or set {_OPTIONS}[{option!r}] to a folder that exists.",
+        )
+    return None

@@ -1,0 +1,76 @@
+"""Triggers for the "A filesystem:// broker without its folder" section of
+docs/hostile-input.md, and for the consumer that gives up on an unreachable broker
+(issue 19)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+from django.db import transaction
+from django.test import override_settings
+
+from django_outbox import stage
+from django_outbox.models import OutboxMessage
+from django_outbox.relay import Relay
+from tests.support import manage
+
+from . import case
+from .settings import check_lines, only
+
+
+def folders(request: Any, folder_in: str, folder_out: str) -> dict[str, str]:
+    """Transport options with the two folders under a fresh temporary directory."""
+    root: Path = request.getfixturevalue("tmp_path")
+    return {"data_folder_in": str(root / folder_in), "data_folder_out": str(root / folder_out)}
+
+
+@case("filesystem-folder-missing")
+def filesystem_folder_missing(request: Any) -> str:
+    options = folders(request, "nowhere", "")
+    return only(check_lines(BROKER_URL="filesystem://", BROKER_TRANSPORT_OPTIONS=options))
+
+
+@case("filesystem-folder-option-missing")
+def filesystem_folder_option_missing(request: Any) -> str:
+    options = {"data_folder_in": folders(request, "", "")["data_folder_in"]}
+    return only(check_lines(BROKER_URL="filesystem://", BROKER_TRANSPORT_OPTIONS=options))
+
+
+@case("filesystem-folders-differ")
+def filesystem_folders_differ(request: Any) -> str:
+    options = folders(request, "in", "out")
+    for folder in options.values():
+        Path(folder).mkdir()
+    return only(check_lines(BROKER_URL="filesystem://", BROKER_TRANSPORT_OPTIONS=options))
+
+
+@case("filesystem-folder-missing-at-publish")
+def filesystem_folder_missing_at_publish(request: Any) -> str:
+    options = folders(request, "broker", "broker")
+    outbox = {"BROKER_URL": "filesystem://", "BROKER_TRANSPORT_OPTIONS": options}
+    with transaction.atomic():
+        row = stage("order.placed", {"order_id": 1}, destination="orders")
+    with override_settings(OUTBOX=outbox), Relay() as relay:
+        relay.run_once()
+    failed = OutboxMessage.objects.get(pk=row.pk)
+    assert failed.status == OutboxMessage.Status.FAILED
+    return failed.last_error
+
+
+@case("consumer-gave-up")
+def consumer_gave_up(request: Any) -> str:
+    with socket.socket() as sock:  # a port nothing listens on: a broker that is down
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = manage(
+        "run_outbox_consumer",
+        "--queue=orders",
+        "--handler=tests.testapp.handlers.record",
+        "--consumer=billing",
+        "--idle-timeout=1",
+        BROKER_URL=f"amqp://guest:guest@127.0.0.1:{port}//",
+    )
+    assert result.returncode == 1, result.stderr
+    return result.stderr.strip().splitlines()[-1]
