@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -243,3 +244,12 @@ def confirming_celery_queue(**queue_arguments: Any) -> Iterator[str]:
     finally:
         delete_queue(name)
         app.close()
+
+
+def unreachable_broker_url(password: str = "guest") -> str:
+    """An AMQP URL on a loopback port nothing listens on (bound a moment ago, then freed):
+    every connection is refused at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"amqp://guest:{password}@127.0.0.1:{port}//"

@@ -191,7 +191,9 @@ def test_poison_row_is_abandoned_and_the_rest_of_its_batch_publishes(destination
     # A row for a destination that lost its route after it was staged.
     poison = OutboxMessageFactory(destination="retired-destination", event_type="old.event")
 
-    run_relay("--once", **routes)
+    once = manage("run_outbox_relay", "--once", **routes)
+    assert once.returncode == 1  # a row was abandoned
+    assert once.stdout.startswith("claimed 21, published 20, failed 0, abandoned 1, lease lost 0")
 
     poison.refresh_from_db()
     assert poison.status == Status.ABANDONED

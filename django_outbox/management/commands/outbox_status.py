@@ -6,13 +6,17 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_outbox.status import report
+from django_outbox.status import RECENT_ROWS, report
 
 from ._options import add_database_option
+from ._text import one_line
 
 
 class Command(BaseCommand):
-    help = "Show outbox counts per state, the oldest due row's age, failing attempts and busy keys."
+    help = (
+        "Show outbox counts per state, the oldest due row's age, failing attempts, busy keys, "
+        "the most frequent recent errors and the parked inbox messages per consumer."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         add_database_option(parser)
@@ -35,3 +39,15 @@ class Command(BaseCommand):
             self.stdout.write("ordering keys with the most rows waiting:")
             for key, count in status.top_keys:
                 self.stdout.write(f"  {count:>7}  {key}")
+        if status.recent_errors:
+            self.stdout.write(
+                f"most frequent errors of the latest {RECENT_ROWS} failed and abandoned rows:"
+            )
+            for error in status.recent_errors:
+                self.stdout.write(f"  {error.rows:>7}  {error.status:<9}  {one_line(error.error)}")
+        if status.parked:
+            self.stdout.write("parked inbox messages by consumer (the newest one's error):")
+            for parked in status.parked:
+                self.stdout.write(
+                    f"  {parked.rows:>7}  {parked.consumer}: {one_line(parked.newest_error)}"
+                )

@@ -1,0 +1,32 @@
+"""Triggers for the section "A broker the relay cannot reach" of docs/hostile-input.md."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.test import override_settings
+
+from django_outbox.relay import Relay
+from tests.support import manage, stage_events, unique_destination, unreachable_broker_url
+
+from . import case
+
+
+@case("publish-failed-log")
+def publish_failed_log(request: Any) -> str:
+    caplog = request.getfixturevalue("caplog")
+    stage_events(3, unique_destination())
+    with override_settings(OUTBOX={"BROKER_URL": unreachable_broker_url()}):
+        with caplog.at_level(logging.WARNING, logger="django_outbox"), Relay() as relay:
+            assert relay.run_once().failed == 3
+    (record,) = [r for r in caplog.records if getattr(r, "action", "") == "outbox.publish_failed"]
+    return record.getMessage()
+
+
+@case("drain-broker-unreachable")
+def drain_broker_unreachable(request: object) -> str:
+    stage_events(3, unique_destination())
+    result = manage("run_outbox_relay", "--drain", BROKER_URL=unreachable_broker_url())
+    assert result.returncode == 1
+    return result.stderr.strip().splitlines()[-1]
