@@ -7,7 +7,8 @@ fails every publish (or every read) with a bare ``FileNotFoundError``; an option
 left out falls back to kombu's ``data_out``/``data_in`` in the working directory;
 and two different folders lose nothing but deliver nothing, since the relay
 writes where no consumer reads. :func:`folder_problems` says so in words, for the
-system checks (E012, W005) and for a failed publish.
+system checks (E012, W005), which every management command runs at start-up: the
+relay and the consumers among them.
 
 Nothing here reads settings: the caller passes the URL and the options.
 """
@@ -57,13 +58,6 @@ def folder_problems(url: str, options: Mapping[str, Any]) -> list[Problem]:
             )
         )
     return found
-
-
-def folder_problem(url: str, options: Mapping[str, Any], option: str) -> Problem | None:
-    """E012 for the folder of ``option`` (one of :data:`FOLDERS`), if it has one."""
-    if not is_filesystem(url):
-        return None
-    return _folder_problem(option, options.get(option), FOLDERS[option])
 
 
 def _folder_problem(option: str, folder: object, default: str) -> Problem | None:

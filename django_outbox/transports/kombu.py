@@ -18,10 +18,6 @@ filesystem, memory ...), which would drop it, the relay looks the queues up in
 the exchange's bindings first and does not send a message that would reach none.
 Both fail it with the same :func:`unroutable` text.
 
-A ``filesystem://`` broker whose folder does not exist fails the batch with the
-text of system check E012 (see :mod:`~django_outbox.transports.filesystem`) before
-the ``FileNotFoundError``, and it is retried like a broker that is down.
-
 A queue or exchange the broker refuses to declare (it exists with other
 arguments: 406 PRECONDITION_FAILED) is a configuration error: its rows fail
 without counting an attempt and are due again in :data:`REFUSED_RETRY_DELAY`,
@@ -47,8 +43,7 @@ from kombu.transport.virtual.base import NotEquivalentError
 from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, ClaimedMessage
 from ..exceptions import OutboxConfigurationError
 from ..routes import Route
-from .base import MAX_ERROR_LENGTH, NACKED, Failure, Outcome, Transport
-from .filesystem import folder_problem
+from .base import NACKED, Failure, Outcome, Transport
 
 logger = logging.getLogger(__name__)
 
@@ -330,21 +325,9 @@ class KombuTransport(Transport):
             # Whatever was not confirmed may or may not have reached the broker:
             # it is retried (at-least-once), and the channel starts afresh.
             self.close(graceful=False)
-            failure = self._missing_folder(exc) or Failure.from_exception(exc)
+            failure = Failure.from_exception(exc)
             outcomes = [failure if outcome is _UNSETTLED else outcome for outcome in outcomes]
         return outcomes
-
-    def _missing_folder(self, exc: BaseException) -> Failure | None:
-        """The filesystem broker's folder it writes into does not exist: said with the
-        option to fix (the system check E012's text), then the error itself. Retried
-        with backoff like a broker that is down."""
-        if not isinstance(exc, FileNotFoundError):
-            return None
-        problem = folder_problem(self._url, self._options, "data_folder_out")
-        if problem is None:
-            return None
-        error = f"{problem.msg} {problem.hint} ({Failure.from_exception(exc).error})"
-        return Failure(error[:MAX_ERROR_LENGTH])
 
     def _declare(self, route: Route) -> Failure | None:
         """Declare the route's topology once per connection; the failure of all its

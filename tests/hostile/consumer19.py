@@ -8,12 +8,6 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from django.db import transaction
-from django.test import override_settings
-
-from django_outbox import stage
-from django_outbox.models import OutboxMessage
-from django_outbox.relay import Relay
 from tests.support import manage
 
 from . import case
@@ -44,19 +38,6 @@ def filesystem_folders_differ(request: Any) -> str:
     for folder in options.values():
         Path(folder).mkdir()
     return only(check_lines(BROKER_URL="filesystem://", BROKER_TRANSPORT_OPTIONS=options))
-
-
-@case("filesystem-folder-missing-at-publish")
-def filesystem_folder_missing_at_publish(request: Any) -> str:
-    options = folders(request, "broker", "broker")
-    outbox = {"BROKER_URL": "filesystem://", "BROKER_TRANSPORT_OPTIONS": options}
-    with transaction.atomic():
-        row = stage("order.placed", {"order_id": 1}, destination="orders")
-    with override_settings(OUTBOX=outbox), Relay() as relay:
-        relay.run_once()
-    failed = OutboxMessage.objects.get(pk=row.pk)
-    assert failed.status == OutboxMessage.Status.FAILED
-    return failed.last_error
 
 
 @case("consumer-gave-up")
