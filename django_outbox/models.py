@@ -186,6 +186,13 @@ class OutboxMessage(models.Model):
                 name="outbox_due_idx",
                 condition=models.Q(status__in=CLAIMABLE),
             ),
+            # FAILED rows by their next retry: outbox_status's recent errors and
+            # attempts, and the rows waiting for a retry, read only the failing rows.
+            models.Index(
+                fields=["available_at"],
+                name="outbox_failed_idx",
+                condition=models.Q(status=OutboxStatus.FAILED),
+            ),
             # Retention cleanup, one index per final state.
             models.Index(
                 fields=["published_at"],

@@ -117,10 +117,10 @@ def recent_errors(rows: OutboxQuerySet, *, top: int = TOP_ERRORS) -> list[ErrorC
     """The ``top`` most frequent ``last_error`` texts of the latest ``RECENT_ROWS`` FAILED
     rows and the latest ``RECENT_ROWS`` ABANDONED rows, most rows first.
 
-    A bounded window, read through an index, so it costs the same on a table of
-    millions: ABANDONED rows newest first through ``outbox_abandoned_idx``; FAILED rows
-    latest retry first (the latest failures) through ``outbox_due_idx``, which holds
-    PENDING, FAILED and PROCESSING rows.
+    A bounded window, each read through a partial index that holds only rows of its
+    state, so it costs the same on a table of millions of published or pending rows:
+    ABANDONED rows newest first through ``outbox_abandoned_idx``; FAILED rows latest
+    retry first (the latest failures) through ``outbox_failed_idx``.
     """
     latest = (
         (OutboxStatus.FAILED, rows.failed().order_by("-available_at")),
@@ -162,7 +162,7 @@ def parked_by_consumer(using: str = "default", *, top: int = TOP_CONSUMERS) -> l
 
 def retry_wait(using: str = "default") -> RetryWait:
     """FAILED rows whose retry is not due yet, and how long until the first one is: a
-    range of ``outbox_due_idx`` (``available_at`` after now)."""
+    range of ``outbox_failed_idx`` (``available_at`` after now)."""
     waiting = OutboxMessage.objects.using(using).failed().filter(available_at__gt=Now())
     first = waiting.aggregate(first=Min("available_at"))["first"]
     return RetryWait(

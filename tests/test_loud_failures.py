@@ -261,12 +261,6 @@ def test_status_shows_the_frequent_errors_and_the_parked_messages_per_consumer()
     ]
 
 
-def test_status_of_a_healthy_outbox_lists_no_errors():
-    OutboxMessageFactory(published=True)
-    out = manage("outbox_status").stdout
-    assert "errors" not in out and "parked" not in out
-
-
 # -- the LOGGING snippet of docs/deploying.md ----------------------------------------------
 
 

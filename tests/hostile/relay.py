@@ -27,6 +27,6 @@ def publish_failed_log(request: Any) -> str:
 @case("drain-broker-unreachable")
 def drain_broker_unreachable(request: object) -> str:
     stage_events(3, unique_destination())
-    result = manage("run_outbox_relay", "--drain", BROKER_URL=unreachable_broker_url())
+    result = manage("run_outbox_relay", "--drain", BROKER_URL=unreachable_broker_url(), timeout=60)
     assert result.returncode == 1
     return result.stderr.strip().splitlines()[-1]
