@@ -4,7 +4,9 @@ With no environment set, it needs no server: SQLite in .demo/db.sqlite3 and komb
 ``filesystem://`` transport in .demo/broker. Set ``DATABASE_URL`` (e.g.
 ``postgres://postgres@127.0.0.1:55432/outbox``) and ``OUTBOX_BROKER_URL`` (e.g.
 ``amqp://guest:guest@127.0.0.1:55672//`` or ``redis://127.0.0.1:56379/0``) to switch
-to PostgreSQL and RabbitMQ or Redis.
+to PostgreSQL and RabbitMQ or Redis; every other ``OUTBOX`` setting can be set the same
+way (``OUTBOX_BATCH_SIZE=100``, ``OUTBOX_ROUTES='{"orders": {"queue": "orders"}}'``: see
+``django_outbox.conf.from_env``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import environ
+
+from django_outbox.conf import from_env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DEMO_DIR = Path(environ.Env().str("OUTBOX_DEMO_DIR", default=str(BASE_DIR / ".demo")))
@@ -46,7 +50,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     )
 
 OUTBOX = {
-    "BROKER_URL": env("OUTBOX_BROKER_URL", default="filesystem://"),
+    "BROKER_URL": "filesystem://",
     # Only the filesystem transport reads these: one folder serves as outbox and inbox,
     # and its exchange bindings go beside them (kombu's default is ./control).
     "BROKER_TRANSPORT_OPTIONS": {
@@ -54,6 +58,8 @@ OUTBOX = {
         "data_folder_out": str(BROKER_DIR),
         "control_folder": str(BROKER_DIR / "control"),
     },
+    # Any setting from an OUTBOX_<NAME> variable: OUTBOX_BROKER_URL, OUTBOX_BATCH_SIZE, ...
+    **from_env(env),
 }
 
 # The demo runs a single relay on SQLite, which is safe; W001 warns about running several.

@@ -1,0 +1,153 @@
+"""django_outbox.conf.from_env: the OUTBOX dict from environment variables."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+
+import environ
+import pytest
+from django.test import override_settings
+
+from django_outbox import OutboxConfigurationError
+from django_outbox.conf import SETTINGS, from_env, outbox_settings
+from tests.support import REPO
+from tests.test_example_project import example_env, manage_in
+
+
+def test_only_the_variables_that_are_set_appear():
+    assert from_env({}) == {}
+    assert from_env({"OUTBOX_BATCH_SIZE": "", "OUTBOX_DEMO_DIR": "/tmp", "BATCH_SIZE": "5"}) == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "value"),
+    [
+        (
+            "BROKER_URL",
+            "amqp://guest:guest@localhost:5672//",
+            "amqp://guest:guest@localhost:5672//",
+        ),
+        ("BROKER_TRANSPORT_OPTIONS", '{"confirm_publish": true}', {"confirm_publish": True}),
+        ("ROUTES", '{"orders": {"queue": "orders"}}', {"orders": {"queue": "orders"}}),
+        ("DEFAULT_EXCHANGE", "events", "events"),
+        ("DEFAULT_ROUTE", "false", False),
+        ("DEFAULT_ROUTE", "On", True),
+        ("DEFAULT_ROUTE", "0", False),
+        ("BATCH_SIZE", "250", 250),
+        ("MAX_BATCH_BYTES", "1_000_000", 1_000_000),
+        ("MAX_PAYLOAD_BYTES", "65536", 65536),
+        ("LEASE_SECONDS", "30", 30.0),
+        ("MAX_ATTEMPTS", "3", 3),
+        ("RETRY_BASE_DELAY", "0.5", 0.5),
+        ("RETRY_MAX_DELAY", "600", 600.0),
+        ("RETRY_JITTER", "0", 0.0),
+        ("PUBLISHED_RETENTION", "86400", 86400.0),
+        ("ABANDONED_RETENTION", "1e6", 1e6),
+        ("INBOX_RETENTION", "3600", 3600.0),
+        ("CLEANUP_INTERVAL", "60", 60.0),
+        ("POLL_INTERVAL", "0.25", 0.25),
+    ],
+)
+def test_each_setting_is_cast_to_its_type(name, text, value):
+    found = from_env({f"OUTBOX_{name}": text})
+    assert found == {name: value}
+    assert type(found[name]) is type(value)
+
+
+def test_every_setting_is_read():
+    """A setting added to conf.SETTINGS is read too."""
+    env = {f"OUTBOX_{name}": "1" for name in SETTINGS}
+    env.update(OUTBOX_BROKER_URL="memory://", OUTBOX_DEFAULT_EXCHANGE="x")
+    env.update(OUTBOX_ROUTES="{}", OUTBOX_BROKER_TRANSPORT_OPTIONS="{}", OUTBOX_DEFAULT_ROUTE="1")
+    assert set(from_env(env)) == set(SETTINGS)
+
+
+def test_the_dict_is_what_outbox_settings_reads():
+    env = {"OUTBOX_PUBLISHED_RETENTION": "60", "OUTBOX_ROUTES": '{"orders": {"queue": "o"}}'}
+    with override_settings(OUTBOX={"BROKER_URL": "memory://", **from_env(env)}):
+        assert outbox_settings.PUBLISHED_RETENTION == dt.timedelta(seconds=60)
+        assert outbox_settings.route_for("orders").queue == "o"
+        assert outbox_settings.problems() == []
+
+
+def test_a_prefix_and_an_environ_env(monkeypatch):
+    monkeypatch.setenv("SHOP_OUTBOX_BATCH_SIZE", "7")
+    monkeypatch.setenv("OUTBOX_BATCH_SIZE", "9")
+    assert from_env(prefix="SHOP_OUTBOX_") == {"BATCH_SIZE": 7}
+    assert from_env(environ.Env())["BATCH_SIZE"] == 9
+    assert from_env()["BATCH_SIZE"] == int(os.environ["OUTBOX_BATCH_SIZE"])
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "error"),
+    [
+        (
+            "BATCH_SIZE",
+            "lots",
+            "OUTBOX_BATCH_SIZE (OUTBOX[\"BATCH_SIZE\"]) must be a positive integer; got 'lots'",
+        ),
+        ("BATCH_SIZE", "2.5", "must be a positive integer; got '2.5'"),
+        (
+            "MAX_ATTEMPTS",
+            "0",
+            "OUTBOX_MAX_ATTEMPTS (OUTBOX[\"MAX_ATTEMPTS\"]) must be a positive integer; got '0'",
+        ),
+        ("LEASE_SECONDS", "soon", "must be a positive number of seconds; got 'soon'"),
+        ("POLL_INTERVAL", "-1", "must be a positive number of seconds; got '-1'"),
+        ("RETRY_JITTER", "1.5", "must be a number between 0 and 1; got '1.5'"),
+        ("DEFAULT_ROUTE", "maybe", "must be true or false (also 1/0, yes/no, on/off); got 'maybe'"),
+        ("DEFAULT_EXCHANGE", "my exchange", "must be an exchange name of letters, digits"),
+        (
+            "ROUTES",
+            "{orders}",
+            'OUTBOX_ROUTES (OUTBOX["ROUTES"]) must be a JSON object of '
+            "routes: Expecting property name enclosed in double quotes",
+        ),
+        ("ROUTES", '["orders"]', "must be a JSON object of routes: must be a dict"),
+        ("ROUTES", '{"orders": {"queue": 5}}', "must be a JSON object of routes: route 'orders'"),
+        ("BROKER_TRANSPORT_OPTIONS", "[]", "must be a JSON object: must be a dict"),
+    ],
+)
+def test_a_bad_value_names_the_variable_and_the_type(name, text, error):
+    with pytest.raises(OutboxConfigurationError) as raised:
+        from_env({f"OUTBOX_{name}": text})
+    assert error in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_no_error_shows_a_password():
+    with pytest.raises(OutboxConfigurationError) as raised:
+        from_env({"OUTBOX_BROKER_URL": "amqp://shop:pa/ss@rabbit:5672//"})
+    assert str(raised.value) == (
+        'OUTBOX_BROKER_URL (OUTBOX["BROKER_URL"]) must be a kombu URL such as '
+        "amqp://user:password@host//; got amqp://shop:***@rabbit:5672//: its user name or "
+        'password holds an unquoted "@", "/", "?" or "#"'
+    )
+    with pytest.raises(OutboxConfigurationError) as raised:
+        from_env({"OUTBOX_BROKER_TRANSPORT_OPTIONS": '{"password": "hunter2",}'})
+    assert "hunter2" not in str(raised.value)
+    assert "must be a JSON object: Expecting property name" in str(raised.value)
+
+
+SHOW = "from django_outbox.conf import outbox_settings as s; print(s.BATCH_SIZE, s.broker_url)"
+
+
+def test_the_example_project_reads_its_settings_from_the_environment(tmp_path):
+    env = example_env(tmp_path)
+    assert manage_in(env, "shell", "-c", SHOW).splitlines()[-1].split() == ["500", "filesystem://"]
+
+    env.update(OUTBOX_BATCH_SIZE="7", OUTBOX_BROKER_URL="memory://")
+    assert manage_in(env, "shell", "-c", SHOW).splitlines()[-1].split() == ["7", "memory://"]
+
+    env.update(OUTBOX_BATCH_SIZE="seven")
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "django_outbox.exceptions.OutboxConfigurationError: OUTBOX_BATCH_SIZE "
+        "(OUTBOX[\"BATCH_SIZE\"]) must be a positive integer; got 'seven'"
+    )

@@ -1,0 +1,233 @@
+"""django_outbox.testing and the ``outbox`` fixture: under Django's TestCase, under
+pytest-django with and without ``transaction=True``, on PostgreSQL and SQLite; and a
+user's own project whose tests use only the documented names, with no broker."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from django.db import connections, transaction
+from django.test import TestCase, override_settings
+from django.utils import timezone
+
+from django_outbox import ReceivedEvent, event_published, stage
+from django_outbox.models import OutboxMessage, OutboxStatus
+from django_outbox.testing import captured_events, drain
+from tests.support import REPO
+
+BOTH = pytest.mark.parametrize("using", ["default", "lite"])
+
+
+def _stage(event_type: str, using: str, **kwargs) -> None:
+    with transaction.atomic(using=using):
+        stage(event_type, {"kind": event_type}, destination="orders", using=using, **kwargs)
+
+
+def _rolled_back(event_type: str, using: str) -> None:
+    with pytest.raises(ZeroDivisionError), transaction.atomic(using=using):
+        stage(event_type, {}, destination="orders", using=using)
+        1 / 0  # noqa: B018
+
+
+class _Helpers:
+    """The same checks under TestCase on each database (``using``)."""
+
+    using = "default"
+
+    def test_captured_events_holds_the_committed_ones_only(self):
+        with captured_events() as events:
+            _stage("order.placed", self.using, key="o-1", headers={"tenant": "acme"})
+            _rolled_back("order.lost", self.using)
+            with transaction.atomic(using=self.using):
+                _stage("order.paid", self.using)
+                _rolled_back("order.lost", self.using)
+        assert [e.event_type for e in events] == ["order.placed", "order.paid"]
+        placed = events[0]
+        assert isinstance(placed, ReceivedEvent)
+        assert placed.payload == {"kind": "order.placed"}
+        assert placed.destination == "orders"
+        assert placed.ordering_key == "o-1"
+        assert placed.headers["tenant"] == "acme"
+        row = OutboxMessage.objects.using(self.using).get(event_type="order.placed")
+        assert placed.event_id == row.event_id
+        assert placed.occurred_at == row.created_at
+
+    def test_an_event_whose_transaction_is_still_open_is_not_captured(self):
+        with transaction.atomic(using=self.using):
+            with captured_events() as events:
+                stage("order.placed", {}, destination="orders", using=self.using)
+            assert events == []
+
+    def test_events_staged_before_the_block_are_not_captured(self):
+        _stage("order.before", self.using)
+        with captured_events() as events:
+            _stage("order.inside", self.using)
+        assert [e.event_type for e in events] == ["order.inside"]
+
+    def test_an_event_is_captured_once_when_the_test_runs_the_on_commit_callbacks(self):
+        with (
+            captured_events() as events,
+            self.captureOnCommitCallbacks(using=self.using, execute=True),
+        ):
+            _stage("order.placed", self.using)
+        assert [e.event_type for e in events] == ["order.placed"]
+
+    def test_drain_publishes_every_due_row_in_order(self):
+        published = []
+
+        def on_published(messages, **kwargs):
+            published.extend(m.event_type for m in messages)
+
+        event_published.connect(on_published)
+        self.addCleanup(event_published.disconnect, on_published)
+        for n in range(3):
+            _stage(f"order.{n}", self.using, key=f"k{n}")
+        later = timezone.now() + dt.timedelta(hours=1)
+        _stage("order.later", self.using, available_at=later)
+
+        events = drain(using=self.using)
+
+        assert [e.event_type for e in events] == ["order.0", "order.1", "order.2"]
+        assert events[2].payload == {"kind": "order.2"}
+        assert events[2].ordering_key == "k2"
+        assert published == ["order.0", "order.1", "order.2"]
+        rows = OutboxMessage.objects.using(self.using)
+        assert rows.filter(status=OutboxStatus.PUBLISHED).count() == 3
+        assert rows.get(event_type="order.later").status == OutboxStatus.PENDING
+        assert drain(using=self.using) == []
+
+
+class HelpersOnPostgreSQL(_Helpers, TestCase):
+    databases = {"default"}
+
+
+class HelpersOnSQLite(_Helpers, TestCase):
+    databases = {"lite"}
+    using = "lite"
+
+
+@BOTH
+@pytest.mark.django_db(databases=["default", "lite"])
+def test_the_fixture_under_pytest_django(outbox, using):
+    _stage("order.placed", using)
+    _rolled_back("order.lost", using)
+    assert [e.event_type for e in outbox.captured] == ["order.placed"]
+    assert [e.event_type for e in outbox.drain(using)] == ["order.placed"]
+    assert OutboxMessage.objects.using(using).get().status == OutboxStatus.PUBLISHED
+
+
+@BOTH
+@pytest.mark.django_db(transaction=True, databases=["default", "lite"])
+def test_the_helpers_in_a_test_that_commits(outbox, using):
+    with captured_events() as events:
+        _stage("order.placed", using)
+        assert [e.event_type for e in events] == ["order.placed"]  # filled as it commits
+        _rolled_back("order.lost", using)
+    assert [e.event_type for e in events] == ["order.placed"]
+    assert [e.event_type for e in outbox.captured] == ["order.placed"]
+
+    assert [e.destination for e in drain(using)] == ["orders"]
+    assert not connections[using].in_atomic_block
+    assert OutboxMessage.objects.using(using).get().status == OutboxStatus.PUBLISHED
+
+
+@pytest.mark.django_db
+def test_drain_needs_no_broker_and_takes_celery_routes_too(outbox):
+    routes = {"emails": {"celery_task": "shop.tasks.send_receipt"}}
+    with override_settings(OUTBOX={"ROUTES": routes}, CELERY_BROKER_URL=None):
+        _stage("order.placed", "default")
+        with transaction.atomic():
+            stage("receipt.due", {"order": 1}, destination="emails")
+        published = outbox.drain()
+    assert [(e.destination, e.payload) for e in published] == [
+        ("emails", {"order": 1}),
+        ("orders", {"kind": "order.placed"}),
+    ]
+
+
+def test_the_plugin_imports_before_django_is_set_up():
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    code = (
+        "import django_outbox.pytest_plugin, sys;"
+        "from django.conf import settings;"
+        "assert not settings.configured;"
+        "assert 'django_outbox.models' not in sys.modules"
+    )
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+# -- a user's project ------------------------------------------------------------------
+
+SITE_SETTINGS = """\
+import environ
+
+env = environ.Env()
+SECRET_KEY = "user-site"
+USE_TZ = True
+INSTALLED_APPS = ["django.contrib.contenttypes", "django_outbox", "shop"]
+DATABASES = {"default": env.db("DATABASE_URL", default="sqlite:///db.sqlite3")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+"""
+
+
+def _docs_files() -> dict[str, str]:
+    """The files of the user's project that docs/testing.md shows: each ```python block
+    whose first line is a comment naming its path."""
+    page = (REPO / "docs" / "testing.md").read_text()
+    blocks = re.findall(r"```python\n# (\S+\.py)\n(.*?)```", page, re.DOTALL)
+    return dict(blocks)
+
+
+def _user_site(root) -> None:
+    files = _docs_files()
+    assert sorted(files) == ["shop/models.py", "shop/test_orders.py", "shop/tests.py"]
+    (root / "shop").mkdir()
+    (root / "shop" / "__init__.py").write_text("")
+    for path, text in files.items():
+        (root / path).write_text(text)
+    (root / "site_settings.py").write_text(SITE_SETTINGS)
+    (root / "pytest.ini").write_text(
+        "[pytest]\nDJANGO_SETTINGS_MODULE = site_settings\npythonpath = .\n"
+        "python_files = tests.py test_*.py\n"
+    )
+
+
+def _no_services_env(**extra: str) -> dict[str, str]:
+    """The environment without any broker or server URL of this suite."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.endswith("_URL") and k not in {"DJANGO_SETTINGS_MODULE", "OUTBOX_OVERRIDES"}
+    }
+    return {**env, **extra}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_a_users_test_needs_no_broker(tmp_path, database):
+    """The acceptance test of issue 13: a fresh project's tests, written only against
+    django_outbox.testing (those docs/testing.md shows), pass with nothing but the database."""
+    _user_site(tmp_path)
+    extra = {}
+    if database == "postgresql":
+        params = connections["default"].settings_dict
+        name = f"site_{tmp_path.name[-12:].replace('-', '_').lower()}"
+        extra["DATABASE_URL"] = (
+            f"postgres://{params['USER']}@{params['HOST']}:{params['PORT']}/{name}"
+        )
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "shop"],
+        cwd=tmp_path,
+        env=_no_services_env(**extra),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "5 passed" in result.stdout
