@@ -122,7 +122,9 @@ def test_sigkill_mid_drain_then_restart_after_the_lease_loses_nothing(destinatio
     assert set(received) == set(staged)  # every event arrived
     duplicates = len(received) - len(set(received))
     print(f"\nSIGKILL after {left['published']} published: {duplicates} duplicates")
-    assert duplicates <= 200  # at most the batch in flight
+    # At most what was in flight: with the claim-ahead pipeline (docs/relay.md) that is
+    # the batch being finalized (confirmed, not yet marked) and the one being published.
+    assert duplicates <= 2 * 200
     assert status_counts()["published"] == 5000
 
 
