@@ -94,7 +94,7 @@ class Command(BaseCommand):
         if error or stats.unpublished:
             raise CommandError(
                 error
-                or f"{stats.unpublished} of {stats.claimed} claimed rows were not published: "
+                or f"{stats.unpublished} of {stats.claimed} claims in this run were not published: "
                 f"failed {stats.failed}, abandoned {stats.abandoned}"
             )
 

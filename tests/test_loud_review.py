@@ -1,0 +1,95 @@
+"""Attacks on issue 19's loud failures, each a bug found in review: real RabbitMQ (through
+a TCP proxy of the tests' own where a broker must flap: no real part drops connections on
+cue), real subprocesses for the commands."""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import pytest
+
+from django_outbox.models import OutboxMessage
+from tests.support import delete_queue, stage_events, start_command, stop, unique_destination
+from tests.test_consumer import RECORD, SUMMARY
+from tests.test_silent_broker import BROKER, FreezableProxy
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_idle_timeout_exits_0_when_the_broker_flaps_but_no_message_comes():
+    """A broker whose connections drop every 2 s, reachable again within a second each
+    time: no message came for --idle-timeout 5, so the consumer is idle and exits 0. It
+    used to restart its idle clock at every reconnection and add up the seconds between
+    them, until it exited 1 saying it had been 5 s without a broker."""
+    queue = unique_destination()
+    proxy = FreezableProxy(BROKER)
+    done = threading.Event()
+
+    def flap() -> None:
+        while not done.wait(2.0):
+            proxy.thaw()  # resets every connection; new ones pass at once
+
+    flapper = threading.Thread(target=flap, daemon=True)
+    consumer = start_command(
+        "run_outbox_consumer",
+        "--queue",
+        queue,
+        *RECORD,
+        "--idle-timeout",
+        "5",
+        BROKER_URL=proxy.url,
+    )
+    flapper.start()
+    try:
+        out, err = consumer.communicate(timeout=90)
+    finally:
+        done.set()
+        if consumer.poll() is None:
+            stop(consumer)
+        proxy.close()
+        delete_queue(queue)
+    assert consumer.returncode == 0, err
+    assert "gave up" not in err
+    assert SUMMARY.fullmatch(out.strip()), out
+
+
+def test_a_drain_whose_failed_rows_were_published_later_in_the_run_says_it_truly(tmp_path):
+    """The broker's folder appears during a drain (an outage that heals): the first
+    batches fail, the later ones publish, and the failed rows, due again within the
+    drain, are published too. The drain still exits 1 (publishes failed in its run),
+    but it used to say "N of M claimed rows were not published" while every row was
+    published; it counts claims, and no row waits for a retry."""
+    folder = tmp_path / "broker"
+    orders = unique_destination()
+    stage_events(3000, orders)
+    options = {"data_folder_in": str(folder), "data_folder_out": str(folder)}
+    relay = start_command(
+        "run_outbox_relay",
+        "--drain",
+        "--skip-checks",  # E012 would refuse to start without the folder
+        "--batch-size",
+        "100",
+        BROKER_URL="filesystem://",
+        BROKER_TRANSPORT_OPTIONS=options,
+        RETRY_BASE_DELAY=0.01,
+    )
+    try:
+        first = relay.stderr.readline()  # the first failed batch's WARNING
+        folder.mkdir()
+        out, err = relay.communicate(timeout=120)
+    finally:
+        if relay.poll() is None:
+            stop(relay)
+    assert first.startswith(f"publishing 100 row(s) to {orders!r} failed: FileNotFoundError")
+    assert OutboxMessage.objects.filter(status="published").count() == 3000
+    assert relay.returncode == 1, err
+    summary = re.match(r"claimed (\d+), published 3000, failed (\d+), abandoned 0", out)
+    assert summary, out
+    claimed, failed = int(summary[1]), int(summary[2])
+    assert claimed == 3000 + failed
+    assert "wait for a retry" not in out
+    assert err.splitlines()[-1] == (
+        f"CommandError: {failed} of {claimed} claims in this run were not published: "
+        f"failed {failed}, abandoned 0"
+    )
