@@ -8,7 +8,10 @@ import re
 import threading
 
 import pytest
+from django.core import checks
+from django.test.utils import override_settings
 
+from django_outbox.checks import check_filesystem
 from django_outbox.models import OutboxMessage
 from tests.support import delete_queue, stage_events, start_command, stop, unique_destination
 from tests.test_consumer import RECORD, SUMMARY
@@ -93,3 +96,64 @@ def test_a_drain_whose_failed_rows_were_published_later_in_the_run_says_it_truly
         f"CommandError: {failed} of {claimed} claims in this run were not published: "
         f"failed {failed}, abandoned 0"
     )
+
+
+# -- the folders of a filesystem:// broker (E012, W005) -----------------------------------
+
+OPTIONS = 'OUTBOX["BROKER_TRANSPORT_OPTIONS"]'
+
+
+def filesystem_check(options):
+    with override_settings(
+        OUTBOX={"BROKER_URL": "filesystem://", "BROKER_TRANSPORT_OPTIONS": options}
+    ):
+        return check_filesystem()
+
+
+def test_a_folder_and_a_symlink_to_it_are_one_folder_not_w005(tmp_path):
+    """They used to be compared as paths: W005 said no event would ever be consumed,
+    though the relay writes where the consumers read."""
+    (tmp_path / "broker").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "broker")
+    options = {
+        "data_folder_in": str(tmp_path / "broker"),
+        "data_folder_out": str(tmp_path / "link"),
+    }
+    assert filesystem_check(options) == []
+
+
+def test_a_file_where_the_folder_should_be_is_not_said_to_be_missing(tmp_path):
+    """It used to say "does not exist", with a hint (mkdir -p) that fails on the file."""
+    path = tmp_path / "broker"
+    path.write_text("")
+    assert filesystem_check({"data_folder_in": str(path), "data_folder_out": str(path)}) == [
+        checks.Error(
+            f"The filesystem:// broker's folder {str(path)!r} ({OPTIONS}[{option!r}]) is not "
+            "a folder.",
+            hint=f"Set {OPTIONS}[{option!r}] to a folder, or put a folder in its place.",
+            id="django_outbox.E012",
+        )
+        for option in ("data_folder_in", "data_folder_out")
+    ]
+
+
+def test_a_folder_under_home_written_with_a_tilde_says_kombu_does_not_expand_it(
+    tmp_path, monkeypatch
+):
+    """kombu takes "~/broker" literally (a folder "~" in the working directory). The
+    check used to say it did not exist, hinting "mkdir -p ~/broker": that folder then
+    existed, and the check still failed."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "broker").mkdir()  # what mkdir -p ~/broker makes
+    options = {"data_folder_in": "~/broker", "data_folder_out": "~/broker"}
+    assert filesystem_check(options) == [
+        checks.Error(
+            f"The filesystem:// broker's folder '~/broker' ({OPTIONS}[{option!r}]) starts "
+            'with "~", which kombu does not expand: it would be a folder named "~" in the '
+            "working directory.",
+            hint=f"Write the whole path, such as {str(tmp_path / 'broker')!r} "
+            "(os.path.expanduser('~/broker')).",
+            id="django_outbox.E012",
+        )
+        for option in ("data_folder_in", "data_folder_out")
+    ]
