@@ -13,11 +13,21 @@ from django.test.utils import override_settings
 
 from django_outbox.checks import check_filesystem
 from django_outbox.models import OutboxMessage
-from tests.support import delete_queue, stage_events, start_command, stop, unique_destination
+from tests.support import (
+    delete_queue,
+    manage,
+    stage_events,
+    start_command,
+    stop,
+    unique_destination,
+    unreachable_broker_url,
+)
 from tests.test_consumer import RECORD, SUMMARY
 from tests.test_silent_broker import BROKER, FreezableProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+PASSWORD = "s3cret-Passw0rd"
 
 
 def test_idle_timeout_exits_0_when_the_broker_flaps_but_no_message_comes():
@@ -157,3 +167,30 @@ def test_a_folder_under_home_written_with_a_tilde_says_kombu_does_not_expand_it(
         )
         for option in ("data_folder_in", "data_folder_out")
     ]
+
+
+# -- run_outbox_relay --drain -------------------------------------------------------------
+
+
+def test_a_drain_that_gave_up_says_how_many_rows_it_never_tried():
+    """250 rows, batches of 100, the broker down: the drain fails two batches (the one it
+    claimed and the one claimed ahead) and gives up. It used to name only the 200 rows
+    waiting for a retry, as if the outbox held no more; 50 more are due, untried."""
+    orders = unique_destination()
+    stage_events(250, orders)
+    result = manage(
+        "run_outbox_relay",
+        "--drain",
+        "--batch-size",
+        "100",
+        BROKER_URL=unreachable_broker_url(PASSWORD),
+        RETRY_BASE_DELAY=60,
+    )
+    assert result.returncode == 1, result.stderr
+    lines = result.stdout.splitlines()
+    failed = int(re.match(r"claimed (\d+), published 0, failed \1, ", lines[0])[1])
+    untried = 250 - failed
+    assert untried > 0, lines
+    assert lines[-1] == f"{untried} rows are due and were not tried: the drain stopped first", lines
+    assert OutboxMessage.objects.filter(status="pending").count() == untried
+    assert PASSWORD not in result.stdout + result.stderr
