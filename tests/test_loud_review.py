@@ -4,6 +4,7 @@ cue), real subprocesses for the commands."""
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 
@@ -13,7 +14,9 @@ from django.test.utils import override_settings
 
 from django_outbox.checks import check_filesystem
 from django_outbox.models import OutboxMessage
+from django_outbox.relay import MAX_LOGGED_REASONS, Relay
 from tests.support import (
+    AMQP_URL,
     delete_queue,
     manage,
     stage_events,
@@ -194,3 +197,33 @@ def test_a_drain_that_gave_up_says_how_many_rows_it_never_tried():
     assert lines[-1] == f"{untried} rows are due and were not tried: the drain stopped first", lines
     assert OutboxMessage.objects.filter(status="pending").count() == untried
     assert PASSWORD not in result.stdout + result.stderr
+
+
+# -- the relay's log: one record per batch and destination, whatever the error texts ------
+
+
+def test_unroutable_rows_with_a_routing_key_each_are_not_one_warning_per_row(caplog):
+    """A route whose routing key holds ``{key}`` and to which no queue is bound: each
+    row's error names its own routing key, so 300 rows had 300 reasons, and the relay
+    logged 300 WARNINGs for one batch. Now a destination gets a few records per batch,
+    the rest of its reasons summed up in one."""
+    orders = unique_destination()
+    stage_events(300, orders, keys=300)
+    outbox = {
+        "BROKER_URL": AMQP_URL,
+        "ROUTES": {orders: {"exchange": "amq.topic", "routing_key": "nobody.{key}"}},
+        "RETRY_BASE_DELAY": 60,
+    }
+    with override_settings(OUTBOX=outbox), Relay(batch_size=300) as relay:
+        with caplog.at_level(logging.WARNING, logger="django_outbox"):
+            stats = relay.run_once()
+    assert (stats.claimed, stats.failed) == (300, 300)
+    failed = [r for r in caplog.records if getattr(r, "action", "") == "outbox.publish_failed"]
+    assert len(failed) <= MAX_LOGGED_REASONS + 1, len(failed)
+    assert sum(r.count for r in failed) == 300
+    rest = failed[-1]
+    assert rest.getMessage().startswith(
+        f"publishing {rest.count} row(s) to {orders!r} failed: "
+        f"{300 - MAX_LOGGED_REASONS} other errors, such as unroutable: no queue is bound to "
+        "exchange 'amq.topic' for routing key 'nobody.k"
+    ), rest.getMessage()
