@@ -334,6 +334,7 @@ class InboxConsumer:
 
     def _on_undecodable(self, message: Any, exc: Exception) -> None:
         """kombu could not even turn the frame into a message (e.g. bad compression)."""
+        self._last_message = time.monotonic()
         self.stats.received += 1
         self._reject(message, exc)
 

@@ -216,7 +216,7 @@ def test_many_reasons_are_cut_to_the_five_with_most_rows():
         "abandoned 5 to 'retired-4'",
         "abandoned 4 to 'retired-3'",
         "abandoned 3 to 'retired-2'",
-        "and 3 more failed for other reasons",
+        "and 3 more rows for other reasons",  # abandoned ones: not "failed"
     ]
 
 

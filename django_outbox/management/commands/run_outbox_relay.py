@@ -87,7 +87,7 @@ class Command(BaseCommand):
             fate = "abandoned" if reason.abandoned else "failed"
             self.stdout.write(f"{fate} {count} to {reason.destination!r}: {one_line(reason.error)}")
         if rest:
-            self.stdout.write(f"and {rest} more failed for other reasons")
+            self.stdout.write(f"and {rest} more {'row' if rest == 1 else 'rows'} for other reasons")
         wait = retry_wait(using)
         if wait.rows.value and wait.next_due_in is not None:
             self.stdout.write(
