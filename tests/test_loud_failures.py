@@ -50,7 +50,12 @@ def missing_folder_broker(tmp_path) -> dict:
     missing = str(tmp_path / "no-such-folder")
     return {
         "BROKER_URL": "filesystem://",
-        "BROKER_TRANSPORT_OPTIONS": {"data_folder_in": missing, "data_folder_out": missing},
+        "BROKER_TRANSPORT_OPTIONS": {
+            "data_folder_in": missing,
+            "data_folder_out": missing,
+            # Not kombu's default control/ in the working directory (the repository).
+            "control_folder": str(tmp_path / "control"),
+        },
     }
 
 

@@ -79,7 +79,11 @@ def test_a_drain_whose_failed_rows_were_published_later_in_the_run_says_it_truly
     folder = tmp_path / "broker"
     orders = unique_destination()
     stage_events(3000, orders)
-    options = {"data_folder_in": str(folder), "data_folder_out": str(folder)}
+    options = {
+        "data_folder_in": str(folder),
+        "data_folder_out": str(folder),
+        "control_folder": str(tmp_path / "control"),  # not control/ in the repository
+    }
     relay = start_command(
         "run_outbox_relay",
         "--drain",
