@@ -13,6 +13,7 @@ from django.core import checks
 from django.test.utils import override_settings
 
 from django_outbox.checks import check_filesystem
+from django_outbox.db import EXACT_COUNT_LIMIT
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import MAX_LOGGED_REASONS, Relay
 from tests.support import (
@@ -231,3 +232,23 @@ def test_unroutable_rows_with_a_routing_key_each_are_not_one_warning_per_row(cap
         f"{300 - MAX_LOGGED_REASONS} other errors, such as unroutable: no queue is bound to "
         "exchange 'amq.topic' for routing key 'nobody.k"
     ), rest.getMessage()
+
+
+def test_more_rows_left_than_counted_exactly_are_a_true_lower_bound_not_an_estimate():
+    """Past EXACT_COUNT_LIMIT due rows, the drain printed the planner's estimate ("about
+    37264 rows are due" with 10800 left, after the table's rows had changed since its
+    last ANALYZE). A lower bound read from the rows themselves is always true."""
+    orders = unique_destination()
+    stage_events(EXACT_COUNT_LIMIT + 300, orders)
+    result = manage(
+        "run_outbox_relay",
+        "--drain",
+        "--batch-size",
+        "100",
+        BROKER_URL=unreachable_broker_url(PASSWORD),
+        RETRY_BASE_DELAY=60,
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.splitlines()[-1] == (
+        f"more than {EXACT_COUNT_LIMIT} rows are due and were not tried: the drain stopped first"
+    ), result.stdout

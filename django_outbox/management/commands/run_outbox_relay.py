@@ -9,7 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_outbox.db import RowCount
+from django_outbox.db import EXACT_COUNT_LIMIT, RowCount
 from django_outbox.exceptions import OutboxError
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import BatchStats, Relay
@@ -109,10 +109,12 @@ class Command(BaseCommand):
 
 
 def _rows(count: RowCount, one: str, many: str) -> str:
-    """``1 row waits``, ``3 rows wait``, ``about 12000 rows wait``: a count of rows and a verb."""
-    if count.exact and count.value == 1:
-        return f"1 row {one}"
-    return f"{'' if count.exact else 'about '}{count.value} rows {many}"
+    """``1 row waits``, ``3 rows wait``, ``more than 10000 rows wait``: a count of rows and
+    a verb. Past ``EXACT_COUNT_LIMIT`` the planner's estimate is not shown: after many
+    changes since the last ANALYZE it can be off several times over."""
+    if not count.exact:
+        return f"more than {EXACT_COUNT_LIMIT} rows {many}"
+    return f"1 row {one}" if count.value == 1 else f"{count.value} rows {many}"
 
 
 def _summary(stats: BatchStats) -> str:
