@@ -150,6 +150,7 @@ class InboxConsumer:
         self._outage = Outage()
         self._stop = threading.Event()
         self._first_message_at: float | None = None
+        self._last_message = 0.0  # monotonic time of the last message (or the start)
         self._held = _Held()
         self._unreachable = _Unreachable()
 
@@ -162,7 +163,7 @@ class InboxConsumer:
         counted too: once it reaches ``idle_timeout``, :class:`BrokerUnreachable`
         is raised."""
         self._stop = stop
-        started = time.monotonic()
+        started = self._last_message = time.monotonic()
         try:
             while not stop.is_set():
                 try:
@@ -236,20 +237,19 @@ class InboxConsumer:
 
     def _drain(self, connection: kombu.Connection, idle_timeout: float | None) -> None:
         """Handle messages until stopped, or idle for ``idle_timeout`` with nothing held;
-        requeue each held message when its delay is over."""
-        last_message = time.monotonic()
+        requeue each held message when its delay is over. Idle time runs from the last
+        message (or the start) over every connection: a broker whose connections drop
+        now and then does not restart it."""
         while not self._stop.is_set():
             self._held.requeue_due()
             try:
                 connection.drain_events(timeout=self._held.wait(DRAIN_TIMEOUT))
             except TimeoutError:
                 connection.heartbeat_check()
-                idle = time.monotonic() - last_message
+                idle = time.monotonic() - self._last_message
                 if idle_timeout is not None and idle >= idle_timeout and not self._held:
                     return
                 close_old_connections()  # honours CONN_MAX_AGE between idle spells
-            else:
-                last_message = time.monotonic()
 
     def _declare(self, connection: kombu.Connection, channel: Any) -> kombu.Queue:
         # A refusal (e.g. the queue exists with other arguments) raises DeclareRefused,
@@ -266,6 +266,7 @@ class InboxConsumer:
             return
         if self._first_message_at is None:
             self._first_message_at = time.monotonic()
+        self._last_message = time.monotonic()
         self._unreachable.reset()
         try:
             self._handle(message)
@@ -333,6 +334,7 @@ class InboxConsumer:
 
     def _on_undecodable(self, message: Any, exc: Exception) -> None:
         """kombu could not even turn the frame into a message (e.g. bad compression)."""
+        self._last_message = time.monotonic()
         self.stats.received += 1
         self._reject(message, exc)
 

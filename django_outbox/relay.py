@@ -51,6 +51,9 @@ T = TypeVar("T")
 
 #: How long one slice of an idle wait lasts, so a stop request is seen promptly.
 WAIT_SLICE = 0.5
+#: Error texts a batch logs one record each for, per destination and fate (those with
+#: most rows); the rows of its other error texts share one more record.
+MAX_LOGGED_REASONS = 3
 #: The counts of :class:`BatchStats`, which add up over a run.
 _COUNTED = ("claimed", "published", "failed", "abandoned", "lost")
 
@@ -372,9 +375,11 @@ class Relay:
         return stats
 
     def _log_failures(self, failures: list[_Failed]) -> FailureCounts:
-        """One record per destination, error and fate of a batch, never one per row: a
-        WARNING for rows that wait for a retry, an ERROR for abandoned ones. Returns
-        the rows counted by reason."""
+        """A few records per destination and fate of a batch, never one per row: a
+        WARNING for rows that wait for a retry, an ERROR for abandoned ones, one per
+        error text for the ``MAX_LOGGED_REASONS`` texts with most rows, and one for all
+        the others (error texts that differ per row, such as a routing key each).
+        Returns the rows counted by reason."""
         groups: dict[Reason, list[_Failed]] = {}
         for failed in failures:
             error = outbox_settings.redact(failed.failure.error)
@@ -382,13 +387,23 @@ class Relay:
                 reason = Reason(destination, error, failed.abandon)
                 groups.setdefault(reason, []).append(dataclasses.replace(failed, messages=rows))
         counts = FailureCounts()
+        by_target: dict[tuple[str, bool], list[tuple[Reason, list[_Failed]]]] = {}
         for reason, parts in groups.items():
-            counts.add(reason, self._log_reason(reason, parts))
+            counts.add(reason, _rows(parts))
+            by_target.setdefault((reason.destination, reason.abandoned), []).append((reason, parts))
+        for reasons in by_target.values():
+            reasons.sort(key=lambda item: -_rows(item[1]))
+            for reason, parts in reasons[:MAX_LOGGED_REASONS]:
+                self._log_reason(reason, parts)
+            if rest := reasons[MAX_LOGGED_REASONS:]:
+                self._log_reason(rest[0][0], [p for _, parts in rest for p in parts], len(rest))
         return counts
 
-    def _log_reason(self, reason: Reason, parts: list[_Failed]) -> int:
-        """The one record of the rows of a batch that failed for ``reason``; their count."""
+    def _log_reason(self, reason: Reason, parts: list[_Failed], others: int = 0) -> None:
+        """The one record of the rows of a batch that failed for ``reason`` (with
+        ``others``: for that many error texts, ``reason``'s being the first)."""
         ids = [m.id for part in parts for m in part.messages]
+        error = f"{others} other errors, such as {reason.error}" if others else reason.error
         extra = {
             "using": self.using,
             "destination": reason.destination,
@@ -403,7 +418,7 @@ class Relay:
                 "a permanent error"
                 if any(part.failure.permanent for part in parts)
                 else f"attempts exhausted, MAX_ATTEMPTS={self.policy.max_attempts}",
-                reason.error,
+                error,
                 extra={"action": "outbox.abandoned", "ids": ids[:50], **extra},
             )
         else:
@@ -412,11 +427,10 @@ class Relay:
                 "publishing %d row(s) to %r failed: %s; the next retry is due in %.1fs",
                 len(ids),
                 reason.destination,
-                reason.error,
+                error,
                 retry_in,
                 extra={"action": "outbox.publish_failed", "retry_in": retry_in, **extra},
             )
-        return len(ids)
 
     def _send(self, signal, messages: list[ClaimedMessage], errors: list[str] | None) -> None:  # type: ignore[no-untyped-def]
         if not messages or not signal.has_listeners(OutboxMessage):
@@ -655,6 +669,10 @@ class _Pipeline:
         except DatabaseError:
             connections[self._relay.using].close()  # this thread's; reopened on next use
             raise
+
+
+def _rows(parts: list[_Failed]) -> int:
+    return sum(len(part.messages) for part in parts)
 
 
 def _by_destination(messages: list[ClaimedMessage]) -> dict[str, list[ClaimedMessage]]:

@@ -169,3 +169,9 @@ def retry_wait(using: str = "default") -> RetryWait:
         rows=count_rows(waiting),
         next_due_in=None if first is None else max(first - timezone.now(), dt.timedelta(0)),
     )
+
+
+def due_rows(using: str = "default") -> RowCount:
+    """Rows due now, which a relay would claim (through ``outbox_due_idx``): what a
+    drain that stopped early (the broker unreachable, a signal) left untried."""
+    return count_rows(OutboxMessage.objects.using(using).due())

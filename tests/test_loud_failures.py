@@ -50,7 +50,12 @@ def missing_folder_broker(tmp_path) -> dict:
     missing = str(tmp_path / "no-such-folder")
     return {
         "BROKER_URL": "filesystem://",
-        "BROKER_TRANSPORT_OPTIONS": {"data_folder_in": missing, "data_folder_out": missing},
+        "BROKER_TRANSPORT_OPTIONS": {
+            "data_folder_in": missing,
+            "data_folder_out": missing,
+            # Not kombu's default control/ in the working directory (the repository).
+            "control_folder": str(tmp_path / "control"),
+        },
     }
 
 
@@ -146,7 +151,7 @@ def test_once_prints_the_reasons_and_the_rows_waiting_and_exits_1():
     assert re.fullmatch(r"4 rows wait for a retry; the next is due in \d\ds", lines[3]), lines
     assert len(lines) == 4
     assert result.stderr.splitlines()[-1] == (
-        "CommandError: 5 of 5 claimed rows were not published: failed 4, abandoned 1"
+        "CommandError: 5 of 5 claims in this run were not published: failed 4, abandoned 1"
     )
     assert PASSWORD not in result.stdout + result.stderr
 
@@ -189,7 +194,7 @@ def test_drain_with_a_missing_broker_folder_ends_with_the_rows_waiting_and_exits
     ), lines
     assert re.fullmatch(r"3 rows wait for a retry; the next is due in 1s", lines[2]), lines
     assert result.stderr.splitlines()[-1] == (
-        "CommandError: 3 of 3 claimed rows were not published: failed 3, abandoned 0"
+        "CommandError: 3 of 3 claims in this run were not published: failed 3, abandoned 0"
     )
 
 
@@ -216,7 +221,7 @@ def test_many_reasons_are_cut_to_the_five_with_most_rows():
         "abandoned 5 to 'retired-4'",
         "abandoned 4 to 'retired-3'",
         "abandoned 3 to 'retired-2'",
-        "and 3 more failed for other reasons",
+        "and 3 more rows for other reasons",  # abandoned ones: not "failed"
     ]
 
 

@@ -46,7 +46,7 @@ def folder_problems(url: str, options: Mapping[str, Any]) -> list[Problem]:
     if found:
         return found
     folder_in, folder_out = (os.fspath(options[option]) for option in FOLDERS)
-    if os.path.abspath(folder_in) != os.path.abspath(folder_out):
+    if os.path.realpath(folder_in) != os.path.realpath(folder_out):  # symlinks: one folder
         found.append(
             Problem(
                 CHECK_IDS["filesystem_split"],
@@ -77,11 +77,31 @@ def _folder_problem(option: str, folder: object, default: str) -> Problem | None
             f'Set "data_folder_in" and "data_folder_out" in {_OPTIONS} to one folder that exists.',
         )
     if not os.path.isdir(folder):
+        return _no_folder(option, os.fspath(folder))
+    return None
+
+
+def _no_folder(option: str, path: str) -> Problem:
+    """E012 for a folder option whose path is no folder: missing, a file, or a path
+    that starts with "~" (kombu does not expand it)."""
+    named = f"The filesystem:// broker's folder {path!r} ({_OPTIONS}[{option!r}])"
+    if path.startswith("~"):
         return Problem(
             CHECK_IDS["filesystem_folder"],
-            f"The filesystem:// broker's folder {os.fspath(folder)!r} "
-            f"({_OPTIONS}[{option!r}]) does not exist.",
-            f"Create it (mkdir -p {os.fspath(folder)}) where the relay and the consumers "
-            f"run, or set {_OPTIONS}[{option!r}] to a folder that exists.",
+            f'{named} starts with "~", which kombu does not expand: it would be a folder '
+            'named "~" in the working directory.',
+            f"Write the whole path, such as {os.path.expanduser(path)!r} "
+            f"(os.path.expanduser({path!r})).",
         )
-    return None
+    if os.path.exists(path):
+        return Problem(
+            CHECK_IDS["filesystem_folder"],
+            f"{named} is not a folder.",
+            f"Set {_OPTIONS}[{option!r}] to a folder, or put a folder in its place.",
+        )
+    return Problem(
+        CHECK_IDS["filesystem_folder"],
+        f"{named} does not exist.",
+        f"Create it (mkdir -p {path}) where the relay and the consumers "
+        f"run, or set {_OPTIONS}[{option!r}] to a folder that exists.",
+    )

@@ -9,10 +9,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_outbox.db import EXACT_COUNT_LIMIT, RowCount
 from django_outbox.exceptions import OutboxError
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import BatchStats, Relay
-from django_outbox.status import retry_wait
+from django_outbox.status import due_rows, retry_wait
 
 from ._options import add_database_option, positive_int, stop_on_signals
 from ._text import duration, one_line
@@ -73,30 +74,47 @@ class Command(BaseCommand):
         )
         if options["drain"]:
             gave_up = f"--drain gave up: {totals.gave_up}" if totals.gave_up else ""
-            self._failures(totals, using, error=gave_up)
+            self._failures(totals, using, error=gave_up, untried=True)
 
-    def _failures(self, stats: BatchStats, using: str, error: str = "") -> None:
-        """Print why rows were not published and how many wait for a retry; then exit 1
-        (with ``error``, or the counts) if any row failed or was abandoned."""
+    def _failures(
+        self, stats: BatchStats, using: str, error: str = "", *, untried: bool = False
+    ) -> None:
+        """Print why rows were not published, how many wait for a retry and (``untried``:
+        a drain) how many are due but were never tried; then exit 1 (with ``error``, or
+        the counts) if any row failed or was abandoned."""
         reasons, rest = stats.reasons.most_common(TOP_REASONS)
         for reason, count in reasons:
             fate = "abandoned" if reason.abandoned else "failed"
             self.stdout.write(f"{fate} {count} to {reason.destination!r}: {one_line(reason.error)}")
         if rest:
-            self.stdout.write(f"and {rest} more failed for other reasons")
+            self.stdout.write(f"and {rest} more {'row' if rest == 1 else 'rows'} for other reasons")
         wait = retry_wait(using)
         if wait.rows.value and wait.next_due_in is not None:
-            rows = f"{'' if wait.rows.exact else 'about '}{wait.rows.value}"
-            waits = "1 row waits" if rows == "1" else f"{rows} rows wait"
             self.stdout.write(
-                f"{waits} for a retry; the next is due in {duration(wait.next_due_in)}"
+                f"{_rows(wait.rows, 'waits', 'wait')} for a retry; "
+                f"the next is due in {duration(wait.next_due_in)}"
+            )
+        due = due_rows(using) if untried else None
+        if due is not None and due.value:
+            self.stdout.write(
+                f"{_rows(due, 'is', 'are')} due and {'was' if due.value == 1 else 'were'} "
+                "not tried: the drain stopped first"
             )
         if error or stats.unpublished:
             raise CommandError(
                 error
-                or f"{stats.unpublished} of {stats.claimed} claimed rows were not published: "
+                or f"{stats.unpublished} of {stats.claimed} claims in this run were not published: "
                 f"failed {stats.failed}, abandoned {stats.abandoned}"
             )
+
+
+def _rows(count: RowCount, one: str, many: str) -> str:
+    """``1 row waits``, ``3 rows wait``, ``more than 10000 rows wait``: a count of rows and
+    a verb. Past ``EXACT_COUNT_LIMIT`` the planner's estimate is not shown: after many
+    changes since the last ANALYZE it can be off several times over."""
+    if not count.exact:
+        return f"more than {EXACT_COUNT_LIMIT} rows {many}"
+    return f"1 row {one}" if count.value == 1 else f"{count.value} rows {many}"
 
 
 def _summary(stats: BatchStats) -> str:
