@@ -50,7 +50,11 @@ _MAX_SECONDS = dt.timedelta.max.total_seconds()
 def _seconds(value: object) -> float:
     if isinstance(value, dt.timedelta):
         value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < _MAX_SECONDS:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (0 < value < _MAX_SECONDS)
+    ):
         raise _Invalid("must be a positive number of seconds or a timedelta")
     return float(value)
 

@@ -295,3 +295,30 @@ def test_the_logging_snippet_shows_the_relays_warnings_on_stderr(tmp_path):
         rf"'{orders}' failed: {re.escape(REFUSED)}; the next retry is due in [\d.]+s"
     )
     assert re.search(pattern, result.stderr, re.MULTILINE), result.stderr
+
+
+def test_without_logging_a_warning_reaches_stderr_bare_and_info_not_at_all(tmp_path):
+    """What docs/deploying.md's Logging section says of a project with no ``LOGGING``:
+    Python's last-resort handler prints a WARNING as the bare message; INFO is dropped."""
+    (tmp_path / "bare_settings.py").write_text(
+        "from tests.settings import *  # noqa: F403\n\ndel LOGGING  # noqa: F821\n"
+    )
+    orders = unique_destination()
+    stage_events(2, orders)
+    env = relay_env(BROKER_URL=unreachable_broker_url())
+    env.update(
+        DJANGO_SETTINGS_MODULE="bare_settings",
+        PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]),
+    )
+    result = subprocess.run(
+        manage_command("run_outbox_relay", "--once"),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    bare = rf"^publishing 2 row\(s\) to '{orders}' failed: {re.escape(REFUSED)}; the next retry"
+    assert re.search(bare, result.stderr, re.MULTILINE), result.stderr
+    assert "WARNING" not in result.stderr

@@ -12,10 +12,10 @@ import sys
 
 import pytest
 from django.db import connections, transaction
-from django.test import TestCase, override_settings
+from django.test import TestCase, TransactionTestCase, override_settings
 from django.utils import timezone
 
-from django_outbox import ReceivedEvent, event_published, stage
+from django_outbox import ReceivedEvent, event_published, publish_on_success, stage, stage_many
 from django_outbox.models import OutboxMessage, OutboxStatus
 from django_outbox.testing import captured_events, drain
 from tests.support import REPO
@@ -148,6 +148,74 @@ def test_drain_needs_no_broker_and_takes_celery_routes_too(outbox):
         ("emails", {"order": 1}),
         ("orders", {"kind": "order.placed"}),
     ]
+
+
+def _stage_three(using: str = "default") -> None:
+    events = [
+        {"event_type": f"e.{n}", "payload": {"n": n}, "destination": "orders"} for n in range(3)
+    ]
+    with transaction.atomic(using=using):
+        stage_many(events, using=using)
+
+
+@publish_on_success("order.placed", destination="orders", payload=lambda n: {"n": n})
+def _place(n: int) -> int:
+    return n
+
+
+def _staged_and_rolled_back() -> None:
+    """stage_many, @publish_on_success, and one event rolled back in a nested block."""
+    _stage_three()
+    _place(7)
+    with transaction.atomic():
+        _place(8)
+        with pytest.raises(ZeroDivisionError), transaction.atomic():
+            _place(9)
+            1 / 0  # noqa: B018
+
+
+STAGED = ["e.0", "e.1", "e.2", "order.placed", "order.placed"]
+
+
+class EdgesUnderTestCase(TestCase):
+    databases = {"default", "other"}
+
+    def test_stage_many_publish_on_success_and_a_nested_rollback(self):
+        with captured_events() as events:
+            _staged_and_rolled_back()
+        assert [e.event_type for e in events] == STAGED
+        assert [e.payload for e in events[3:]] == [{"n": 7}, {"n": 8}]
+        assert [e.event_type for e in drain()] == STAGED
+        assert drain() == []
+
+    def test_a_second_database(self):
+        with captured_events() as events:
+            _stage_three("other")
+        assert [e.event_type for e in events] == ["e.0", "e.1", "e.2"]
+        assert drain() == []
+        assert [e.payload for e in drain("other")] == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+    def test_a_row_with_no_route_is_abandoned_not_returned(self):
+        _stage_three()
+        with override_settings(OUTBOX={"DEFAULT_ROUTE": False}):
+            assert drain() == []
+            assert drain() == []
+        statuses = OutboxMessage.objects.values_list("status", "attempts")
+        assert list(statuses) == [(OutboxStatus.ABANDONED, 1)] * 3
+
+
+class EdgesUnderTransactionTestCase(TransactionTestCase):
+    databases = {"default"}
+
+    def test_the_helpers_where_transactions_commit(self):
+        with captured_events() as events:
+            _staged_and_rolled_back()
+        assert [e.event_type for e in events] == STAGED
+        assert len(drain()) == 5
+        assert drain() == []
+        with transaction.atomic():  # drain() inside a block of the test's own
+            _place(4)
+            assert [e.payload for e in drain()] == [{"n": 4}]
 
 
 def test_the_plugin_imports_before_django_is_set_up():
