@@ -158,7 +158,7 @@ def _stage_three(using: str = "default") -> None:
         stage_many(events, using=using)
 
 
-@publish_on_success("order.placed", destination="orders", payload=lambda n: {"n": n})
+@publish_on_success("order.placed", destination="orders", payload=lambda result, n: {"n": n})
 def _place(n: int) -> int:
     return n
 
