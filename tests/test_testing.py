@@ -245,25 +245,25 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 
 def _docs_files() -> dict[str, str]:
-    """The files of the user's project that docs/testing.md shows: each ```python block
-    whose first line is a comment naming its path."""
+    """The files of the user's project that docs/testing.md shows: each ```python (or
+    ```ini) block whose first line is a comment naming its path."""
     page = (REPO / "docs" / "testing.md").read_text()
-    blocks = re.findall(r"```python\n# (\S+\.py)\n(.*?)```", page, re.DOTALL)
+    blocks = re.findall(r"```(?:python|ini)\n# (\S+\.(?:py|ini))\n(.*?)```", page, re.DOTALL)
     return dict(blocks)
 
 
 def _user_site(root) -> None:
     files = _docs_files()
-    assert sorted(files) == ["shop/models.py", "shop/test_orders.py", "shop/tests.py"]
-    (root / "shop").mkdir()
-    (root / "shop" / "__init__.py").write_text("")
+    assert sorted(files) == ["pytest.ini", "shop/models.py", "shop/test_orders.py", "shop/tests.py"]
+    for package in ("shop", "mysite"):
+        (root / package).mkdir()
+        (root / package / "__init__.py").write_text("")
     for path, text in files.items():
         (root / path).write_text(text)
-    (root / "site_settings.py").write_text(SITE_SETTINGS)
-    (root / "pytest.ini").write_text(
-        "[pytest]\nDJANGO_SETTINGS_MODULE = site_settings\npythonpath = .\n"
-        "python_files = tests.py test_*.py\n"
-    )
+    # The page's pytest.ini names mysite.settings; pytest-django puts manage.py's folder
+    # on sys.path, as in the quickstart's project.
+    (root / "mysite" / "settings.py").write_text(SITE_SETTINGS)
+    (root / "manage.py").write_text("")
 
 
 def _no_services_env(**extra: str) -> dict[str, str]:
