@@ -18,6 +18,7 @@ from django.utils import timezone
 from django_outbox import ReceivedEvent, event_published, publish_on_success, stage, stage_many
 from django_outbox.models import OutboxMessage, OutboxStatus
 from django_outbox.testing import captured_events, drain
+from tests.hostile.testing import outbox_fixture_without_django
 from tests.support import REPO
 
 BOTH = pytest.mark.parametrize("using", ["default", "lite"])
@@ -216,6 +217,14 @@ class EdgesUnderTransactionTestCase(TransactionTestCase):
         with transaction.atomic():  # drain() inside a block of the test's own
             _place(4)
             assert [e.payload for e in drain()] == [{"n": 4}]
+
+
+def test_the_fixture_without_django_set_up_says_what_it_needs(request):
+    # One line (no traceback, no ImproperlyConfigured): the trigger keeps only that line.
+    assert outbox_fixture_without_django(request) == (
+        "the outbox fixture needs Django set up: run the tests with pytest-django and "
+        "its DJANGO_SETTINGS_MODULE (docs/testing.md, With pytest)"
+    )
 
 
 def test_the_plugin_imports_before_django_is_set_up():
