@@ -25,6 +25,7 @@ from typing import Any
 
 import environ
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
 from .exceptions import OutboxConfigurationError
@@ -42,10 +43,18 @@ def _positive_int(value: object) -> int:
     return value
 
 
+#: The longest duration a setting takes: what a ``timedelta`` holds (about 2.7 million years).
+_MAX_SECONDS = dt.timedelta.max.total_seconds()
+
+
 def _seconds(value: object) -> float:
     if isinstance(value, dt.timedelta):
         value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (0 < value < _MAX_SECONDS)
+    ):
         raise _Invalid("must be a positive number of seconds or a timedelta")
     return float(value)
 
@@ -528,7 +537,14 @@ def from_env(
 def _from_variable(env: environ.Env, variable: str, setting: Setting) -> Any:
     """The value of ``variable``, cast and checked for ``setting``."""
     cast, expected = _ENV_CASTS[setting.parse]
-    text = env.str(variable)  # django-environ: "$OTHER" reads variable OTHER
+    try:
+        text = env.str(variable).strip()  # django-environ: "$OTHER" reads variable OTHER
+    except ImproperlyConfigured:  # the variable it names is not set
+        other = env.ENVIRON[variable].strip().lstrip("$")
+        raise OutboxConfigurationError(
+            f'{variable} (OUTBOX["{setting.name}"]) is "${other}", which django-environ reads '
+            f"as the variable {other}, and {other} is not set"
+        ) from None
     try:
         value = cast(text)
         if setting.parse is None:

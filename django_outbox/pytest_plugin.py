@@ -20,6 +20,14 @@ def outbox() -> Iterator[Outbox]:
     """``outbox.captured``: the events committed during the test so far;
     ``outbox.drain(using="default")``: relay every due row in-process and return the
     published events. See :mod:`django_outbox.testing`."""
+    from django.apps import apps
+
+    if not apps.ready:
+        pytest.fail(
+            "the outbox fixture needs Django set up: run the tests with pytest-django and "
+            "its DJANGO_SETTINGS_MODULE (docs/testing.md, With pytest)",
+            pytrace=False,
+        )
     from django_outbox.testing import Outbox
 
     capture = Outbox()

@@ -12,6 +12,7 @@ This module does not import the models at import time, so
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import inspect
@@ -147,11 +148,12 @@ def publish_on_success(
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
             with transaction.atomic(using=using):
                 result = func(*args, **kwargs)
+                call = _MapperCall(event_type, func.__name__, result, args, kwargs)
                 stage(
                     event_type,
-                    payload(result, *args, **kwargs),
+                    call("payload", payload),
                     destination=destination,
-                    key=None if key is None else key(result, *args, **kwargs),
+                    key=None if key is None else call("key", key),
                     using=using,
                 )
             return result
@@ -159,6 +161,36 @@ def publish_on_success(
         return wrapper
 
     return decorator
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _MapperCall:
+    """One call of a ``@publish_on_success`` function, for its ``payload`` and ``key``."""
+
+    event_type: str
+    function: str
+    result: object
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def __call__(self, name: str, mapper: Callable[..., Any]) -> Any:
+        """``mapper(result, *args, **kwargs)``; a mapper whose signature cannot take that
+        call is refused saying how it is called (a TypeError of its body stays its own)."""
+        try:
+            return mapper(self.result, *self.args, **self.kwargs)
+        except TypeError:
+            try:
+                inspect.signature(mapper).bind(self.result, *self.args, **self.kwargs)
+            except TypeError as refusal:
+                raise TypeError(
+                    f"@publish_on_success({self.event_type!r}) calls {name}= as "
+                    f"{name}(result, *args, **kwargs), with {self.function}'s return value and "
+                    f"the arguments it was called with; {getattr(mapper, '__name__', mapper)} "
+                    f"cannot take them: {refusal}"
+                ) from None
+            except ValueError:  # no signature to read (some builtins)
+                pass
+            raise
 
 
 def _check_mappers(payload: object, key: object) -> None:

@@ -82,6 +82,23 @@ def relay_command(*args: str) -> list[str]:
     return manage_command("run_outbox_relay", *args)
 
 
+def never_migrated_env(folder: Path) -> dict[str, str]:
+    """The environment of a command whose database is a new SQLite file in ``folder``,
+    never migrated (the test settings otherwise)."""
+    (folder / "fresh_settings.py").write_text(
+        "from tests.settings import *  # noqa: F403\n\n"
+        f"DATABASES = {{'default': {{'ENGINE': 'django.db.backends.sqlite3', "
+        f"'NAME': {str(folder / 'db.sqlite3')!r}}}}}\n"
+        "SILENCED_SYSTEM_CHECKS = ['django_outbox.W001']\n"
+    )
+    env = relay_env()
+    env.update(
+        DJANGO_SETTINGS_MODULE="fresh_settings",
+        PYTHONPATH=os.pathsep.join([str(folder), str(REPO)]),
+    )
+    return env
+
+
 def start_command(name: str, *args: str, **outbox: Any) -> subprocess.Popen[str]:
     """Start ``manage.py name args...`` in the background, output captured."""
     return subprocess.Popen(

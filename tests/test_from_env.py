@@ -109,6 +109,17 @@ def test_a_prefix_and_an_environ_env(monkeypatch):
         ("ROUTES", '["orders"]', "must be a JSON object of routes: must be a dict"),
         ("ROUTES", '{"orders": {"queue": 5}}', "must be a JSON object of routes: route 'orders'"),
         ("BROKER_TRANSPORT_OPTIONS", "[]", "must be a JSON object: must be a dict"),
+        # A number a timedelta cannot hold is refused like any other, not an OverflowError.
+        ("PUBLISHED_RETENTION", "inf", "must be a positive number of seconds; got 'inf'"),
+        ("INBOX_RETENTION", "1e30", "must be a positive number of seconds; got '1e30'"),
+        ("LEASE_SECONDS", "1e400", "must be a positive number of seconds; got '1e400'"),
+        # django-environ reads a leading $ as another variable's name.
+        (
+            "BROKER_URL",
+            "$RABBIT_URL",
+            'OUTBOX_BROKER_URL (OUTBOX["BROKER_URL"]) is "$RABBIT_URL", which django-environ '
+            "reads as the variable RABBIT_URL, and RABBIT_URL is not set",
+        ),
     ],
 )
 def test_a_bad_value_names_the_variable_and_the_type(name, text, error):
@@ -116,6 +127,23 @@ def test_a_bad_value_names_the_variable_and_the_type(name, text, error):
         from_env({f"OUTBOX_{name}": text})
     assert error in str(raised.value)
     assert "\n" not in str(raised.value)
+
+
+def test_spaces_around_a_value_are_not_part_of_it():
+    # An .env file's "OUTBOX_BROKER_URL= amqp://..." or a trailing space.
+    found = from_env({"OUTBOX_BROKER_URL": " amqp://shop:pw@rabbit// ", "OUTBOX_ROUTES": " {} "})
+    assert found == {"BROKER_URL": "amqp://shop:pw@rabbit//", "ROUTES": {}}
+
+
+def test_a_variable_may_name_another_one():
+    env = {"OUTBOX_BROKER_URL": "$RABBIT_URL", "RABBIT_URL": "amqp://shop:pw@rabbit//"}
+    assert from_env(env) == {"BROKER_URL": "amqp://shop:pw@rabbit//"}
+
+
+def test_an_infinite_duration_is_refused_in_settings_too():
+    with override_settings(OUTBOX={"LEASE_SECONDS": float("inf")}):
+        with pytest.raises(OutboxConfigurationError, match="LEASE_SECONDS"):
+            outbox_settings.LEASE_SECONDS  # noqa: B018
 
 
 def test_no_error_shows_a_password():

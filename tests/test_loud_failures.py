@@ -29,6 +29,7 @@ from tests.support import (
     REPO,
     manage,
     manage_command,
+    never_migrated_env,
     relay_env,
     stage_events,
     unique_destination,
@@ -300,3 +301,60 @@ def test_the_logging_snippet_shows_the_relays_warnings_on_stderr(tmp_path):
         rf"'{orders}' failed: {re.escape(REFUSED)}; the next retry is due in [\d.]+s"
     )
     assert re.search(pattern, result.stderr, re.MULTILINE), result.stderr
+
+
+def test_without_logging_a_warning_reaches_stderr_bare_and_info_not_at_all(tmp_path):
+    """What docs/deploying.md's Logging section says of a project with no ``LOGGING``:
+    Python's last-resort handler prints a WARNING as the bare message; INFO is dropped."""
+    (tmp_path / "bare_settings.py").write_text(
+        "from tests.settings import *  # noqa: F403\n\ndel LOGGING  # noqa: F821\n"
+    )
+    orders = unique_destination()
+    stage_events(2, orders)
+    env = relay_env(BROKER_URL=unreachable_broker_url())
+    env.update(
+        DJANGO_SETTINGS_MODULE="bare_settings",
+        PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]),
+    )
+    result = subprocess.run(
+        manage_command("run_outbox_relay", "--once"),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    bare = rf"^publishing 2 row\(s\) to '{orders}' failed: {re.escape(REFUSED)}; the next retry"
+    assert re.search(bare, result.stderr, re.MULTILINE), result.stderr
+    assert "WARNING" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "table"),
+    [
+        (["run_outbox_relay", "--drain"], "django_outbox_outboxmessage"),
+        (["outbox_status"], "django_outbox_outboxmessage"),
+        (
+            [
+                "run_outbox_consumer",
+                "--queue",
+                "orders",
+                "--handler",
+                "tests.testapp.handlers.bill",
+            ],
+            "django_outbox_inboxmessage",
+        ),
+    ],
+)
+def test_a_command_on_a_database_never_migrated_says_run_migrate(tmp_path, command, table):
+    """A new user who skipped ``migrate``: one line naming the table, not a traceback."""
+    env = never_migrated_env(tmp_path)
+    result = subprocess.run(
+        manage_command(*command), cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.strip() == (
+        f"CommandError: database 'default' has no table {table}: django_outbox's migrations "
+        "are not applied there; run python manage.py migrate"
+    )

@@ -9,6 +9,10 @@ this venv's ``bin`` (``cd`` moves the following commands); ``pip install`` lines
 as the package is already installed here and the test has no network. Each ``text`` block is
 output the page promises: every line of it (``…`` standing for any text) must be a line that
 the commands before it printed. No server: the subprocesses get none of the service URLs.
+
+The page's RabbitMQ and Redis forms of the settings are followed too, against this suite's
+servers: the settings block changed as the page says (its ``BROKER_DIR`` lines and filesystem
+``OUTBOX`` dropped, the form's ``OUTBOX`` in their place), only the URL pointed at the server.
 """
 
 from __future__ import annotations
@@ -18,12 +22,15 @@ import re
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from tests.support import REPO
+import pytest
+
+from tests.support import AMQP_URL, REDIS_URL, REPO, delete_queue
 
 PAGE = REPO / "docs" / "quickstart.md"
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
@@ -36,6 +43,24 @@ def quickstart_blocks() -> list[tuple[str, str]]:
     """(language, body) of each fenced block of the "Add it to your project" half, in order."""
     section = PAGE.read_text().split("## Add it to your project", 1)[1]
     return BLOCK.findall(section)
+
+
+def with_broker(settings: str, form: str, url: str) -> str:
+    """``settings`` (the page's no-server block) changed to ``form`` (one of its broker forms)
+    as the page says: the ``BROKER_DIR`` lines through the end of ``OUTBOX`` replaced by the
+    form's ``OUTBOX``, whose ``BROKER_URL`` becomes ``url`` (same scheme)."""
+    start = settings.index("BROKER_DIR = ")
+    end = settings.index("\n}\n", settings.index("OUTBOX = {")) + len("\n}\n")
+    page_url = re.search(r'"BROKER_URL": "([^"]*)"', form)
+    assert page_url and page_url.group(1).split(":")[0] == url.split(":")[0], form
+    outbox = form[form.index("OUTBOX = {") :].replace(page_url.group(1), url)
+    return settings[:start] + outbox + settings[end:]
+
+
+def broker_form(name: str) -> str:
+    """The page's alternative settings block whose first line begins ``# name``."""
+    (form,) = [body for lang, body in quickstart_blocks() if body.startswith(f"# {name}")]
+    return form
 
 
 def commands_of(body: str) -> list[str]:
@@ -71,6 +96,8 @@ class NewUser:
     env: dict[str, str] = field(default_factory=user_env)
     printed: list[tuple[str, str]] = field(default_factory=list)
     written: list[str] = field(default_factory=list)
+    #: The page's broker form to use instead of the no-server settings, and its server's URL.
+    broker: tuple[str, str] | None = None
 
     def run(self, command: str) -> None:
         if command.startswith(("pip install", "python -m pip install")):
@@ -97,6 +124,8 @@ class NewUser:
         if header is None:
             return  # an alternative form of a block, not applied
         target = self.cwd / header.group(1)
+        if self.broker and header.group(1) == "mysite/settings.py":
+            body = with_broker(body, broker_form(self.broker[0]), self.broker[1])
         if header.group(2):  # add at the end
             assert target.exists(), f"{target} should exist before the page appends to it"
             target.write_text(target.read_text() + "\n" + body)
@@ -124,8 +153,21 @@ class NewUser:
                 self.check_promised(body)
 
 
-def test_a_new_user_following_the_page_consumes_their_first_event(tmp_path):
-    user = NewUser(tmp_path)
+@pytest.fixture(params=["filesystem", "RabbitMQ", "Redis"])
+def broker(request) -> Iterator[tuple[str, str] | None]:
+    """The no-server path (None), or a broker form of the page and this suite's server; the
+    page's queue ``orders`` is deleted before and after, so only the page's events are in it."""
+    if request.param == "filesystem":
+        yield None
+        return
+    url = {"RabbitMQ": AMQP_URL, "Redis": REDIS_URL}[request.param]
+    delete_queue("orders", url)
+    yield request.param, url
+    delete_queue("orders", url)
+
+
+def test_a_new_user_following_the_page_consumes_their_first_event(tmp_path, broker):
+    user = NewUser(tmp_path, broker=broker)
     user.follow(quickstart_blocks())
 
     # The page is the whole path, from startproject to the consumer, nothing skipped.
@@ -150,5 +192,5 @@ def test_a_new_user_following_the_page_consumes_their_first_event(tmp_path):
         query = "SELECT order_id, CAST(total AS TEXT) FROM billing_invoice"
         invoices = db.execute(query).fetchall()
     assert [(order_id, Decimal(total)) for order_id, total in invoices] == [(1, Decimal("19.90"))]
-    # The broker was a folder of the project.
-    assert (user.cwd / "broker" / "control" / "outbox.exchange").exists()
+    # The broker was a folder of the project, or none at all.
+    assert (user.cwd / "broker" / "control" / "outbox.exchange").exists() is (broker is None)

@@ -214,6 +214,34 @@ def test_unserialisable_payload_fails_in_the_business_transaction(payload, detai
     assert not OutboxMessage.objects.exists()
 
 
+@pytest.mark.parametrize(("mapper", "called"), [("payload", "payload"), ("key", "key")])
+def test_a_mapper_that_cannot_take_the_call_says_how_it_is_called(mapper, called):
+    # A first-hour slip: payload=lambda order: ... on a function that takes arguments.
+    mappers = {"payload": lambda order, customer: {}, mapper: lambda order: "x"}
+
+    @publish_on_success("order.placed", destination="orders", **mappers)
+    def create_order(customer: str) -> Order:
+        return Order.objects.create(customer=customer, total=1)
+
+    with pytest.raises(TypeError) as excinfo:
+        create_order("ada")
+    assert str(excinfo.value) == (
+        f"@publish_on_success('order.placed') calls {called}= as "
+        f"{called}(result, *args, **kwargs), with create_order's return value and the "
+        "arguments it was called with; <lambda> cannot take them: too many positional arguments"
+    )
+    assert not Order.objects.exists()
+
+
+def test_a_type_error_inside_a_mapper_is_its_own():
+    @publish_on_success("order.placed", destination="orders", payload=lambda order: {"n": 1 + "1"})
+    def create_order() -> Order:
+        return Order.objects.create(customer="ada", total=1)
+
+    with pytest.raises(TypeError, match="unsupported operand"):
+        create_order()
+
+
 @pytest.mark.parametrize(
     "destination", ["", " orders", "or ders", "orders\n", "-x", "x" * 256, None, 12]
 )

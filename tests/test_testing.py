@@ -12,12 +12,13 @@ import sys
 
 import pytest
 from django.db import connections, transaction
-from django.test import TestCase, override_settings
+from django.test import TestCase, TransactionTestCase, override_settings
 from django.utils import timezone
 
-from django_outbox import ReceivedEvent, event_published, stage
+from django_outbox import ReceivedEvent, event_published, publish_on_success, stage, stage_many
 from django_outbox.models import OutboxMessage, OutboxStatus
 from django_outbox.testing import captured_events, drain
+from tests.hostile.testing import outbox_fixture_without_django
 from tests.support import REPO
 
 BOTH = pytest.mark.parametrize("using", ["default", "lite"])
@@ -150,6 +151,82 @@ def test_drain_needs_no_broker_and_takes_celery_routes_too(outbox):
     ]
 
 
+def _stage_three(using: str = "default") -> None:
+    events = [
+        {"event_type": f"e.{n}", "payload": {"n": n}, "destination": "orders"} for n in range(3)
+    ]
+    with transaction.atomic(using=using):
+        stage_many(events, using=using)
+
+
+@publish_on_success("order.placed", destination="orders", payload=lambda result, n: {"n": n})
+def _place(n: int) -> int:
+    return n
+
+
+def _staged_and_rolled_back() -> None:
+    """stage_many, @publish_on_success, and one event rolled back in a nested block."""
+    _stage_three()
+    _place(7)
+    with transaction.atomic():
+        _place(8)
+        with pytest.raises(ZeroDivisionError), transaction.atomic():
+            _place(9)
+            1 / 0  # noqa: B018
+
+
+STAGED = ["e.0", "e.1", "e.2", "order.placed", "order.placed"]
+
+
+class EdgesUnderTestCase(TestCase):
+    databases = {"default", "other"}
+
+    def test_stage_many_publish_on_success_and_a_nested_rollback(self):
+        with captured_events() as events:
+            _staged_and_rolled_back()
+        assert [e.event_type for e in events] == STAGED
+        assert [e.payload for e in events[3:]] == [{"n": 7}, {"n": 8}]
+        assert [e.event_type for e in drain()] == STAGED
+        assert drain() == []
+
+    def test_a_second_database(self):
+        with captured_events() as events:
+            _stage_three("other")
+        assert [e.event_type for e in events] == ["e.0", "e.1", "e.2"]
+        assert drain() == []
+        assert [e.payload for e in drain("other")] == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+    def test_a_row_with_no_route_is_abandoned_not_returned(self):
+        _stage_three()
+        with override_settings(OUTBOX={"DEFAULT_ROUTE": False}):
+            assert drain() == []
+            assert drain() == []
+        statuses = OutboxMessage.objects.values_list("status", "attempts")
+        assert list(statuses) == [(OutboxStatus.ABANDONED, 1)] * 3
+
+
+class EdgesUnderTransactionTestCase(TransactionTestCase):
+    databases = {"default"}
+
+    def test_the_helpers_where_transactions_commit(self):
+        with captured_events() as events:
+            _staged_and_rolled_back()
+        assert [e.event_type for e in events] == STAGED
+        assert len(drain()) == 5
+        assert drain() == []
+        with transaction.atomic():  # drain() inside a block of the test's own
+            _place(4)
+            assert [e.payload for e in drain()] == [{"n": 4}]
+
+
+def test_the_fixture_without_django_set_up_says_what_it_needs(request):
+    # One line (no traceback, no ImproperlyConfigured): the trigger keeps only that line.
+    assert outbox_fixture_without_django(request) == (
+        "the outbox fixture needs Django set up: run the tests with pytest-django and "
+        "its DJANGO_SETTINGS_MODULE (docs/testing.md, With pytest)"
+    )
+
+
 def test_the_plugin_imports_before_django_is_set_up():
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     code = (
@@ -177,25 +254,25 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 
 def _docs_files() -> dict[str, str]:
-    """The files of the user's project that docs/testing.md shows: each ```python block
-    whose first line is a comment naming its path."""
+    """The files of the user's project that docs/testing.md shows: each ```python (or
+    ```ini) block whose first line is a comment naming its path."""
     page = (REPO / "docs" / "testing.md").read_text()
-    blocks = re.findall(r"```python\n# (\S+\.py)\n(.*?)```", page, re.DOTALL)
+    blocks = re.findall(r"```(?:python|ini)\n# (\S+\.(?:py|ini))\n(.*?)```", page, re.DOTALL)
     return dict(blocks)
 
 
 def _user_site(root) -> None:
     files = _docs_files()
-    assert sorted(files) == ["shop/models.py", "shop/test_orders.py", "shop/tests.py"]
-    (root / "shop").mkdir()
-    (root / "shop" / "__init__.py").write_text("")
+    assert sorted(files) == ["pytest.ini", "shop/models.py", "shop/test_orders.py", "shop/tests.py"]
+    for package in ("shop", "mysite"):
+        (root / package).mkdir()
+        (root / package / "__init__.py").write_text("")
     for path, text in files.items():
         (root / path).write_text(text)
-    (root / "site_settings.py").write_text(SITE_SETTINGS)
-    (root / "pytest.ini").write_text(
-        "[pytest]\nDJANGO_SETTINGS_MODULE = site_settings\npythonpath = .\n"
-        "python_files = tests.py test_*.py\n"
-    )
+    # The page's pytest.ini names mysite.settings; pytest-django puts manage.py's folder
+    # on sys.path, as in the quickstart's project.
+    (root / "mysite" / "settings.py").write_text(SITE_SETTINGS)
+    (root / "manage.py").write_text("")
 
 
 def _no_services_env(**extra: str) -> dict[str, str]:

@@ -14,13 +14,14 @@ import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, connections, models, transaction
+from django.db import DatabaseError, IntegrityError, connections, models, transaction
 from django.db.models.constants import OnConflict
 from django.db.models.functions import Cast, Now
 from django.db.models.sql import InsertQuery
 
 from ..conf import outbox_settings
 from ..envelope import CLAIMED_FIELDS, ClaimedMessage
+from ..exceptions import OutboxConfigurationError
 from . import postgresql
 
 if TYPE_CHECKING:
@@ -74,6 +75,25 @@ def count_rows(queryset: models.QuerySet[Any], *, exact_up_to: int = EXACT_COUNT
 
 def _outbox_table(apps: Any) -> str:
     return str(apps.get_model("django_outbox", "OutboxMessage")._meta.db_table)
+
+
+def require_tables(using: str, *tables: type[models.Model]) -> None:
+    """Refuse, naming the first missing table, a database where the tables of ``tables``
+    do not exist (``migrate`` not run). A database that cannot be asked now passes: the
+    caller's own handling of an outage says so."""
+    connection = connections[using]
+    try:
+        with connection.cursor() as cursor:
+            present = set(connection.introspection.table_names(cursor))
+    except DatabaseError:
+        return
+    for model in tables:
+        if model._meta.db_table not in present:
+            option = "" if using == "default" else f" --database {using}"
+            raise OutboxConfigurationError(
+                f"database {using!r} has no table {model._meta.db_table}: django_outbox's "
+                f"migrations are not applied there; run python manage.py migrate{option}"
+            )
 
 
 def install_notify_trigger(apps: Any, schema_editor: BaseDatabaseSchemaEditor) -> None:

@@ -29,3 +29,13 @@ def env_bad_json(request: object) -> str:
 @case("env-broker-url-unquoted-password")
 def env_broker_url_unquoted_password(request: object) -> str:
     return refusal(OUTBOX_BROKER_URL="amqp://shop:pa/ss@rabbit:5672//")
+
+
+@case("env-unset-proxy")
+def env_unset_proxy(request: object) -> str:
+    return refusal(OUTBOX_BROKER_URL="$RABBIT_URL")
+
+
+@case("env-infinite-duration")
+def env_infinite_duration(request: object) -> str:
+    return refusal(OUTBOX_PUBLISHED_RETENTION="inf")

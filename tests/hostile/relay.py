@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import logging
+import subprocess
 from typing import Any
 
 from django.test import override_settings
 
 from django_outbox.relay import Relay
-from tests.support import manage, stage_events, unique_destination, unreachable_broker_url
+from tests.support import (
+    manage,
+    manage_command,
+    never_migrated_env,
+    stage_events,
+    unique_destination,
+    unreachable_broker_url,
+)
 
 from . import case
 
@@ -30,3 +38,16 @@ def drain_broker_unreachable(request: object) -> str:
     result = manage("run_outbox_relay", "--drain", BROKER_URL=unreachable_broker_url(), timeout=60)
     assert result.returncode == 1
     return result.stderr.strip().splitlines()[-1]
+
+
+@case("never-migrated")
+def never_migrated(request: Any) -> str:
+    result = subprocess.run(
+        manage_command("run_outbox_relay", "--drain"),
+        env=never_migrated_env(request.getfixturevalue("tmp_path")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    return result.stderr.strip()

@@ -7,7 +7,7 @@ import datetime as dt
 from django.db import transaction
 from django.test import override_settings
 
-from django_outbox import StagingError, stage
+from django_outbox import StagingError, publish_on_success, stage
 
 from . import case, error_line
 
@@ -67,3 +67,16 @@ def compression_header(request: object) -> str:
 @case("naive-available-at")
 def naive_available_at(request: object) -> str:
     return _staged(available_at=dt.datetime(2030, 1, 1))  # naive on purpose: the case
+
+
+@case("publish-mapper-signature")
+def publish_mapper_signature(request: object) -> str:
+    @publish_on_success("order.placed", destination="orders", payload=lambda order: {})
+    def place_order(customer: str, total: int) -> int:
+        return 1
+
+    try:
+        place_order("ada", 20)
+    except TypeError as exc:
+        return error_line(exc)
+    raise AssertionError("publish_on_success called the payload")

@@ -12,8 +12,11 @@ import sys
 import threading
 from types import FrameType
 
-from django.core.management.base import CommandParser
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.core.management.base import CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS, connections, models
+
+from django_outbox import db
+from django_outbox.exceptions import OutboxConfigurationError
 
 
 def _number(value: str, parse: type[int] | type[float], minimum: float, what: str) -> float:
@@ -62,6 +65,15 @@ def add_database_option(parser: CommandParser, what: str = "outbox") -> None:
         default=DEFAULT_DB_ALIAS,
         help=f"database alias whose {what} to use (default: %(default)r)",
     )
+
+
+def require_tables(using: str, *tables: type[models.Model]) -> None:
+    """A one-line CommandError when database ``using`` lacks the table of a model of
+    ``tables`` (``migrate`` not run), before a command's first query fails on it."""
+    try:
+        db.require_tables(using, *tables)
+    except OutboxConfigurationError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def stop_on_signals(stop: threading.Event, logger: logging.Logger, after: str) -> None:

@@ -6,9 +6,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from django_outbox.models import InboxFailure, OutboxMessage
 from django_outbox.status import RECENT_ROWS, report
 
-from ._options import add_database_option
+from ._options import add_database_option, require_tables
 from ._text import one_line
 
 
@@ -22,6 +23,7 @@ class Command(BaseCommand):
         add_database_option(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        require_tables(options["database"], OutboxMessage, InboxFailure)
         status = report(options["database"])
         self.stdout.write("state        rows")
         for state, count in status.counts.items():

@@ -18,6 +18,7 @@ from django_outbox.consumer import (
     InboxConsumer,
 )
 from django_outbox.exceptions import BrokerUnreachable, OutboxError
+from django_outbox.models import InboxFailure, InboxMessage
 
 from ._options import (
     add_database_option,
@@ -25,6 +26,7 @@ from ._options import (
     non_negative_seconds,
     positive_int,
     positive_seconds,
+    require_tables,
     stop_on_signals,
 )
 
@@ -97,6 +99,7 @@ class Command(BaseCommand):
         handler, consumer, using, event_types = _resolve_handler(
             options["handler"], options["consumer"], options["database"]
         )
+        require_tables(using, InboxMessage, InboxFailure)
         try:
             inbox_consumer = InboxConsumer(
                 options["queue"],

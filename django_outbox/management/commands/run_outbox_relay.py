@@ -15,7 +15,7 @@ from django_outbox.models import OutboxMessage
 from django_outbox.relay import BatchStats, Relay
 from django_outbox.status import due_rows, retry_wait
 
-from ._options import add_database_option, positive_int, stop_on_signals
+from ._options import add_database_option, positive_int, require_tables, stop_on_signals
 from ._text import duration, one_line
 
 logger = logging.getLogger("django_outbox.relay")
@@ -48,6 +48,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         using: str = options["database"]
+        require_tables(using, OutboxMessage)
         try:
             relay = Relay(using, batch_size=options["batch_size"])
         except OutboxError as exc:  # a broker URL it cannot use (with --skip-checks)
