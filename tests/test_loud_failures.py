@@ -276,15 +276,15 @@ def logging_snippet() -> str:
     return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
 
 
-def test_the_logging_snippet_shows_the_relays_warnings_on_stderr(tmp_path):
-    (tmp_path / "snippet_settings.py").write_text(
-        "from tests.settings import *  # noqa: F403\n\n" + logging_snippet()
-    )
-    orders = unique_destination()
-    stage_events(2, orders)
+def relay_once_with_settings(tmp_path, name, settings_text, destination):
+    """``run_outbox_relay --once`` in a subprocess, settings module ``name`` written from
+    ``settings_text``, after two events staged to ``destination`` on a broker that
+    refuses connections; its result, the relay exited 1."""
+    (tmp_path / f"{name}.py").write_text(settings_text)
+    stage_events(2, destination)
     env = relay_env(BROKER_URL=unreachable_broker_url())
     env.update(
-        DJANGO_SETTINGS_MODULE="snippet_settings",
+        DJANGO_SETTINGS_MODULE=name,
         PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]),
     )
     result = subprocess.run(
@@ -296,6 +296,13 @@ def test_the_logging_snippet_shows_the_relays_warnings_on_stderr(tmp_path):
         timeout=120,
     )
     assert result.returncode == 1
+    return result
+
+
+def test_the_logging_snippet_shows_the_relays_warnings_on_stderr(tmp_path):
+    orders = unique_destination()
+    settings_text = "from tests.settings import *  # noqa: F403\n\n" + logging_snippet()
+    result = relay_once_with_settings(tmp_path, "snippet_settings", settings_text, orders)
     pattern = (
         rf"\d{{4}}-\d\d-\d\d [\d:,]+ WARNING django_outbox.relay publishing 2 row\(s\) to "
         rf"'{orders}' failed: {re.escape(REFUSED)}; the next retry is due in [\d.]+s"
@@ -306,25 +313,9 @@ def test_the_logging_snippet_shows_the_relays_warnings_on_stderr(tmp_path):
 def test_without_logging_a_warning_reaches_stderr_bare_and_info_not_at_all(tmp_path):
     """What docs/deploying.md's Logging section says of a project with no ``LOGGING``:
     Python's last-resort handler prints a WARNING as the bare message; INFO is dropped."""
-    (tmp_path / "bare_settings.py").write_text(
-        "from tests.settings import *  # noqa: F403\n\ndel LOGGING  # noqa: F821\n"
-    )
     orders = unique_destination()
-    stage_events(2, orders)
-    env = relay_env(BROKER_URL=unreachable_broker_url())
-    env.update(
-        DJANGO_SETTINGS_MODULE="bare_settings",
-        PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]),
-    )
-    result = subprocess.run(
-        manage_command("run_outbox_relay", "--once"),
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 1
+    settings_text = "from tests.settings import *  # noqa: F403\n\ndel LOGGING  # noqa: F821\n"
+    result = relay_once_with_settings(tmp_path, "bare_settings", settings_text, orders)
     bare = rf"^publishing 2 row\(s\) to '{orders}' failed: {re.escape(REFUSED)}; the next retry"
     assert re.search(bare, result.stderr, re.MULTILINE), result.stderr
     assert "WARNING" not in result.stderr
