@@ -29,7 +29,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
 from .exceptions import OutboxConfigurationError
-from .redact import mask_url, scrub, url_passwords, url_problem
+from .redact import mask_url, option_secrets, scrub, url_passwords, url_problem
 from .routes import Route, is_valid_destination, parse_routes
 
 
@@ -389,7 +389,8 @@ class OutboxSettings:
         return url
 
     def secrets(self) -> list[str]:
-        """The passwords of the broker URLs and databases, for :meth:`redact`; read once
+        """The passwords of the broker URLs, the transport options and the databases, for
+        :meth:`redact`; read once
         (redact runs for every log record of the relay and the consumer)."""
         if self._secrets is None:
             self._secrets = self._read_secrets()
@@ -398,6 +399,9 @@ class OutboxSettings:
     def _read_secrets(self) -> list[str]:
         urls = [self._raw("BROKER_URL"), *(getattr(settings, name, None) for name in CELERY_URLS)]
         found = [secret for url in urls if isinstance(url, str) for secret in url_passwords(url)]
+        found += option_secrets(
+            [self._raw("BROKER_TRANSPORT_OPTIONS"), getattr(settings, CELERY_OPTIONS, None)]
+        )
         for database in settings.DATABASES.values():
             password = database.get("PASSWORD")
             if isinstance(password, str) and password:
@@ -412,6 +416,8 @@ class OutboxSettings:
 
 #: Celery's settings that hold URLs with passwords.
 CELERY_URLS = ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND")
+#: Celery's transport options, which may hold a password (``sentinel_kwargs`` ...).
+CELERY_OPTIONS = "CELERY_BROKER_TRANSPORT_OPTIONS"
 
 _NO_BROKER = Problem(
     CHECK_IDS["no_broker"],
@@ -570,7 +576,7 @@ def _env_error(variable: str, setting: Setting, expected: str, text: str, exc: V
 
 
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting in ("OUTBOX", "DATABASES", *CELERY_URLS):
+    if setting in ("OUTBOX", "DATABASES", CELERY_OPTIONS, *CELERY_URLS):
         outbox_settings.reload()
 
 

@@ -131,6 +131,27 @@ def url_passwords(url: str) -> list[str]:
     return found
 
 
+def option_secrets(options: object) -> list[str]:
+    """The secrets held in transport options (``BROKER_TRANSPORT_OPTIONS`` and the like),
+    for :func:`scrub`: every text under a secret-looking key (``password``,
+    ``secret_access_key``, ``sentinel_kwargs["password"]`` ...), and the passwords of every
+    URL among the values, however deep in dicts and lists."""
+    found: list[str] = []
+    stack: list[tuple[str, object]] = [("", options)]
+    while stack:
+        key, value = stack.pop()
+        if isinstance(value, dict):
+            stack += [(str(k), v) for k, v in value.items()]
+        elif isinstance(value, list | tuple):
+            stack += [(key, v) for v in value]
+        elif isinstance(value, str):
+            if _SECRET_PARAMETER.search(key):
+                found.append(value)
+            elif "://" in value:
+                found += url_passwords(value)
+    return found
+
+
 def scrub(text: str, secrets: Iterable[str] = ()) -> str:
     """``text`` with every URL's password masked, and every one of ``secrets`` and of
     the passwords of the URLs in ``text`` (and each piece of them a URL parser might

@@ -412,3 +412,35 @@ def test_a_transport_kombu_cannot_load_gets_kombus_own_error():
         "The broker URL pgmq://u:***@db/x names kombu transport 'pgmq', which cannot be loaded: "
         "ImportError: PGMQ transport requires the pgmq library: pip install kombu[pgmq]",
     )
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"OUTBOX": {"BROKER_URL": AMQP_URL, "BROKER_TRANSPORT_OPTIONS": {"password": MARKER}}},
+        {
+            "OUTBOX": {
+                "BROKER_URL": AMQP_URL,
+                "BROKER_TRANSPORT_OPTIONS": {"sentinel_kwargs": {"password": MARKER}},
+            }
+        },
+        {
+            "OUTBOX": {"BROKER_URL": AMQP_URL},
+            "CELERY_BROKER_TRANSPORT_OPTIONS": {
+                "predefined_queues": {"q": {"url": f"sqs://key:{quote(MARKER, safe='')}@host/q"}}
+            },
+        },
+    ],
+    ids=["password", "sentinel-kwargs", "celery-url-in-options"],
+)
+def test_a_password_in_the_transport_options_is_scrubbed_from_what_the_relay_logs(settings, caplog):
+    """Transport options may hold a password (Redis Sentinel's ``sentinel_kwargs``, SQS
+    keys); a driver's error that quotes one is logged masked, as a URL's password is."""
+    with override_settings(**settings):
+        try:
+            raise ConnectionError(f"AUTH failed with '{MARKER}'")
+        except ConnectionError:
+            logging.getLogger("django_outbox.relay").exception("cannot connect")
+        assert outbox_settings.redact(f"x {MARKER} y") == "x *** y"
+    assert "cannot connect" in caplog.text
+    assert_hidden(caplog.text)
