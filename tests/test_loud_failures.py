@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -32,8 +33,12 @@ from tests.support import (
     never_migrated_env,
     relay_env,
     stage_events,
+    start_relay,
+    status_counts,
+    stop,
     unique_destination,
     unreachable_broker_url,
+    wait_until,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -194,9 +199,37 @@ def test_drain_with_a_missing_broker_folder_ends_with_the_rows_waiting_and_exits
         lines[1],
     ), lines
     assert re.fullmatch(r"3 rows wait for a retry; the next is due in 1s", lines[2]), lines
-    assert result.stderr.splitlines()[-1] == (
-        "CommandError: 3 of 3 claims in this run were not published: failed 3, abandoned 0"
-    )
+    # The broker check looks for the folder too: the drain gives up, naming it.
+    assert re.fullmatch(
+        r"CommandError: --drain gave up: the broker filesystem:// is unreachable "
+        r"\(FileNotFoundError: The filesystem:// broker's folder '.*no-such-folder' "
+        r"\(OUTBOX\[\"BROKER_TRANSPORT_OPTIONS\"\]\['data_folder_in'\]\) does not exist\.\)",
+        result.stderr.splitlines()[-1],
+    ), result.stderr
+
+
+def test_a_folder_gone_while_the_relay_runs_is_an_outage_that_spends_no_more_attempts(tmp_path):
+    """A filesystem:// folder that is missing once the relay runs (removed, an unmounted
+    volume; --skip-checks stands in for "it was there at start") used to fail every
+    batch and spend an attempt of each row per retry, on to ABANDONED. The relay's
+    broker check now looks for the folders: the first batch fails, then the relay waits
+    the outage out, and publishes once the folder is back."""
+    broker = missing_folder_broker(tmp_path)
+    folder = tmp_path / "no-such-folder"
+    orders = unique_destination()
+    stage_events(3, orders)
+    relay = start_relay("--skip-checks", RETRY_BASE_DELAY=0.1, RETRY_JITTER=0, **broker)
+    try:
+        wait_until(lambda: status_counts()["failed"] == 3, timeout=60, what="the first failure")
+        # With a retry due every 0.1-0.8 s, the old relay spent several attempts in this time.
+        time.sleep(3)
+        assert set(OutboxMessage.objects.values_list("status", "attempts")) == {("failed", 1)}
+        folder.mkdir()
+        wait_until(lambda: status_counts()["published"] == 3, timeout=60, what="publishing")
+    finally:
+        code, _out, err = stop(relay)
+    assert code == 0, err
+    assert len(list(folder.iterdir())) == 3  # the three messages, as files
 
 
 def test_drain_says_which_rows_wait_for_a_retry_and_exits_0_when_none_failed_in_its_run():

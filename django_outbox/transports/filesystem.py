@@ -8,7 +8,8 @@ left out falls back to kombu's ``data_out``/``data_in`` in the working directory
 and two different folders lose nothing but deliver nothing, since the relay
 writes where no consumer reads. :func:`folder_problems` says so in words, for the
 system checks (E012, W005), which every management command runs at start-up: the
-relay and the consumers among them.
+relay and the consumers among them. :func:`require_folders` is part of the relay's
+broker check, for a folder that goes away while the relay runs.
 
 Nothing here reads settings: the caller passes the URL and the options.
 """
@@ -58,6 +59,20 @@ def folder_problems(url: str, options: Mapping[str, Any]) -> list[Problem]:
             )
         )
     return found
+
+
+def require_folders(url: str, options: Mapping[str, Any]) -> None:
+    """Raise :class:`FileNotFoundError`, in E012's words, when a folder of the
+    filesystem broker at ``url`` is not there (an option left out stands for kombu's
+    default folder). Part of the relay's broker check, so that a folder removed while
+    a relay runs is an outage, waited out without spending attempts, rather than a
+    failed publish of every batch."""
+    if not is_filesystem(url):
+        return
+    for option, default in FOLDERS.items():
+        folder = options.get(option) or default
+        if isinstance(folder, str | os.PathLike) and not os.path.isdir(folder):
+            raise FileNotFoundError(_no_folder(option, os.fspath(folder)).msg)
 
 
 def _folder_problem(option: str, folder: object, default: str) -> Problem | None:

@@ -44,6 +44,7 @@ from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, ClaimedMessage
 from ..exceptions import OutboxConfigurationError
 from ..routes import Route
 from .base import NACKED, Failure, Outcome, Transport
+from .filesystem import require_folders
 
 logger = logging.getLogger(__name__)
 
@@ -290,6 +291,7 @@ class KombuTransport(Transport):
 
     def check(self) -> None:
         self._connect()
+        require_folders(self._url, self._options)
 
     def close(self, *, graceful: bool = True) -> None:
         """Drop the connection. ``graceful=False`` closes the socket without AMQP's
