@@ -14,7 +14,7 @@ from django.core import checks
 from django.db import connections, router
 
 from . import db
-from .conf import CHECK_IDS, outbox_settings
+from .conf import CHECK_IDS, broker_scheme, outbox_settings
 from .exceptions import OutboxConfigurationError
 from .routes import shape_problems
 from .transports.filesystem import folder_problems
@@ -36,7 +36,7 @@ def check_routes(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
         url = outbox_settings.broker_url or ""
     except OutboxConfigurationError:  # reported by check_settings
         return []
-    scheme = url.partition("://")[0].lower()
+    scheme = broker_scheme(url)
     found: list[checks.CheckMessage] = []
     for route in routes.values():
         for shape in shape_problems(route, scheme):

@@ -414,6 +414,11 @@ class OutboxSettings:
         return scrub(text, self.secrets())
 
 
+def broker_scheme(url: str) -> str:
+    """The transport a broker URL names, lowercased: ``"amqp"`` for ``AMQP://host//``."""
+    return url.partition("://")[0].lower()
+
+
 #: Celery's settings that hold URLs with passwords.
 CELERY_URLS = ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND")
 #: Celery's transport options, which may hold a password (``sentinel_kwargs`` ...).

@@ -542,7 +542,7 @@ def test_a_parked_message_keeps_its_body_whatever_its_content_encoding(destinati
 def test_sigterm_stops_a_consumer_whose_broker_went_silent(destination):
     """Unsubscribing and closing wait for the broker's replies, but not for good: a
     network that drops everything does not keep a stopping consumer from exiting."""
-    from tests.test_silent_broker import BROKER, FreezableProxy
+    from tests.test_silent_broker import BROKER, FreezableProxy, sigterm_while_silent
 
     declare_queue(destination)
     proxy = FreezableProxy(BROKER)
@@ -555,13 +555,7 @@ def test_sigterm_stops_a_consumer_whose_broker_went_silent(destination):
             timeout=60,
             what="the consumer to subscribe",
         )
-        proxy.freeze()
-        consumer.send_signal(signal.SIGTERM)
-        sent = time.monotonic()
-        try:
-            _, err = consumer.communicate(timeout=60)
-        finally:
-            took = time.monotonic() - sent
+        _, err, took = sigterm_while_silent(proxy, consumer)
         assert consumer.returncode == 0, err
         # Each wait gives up after CONNECT_TIMEOUT (5 s): the one in hand, then the close.
         # Unbounded, the consumer never exited.

@@ -180,13 +180,10 @@ def test_a_folder_under_home_written_with_a_tilde_says_kombu_does_not_expand_it(
 # -- run_outbox_relay --drain -------------------------------------------------------------
 
 
-def test_a_drain_that_gave_up_says_how_many_rows_it_never_tried():
-    """250 rows, batches of 100, the broker down: the drain fails two batches (the one it
-    claimed and the one claimed ahead) and gives up. It used to name only the 200 rows
-    waiting for a retry, as if the outbox held no more; 50 more are due, untried."""
-    orders = unique_destination()
-    stage_events(250, orders)
-    result = manage(
+def drain_to_a_dead_broker():
+    """``run_outbox_relay --drain`` in batches of 100 to a broker that refuses connections
+    (its URL holding ``PASSWORD``), retries a minute away."""
+    return manage(
         "run_outbox_relay",
         "--drain",
         "--batch-size",
@@ -194,6 +191,15 @@ def test_a_drain_that_gave_up_says_how_many_rows_it_never_tried():
         BROKER_URL=unreachable_broker_url(PASSWORD),
         RETRY_BASE_DELAY=60,
     )
+
+
+def test_a_drain_that_gave_up_says_how_many_rows_it_never_tried():
+    """250 rows, batches of 100, the broker down: the drain fails two batches (the one it
+    claimed and the one claimed ahead) and gives up. It used to name only the 200 rows
+    waiting for a retry, as if the outbox held no more; 50 more are due, untried."""
+    orders = unique_destination()
+    stage_events(250, orders)
+    result = drain_to_a_dead_broker()
     assert result.returncode == 1, result.stderr
     lines = result.stdout.splitlines()
     failed = int(re.match(r"claimed (\d+), published 0, failed \1, ", lines[0])[1])
@@ -240,14 +246,7 @@ def test_more_rows_left_than_counted_exactly_are_a_true_lower_bound_not_an_estim
     last ANALYZE). A lower bound read from the rows themselves is always true."""
     orders = unique_destination()
     stage_events(EXACT_COUNT_LIMIT + 300, orders)
-    result = manage(
-        "run_outbox_relay",
-        "--drain",
-        "--batch-size",
-        "100",
-        BROKER_URL=unreachable_broker_url(PASSWORD),
-        RETRY_BASE_DELAY=60,
-    )
+    result = drain_to_a_dead_broker()
     assert result.returncode == 1, result.stderr
     assert result.stdout.splitlines()[-1] == (
         f"more than {EXACT_COUNT_LIMIT} rows are due and were not tried: the drain stopped first"

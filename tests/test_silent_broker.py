@@ -200,6 +200,29 @@ def test_a_second_signal_exits_at_once_while_the_relay_waits_for_confirms(
         proxy.close()
 
 
+def claim_through_a_proxy(destination: str, limit: int):
+    """Claim ``limit`` rows of ``destination``; their route, and a transport (confirm
+    timeout 1 s) to the broker behind a new :class:`FreezableProxy`."""
+    messages = db.claim("default", limit=limit, lease_seconds=60, worker="t", token=uuid.uuid4())
+    route = outbox_settings.route_for(destination)
+    assert route is not None
+    proxy = FreezableProxy(BROKER)
+    return messages, route, proxy, KombuTransport(proxy.url, confirm_timeout=1)
+
+
+def sigterm_while_silent(proxy: FreezableProxy, process: subprocess.Popen[str]):
+    """Silence the broker, send ``process`` SIGTERM: its ``(stdout, stderr)`` and how
+    many seconds it took to exit."""
+    proxy.freeze()
+    process.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    try:
+        out, err = process.communicate(timeout=60)
+    finally:
+        took = time.monotonic() - sent
+    return out, err, took
+
+
 def publish_after_the_broker_falls_silent(
     proxy: FreezableProxy, transport: KombuTransport, route: Route, messages: list[ClaimedMessage]
 ) -> list[Outcome]:
@@ -221,11 +244,7 @@ def test_confirms_that_never_come_fail_the_batch_and_the_next_publish_reconnects
     """Closing the connection after the timeout must not wait for the silent broker
     either (AMQP's close handshake would, forever)."""
     staged = stage_events(3, destination)
-    messages = db.claim("default", limit=3, lease_seconds=60, worker="t", token=uuid.uuid4())
-    route = outbox_settings.route_for(destination)
-    assert route is not None
-    proxy = FreezableProxy(BROKER)
-    transport = KombuTransport(proxy.url, confirm_timeout=1)
+    messages, route, proxy, transport = claim_through_a_proxy(destination, 3)
     try:
         outcomes = publish_after_the_broker_falls_silent(proxy, transport, route, messages)
         timed_out = "TimeoutError: 2 of 2 messages were not confirmed by the broker within 1s"
@@ -251,11 +270,7 @@ def test_a_batch_too_big_for_the_socket_buffers_fails_too_instead_of_blocking_th
             {"event_type": "big", "payload": {"blob": "x" * 50_000}, "destination": destination}
             for _ in range(300)
         )
-    messages = db.claim("default", limit=300, lease_seconds=60, worker="t", token=uuid.uuid4())
-    route = outbox_settings.route_for(destination)
-    assert route is not None
-    proxy = FreezableProxy(BROKER)
-    transport = KombuTransport(proxy.url, confirm_timeout=1)
+    messages, route, proxy, transport = claim_through_a_proxy(destination, 300)
     try:
         outcomes = publish_after_the_broker_falls_silent(proxy, transport, route, messages)
         assert len(outcomes) == 299
@@ -273,13 +288,7 @@ def test_sigterm_stops_an_idle_relay_whose_broker_went_silent(destination):
     try:
         stage_events(1, destination)
         wait_until(lambda: status_counts()["published"] == 1, timeout=60, what="a first event")
-        proxy.freeze()
-        relay.send_signal(signal.SIGTERM)
-        sent = time.monotonic()
-        try:
-            out, err = relay.communicate(timeout=60)
-        finally:
-            took = time.monotonic() - sent
+        out, err, took = sigterm_while_silent(proxy, relay)
         assert relay.returncode == 0, err
         assert took < PROMPTLY, f"exited {took:.1f}s after SIGTERM:\n{err}"
         assert out.startswith("claimed 1, published 1,")

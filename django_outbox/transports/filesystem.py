@@ -20,7 +20,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..conf import CHECK_IDS, Problem
+from ..conf import CHECK_IDS, Problem, broker_scheme
 
 #: The options that name the folders, in the order they are checked, with kombu's
 #: default for each (relative to the working directory).
@@ -30,7 +30,7 @@ _OPTIONS = 'OUTBOX["BROKER_TRANSPORT_OPTIONS"]'
 
 
 def is_filesystem(url: str) -> bool:
-    return url.partition("://")[0].lower() == "filesystem"
+    return broker_scheme(url) == "filesystem"
 
 
 def folder_problems(url: str, options: Mapping[str, Any]) -> list[Problem]:
