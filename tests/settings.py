@@ -29,7 +29,7 @@ INSTALLED_APPS = [
 _default_db = env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:55432/outbox")
 _other_db = env.db("OTHER_DATABASE_URL", default="postgres://postgres@127.0.0.1:55432/outbox_other")
 # "lite" (in-memory SQLite) shows the SQLite-only system check and runs the test helpers
-# on SQLite (tests/test_testing.py).
+# on SQLite (tests/integration/test_testing.py).
 DATABASES = {
     "default": _default_db,
     "other": _other_db,

@@ -6,7 +6,7 @@ the real services (PostgreSQL, RabbitMQ, Redis) and returns the one line a user
 sees: an exception as ``"TypeName: message"``, a system check as
 ``"django_outbox.E0xx: message"``, a log line or a command's output line.
 
-``tests/test_docs.py`` runs every trigger and compares its line with the page's
+``tests/integration/test_docs.py`` runs every trigger and compares its line with the page's
 row, where ``…`` stands for any text. So the page cannot promise an error the code
 does not give, and a case cannot be added here without a row on the page.
 """

@@ -36,7 +36,7 @@ def _relay_start(url: str) -> str:
 def _without(package: str) -> mock._patch[dict[str, object]]:
     """``import package`` fails as if it were not installed. The test venv has redis
     (the Redis tests need it), so its absence is simulated; the subprocess test in
-    tests/test_secrets.py blocks it the same way at interpreter start-up."""
+    tests/integration/test_secrets.py blocks it the same way at interpreter start-up."""
     return mock.patch.dict(sys.modules, {package: None})
 
 

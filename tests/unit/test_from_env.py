@@ -14,7 +14,7 @@ from django.test import override_settings
 from django_outbox import OutboxConfigurationError
 from django_outbox.conf import SETTINGS, from_env, outbox_settings
 from tests.support import REPO
-from tests.test_example_project import example_env, manage_in
+from tests.integration.test_example_project import example_env, manage_in
 
 
 def test_only_the_variables_that_are_set_appear():

@@ -27,8 +27,8 @@ from tests.support import (
     unique_destination,
     unreachable_broker_url,
 )
-from tests.test_consumer import RECORD, SUMMARY
-from tests.test_silent_broker import BROKER, FreezableProxy
+from tests.integration.test_consumer import RECORD, SUMMARY
+from tests.integration.test_silent_broker import BROKER, FreezableProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -31,7 +31,7 @@ from django_outbox.models import InboxFailure, OutboxMessage
 from django_outbox.redact import mask_url, scrub, url_passwords, url_problem
 from django_outbox.relay import Relay
 
-from .support import (
+from tests.support import (
     AMQP_URL,
     REDIS_URL,
     delete_queue,

@@ -19,7 +19,7 @@ from tests.support import (
     stage_events,
     unique_destination,
 )
-from tests.test_silent_broker import memory_alarm
+from tests.integration.test_silent_broker import memory_alarm
 from tests.testapp.models import Delivery
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -13,9 +13,9 @@ from django.core.management import BaseCommand, get_commands, load_command_class
 import django_outbox
 from django_outbox.conf import CHECK_IDS, SETTINGS
 
-from . import hostile
+from tests import hostile
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 PACKAGE = REPO / "django_outbox"
 

@@ -542,7 +542,7 @@ def test_a_parked_message_keeps_its_body_whatever_its_content_encoding(destinati
 def test_sigterm_stops_a_consumer_whose_broker_went_silent(destination):
     """Unsubscribing and closing wait for the broker's replies, but not for good: a
     network that drops everything does not keep a stopping consumer from exiting."""
-    from tests.test_silent_broker import BROKER, FreezableProxy, sigterm_while_silent
+    from tests.integration.test_silent_broker import BROKER, FreezableProxy, sigterm_while_silent
 
     declare_queue(destination)
     proxy = FreezableProxy(BROKER)
