@@ -12,7 +12,6 @@ from django.core.management import BaseCommand, get_commands, load_command_class
 
 import django_outbox
 from django_outbox.conf import CHECK_IDS, SETTINGS
-
 from tests import hostile
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,6 +16,8 @@ from django_outbox.checks import check_filesystem
 from django_outbox.db import EXACT_COUNT_LIMIT
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import MAX_LOGGED_REASONS, Relay
+from tests.integration.test_consumer import RECORD, SUMMARY
+from tests.integration.test_silent_broker import BROKER, FreezableProxy
 from tests.support import (
     AMQP_URL,
     broker_connection,
@@ -27,8 +29,6 @@ from tests.support import (
     unique_destination,
     unreachable_broker_url,
 )
-from tests.integration.test_consumer import RECORD, SUMMARY
-from tests.integration.test_silent_broker import BROKER, FreezableProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

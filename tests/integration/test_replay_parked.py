@@ -10,6 +10,7 @@ import pytest
 from django.utils import timezone
 
 from django_outbox.models import InboxFailure
+from tests.integration.test_silent_broker import memory_alarm
 from tests.support import (
     broker_connection,
     delete_queue,
@@ -19,7 +20,6 @@ from tests.support import (
     stage_events,
     unique_destination,
 )
-from tests.integration.test_silent_broker import memory_alarm
 from tests.testapp.models import Delivery
 
 pytestmark = pytest.mark.django_db(transaction=True)

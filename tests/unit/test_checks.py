@@ -14,7 +14,6 @@ from django_outbox.checks import check_databases, check_filesystem, check_settin
 from django_outbox.conf import SETTINGS, outbox_settings
 from django_outbox.exceptions import OutboxConfigurationError
 from django_outbox.routes import Route
-from tests.support import manage
 
 BROKER = {"BROKER_URL": "amqp://guest:guest@127.0.0.1:55672//"}
 
@@ -180,13 +179,6 @@ def test_unknown_transport_is_named_without_credentials():
     assert "s3cret" not in error.msg + error.hint
 
 
-@pytest.mark.django_db
-def test_manage_py_check_reports_the_errors():
-    with override_settings(OUTBOX={**BROKER, "BATCH_SIZE": -5}):
-        with pytest.raises(SystemCheckError, match=r"django_outbox.E003"):
-            call_command("check", "--database", "default")
-
-
 def test_skip_locked_warning_names_the_database():
     # PostgreSQL can share the outbox between relays: no warning.
     assert check_databases(databases=["default", "other"]) == []
@@ -288,26 +280,3 @@ def test_manage_py_check_refuses_a_missing_filesystem_folder(tmp_path):
     ):
         with pytest.raises(SystemCheckError, match=r"django_outbox\.E012"):
             call_command("check")
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize(
-    "command",
-    [
-        ["run_outbox_relay", "--drain"],
-        ["run_outbox_consumer", "--queue=orders", "--handler=tests.testapp.handlers.bill"],
-    ],
-    ids=["relay", "consumer"],
-)
-def test_the_relay_and_the_consumer_refuse_to_start_without_the_filesystem_folder(
-    tmp_path, command
-):
-    """The check, not a FileNotFoundError in last_error, is what a user sees first."""
-    missing = str(tmp_path / "broker")
-    options = {"data_folder_in": missing, "data_folder_out": missing}
-    result = manage(*command, BROKER_URL="filesystem://", BROKER_TRANSPORT_OPTIONS=options)
-    assert result.returncode == 1, result.stderr
-    assert (
-        f"?: (django_outbox.E012) The filesystem:// broker's folder {missing!r} "
-        f"({OPTIONS}['data_folder_out']) does not exist."
-    ) in result.stderr.splitlines()

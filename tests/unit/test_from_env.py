@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import subprocess
-import sys
 
 import environ
 import pytest
@@ -13,8 +11,6 @@ from django.test import override_settings
 
 from django_outbox import OutboxConfigurationError
 from django_outbox.conf import SETTINGS, from_env, outbox_settings
-from tests.support import REPO
-from tests.integration.test_example_project import example_env, manage_in
 
 
 def test_only_the_variables_that_are_set_appear():
@@ -158,24 +154,3 @@ def test_no_error_shows_a_password():
         from_env({"OUTBOX_BROKER_TRANSPORT_OPTIONS": '{"password": "hunter2",}'})
     assert "hunter2" not in str(raised.value)
     assert "must be a JSON object: Expecting property name" in str(raised.value)
-
-
-SHOW = "from django_outbox.conf import outbox_settings as s; print(s.BATCH_SIZE, s.broker_url)"
-
-
-def test_the_example_project_reads_its_settings_from_the_environment(tmp_path):
-    env = example_env(tmp_path)
-    assert manage_in(env, "shell", "-c", SHOW).splitlines()[-1].split() == ["500", "filesystem://"]
-
-    env.update(OUTBOX_BATCH_SIZE="7", OUTBOX_BROKER_URL="memory://")
-    assert manage_in(env, "shell", "-c", SHOW).splitlines()[-1].split() == ["7", "memory://"]
-
-    env.update(OUTBOX_BATCH_SIZE="seven")
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check"], cwd=REPO, env=env, capture_output=True, text=True
-    )
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == (
-        "django_outbox.exceptions.OutboxConfigurationError: OUTBOX_BATCH_SIZE "
-        "(OUTBOX[\"BATCH_SIZE\"]) must be a positive integer; got 'seven'"
-    )
