@@ -20,10 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.services import Services, drop_database, recreate_database
-
 from . import raw
 from .report import GATED, table, verdicts
+from .services import Services, drop_database, recreate_database
 
 DATABASE = "outbox_bench"
 

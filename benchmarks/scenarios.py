@@ -22,10 +22,10 @@ from django.db.models import F
 
 from django_outbox import db, stage, stage_many
 from django_outbox.models import OutboxMessage
-from tests.services import REPO
 
 from .common import EXCHANGE, PAYLOAD
 from .models import Customer, Order, OrderLine
+from .services import REPO
 
 TABLE = OutboxMessage._meta.db_table
 

@@ -6,6 +6,11 @@ stopped again when it ends. Ports follow the ``OUTBOX_*_PORT`` variables that
 ``scripts/services`` honours. A runner works in a database of its own (the
 benchmark in ``outbox_bench``, the chaos suite in ``outbox_chaos``), created afresh
 on the PostgreSQL server and dropped at the end.
+
+It lives with the benchmarks, the first runner that needed it, and the chaos suite
+imports it from here (``benchmarks.services``): both runners are development tools
+outside the package and outside the test suite, and one module keeps one way to start
+the services (a third top-level name would add nothing but a place to look).
 """
 
 from __future__ import annotations

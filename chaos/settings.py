@@ -20,7 +20,7 @@ SECRET_KEY = "chaos-only-not-secret"
 USE_TZ = True
 TIME_ZONE = "UTC"
 DEBUG = False
-INSTALLED_APPS = ["django_outbox", "tests.chaos"]
+INSTALLED_APPS = ["django_outbox", "chaos"]
 DATABASES = {
     "default": {
         **env.db("CHAOS_DATABASE_URL", default="postgres://postgres@127.0.0.1:55432/outbox_chaos"),
@@ -40,7 +40,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"action": {"()": "tests.chaos.logs.ActionFilter"}},
+    "filters": {"action": {"()": "chaos.logs.ActionFilter"}},
     "formatters": {
         "line": {
             "format": "%(asctime)s %(role)s pid=%(process)d %(levelname)s [%(action)s] %(message)s"

@@ -1,6 +1,6 @@
 """A chaos producer: commits business rows with their events until SIGTERM.
 
-    python -m tests.chaos.producer --index N --seed S --rate EVENTS_PER_S --destination D
+    python -m chaos.producer --index N --seed S --rate EVENTS_PER_S --destination D
 
 Each transaction stages one event (``stage``), a few, or a burst (``stage_many``),
 with one ``Order`` per event. About 10% of transactions roll back after staging,
@@ -37,7 +37,7 @@ def main() -> int:
     parser.add_argument("--rate", type=float, required=True)
     parser.add_argument("--destination", required=True)
     args = parser.parse_args()
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.chaos.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chaos.settings")
     django.setup()
 
     stop = threading.Event()

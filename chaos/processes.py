@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.services import REPO
+from benchmarks.services import REPO
 
 HOST = socket.gethostname()
 
@@ -37,7 +37,7 @@ class Proc:
 
     @property
     def application_name(self) -> str:
-        """Its database connections' ``application_name`` (see tests.chaos.settings)."""
+        """Its database connections' ``application_name`` (see chaos.settings)."""
         return f"{self.role} {self.pid}"
 
     @property
@@ -106,7 +106,7 @@ def worker_env(database_url: str, services_env: dict[str, str], outbox: str) -> 
     return {
         **os.environ,
         **services_env,
-        "DJANGO_SETTINGS_MODULE": "tests.chaos.settings",
+        "DJANGO_SETTINGS_MODULE": "chaos.settings",
         "CHAOS_DATABASE_URL": database_url,
         "CHAOS_OUTBOX": outbox,
         "PYTHONUNBUFFERED": "1",

@@ -1,6 +1,6 @@
 """Deliberately broken guarantees, to show that the audit catches them.
 
-``python -m tests.chaos --sabotage lease`` starts relays whose finalize ignores the
+``python -m chaos --sabotage lease`` starts relays whose finalize ignores the
 lease token (a relay whose lease was taken over writes anyway);
 ``--sabotage inbox`` starts a consumer without the inbox (every delivery runs the
 handler); ``--sabotage parking`` starts a consumer that parks a message at its first

@@ -1,4 +1,4 @@
-"""The chaos consumer's handler (``run_outbox_consumer --handler tests.chaos.handlers.record``)."""
+"""The chaos consumer's handler (``run_outbox_consumer --handler chaos.handlers.record``)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from tests.services import Services
+from benchmarks.services import Services
 
 from . import database as db
 from .logs import lease_lost_rows, lines

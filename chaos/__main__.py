@@ -1,4 +1,4 @@
-"""Run the chaos suite: ``python -m tests.chaos --profile ci|soak [--seed N] [--sabotage K]``.
+"""Run the chaos suite: ``python -m chaos --profile ci|soak [--seed N] [--sabotage K]``.
 
 Starts (or reuses) PostgreSQL and RabbitMQ with ``scripts/services``, creates the
 database ``outbox_chaos`` afresh, and runs producers, relays and a consumer while
@@ -18,7 +18,7 @@ import random
 import sys
 import time
 
-from tests.services import REPO, Services, drop_database, recreate_database
+from benchmarks.services import REPO, Services, drop_database, recreate_database
 
 from . import sabotage
 from .processes import HOST, Proc, manage, module, worker_env
@@ -59,7 +59,7 @@ PROFILES = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m chaos", description=__doc__)
     parser.add_argument("--profile", choices=sorted(PROFILES), default="ci")
     parser.add_argument("--seed", type=int, help="replay a run (default: the profile's)")
     parser.add_argument(
@@ -152,7 +152,7 @@ class Run:
                 "--queue",
                 audit.DESTINATION,
                 "--handler",
-                "tests.chaos.handlers.record",
+                "chaos.handlers.record",
                 "--consumer",
                 "chaos-audit",
                 "--prefetch",
@@ -163,7 +163,7 @@ class Run:
             self._proc(
                 f"producer-{i}",
                 module(
-                    "tests.chaos.producer",
+                    "chaos.producer",
                     "--index",
                     str(i),
                     "--seed",
