@@ -1,0 +1,112 @@
+"""The import contract ([tool.importlinter] in pyproject.toml, run by ``lint-imports`` in the
+lint step) fails when an arrow of docs/architecture.md is broken.
+
+The package and the configuration are copied twice into temporary directories: one copy
+untouched, one with a forbidden import added for each contract. The real ``lint-imports``
+runs once in each (a subprocess of about half a second); the repository is never touched.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO
+
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+pytestmark = pytest.mark.skipif(
+    not LINT_IMPORTS.exists(),
+    reason="lint-imports is not installed: pip install -e '.[dev]' (the import-linter package)",
+)
+
+
+#: (module, the import added to it, the contract it breaks, the line lint-imports prints)
+BREAKS = [
+    (
+        "transports/base.py",
+        "from django_outbox import relay",
+        "Transports import neither the relay, the admin, the commands nor the test helpers",
+        "django_outbox.transports.base -> django_outbox.relay",
+    ),
+    (
+        "conf.py",
+        "from django_outbox import models",
+        "Settings (conf) import nothing of the package but exceptions, routes and redact",
+        "django_outbox.conf -> django_outbox.models",
+    ),
+    (
+        "db/__init__.py",
+        "from django_outbox import status",
+        "Layers: commands and admin > relay, consumer, status > store > db, transports > "
+        "models > conf > leaves > expressions",
+        "django_outbox.db is not allowed to import django_outbox.status",
+    ),
+    (  # relay imports retry: retry importing relay closes a cycle
+        "retry.py",
+        "from django_outbox import relay",
+        "No import cycles in django_outbox",
+        ".retry",
+    ),
+]
+
+
+def copy_package(into: Path) -> Path:
+    """A copy of django_outbox and of pyproject.toml, where lint-imports finds them."""
+    shutil.copytree(
+        REPO / "django_outbox",
+        into / "django_outbox",
+        ignore=shutil.ignore_patterns("__pycache__", "templates"),
+    )
+    shutil.copy(REPO / "pyproject.toml", into / "pyproject.toml")
+    return into
+
+
+def lint_imports(copy: Path) -> tuple[int, str]:
+    """lint-imports in the copy: its exit status and its output, the tool's wrapping of
+    long contract names undone."""
+    result = subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", "--no-logo"],
+        cwd=copy,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return result.returncode, " ".join((result.stdout + result.stderr).split())
+
+
+@pytest.fixture(scope="module")
+def untouched(tmp_path_factory) -> str:
+    return lint_imports(copy_package(tmp_path_factory.mktemp("untouched")))[1]
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory) -> tuple[int, str]:
+    copy = copy_package(tmp_path_factory.mktemp("broken"))
+    for module, line, _, _ in BREAKS:
+        path = copy / "django_outbox" / module
+        path.write_text(f"{path.read_text()}\n{line}  # added by tests/unit/test_architecture.py\n")
+    return lint_imports(copy)
+
+
+def test_the_untouched_package_keeps_the_transports_and_conf_contracts(untouched):
+    # (acyclic and layers are kept once engineer "store" has removed models -> db.)
+    for _, _, contract, _ in BREAKS[:2]:
+        assert f"{contract} KEPT" in untouched, untouched
+
+
+@pytest.mark.parametrize(
+    ("contract", "printed"),
+    [case[2:] for case in BREAKS],
+    ids=["transport-imports-relay", "conf-imports-models", "db-imports-status", "cycle"],
+)
+def test_a_forbidden_import_breaks_its_contract_and_is_named(broken, untouched, contract, printed):
+    status, output = broken
+    assert status == 1
+    assert f"{contract} BROKEN" in output, output
+    assert printed in output and printed not in untouched, output
