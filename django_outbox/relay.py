@@ -164,6 +164,15 @@ class _Run:
 
 
 class Relay:
+    """Claims due outbox rows of the database ``using``, publishes them through its
+    transports, and records each row's outcome; ``manage.py run_outbox_relay`` runs one.
+
+    ``batch_size`` and ``worker`` (the name written into claimed rows) default to
+    ``OUTBOX["BATCH_SIZE"]`` and ``host:pid``; ``transports`` replaces the ones built from
+    the settings (tests, :mod:`django_outbox.testing`). Use it as a context manager, or
+    call :meth:`close`, to drop its broker connections.
+    """
+
     def __init__(
         self,
         using: str = "default",
