@@ -5,6 +5,7 @@ on an entry that names nothing."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 
 import django_outbox
@@ -49,3 +50,24 @@ def test_the_reference_covers_the_test_helpers_settings_models_relay_and_transpo
         "django_outbox.transports.base.Transport",
     }
     assert sorted(expected - set(targets())) == []
+
+
+def sphinx_roles():
+    """docs/_ext/sphinx_roles.py, the griffe extension of the API reference (not a package)."""
+    path = REPO / "docs" / "_ext" / "sphinx_roles.py"
+    spec = importlib.util.spec_from_file_location("sphinx_roles", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sphinx_roles_and_literal_block_markers_become_markdown():
+    text = (
+        "Reads :func:`sent` and :class:`~django_outbox.testing.OutboxEvent` "
+        "(see :mod:`django_outbox.consumer`), like this::\n\n    memory.clear()\n"
+    )
+    assert sphinx_roles().markdown(text) == (
+        "Reads `sent` and `OutboxEvent` (see `django_outbox.consumer`), like this:\n\n"
+        "    memory.clear()\n"
+    )
