@@ -13,23 +13,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from .exceptions import InvalidMessage
 
-#: The outbox columns a claim reads, in :class:`ClaimedMessage` order.
-CLAIMED_FIELDS = (
-    "id",
-    "event_id",
-    "event_type",
-    "destination",
-    "payload",
-    "headers",
-    "ordering_key",
-    "attempts",
-    "created_at",
-)
 CONTENT_TYPE = "application/json"
 CONTENT_ENCODING = "utf-8"
 
@@ -49,14 +37,13 @@ class ClaimedMessage:
     created_at: dt.datetime
 
     @classmethod
-    def from_columns(
-        cls, columns: Sequence[Any], *, payload: str, headers: dict[str, Any]
+    def from_row(
+        cls, row: Mapping[str, Any], *, payload: str, headers: dict[str, Any]
     ) -> ClaimedMessage:
-        """Build from a row of :data:`CLAIMED_FIELDS`, with the payload as JSON text."""
-        pk, event_id, event_type, destination, _, _, key, attempts, created_at = columns
-        return cls(
-            pk, event_id, event_type, destination, payload, headers, key, attempts, created_at
-        )
+        """Build from a claimed row keyed by column name (the :data:`CLAIMED_FIELDS`),
+        with the payload as JSON text and the headers decoded. A missing or extra
+        column is a ``TypeError``, never a value in the wrong field."""
+        return cls(**{**row, "payload": payload, "headers": headers})
 
     @property
     def body(self) -> bytes:
@@ -73,6 +60,10 @@ class ClaimedMessage:
             "occurred_at": self.created_at.isoformat(),
             "ordering_key": self.ordering_key or None,
         }
+
+
+#: The outbox columns a claim reads, named as :class:`ClaimedMessage`'s fields.
+CLAIMED_FIELDS = tuple(field.name for field in dataclasses.fields(ClaimedMessage))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
