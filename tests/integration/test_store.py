@@ -106,9 +106,9 @@ def test_a_lost_lease_leaves_the_taken_rows_untouched(using):
     token = uuid.uuid4()
     kept, taken_published, taken_failed = (_row(using, **_lease(5, token)) for _ in range(3))
     other = uuid.uuid4()
-    OutboxMessage.objects.using(using).filter(
-        pk__in=[taken_published.pk, taken_failed.pk]
-    ).update(lease_token=other)  # as another relay's reclaim would
+    OutboxMessage.objects.using(using).filter(pk__in=[taken_published.pk, taken_failed.pk]).update(
+        lease_token=other
+    )  # as another relay's reclaim would
     lost = store.record(
         using,
         token,

@@ -62,7 +62,7 @@ def test_every_query_of_the_package_file_loads():
 
 
 def test_an_unknown_query_name_is_an_error_naming_it():
-    with pytest.raises(queries.UnknownQuery, match="no query named 'clam' in .*queries.sql"):
+    with pytest.raises(queries.UnknownQuery, match=r"no query named 'clam' in .*queries\.sql"):
         queries.sql("clam")
 
 
