@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import operator
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .exceptions import InvalidMessage
@@ -37,13 +38,30 @@ class ClaimedMessage:
     created_at: dt.datetime
 
     @classmethod
-    def from_row(
-        cls, row: Mapping[str, Any], *, payload: str, headers: dict[str, Any]
-    ) -> ClaimedMessage:
-        """Build from a claimed row keyed by column name (the :data:`CLAIMED_FIELDS`),
-        with the payload as JSON text and the headers decoded. A missing or extra
-        column is a ``TypeError``, never a value in the wrong field."""
-        return cls(**{**row, "payload": payload, "headers": headers})
+    def reader(
+        cls, columns: Sequence[str], **convert: Callable[[Any], Any]
+    ) -> Callable[[Sequence[Any]], ClaimedMessage]:
+        """A function that builds a message from one claimed row whose columns are
+        named ``columns`` (e.g. from ``cursor.description``).
+
+        Each field is read from the column of its name (:data:`CLAIMED_FIELDS`),
+        wherever it stands, through ``convert[field]`` when given (the payload
+        as JSON text, the headers decoded). A missing column is a ``TypeError``
+        naming it, never a value in the wrong field."""
+        index = {name: i for i, name in enumerate(columns)}
+        missing = [field for field in CLAIMED_FIELDS if field not in index]
+        if missing:
+            raise TypeError(f"a claimed row has no column {', '.join(missing)}")
+        pick = operator.itemgetter(*(index[field] for field in CLAIMED_FIELDS))
+        steps = [(CLAIMED_FIELDS.index(field), function) for field, function in convert.items()]
+
+        def build(row: Sequence[Any]) -> ClaimedMessage:
+            values = list(pick(row))
+            for position, function in steps:
+                values[position] = function(values[position])
+            return cls(*values)
+
+        return build
 
     @property
     def body(self) -> bytes:

@@ -58,18 +58,15 @@ def claim(
         cursor.execute(
             _claim_sql(), [limit, max_bytes, lease_seconds, lease_seconds, worker, token]
         )
-        names = [column.name for column in cursor.description]
-        rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-    rows.sort(key=lambda row: row["id"])
-    # The payload stays JSON text for the wire; the headers are decoded.
-    return [
-        ClaimedMessage.from_row(
-            row,
-            payload=row["payload"],
-            headers=json.loads(row["headers"]) if row["headers"] != "{}" else {},
+        build = ClaimedMessage.reader(
+            [column.name for column in cursor.description], headers=_headers
         )
-        for row in rows
-    ]
+        return sorted(map(build, cursor.fetchall()), key=lambda message: message.id)
+
+
+def _headers(text: str) -> dict[str, Any]:
+    """The headers column, JSON text as Django's psycopg setup returns ``jsonb``."""
+    return json.loads(text) if text != "{}" else {}
 
 
 def estimated_rows(queryset: QuerySet[Any]) -> int:

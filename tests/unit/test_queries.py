@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import datetime as dt
 import importlib
+import json
 import pathlib
 import re
 import uuid
@@ -99,20 +100,23 @@ def test_a_claimed_message_is_built_by_column_name():
         "created_at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
         "attempts": 2,
         "ordering_key": "k",
-        "headers": "{}",
-        "payload": "{}",
+        "headers": '{"h": 1}',
+        "payload": '{"a": 1}',
         "destination": "d",
         "event_type": "t",
         "event_id": uuid.UUID(int=7),
+        "extra": "ignored",
         "id": 5,
     }
-    message = ClaimedMessage.from_row(row, payload='{"a": 1}', headers={"h": 1})
-    assert message == ClaimedMessage(
+    build = ClaimedMessage.reader(list(row), headers=json.loads)
+    assert build(tuple(row.values())) == ClaimedMessage(
         5, uuid.UUID(int=7), "t", "d", '{"a": 1}', {"h": 1}, "k", 2, row["created_at"]
     )
-    del row["attempts"]
-    with pytest.raises(TypeError, match="attempts"):
-        ClaimedMessage.from_row(row, payload="{}", headers={})
+
+
+def test_a_claimed_row_without_a_field_is_refused_naming_it():
+    with pytest.raises(TypeError, match="a claimed row has no column attempts, created_at"):
+        ClaimedMessage.reader([f for f in CLAIMED_FIELDS if f not in {"attempts", "created_at"}])
 
 
 def _migration(name: str):
