@@ -11,17 +11,16 @@ The state machine (DESIGN section 3) and the function behind each transition::
     FAILED, ABANDONED --requeue (admin, command)--> PENDING (attempts reset)
     PENDING, FAILED, PROCESSING with an expired lease --abandon (admin)--> ABANDONED
 
-=======================================  ===============================================
-transition                               function
-=======================================  ===============================================
-PENDING, FAILED -> PROCESSING            :func:`claim`
-PROCESSING (lease expired) -> PROCESSING :func:`claim` (reclaim: the same statement)
-PROCESSING -> PUBLISHED                  :func:`record` (``published``)
-PROCESSING -> FAILED / ABANDONED         :func:`record` (``failed``, :class:`FailedRows`)
-FAILED, ABANDONED -> PENDING             :func:`requeue`, :func:`requeue_selected`
-PENDING, FAILED, expired -> ABANDONED    :func:`abandon`
-PUBLISHED, ABANDONED -> deleted          :func:`delete_in_batches` (from ``retention``)
-=======================================  ===============================================
+Each transition and the function that makes it:
+
+- PENDING, FAILED (due) -> PROCESSING: :func:`claim`.
+- PROCESSING with an expired lease -> PROCESSING under a new lease (reclaim):
+  :func:`claim`, the same statement.
+- PROCESSING -> PUBLISHED: :func:`record` (``published``).
+- PROCESSING -> FAILED or ABANDONED: :func:`record` (``failed``, :class:`FailedRows`).
+- FAILED, ABANDONED -> PENDING: :func:`requeue`, :func:`requeue_selected`.
+- PENDING, FAILED, PROCESSING with an expired lease -> ABANDONED: :func:`abandon`.
+- PUBLISHED, ABANDONED -> deleted: :func:`delete_in_batches` (called by ``retention``).
 
 Every write a relay makes after its claim is filtered by the claim's lease
 token, so a relay whose lease was taken over changes nothing; :func:`record`
