@@ -40,6 +40,7 @@ from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
+from . import store
 from .db import RowCount, count_rows
 from .models import InboxFailure, InboxMessage, OutboxMessage, OutboxQuerySet, OutboxStatus
 from .status import summary
@@ -225,7 +226,7 @@ class OutboxMessageAdmin(DeliveryAdmin):
         description=_("Requeue selected failed/abandoned messages"), permissions=["requeue"]
     )
     def requeue(self, request: HttpRequest, queryset: OutboxQuerySet) -> None:
-        changed, refused = self._change_fate(request, queryset, OutboxQuerySet.requeue, "requeued")
+        changed, refused = self._change_fate(request, queryset, store.requeue, "requeued")
         self._report(
             request,
             ngettext(
@@ -250,7 +251,7 @@ class OutboxMessageAdmin(DeliveryAdmin):
         description=_("Abandon selected pending/failed messages"), permissions=["requeue"]
     )
     def abandon(self, request: HttpRequest, queryset: OutboxQuerySet) -> None:
-        changed, refused = self._change_fate(request, queryset, OutboxQuerySet.abandon, "abandoned")
+        changed, refused = self._change_fate(request, queryset, store.abandon, "abandoned")
         self._report(
             request,
             ngettext(
@@ -284,13 +285,13 @@ class OutboxMessageAdmin(DeliveryAdmin):
         self,
         request: HttpRequest,
         queryset: OutboxQuerySet,
-        verb: Callable[[OutboxQuerySet], int],
+        verb: Callable[[str, OutboxQuerySet], int],
         outcome: str,
     ) -> tuple[int, int]:
         """Apply ``verb`` to the selected rows; return (changed, refused by their state)."""
         with transaction.atomic(using=queryset.db):
             selected = queryset.count()
-            changed = verb(queryset)
+            changed = verb(queryset.db, queryset)
         refused = selected - changed
         logger.info(
             "admin: %s %d outbox rows, %d refused by their state",

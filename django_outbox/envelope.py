@@ -12,24 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import operator
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .exceptions import InvalidMessage
 
-#: The outbox columns a claim reads, in :class:`ClaimedMessage` order.
-CLAIMED_FIELDS = (
-    "id",
-    "event_id",
-    "event_type",
-    "destination",
-    "payload",
-    "headers",
-    "ordering_key",
-    "attempts",
-    "created_at",
-)
 CONTENT_TYPE = "application/json"
 CONTENT_ENCODING = "utf-8"
 
@@ -49,14 +38,30 @@ class ClaimedMessage:
     created_at: dt.datetime
 
     @classmethod
-    def from_columns(
-        cls, columns: Sequence[Any], *, payload: str, headers: dict[str, Any]
-    ) -> ClaimedMessage:
-        """Build from a row of :data:`CLAIMED_FIELDS`, with the payload as JSON text."""
-        pk, event_id, event_type, destination, _, _, key, attempts, created_at = columns
-        return cls(
-            pk, event_id, event_type, destination, payload, headers, key, attempts, created_at
-        )
+    def reader(
+        cls, columns: Sequence[str], **convert: Callable[[Any], Any]
+    ) -> Callable[[Sequence[Any]], ClaimedMessage]:
+        """A function that builds a message from one claimed row whose columns are
+        named ``columns`` (e.g. from ``cursor.description``).
+
+        Each field is read from the column of its name (:data:`CLAIMED_FIELDS`),
+        wherever it stands, through ``convert[field]`` when given (the payload
+        as JSON text, the headers decoded). A missing column is a ``TypeError``
+        naming it, never a value in the wrong field."""
+        index = {name: i for i, name in enumerate(columns)}
+        missing = [field for field in CLAIMED_FIELDS if field not in index]
+        if missing:
+            raise TypeError(f"a claimed row has no column {', '.join(missing)}")
+        pick = operator.itemgetter(*(index[field] for field in CLAIMED_FIELDS))
+        steps = [(CLAIMED_FIELDS.index(field), function) for field, function in convert.items()]
+
+        def build(row: Sequence[Any]) -> ClaimedMessage:
+            values = list(pick(row))
+            for position, function in steps:
+                values[position] = function(values[position])
+            return cls(*values)
+
+        return build
 
     @property
     def body(self) -> bytes:
@@ -73,6 +78,10 @@ class ClaimedMessage:
             "occurred_at": self.created_at.isoformat(),
             "ordering_key": self.ordering_key or None,
         }
+
+
+#: The outbox columns a claim reads, named as :class:`ClaimedMessage`'s fields.
+CLAIMED_FIELDS = tuple(field.name for field in dataclasses.fields(ClaimedMessage))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

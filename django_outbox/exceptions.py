@@ -56,3 +56,8 @@ class InvalidMessage(OutboxError, ValueError):
 class BrokerUnreachable(OutboxError, ConnectionError):
     """A consumer given an idle timeout spent that long without reaching its broker,
     counted since its last message (or its start), and gave up."""
+
+
+class RequeueRefused(OutboxError, ValueError):
+    """A requeue named a row that does not exist or is not FAILED/ABANDONED;
+    nothing was requeued."""

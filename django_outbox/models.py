@@ -1,7 +1,9 @@
 """The outbox and inbox tables.
 
 ``OutboxMessage`` rows are written by :func:`django_outbox.stage` inside the
-business transaction and driven by the relay through :class:`OutboxMessage.Status`.
+business transaction and driven through :class:`OutboxMessage.Status` by
+:mod:`django_outbox.store`, the only writer of their state; the querysets here
+only select.
 ``InboxMessage`` rows record which consumer already handled which event.
 Times that matter for correctness (``created_at``, ``available_at``) default to
 the database clock, never the worker's.
@@ -16,8 +18,6 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
-
-from .db import now_plus as db_now_plus
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -42,7 +42,8 @@ class OutboxStatus(models.TextChoices):
 CLAIMABLE = (OutboxStatus.PENDING, OutboxStatus.FAILED, OutboxStatus.PROCESSING)
 #: States an operator may requeue.
 REQUEUEABLE = (OutboxStatus.FAILED, OutboxStatus.ABANDONED)
-#: States an operator may abandon (and PROCESSING once its lease has expired; see abandon()).
+#: States an operator may abandon (and PROCESSING once its lease has expired; see
+#: django_outbox.store.abandon).
 ABANDONABLE = (OutboxStatus.PENDING, OutboxStatus.FAILED)
 
 
@@ -75,38 +76,9 @@ class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
         over changes nothing."""
         return self.filter(lease_token=token)
 
-    def mark_published(self) -> int:
-        """PROCESSING -> PUBLISHED. The lease token stays as a record of which
-        claim published the row."""
-        return self.update(
-            status=OutboxStatus.PUBLISHED, published_at=Now(), locked_until=None, last_error=""
-        )
-
-    def mark_failed(self, error: str, delay: float, *, abandon: bool, counts: bool = True) -> int:
-        """PROCESSING -> FAILED, due again in ``delay`` seconds; or ABANDONED.
-
-        ``counts=False``: nothing was sent, so the attempt is not counted."""
-        attempts = models.F("attempts") + 1 if counts else models.F("attempts")
-        failed = {"attempts": attempts, "last_error": error, "locked_until": None}
-        if abandon:
-            return self.update(status=OutboxStatus.ABANDONED, abandoned_at=Now(), **failed)
-        return self.update(status=OutboxStatus.FAILED, available_at=db_now_plus(delay), **failed)
-
     def requeueable(self) -> OutboxQuerySet:
+        """Rows an operator may requeue: FAILED and ABANDONED."""
         return self.filter(status__in=REQUEUEABLE)
-
-    def requeue(self) -> int:
-        """FAILED/ABANDONED -> PENDING, due now, attempts reset; other rows are left alone."""
-        return self.requeueable().update(
-            status=OutboxStatus.PENDING,
-            attempts=0,
-            available_at=Now(),
-            last_error="",
-            abandoned_at=None,
-            locked_until=None,
-            locked_by="",
-            lease_token=None,
-        )
 
     def abandonable(self) -> OutboxQuerySet:
         """Rows no relay is publishing right now: PENDING, FAILED, and PROCESSING
@@ -114,25 +86,6 @@ class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
         return self.filter(
             models.Q(status__in=ABANDONABLE)
             | models.Q(status=OutboxStatus.PROCESSING, locked_until__lte=Now())
-        )
-
-    def abandon(self) -> int:
-        """PENDING/FAILED (and PROCESSING with an expired lease) -> ABANDONED; other rows
-        are left alone. ``last_error`` is kept: it usually says why.
-
-        A PROCESSING row under a live lease is refused: its relay may be
-        publishing it this instant, and calling it abandoned could then be false.
-        The lease columns are cleared, so a relay whose expired lease is
-        abandoned here finds its token gone and its late write dropped.
-        One UPDATE whose WHERE PostgreSQL re-checks after waiting for a row lock,
-        so a row claimed meanwhile is refused rather than abandoned under the relay.
-        """
-        return self.abandonable().update(
-            status=OutboxStatus.ABANDONED,
-            abandoned_at=Now(),
-            locked_until=None,
-            locked_by="",
-            lease_token=None,
         )
 
 

@@ -16,7 +16,6 @@ thread (:class:`_Pipeline`) while the relay's thread publishes.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import functools
 import itertools
@@ -31,13 +30,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, close_old_connections, connections, transaction
+from django.db import DatabaseError, close_old_connections, connections
 
-from . import db, retention
+from . import db, retention, store
 from .conf import outbox_settings
 from .envelope import ClaimedMessage
 from .failures import FailureCounts, Reason
-from .models import OutboxMessage, OutboxQuerySet
+from .models import OutboxMessage
 from .outage import Outage
 from .redact import SecretFilter, mask_url
 from .retry import RetryPolicy
@@ -217,7 +216,7 @@ class Relay:
     def _claim(self) -> _Claim | None:
         """Claim a batch; None when nothing is due."""
         token = uuid.uuid4()
-        messages = db.claim(
+        messages = store.claim(
             self.using,
             limit=self.batch_size,
             lease_seconds=self.lease_seconds,
@@ -298,27 +297,25 @@ class Relay:
                 attempts = message.attempts + (1 if outcome.counts else 0)
                 abandon = outcome.permanent or (outcome.counts and self.policy.exhausted(attempts))
                 failures.setdefault((outcome, abandon, attempts), []).append(message)
-        rows = OutboxMessage.objects.using(self.using)
-        lost: list[ClaimedMessage] = []
-        # One statement is atomic on its own; more share a transaction.
-        several = bool(published) + len(failures) > 1
-        written: list[_Failed] = []
-        with transaction.atomic(using=self.using) if several else contextlib.nullcontext():
-            if published:
-                held = rows.filter(id__in=[m.id for m in published]).leased(token)
-                if held.mark_published() != len(published):
-                    # Published rows keep the token: those without it were taken over.
-                    lost += _not_held(published, held)
-            for (failure, abandon, attempts), group in failures.items():
-                delay = self._retry_delay(failure, abandon, attempts)
-                held = rows.filter(id__in=[m.id for m in group]).leased(token)
-                marked = held.mark_failed(
-                    failure.error, delay, abandon=abandon, counts=failure.counts
+        written = [
+            _Failed(failure, abandon, self._retry_delay(failure, abandon, attempts), group)
+            for (failure, abandon, attempts), group in failures.items()
+        ]
+        lost_ids = store.record(
+            self.using,
+            token,
+            published=[m.id for m in published],
+            failed=[
+                store.FailedRows(
+                    [m.id for m in done.messages],
+                    done.failure.error,
+                    abandon=done.abandon,
+                    delay=done.delay,
+                    counts=done.failure.counts,
                 )
-                if marked != len(group):
-                    lost += _not_held(group, held)
-                written.append(_Failed(failure, abandon, delay, group))
-        lost_ids = {m.id for m in lost}
+                for done in written
+            ],
+        )
         return _Finalized(
             claimed=len(messages),
             published=[m for m in published if m.id not in lost_ids],
@@ -328,7 +325,7 @@ class Relay:
                 )
                 for done in written
             ],
-            lost=lost,
+            lost=[m for m in messages if m.id in lost_ids],
             transport_failed=batch.transport_failed,
         )
 
@@ -689,13 +686,6 @@ def _by_destination(messages: list[ClaimedMessage]) -> dict[str, list[ClaimedMes
     for message in messages:
         by_destination.setdefault(message.destination, []).append(message)
     return by_destination
-
-
-def _not_held(messages: list[ClaimedMessage], held: OutboxQuerySet) -> list[ClaimedMessage]:
-    """The ``messages`` that ``held`` (their rows still under this batch's lease)
-    no longer contains: another relay took them over."""
-    kept = set(held.values_list("id", flat=True))
-    return [m for m in messages if m.id not in kept]
 
 
 def _closed(listener: db.postgresql.Listener | None) -> db.postgresql.Listener | None:

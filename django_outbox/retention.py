@@ -18,23 +18,19 @@ kind           rows                                         kept for
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from typing import Any
 
-from django.db.models import Expression, QuerySet
+from django.db.models import QuerySet
 
-from . import db
+from . import store
 from .conf import outbox_settings
+from .expressions import now_minus
 from .models import InboxFailure, InboxMessage, OutboxMessage
 
 logger = logging.getLogger(__name__)
 
 DELETE_BATCH = 1000
-
-
-def _before(retention: dt.timedelta) -> Expression:
-    return db.now_plus(-retention.total_seconds())
 
 
 def expired(using: str = "default") -> dict[str, QuerySet[Any]]:
@@ -43,19 +39,19 @@ def expired(using: str = "default") -> dict[str, QuerySet[Any]]:
     failures = InboxFailure.objects.using(using)
     return {
         "published": outbox.published().filter(
-            published_at__lt=_before(outbox_settings.PUBLISHED_RETENTION)
+            published_at__lt=now_minus(outbox_settings.PUBLISHED_RETENTION)
         ),
         "abandoned": outbox.abandoned().filter(
-            abandoned_at__lt=_before(outbox_settings.ABANDONED_RETENTION)
+            abandoned_at__lt=now_minus(outbox_settings.ABANDONED_RETENTION)
         ),
         "inbox": InboxMessage.objects.using(using).filter(
-            processed_at__lt=_before(outbox_settings.INBOX_RETENTION)
+            processed_at__lt=now_minus(outbox_settings.INBOX_RETENTION)
         ),
         "failures": failures.failing().filter(
-            last_failed_at__lt=_before(outbox_settings.INBOX_RETENTION)
+            last_failed_at__lt=now_minus(outbox_settings.INBOX_RETENTION)
         ),
         "parked": failures.parked().filter(
-            parked_at__lt=_before(outbox_settings.ABANDONED_RETENTION)
+            parked_at__lt=now_minus(outbox_settings.ABANDONED_RETENTION)
         ),
     }
 
@@ -66,7 +62,9 @@ def cleanup(
     """Delete (or with ``dry_run`` count) expired rows; returns counts per kind."""
     if dry_run:
         return {kind: rows.count() for kind, rows in expired(using).items()}
-    counts = {kind: _delete_in_batches(rows, batch_size) for kind, rows in expired(using).items()}
+    counts = {
+        kind: store.delete_in_batches(rows, batch_size) for kind, rows in expired(using).items()
+    }
     if any(counts.values()):
         logger.info(
             "retention deleted %s",
@@ -79,12 +77,3 @@ def cleanup(
 def describe(counts: dict[str, int]) -> str:
     """``"3 published, 0 abandoned, ..."``: one line for logs and commands."""
     return ", ".join(f"{count} {kind}" for kind, count in counts.items())
-
-
-def _delete_in_batches(rows: QuerySet[Any], batch_size: int) -> int:
-    total = 0
-    while ids := list(rows.values_list("id", flat=True)[:batch_size]):
-        # The filter is applied again: a row requeued since it was selected stays.
-        deleted, _ = rows.filter(id__in=ids).delete()
-        total += deleted
-    return total

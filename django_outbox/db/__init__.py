@@ -1,14 +1,15 @@
 """The only place that knows which database is underneath.
 
 Callers ask capability questions (``supports_skip_locked``) or call
-operations that are a no-op where the database lacks them (the NOTIFY trigger).
-Vendor SQL lives in the submodules, named after Django's ``connection.vendor``.
+operations that pick the vendor's way (the claim, the staging INSERT, LISTEN).
+Vendor SQL lives in ``queries.sql`` (named queries, see :mod:`.queries`), run
+by the submodules named after Django's ``connection.vendor``. Only
+:mod:`django_outbox.store` calls :func:`claim`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
 import uuid
 from collections.abc import Iterable
@@ -16,17 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, IntegrityError, connections, models, transaction
 from django.db.models.constants import OnConflict
-from django.db.models.functions import Cast, Now
+from django.db.models.functions import Cast
 from django.db.models.sql import InsertQuery
 
 from ..conf import outbox_settings
 from ..envelope import CLAIMED_FIELDS, ClaimedMessage
 from ..exceptions import OutboxConfigurationError
+from ..expressions import now_plus
 from . import postgresql
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
-    from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
     from ..models import OutboxMessage
 
@@ -73,10 +74,6 @@ def count_rows(queryset: models.QuerySet[Any], *, exact_up_to: int = EXACT_COUNT
     return RowCount(queryset.count(), exact=True)
 
 
-def _outbox_table(apps: Any) -> str:
-    return str(apps.get_model("django_outbox", "OutboxMessage")._meta.db_table)
-
-
 def require_tables(using: str, *tables: type[models.Model]) -> None:
     """Refuse, naming the first missing table, a database where the tables of ``tables``
     do not exist (``migrate`` not run). A database that cannot be asked now passes: the
@@ -94,27 +91,6 @@ def require_tables(using: str, *tables: type[models.Model]) -> None:
                 f"database {using!r} has no table {model._meta.db_table}: django_outbox's "
                 f"migrations are not applied there; run python manage.py migrate{option}"
             )
-
-
-def install_notify_trigger(apps: Any, schema_editor: BaseDatabaseSchemaEditor) -> None:
-    """Migration step: make every INSERT into the outbox NOTIFY in its own transaction."""
-    if supports_notify(schema_editor.connection):
-        for statement in postgresql.notify_trigger_sql(_outbox_table(apps)):
-            schema_editor.execute(statement)
-
-
-def remove_notify_trigger(apps: Any, schema_editor: BaseDatabaseSchemaEditor) -> None:
-    if supports_notify(schema_editor.connection):
-        for statement in postgresql.drop_notify_trigger_sql(_outbox_table(apps)):
-            schema_editor.execute(statement)
-
-
-def now_plus(seconds: float) -> models.Expression:
-    """The database clock plus ``seconds``, for ``update()`` and filters."""
-    return models.ExpressionWrapper(
-        Now() + models.Value(dt.timedelta(seconds=seconds), output_field=models.DurationField()),
-        output_field=models.DateTimeField(),
-    )
 
 
 def claim(
@@ -178,12 +154,12 @@ def _claim_portable(
         )
         claimed = rows.filter(id__in=ids).order_by("id").values_list(*CLAIMED_FIELDS)
         # The JSONField decoded the payload; the wire wants it as text again.
-        return [
-            ClaimedMessage.from_columns(
-                row, payload=json.dumps(row[4], ensure_ascii=False), headers=row[5]
-            )
-            for row in claimed
-        ]
+        build = ClaimedMessage.reader(CLAIMED_FIELDS, payload=_json_text)
+        return [build(row) for row in claimed]
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
 
 
 class _JsonBytes(models.Func):

@@ -1,7 +1,9 @@
-"""PostgreSQL-only SQL: the NOTIFY trigger, LISTEN, the claim and row estimates."""
+"""PostgreSQL only: the claim, the staging INSERT, LISTEN and row estimates (their SQL
+is in ``queries.sql``; the NOTIFY trigger is installed by the migrations)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -9,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from django.db.models.expressions import DatabaseDefault
 
 from ..envelope import ClaimedMessage
+from . import queries
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -18,65 +21,21 @@ if TYPE_CHECKING:
 
 #: The LISTEN/NOTIFY channel a relay waits on; the payload is the table name.
 NOTIFY_CHANNEL = "django_outbox"
-_FUNCTION = "django_outbox_notify"
 
 
-def notify_trigger_sql(table: str) -> list[str]:
-    """A statement-level trigger, so that staging N events costs one NOTIFY and no
-    extra round trip; PostgreSQL delivers it when (and only if) the staging
-    transaction commits, and folds repeats within one transaction into one."""
-    return [
-        f"""
-        CREATE OR REPLACE FUNCTION {_FUNCTION}() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            PERFORM pg_notify('{NOTIFY_CHANNEL}', TG_TABLE_NAME);
-            RETURN NULL;
-        END
-        $$
-        """,
-        f'CREATE TRIGGER {_FUNCTION} AFTER INSERT ON "{table}" '
-        f"FOR EACH STATEMENT EXECUTE FUNCTION {_FUNCTION}()",
-    ]
-
-
-def drop_notify_trigger_sql(table: str) -> list[str]:
-    return [
-        f'DROP TRIGGER IF EXISTS {_FUNCTION} ON "{table}"',
-        f"DROP FUNCTION IF EXISTS {_FUNCTION}()",
-    ]
-
-
+@functools.cache
 def _claim_sql() -> str:
-    """The claim statement: parameters limit, max_bytes, lease seconds (twice), worker,
-    token."""
+    """The claim statement (named query ``claim``) for the outbox table."""
     from ..models import CLAIMABLE, OutboxMessage, OutboxStatus
 
-    table = OutboxMessage._meta.db_table
-    claimable = ", ".join(f"'{status.value}'" for status in CLAIMABLE)
-    return f"""
-        WITH picked AS (
-            SELECT id, available_at, octet_length(payload::text) AS size FROM "{table}"
-            WHERE status IN ({claimable}) AND available_at <= now()
-            ORDER BY available_at, id
-            LIMIT %s
-            FOR UPDATE SKIP LOCKED
-        ), running AS (
-            SELECT id, row_number() OVER w AS n, sum(size) OVER w AS total FROM picked
-            WINDOW w AS (ORDER BY available_at, id)
-        ), bounded AS (
-            SELECT id FROM running WHERE n = 1 OR total <= %s
-        )
-        UPDATE "{table}" AS o
-        SET status = '{OutboxStatus.PROCESSING.value}',
-            available_at = now() + make_interval(secs => %s),
-            locked_until = now() + make_interval(secs => %s),
-            locked_by = %s,
-            lease_token = %s
-        FROM bounded
-        WHERE o.id = bounded.id
-        RETURNING o.id, o.event_id, o.event_type, o.destination, o.payload::text,
-                  o.headers::text, o.ordering_key, o.attempts, o.created_at
-    """
+    return queries.sql(
+        "claim",
+        identifiers={"table": OutboxMessage._meta.db_table},
+        literals={
+            "claimable": [status.value for status in CLAIMABLE],
+            "processing": OutboxStatus.PROCESSING.value,
+        },
+    )
 
 
 def claim(
@@ -99,15 +58,15 @@ def claim(
         cursor.execute(
             _claim_sql(), [limit, max_bytes, lease_seconds, lease_seconds, worker, token]
         )
-        rows = cursor.fetchall()
-    rows.sort()
-    # Columns as in CLAIMED_FIELDS, the payload as JSON text and the headers to decode.
-    return [
-        ClaimedMessage.from_columns(
-            row, payload=row[4], headers=json.loads(row[5]) if row[5] != "{}" else {}
+        build = ClaimedMessage.reader(
+            [column.name for column in cursor.description], headers=_headers
         )
-        for row in rows
-    ]
+        return sorted(map(build, cursor.fetchall()), key=lambda message: message.id)
+
+
+def _headers(text: str) -> dict[str, Any]:
+    """The headers column, JSON text as Django's psycopg setup returns ``jsonb``."""
+    return json.loads(text) if text != "{}" else {}
 
 
 def estimated_rows(queryset: QuerySet[Any]) -> int:
@@ -141,16 +100,11 @@ def insert(connection: BaseDatabaseWrapper, rows: list[OutboxMessage]) -> None:
 def _insert(connection: BaseDatabaseWrapper, rows: list[OutboxMessage]) -> None:
     from ..models import OutboxMessage, OutboxStatus
 
-    table = OutboxMessage._meta.db_table
-    values = (
-        f"(%s, %s, %s, %s::jsonb, %s::jsonb, %s, coalesce(%s, statement_timestamp()), "
-        f"'{OutboxStatus.PENDING.value}', 0, '', '')"
-    )
-    sql = (
-        f'INSERT INTO "{table}" (event_id, event_type, destination, payload, headers, '
-        "ordering_key, available_at, status, attempts, locked_by, last_error) "
-        f"VALUES {', '.join([values] * len(rows))} "
-        "RETURNING event_id, id, available_at, created_at"
+    values = queries.sql("insert_row", literals={"pending": OutboxStatus.PENDING.value})
+    sql = queries.sql(
+        "insert",
+        identifiers={"table": OutboxMessage._meta.db_table},
+        fragments={"rows": ", ".join([values] * len(rows))},
     )
     params: list[Any] = []
     for row in rows:
@@ -186,7 +140,7 @@ class Listener:
         for django_only in ("cursor_factory", "context", "server_side_binding"):
             params.pop(django_only, None)
         self._conn = psycopg.connect(**params, autocommit=True)
-        self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        self._conn.execute(queries.sql("listen", identifiers={"channel": NOTIFY_CHANNEL}))
 
     def wait(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds for a notification; True if one came.

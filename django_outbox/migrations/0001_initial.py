@@ -5,7 +5,39 @@ import django.db.models.functions.datetime
 import uuid
 from django.db import migrations, models
 
-import django_outbox.db
+# A frozen copy of the SQL this migration installs (PostgreSQL only): never
+# import it from the package, so that editing today's SQL (the named queries
+# notify_function and notify_trigger in django_outbox/db/queries.sql) never
+# changes what this migration does. tests check that both still match.
+NOTIFY_FUNCTION_SQL = """
+CREATE OR REPLACE FUNCTION django_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('django_outbox', TG_TABLE_NAME);
+    RETURN NULL;
+END
+$$
+"""
+NOTIFY_TRIGGER_SQL = (
+    'CREATE TRIGGER django_outbox_notify AFTER INSERT ON "django_outbox_outboxmessage" '
+    "FOR EACH STATEMENT EXECUTE FUNCTION django_outbox_notify()"
+)
+DROP_NOTIFY_SQL = (
+    'DROP TRIGGER IF EXISTS django_outbox_notify ON "django_outbox_outboxmessage"',
+    "DROP FUNCTION IF EXISTS django_outbox_notify()",
+)
+
+
+def install_notify_trigger(apps, schema_editor):
+    """Make every INSERT into the outbox NOTIFY relays when its transaction commits."""
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(NOTIFY_FUNCTION_SQL)
+        schema_editor.execute(NOTIFY_TRIGGER_SQL)
+
+
+def remove_notify_trigger(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        for statement in DROP_NOTIFY_SQL:
+            schema_editor.execute(statement)
 
 
 class Migration(migrations.Migration):
@@ -63,8 +95,8 @@ class Migration(migrations.Migration):
         ),
         # PostgreSQL only (a no-op elsewhere): NOTIFY relays when staged rows commit.
         migrations.RunPython(
-            django_outbox.db.install_notify_trigger,
-            django_outbox.db.remove_notify_trigger,
+            install_notify_trigger,
+            remove_notify_trigger,
             elidable=False,
         ),
     ]

@@ -1,0 +1,145 @@
+"""Named queries (django_outbox/db/queries.sql), the claimed row built by column
+name, and the frozen SQL of the migrations. No database: SQL is only rendered."""
+
+from __future__ import annotations
+
+import ast
+import datetime as dt
+import importlib
+import json
+import pathlib
+import re
+import uuid
+
+import pytest
+
+from django_outbox.db import postgresql, queries
+from django_outbox.envelope import CLAIMED_FIELDS, ClaimedMessage
+from django_outbox.models import CLAIMABLE, OutboxMessage, OutboxStatus
+
+PACKAGE = pathlib.Path(queries.__file__).parents[1]
+SAMPLE = """\
+-- header comment, before any query
+
+-- name: first
+-- what it does
+SELECT {column} FROM {table} WHERE status IN ({states})
+
+-- name: second
+UPDATE t SET x = 1
+"""
+
+
+def _spaced(sql: str) -> str:
+    return " ".join(sql.split())
+
+
+def test_parse_keeps_each_sections_sql_without_its_comments():
+    assert queries.parse(SAMPLE) == {
+        "first": "SELECT {column} FROM {table} WHERE status IN ({states})",
+        "second": "UPDATE t SET x = 1",
+    }
+
+
+def test_a_query_defined_twice_is_refused():
+    with pytest.raises(ValueError, match="query 'second' is defined twice"):
+        queries.parse(SAMPLE + "\n-- name: second\nSELECT 1\n")
+
+
+def test_every_query_of_the_package_file_loads():
+    text = (PACKAGE / "db" / "queries.sql").read_text()
+    names = re.findall(r"^-- name: (\w+)", text, re.MULTILINE)
+    assert set(names) == {
+        "claim",
+        "insert",
+        "insert_row",
+        "listen",
+        "notify_function",
+        "notify_trigger",
+    }
+    for name in names:
+        assert queries._queries()[name]
+        assert "-- " not in queries._queries()[name]
+
+
+def test_an_unknown_query_name_is_an_error_naming_it():
+    with pytest.raises(queries.UnknownQuery, match=r"no query named 'clam' in .*queries\.sql"):
+        queries.sql("clam")
+
+
+def test_a_placeholder_without_a_value_is_an_error_naming_it():
+    with pytest.raises(queries.UnknownQuery, match=r"query 'claim' needs a value for \{table\}"):
+        queries.sql("claim")
+
+
+def test_identifiers_and_literals_are_quoted_and_escaped():
+    assert queries.quote_identifier('we"ird') == '"we""ird"'
+    assert queries.quote_literal("it's") == "'it''s'"
+    sql = queries.sql(
+        "claim",
+        identifiers={"table": 'out"box'},
+        literals={"claimable": ["a", "b'c"], "processing": "p"},
+    )
+    assert 'FROM "out""box"' in sql
+    assert "status IN ('a', 'b''c')" in sql
+    assert "SET status = 'p'" in sql
+
+
+def test_the_claim_names_every_column_it_returns_after_claimed_message():
+    sql = postgresql._claim_sql()
+    returning = sql[sql.index("RETURNING") :]
+    assert re.findall(r"AS (\w+)", returning) == list(CLAIMED_FIELDS)
+    claimable = ", ".join(f"'{status.value}'" for status in CLAIMABLE)
+    assert f"status IN ({claimable})" in sql
+    assert f'FROM "{OutboxMessage._meta.db_table}"' in sql
+    assert f"SET status = '{OutboxStatus.PROCESSING.value}'" in sql
+
+
+def test_a_claimed_message_is_built_by_column_name():
+    row = {
+        "created_at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+        "attempts": 2,
+        "ordering_key": "k",
+        "headers": '{"h": 1}',
+        "payload": '{"a": 1}',
+        "destination": "d",
+        "event_type": "t",
+        "event_id": uuid.UUID(int=7),
+        "extra": "ignored",
+        "id": 5,
+    }
+    build = ClaimedMessage.reader(list(row), headers=json.loads)
+    assert build(tuple(row.values())) == ClaimedMessage(
+        5, uuid.UUID(int=7), "t", "d", '{"a": 1}', {"h": 1}, "k", 2, row["created_at"]
+    )
+
+
+def test_a_claimed_row_without_a_field_is_refused_naming_it():
+    with pytest.raises(TypeError, match="a claimed row has no column attempts, created_at"):
+        ClaimedMessage.reader([f for f in CLAIMED_FIELDS if f not in {"attempts", "created_at"}])
+
+
+def _migration(name: str):
+    return importlib.import_module(f"django_outbox.migrations.{name}")
+
+
+def test_the_initial_migration_keeps_its_own_copy_of_the_trigger_sql():
+    """Editing queries.sql never changes what 0001 installs: it imports nothing of
+    the package, and its frozen copy is what the package defines today (when
+    this fails after an edit of queries.sql, the edit needs a new migration)."""
+    path = PACKAGE / "migrations" / "0001_initial.py"
+    imported = {
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    assert not {name for name in imported if name and name.startswith("django_outbox")}
+    initial = _migration("0001_initial")
+    table = OutboxMessage._meta.db_table
+    assert _spaced(initial.NOTIFY_FUNCTION_SQL) == _spaced(
+        queries.sql("notify_function", literals={"channel": postgresql.NOTIFY_CHANNEL})
+    )
+    assert _spaced(initial.NOTIFY_TRIGGER_SQL) == _spaced(
+        queries.sql("notify_trigger", identifiers={"table": table})
+    )

@@ -1,0 +1,51 @@
+"""The state of an outbox row has one owner (django_outbox/store.py), and the
+leaf modules stay leaves. Read from the source: no database, no import."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import django_outbox
+
+PACKAGE = pathlib.Path(django_outbox.__file__).parent
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {
+        str(path.relative_to(PACKAGE)): ast.parse(path.read_text())
+        for path in PACKAGE.rglob("*.py")
+        if "migrations" not in path.parts
+    }
+
+
+def test_only_the_store_and_the_vendor_sql_write_a_status():
+    """``update(status=...)`` and ``update(lease_token=...)`` appear in store.py
+    (and the claim in db/) only."""
+    writers = {
+        name
+        for name, tree in _modules().items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "update"
+        and {"status", "lease_token", "locked_until"} & {k.arg for k in node.keywords}
+    }
+    assert writers == {"store.py", "db/__init__.py"}
+
+
+def _package_imports(tree: ast.Module) -> set[str]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or "django_outbox" in node.module):
+            found.add(("." * node.level) + (node.module or ""))
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("django_outbox")}
+    return found
+
+
+def test_the_models_and_the_expressions_import_nothing_of_the_package():
+    """Anything may import them without a cycle (db and store import the models)."""
+    modules = _modules()
+    assert _package_imports(modules["models.py"]) == set()
+    assert _package_imports(modules["expressions.py"]) == set()
