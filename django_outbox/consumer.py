@@ -60,7 +60,7 @@ from .inbox import (
     record_failure,
     record_redelivery,
 )
-from .outage import Outage
+from .outage import broker_outage, database_outage
 from .redact import SecretFilter, mask_url
 from .retry import RetryPolicy
 from .transports.kombu import (
@@ -126,6 +126,7 @@ class InboxConsumer:
         url: str | None = None,
         transport_options: dict[str, Any] | None = None,
         event_types: Iterable[str] | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         self.queue = queue
         self.handler = handler
@@ -147,31 +148,35 @@ class InboxConsumer:
         self.route = outbox_settings.route_for_queue(queue)
         self.stats = ConsumerStats()
         self._transient = transient_errors(kombu.Connection(self.url))
-        self._outage = Outage()
-        self._stop = threading.Event()
+        #: Set it (e.g. from a signal handler) to stop after the message in hand.
+        self.stop = stop if stop is not None else threading.Event()
+        #: The broker's outages; its downtime is what ``idle_timeout`` counts.
+        self._broker = broker_outage()
+        self._database = database_outage(using)
+        self._attempt: float | None = None  # when the connection attempt under way began
         self._first_message_at: float | None = None
         self._last_message = 0.0  # monotonic time of the last message (or the start)
         self._held = _Held()
-        self._unreachable = _Unreachable()
 
-    def run(self, stop: threading.Event, *, idle_timeout: float | None = None) -> ConsumerStats:
-        """Consume until ``stop`` is set, or until no message came for ``idle_timeout``
-        seconds. Returns the totals (also in :attr:`stats`).
+    def run(self, *, idle_timeout: float | None = None) -> ConsumerStats:
+        """Consume until :attr:`stop` is set, or until no message came for
+        ``idle_timeout`` seconds. Returns the totals (also in :attr:`stats`).
 
         Without ``idle_timeout`` an unreachable broker is waited for without end.
         With it, the time without a broker since the last message (or the start) is
         counted too: once it reaches ``idle_timeout``, :class:`BrokerUnreachable`
         is raised."""
-        self._stop = stop
         started = self._last_message = time.monotonic()
         try:
-            while not stop.is_set():
+            while not self.stop.is_set():
                 try:
                     if self._consume(idle_timeout):
                         break
                 except self._transient as exc:
-                    self._outage.broker_suspect()  # each logs only at an outage's start
-                    self._outage.broker_failed(exc)
+                    # An outage begins when the connection attempt that failed began (or
+                    # now, when a working connection failed); logged at its start only.
+                    self._broker.failed(exc, since=self._attempt)
+                    self._attempt = None
                     self._wait_for_broker(exc, idle_timeout)
         finally:
             self.stats.elapsed = time.monotonic() - started
@@ -180,8 +185,8 @@ class InboxConsumer:
     def _wait_for_broker(self, exc: BaseException, idle_timeout: float | None) -> None:
         """Back off before the next attempt to reach the broker; give up (raise
         :class:`BrokerUnreachable`) once ``idle_timeout`` seconds went by without it."""
-        without = self._unreachable.failed()
-        backoff = self._outage.backoff()
+        without = self._broker.downtime()
+        backoff = self._broker.backoff()
         if idle_timeout is not None:
             if without >= idle_timeout:
                 raise BrokerUnreachable(
@@ -189,7 +194,7 @@ class InboxConsumer:
                     f"unreachable ({outbox_settings.redact(f'{type(exc).__name__}: {exc}')})"
                 )
             backoff = min(backoff, idle_timeout - without)
-        self._stop.wait(backoff)
+        self.stop.wait(backoff)
 
     def _consume(self, idle_timeout: float | None) -> bool:
         """One connection's life. True when done (stopped or idle), on a broker
@@ -198,16 +203,15 @@ class InboxConsumer:
             self.url, transport_options=self.transport_options, connect_timeout=CONNECT_TIMEOUT
         )
         try:
-            self._unreachable.connecting()
+            self._attempt = time.monotonic()
             connection.connect()
             # A reply the broker never sends (a silent network) fails the wait for it, so
             # neither subscribing, unsubscribing nor closing blocks a stopping consumer.
             bound_socket_waits(connection, CONNECT_TIMEOUT)
             channel = connection.channel()
             queue = self._declare(connection, channel)
-            self._unreachable.reached()
-            if self._outage.broker_down:
-                self._outage.broker_recovered()
+            self._attempt = None
+            self._broker.recovered()
             logger.info(
                 "consuming %s as %r (prefetch %d)",
                 self.queue,
@@ -240,7 +244,7 @@ class InboxConsumer:
         requeue each held message when its delay is over. Idle time runs from the last
         message (or the start) over every connection: a broker whose connections drop
         now and then does not restart it."""
-        while not self._stop.is_set():
+        while not self.stop.is_set():
             self._held.requeue_due()
             try:
                 connection.drain_events(timeout=self._held.wait(DRAIN_TIMEOUT))
@@ -261,13 +265,13 @@ class InboxConsumer:
     # -- one message ----------------------------------------------------------------
 
     def _on_message(self, message: Any) -> None:
-        if self._stop.is_set():  # delivered while the consumer unsubscribes: not started
+        if self.stop.is_set():  # delivered while the consumer unsubscribes: not started
             message.requeue()
             return
         if self._first_message_at is None:
             self._first_message_at = time.monotonic()
         self._last_message = time.monotonic()
-        self._unreachable.reset()
+        self._broker.forget_downtime()
         try:
             self._handle(message)
         finally:
@@ -304,7 +308,7 @@ class InboxConsumer:
         except Exception as exc:
             self._failed(message, event, exc, counted)
             return
-        self._outage.database_recovered(self.using)
+        self._database.recovered()
         message.ack()
         if new:
             self.stats.handled += 1
@@ -417,41 +421,9 @@ class InboxConsumer:
         """The database is gone: the message goes back uncounted, and the consumer
         waits before taking the next one."""
         message.requeue()
-        self._outage.database_failed(self.using, exc)
+        self._database.failed(exc)
         connections[self.using].close()
-        self._stop.wait(self._outage.backoff())
-
-
-class _Unreachable:
-    """Seconds without a broker since the last message (or the start), over one
-    outage or several: what ``idle_timeout`` counts while the broker is away. An
-    outage begins when the attempt to connect that failed began, or when a working
-    connection failed."""
-
-    def __init__(self) -> None:
-        self._total = 0.0  # of the outages that ended
-        self._since: float | None = None  # when the current one began
-        self._attempt: float | None = None  # when the connection attempt under way began
-
-    def connecting(self) -> None:
-        self._attempt = time.monotonic()
-
-    def failed(self) -> float:
-        """Reaching the broker failed; the seconds without it so far."""
-        now = time.monotonic()
-        if self._since is None:
-            self._since = now if self._attempt is None else self._attempt
-        self._attempt = None
-        return self._total + now - self._since
-
-    def reached(self) -> None:
-        if self._since is not None:
-            self._total += time.monotonic() - self._since
-        self._since = self._attempt = None
-
-    def reset(self) -> None:
-        """A message came."""
-        self._total = 0.0
+        self.stop.wait(self._database.backoff())
 
 
 class _Held:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import threading
 import time
 from decimal import Decimal
 from typing import Any
@@ -87,6 +86,6 @@ class Command(BaseCommand):
 
     def _consume(self) -> ConsumerStats:
         consumer = InboxConsumer("orders", invoice_order.__wrapped__, invoice_order.inbox_consumer)
-        stats = consumer.run(threading.Event(), idle_timeout=IDLE_TIMEOUT)
+        stats = consumer.run(idle_timeout=IDLE_TIMEOUT)
         self.stdout.write(f"   {stats.summary()}")
         return stats
