@@ -35,6 +35,7 @@ once that long went by without a broker since the last message.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import heapq
 import itertools
@@ -42,11 +43,12 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import kombu
 from django.db import DatabaseError, close_old_connections, connections
+from kombu.mixins import ConsumerMixin
 
 from .conf import outbox_settings
 from .envelope import CONTENT_TYPE, ReceivedEvent
@@ -109,8 +111,14 @@ class ConsumerStats:
         )
 
 
-class InboxConsumer:
-    """Consume ``queue`` and run ``handler`` once per event for ``consumer``."""
+class InboxConsumer(ConsumerMixin):
+    """Consume ``queue`` and run ``handler`` once per event for ``consumer``.
+
+    Built on kombu's :class:`~kombu.mixins.ConsumerMixin`: its consumer context
+    (connection, consumers, cancel) and hooks (``get_consumers``,
+    ``on_consume_ready``, ``on_decode_error``). ``run()`` and ``consume()`` are this
+    class's own, for the reasons said at each.
+    """
 
     def __init__(
         self,
@@ -157,8 +165,11 @@ class InboxConsumer:
         self._first_message_at: float | None = None
         self._last_message = 0.0  # monotonic time of the last message (or the start)
         self._held = _Held()
+        self._idle = False  # idle for idle_timeout: done
+        self._idle_timeout: float | None = None
+        self._connection: kombu.Connection | None = None  # the one being set up or used
 
-    def run(self, *, idle_timeout: float | None = None) -> ConsumerStats:
+    def run(self, *, idle_timeout: float | None = None) -> ConsumerStats:  # type: ignore[override]
         """Consume until :attr:`stop` is set, or until no message came for
         ``idle_timeout`` seconds. Returns the totals (also in :attr:`stats`).
 
@@ -166,12 +177,16 @@ class InboxConsumer:
         With it, the time without a broker since the last message (or the start) is
         counted too: once it reaches ``idle_timeout``, :class:`BrokerUnreachable`
         is raised."""
+        # Not ConsumerMixin.run(): it reconnects through Connection.ensure_connection,
+        # with kombu's own intervals, deaf to the stop event and blind to the time
+        # without a broker that idle_timeout counts. This loop backs off through the
+        # broker's OutageTracker instead, and waits on the stop event.
+        self._idle_timeout = idle_timeout
         started = self._last_message = time.monotonic()
         try:
-            while not self.stop.is_set():
+            while not self.should_stop:
                 try:
-                    if self._consume(idle_timeout):
-                        break
+                    self.consume()
                 except self._transient as exc:
                     # An outage begins when the connection attempt that failed began (or
                     # now, when a working connection failed); logged at its start only.
@@ -181,6 +196,11 @@ class InboxConsumer:
         finally:
             self.stats.elapsed = time.monotonic() - started
         return self.stats
+
+    @property
+    def should_stop(self) -> bool:  # type: ignore[override]  # read by ConsumerMixin
+        """Stop requested, or idle for ``idle_timeout`` with nothing held."""
+        return self.stop.is_set() or self._idle
 
     def _wait_for_broker(self, exc: BaseException, idle_timeout: float | None) -> None:
         """Back off before the next attempt to reach the broker; give up (raise
@@ -196,9 +216,21 @@ class InboxConsumer:
             backoff = min(backoff, idle_timeout - without)
         self.stop.wait(backoff)
 
-    def _consume(self, idle_timeout: float | None) -> bool:
-        """One connection's life. True when done (stopped or idle), on a broker
-        error it raises one of the transient errors."""
+    # -- ConsumerMixin's hooks ------------------------------------------------------
+
+    def consume(self, *args: Any, **kwargs: Any) -> None:
+        """One connection's life: subscribe (ConsumerMixin's ``consumer_context``),
+        handle messages until stopped or idle, then unsubscribe. A broker error raises
+        one of the transient errors."""
+        # Not ConsumerMixin.consume(): it drains with a fixed timeout, where a held
+        # message must be requeued when its delay is over.
+        with self.consumer_context(**kwargs) as (connection, _channel, _consumers):
+            self._drain(connection)
+
+    @contextlib.contextmanager
+    def establish_connection(self) -> Iterator[kombu.Connection]:
+        """A connection with bounded waits, made once: :meth:`run` retries (the
+        mixin's own would retry through ``ensure_connection`` without end)."""
         connection = kombu.Connection(
             self.url, transport_options=self.transport_options, connect_timeout=CONNECT_TIMEOUT
         )
@@ -208,30 +240,10 @@ class InboxConsumer:
             # A reply the broker never sends (a silent network) fails the wait for it, so
             # neither subscribing, unsubscribing nor closing blocks a stopping consumer.
             bound_socket_waits(connection, CONNECT_TIMEOUT)
-            channel = connection.channel()
-            queue = self._declare(connection, channel)
-            self._attempt = None
-            self._broker.recovered()
-            logger.info(
-                "consuming %s as %r (prefetch %d)",
-                self.queue,
-                self.consumer,
-                self.prefetch,
-                extra={"action": "inbox.consuming", "queue": self.queue},
-            )
-            with kombu.Consumer(
-                channel,
-                queues=[queue],
-                accept=["json"],
-                on_message=self._on_message,
-                on_decode_error=self._on_undecodable,
-                prefetch_count=self.prefetch,
-                auto_declare=False,
-            ):
-                self._drain(connection, idle_timeout)
+            self._connection = connection
+            yield connection
             # Stopping (or idle), no longer subscribed: nothing held waits for its delay.
             self._held.requeue_all()
-            return True
         finally:
             self._held.forget()  # on a lost connection the broker requeues them itself
             try:
@@ -239,28 +251,57 @@ class InboxConsumer:
             except Exception:  # the connection is already broken; nothing to save
                 logger.debug("error closing a broken broker connection", exc_info=True)
 
-    def _drain(self, connection: kombu.Connection, idle_timeout: float | None) -> None:
+    def get_consumers(self, Consumer: Any, channel: Any) -> list[kombu.Consumer]:
+        """The one consumer of the queue; a refusal to declare it (e.g. the queue exists
+        with other arguments) raises DeclareRefused, an OutboxConfigurationError with
+        the relay's wording: retrying cannot help."""
+        assert self._connection is not None  # set by establish_connection()
+        queue = declare(channel, self.route, refused=refusal_errors(self._connection))
+        assert queue is not None  # route_for_queue() always names the queue
+        return [
+            Consumer(
+                queues=[queue],
+                accept=["json"],
+                on_message=self._on_message,
+                prefetch_count=self.prefetch,
+                auto_declare=False,
+            )
+        ]
+
+    def on_consume_ready(
+        self, connection: Any, channel: Any, consumers: Any, **kwargs: Any
+    ) -> None:
+        self._attempt = None
+        self._broker.recovered()
+        logger.info(
+            "consuming %s as %r (prefetch %d)",
+            self.queue,
+            self.consumer,
+            self.prefetch,
+            extra={"action": "inbox.consuming", "queue": self.queue},
+        )
+
+    def on_decode_error(self, message: Any, exc: Exception) -> None:
+        """kombu could not even turn the frame into a message (e.g. bad compression)."""
+        self._last_message = time.monotonic()
+        self.stats.received += 1
+        self._reject(message, exc)
+
+    def _drain(self, connection: kombu.Connection) -> None:
         """Handle messages until stopped, or idle for ``idle_timeout`` with nothing held;
         requeue each held message when its delay is over. Idle time runs from the last
         message (or the start) over every connection: a broker whose connections drop
         now and then does not restart it."""
-        while not self.stop.is_set():
+        while not self.should_stop:
             self._held.requeue_due()
             try:
                 connection.drain_events(timeout=self._held.wait(DRAIN_TIMEOUT))
             except TimeoutError:
                 connection.heartbeat_check()
                 idle = time.monotonic() - self._last_message
-                if idle_timeout is not None and idle >= idle_timeout and not self._held:
-                    return
+                timeout = self._idle_timeout
+                self._idle = timeout is not None and idle >= timeout and not self._held
                 close_old_connections()  # honours CONN_MAX_AGE between idle spells
-
-    def _declare(self, connection: kombu.Connection, channel: Any) -> kombu.Queue:
-        # A refusal (e.g. the queue exists with other arguments) raises DeclareRefused,
-        # an OutboxConfigurationError with the relay's wording: retrying cannot help.
-        queue = declare(channel, self.route, refused=refusal_errors(connection))
-        assert queue is not None  # route_for_queue() always names the queue
-        return queue
 
     # -- one message ----------------------------------------------------------------
 
@@ -335,12 +376,6 @@ class InboxConsumer:
         if parked:
             self._park(message, event, deliveries, f"not run: {UNACKED_ERROR}")
         return not parked
-
-    def _on_undecodable(self, message: Any, exc: Exception) -> None:
-        """kombu could not even turn the frame into a message (e.g. bad compression)."""
-        self._last_message = time.monotonic()
-        self.stats.received += 1
-        self._reject(message, exc)
 
     def _reject(self, message: Any, exc: Exception) -> None:
         self.stats.rejected += 1
