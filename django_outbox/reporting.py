@@ -64,14 +64,7 @@ def run_result(totals: RunStats, elapsed: float, using: str, *, drain: bool) -> 
 def failure_lines(stats: BatchStats, using: str, *, untried: bool = False) -> list[str]:
     """Why rows were not published (the ``TOP_REASONS`` reasons with most rows), how
     many wait for a retry and (``untried``: a drain) how many are due but were never tried."""
-    reasons, rest = stats.reasons.most_common(TOP_REASONS)
-    lines = [
-        f"{'abandoned' if reason.abandoned else 'failed'} {count} to {reason.destination!r}: "
-        f"{one_line(reason.error)}"
-        for reason, count in reasons
-    ]
-    if rest:
-        lines.append(f"and {rest} more {'row' if rest == 1 else 'rows'} for other reasons")
+    lines = reason_lines(stats)
     wait = retry_wait(using)
     if wait.rows.value and wait.next_due_in is not None:
         lines.append(
@@ -84,6 +77,20 @@ def failure_lines(stats: BatchStats, using: str, *, untried: bool = False) -> li
             f"{rows(due, 'is', 'are')} due and {'was' if due.value == 1 else 'were'} "
             "not tried: the drain stopped first"
         )
+    return lines
+
+
+def reason_lines(stats: BatchStats) -> list[str]:
+    """One line per reason rows were not published, the ``TOP_REASONS`` with most rows
+    first, and one for the rows of all the others."""
+    reasons, rest = stats.reasons.most_common(TOP_REASONS)
+    lines = [
+        f"{'abandoned' if reason.abandoned else 'failed'} {count} to {reason.destination!r}: "
+        f"{one_line(reason.error)}"
+        for reason, count in reasons
+    ]
+    if rest:
+        lines.append(f"and {rest} more {'row' if rest == 1 else 'rows'} for other reasons")
     return lines
 
 
