@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from django.db import DatabaseError, close_old_connections, connections, transaction
 
@@ -153,6 +153,29 @@ class _Run:
     #: A claim made while the previous batch was being published; it is always
     #: published, even after a stop request, so that no row waits for its lease.
     ahead: Callable[[], _Claim | None] | None = None
+
+    done: bool = False  # a drain that ran dry or gave up on the broker
+
+    def going(self) -> bool:
+        """Until stopped (after the claim made ahead is published) or, draining, done."""
+        return not self.done and (not self.stop.is_set() or self.ahead is not None)
+
+    def wait_for_broker(self) -> None:
+        """Back off while the broker is down; a drain gives up instead."""
+        if self.drain:
+            self.done = True
+        else:
+            self.stop.wait(self.broker.backoff())
+
+    def rest(self) -> None:
+        """Nothing is due: honour ``CONN_MAX_AGE`` on both threads, then wait for a
+        wake-up, the poll interval or stop; a drain is done instead."""
+        if self.drain:
+            self.done = True
+            return
+        close_old_connections()
+        self.pipeline.close_old_connections()
+        self.wakeup.wait()
 
     def tally(self, stats: BatchStats) -> None:
         self.totals.add(stats)
@@ -461,26 +484,20 @@ class Relay:
         progress when ``stop`` is set is finished first, so its rows are not left
         PROCESSING.
         """
-        state = self._start(stop, drain, on_batch)
-        try:
-            while not stop.is_set() or state.ahead is not None:
-                if state.ahead is None and state.broker.down and not self._broker_back(state):
-                    if drain:
-                        break
-                    stop.wait(state.broker.backoff())
+        with self._running(stop, drain, on_batch) as state:
+            while state.going():  # until stopped (the claim made ahead published) or drained
+                if not self._broker_ready(state):
+                    state.wait_for_broker()  # a drain gives up instead
                 elif not self._turn(state):  # nothing was due
-                    if drain:
-                        break
-                    self._rest(state)
-        finally:
-            self._stopped(state)
+                    state.rest()  # a drain is done instead
         return state.totals
 
-    def _start(
+    @contextlib.contextmanager
+    def _running(
         self, stop: threading.Event, drain: bool, on_batch: Callable[[BatchStats], None] | None
-    ) -> _Run:
+    ) -> Iterator[_Run]:
         """The components of a run: the wake-up, one outage tracker per resource, the
-        pipeline and (unless draining) the retention thread."""
+        pipeline and (unless draining) the retention thread; stopped at the end."""
         wakeup = WakeUp(
             stop,
             functools.partial(db.listen, self.using),
@@ -501,7 +518,10 @@ class Relay:
                 self.using, interval=interval, first_in=random.uniform(0, interval)
             )
             state.retention_thread.start()
-        return state
+        try:
+            yield state
+        finally:
+            self._stopped(state)
 
     def _stopped(self, state: _Run) -> None:
         """Settle the pipeline, stop retention, close the listener and the brokers."""
@@ -545,12 +565,6 @@ class Relay:
         state.database.recovered()
         return batch
 
-    def _rest(self, state: _Run) -> None:
-        """Nothing is due: honour ``CONN_MAX_AGE`` on both threads, then wait."""
-        close_old_connections()
-        state.pipeline.close_old_connections()
-        state.wakeup.wait()
-
     def _database_failed(self, state: _Run, exc: DatabaseError) -> None:
         """Log the outage, give up the claim made ahead (its rows wait for their lease),
         settle the pipeline, close every connection of this relay (both threads' and the
@@ -562,6 +576,11 @@ class Relay:
         state.pipeline.close_connection()
         state.wakeup.close()
         state.stop.wait(state.database.backoff())
+
+    def _broker_ready(self, state: _Run) -> bool:
+        """Whether to go on publishing: yes with a claim made ahead (it is published
+        whatever the broker's state) or no broker outage; else whether it is over."""
+        return state.ahead is not None or not state.broker.down or self._broker_back(state)
 
     def _broker_back(self, state: _Run) -> bool:
         """Whether the broker can be reached again. When it cannot, a relay logs the
