@@ -43,16 +43,19 @@ def test_exit_1_when_a_row_failed_or_was_abandoned():
 
 
 def test_the_reasons_most_rows_first_on_one_line_each():
-    batch = stats(claimed=9, failed=8, abandoned=1)
+    batch = stats(claimed=10, failed=8, abandoned=2)
     batch.reasons.add(Reason("orders", "ConnectionRefused:\nrefused", False), 2)
-    batch.reasons.add(Reason("orders", "NOT_FOUND - no exchange", True), 1)
+    batch.reasons.add(Reason("orders", "NOT_FOUND - no exchange", True), 2)
     for n in range(6):
         batch.reasons.add(Reason("audit", f"timeout {n}", False), 1)
-    lines = reason_lines(batch)
-    assert lines[0] == "failed 2 to 'orders': ConnectionRefused: refused"
-    assert len(lines) == 6
-    assert lines[-1] == "and 2 more rows for other reasons"
-    assert "abandoned 1 to 'orders': NOT_FOUND - no exchange" in lines
+    assert reason_lines(batch) == [
+        "failed 2 to 'orders': ConnectionRefused: refused",
+        "abandoned 2 to 'orders': NOT_FOUND - no exchange",
+        "failed 1 to 'audit': timeout 0",
+        "failed 1 to 'audit': timeout 1",
+        "failed 1 to 'audit': timeout 2",
+        "and 3 more rows for other reasons",
+    ]
 
 
 def test_counts_of_rows_read_as_words():
