@@ -2,15 +2,18 @@
 
 One :class:`Relay` serves one database alias. :meth:`Relay.run_once` handles
 one batch; :meth:`Relay.run` loops until its stop event is set, waking on
-PostgreSQL NOTIFY (or every ``POLL_INTERVAL``), riding out broker and database
-outages with backoff, and running retention cleanup now and then. No argparse,
-no printing, no exits: ``run_outbox_relay`` is a thin command over this class.
+PostgreSQL NOTIFY (or every ``POLL_INTERVAL``: :class:`~django_outbox.wakeup.WakeUp`),
+riding out broker and database outages with backoff (an
+:class:`~django_outbox.outage.OutageTracker` each), while a
+:class:`~django_outbox.retention.RetentionThread` cleans up on a thread of its own.
+No argparse, no printing, no exits: ``run_outbox_relay`` is a thin command over
+this class.
 
 Each batch is three short steps: claim (one statement on PostgreSQL), publish
 outside any transaction, and finalize, where every write is filtered by the
 batch's lease token, so a relay whose lease was taken over changes nothing.
 In :meth:`Relay.run` the database steps of neighbouring batches run on a second
-thread (:class:`_Pipeline`) while the relay's thread publishes.
+thread (:class:`~django_outbox.pipeline.Pipeline`) while the relay's thread publishes.
 """
 
 from __future__ import annotations
@@ -153,7 +156,6 @@ class _Run:
     #: A claim made while the previous batch was being published; it is always
     #: published, even after a stop request, so that no row waits for its lease.
     ahead: Callable[[], _Claim | None] | None = None
-
     done: bool = False  # a drain that ran dry or gave up on the broker
 
     def going(self) -> bool:
