@@ -1,5 +1,6 @@
 """What the outbox commands share; it lives in the library (:mod:`django_outbox.cli`)
-so that each command stays a thin layer: parse, call, print."""
+so that each command stays a thin layer: parse, call, print. The argparse types
+(``positive_int`` and friends) are there too."""
 
 from django_outbox.cli import (
     add_consumer_options,
@@ -9,10 +10,6 @@ from django_outbox.cli import (
     consumer_from_options,
     finish,
     library_errors,
-    non_negative_int,
-    non_negative_seconds,
-    positive_int,
-    positive_seconds,
     require_tables,
     stop_on_signals,
 )
@@ -25,10 +22,6 @@ __all__ = [
     "consumer_from_options",
     "finish",
     "library_errors",
-    "non_negative_int",
-    "non_negative_seconds",
-    "positive_int",
-    "positive_seconds",
     "require_tables",
     "stop_on_signals",
 ]
