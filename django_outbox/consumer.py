@@ -35,6 +35,7 @@ once that long went by without a broker since the last message.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import heapq
 import itertools
@@ -42,11 +43,12 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import kombu
 from django.db import DatabaseError, close_old_connections, connections
+from kombu.mixins import ConsumerMixin
 
 from .conf import outbox_settings
 from .envelope import CONTENT_TYPE, ReceivedEvent
@@ -60,7 +62,7 @@ from .inbox import (
     record_failure,
     record_redelivery,
 )
-from .outage import Outage
+from .outage import broker_outage, database_outage
 from .redact import SecretFilter, mask_url
 from .retry import RetryPolicy
 from .transports.kombu import (
@@ -109,8 +111,14 @@ class ConsumerStats:
         )
 
 
-class InboxConsumer:
-    """Consume ``queue`` and run ``handler`` once per event for ``consumer``."""
+class InboxConsumer(ConsumerMixin):
+    """Consume ``queue`` and run ``handler`` once per event for ``consumer``.
+
+    Built on kombu's :class:`~kombu.mixins.ConsumerMixin`: its consumer context
+    (connection, consumers, cancel) and hooks (``get_consumers``,
+    ``on_consume_ready``, ``on_decode_error``). ``run()`` and ``consume()`` are this
+    class's own, for the reasons said at each.
+    """
 
     def __init__(
         self,
@@ -126,6 +134,7 @@ class InboxConsumer:
         url: str | None = None,
         transport_options: dict[str, Any] | None = None,
         event_types: Iterable[str] | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         self.queue = queue
         self.handler = handler
@@ -147,41 +156,57 @@ class InboxConsumer:
         self.route = outbox_settings.route_for_queue(queue)
         self.stats = ConsumerStats()
         self._transient = transient_errors(kombu.Connection(self.url))
-        self._outage = Outage()
-        self._stop = threading.Event()
+        #: Set it (e.g. from a signal handler) to stop after the message in hand.
+        self.stop = stop if stop is not None else threading.Event()
+        #: The broker's outages; its downtime is what ``idle_timeout`` counts.
+        self._broker = broker_outage()
+        self._database = database_outage(using)
+        self._attempt: float | None = None  # when the connection attempt under way began
         self._first_message_at: float | None = None
         self._last_message = 0.0  # monotonic time of the last message (or the start)
         self._held = _Held()
-        self._unreachable = _Unreachable()
+        self._idle = False  # idle for idle_timeout: done
+        self._idle_timeout: float | None = None
+        self._connection: kombu.Connection | None = None  # the one being set up or used
 
-    def run(self, stop: threading.Event, *, idle_timeout: float | None = None) -> ConsumerStats:
-        """Consume until ``stop`` is set, or until no message came for ``idle_timeout``
-        seconds. Returns the totals (also in :attr:`stats`).
+    def run(self, *, idle_timeout: float | None = None) -> ConsumerStats:  # type: ignore[override]
+        """Consume until :attr:`stop` is set, or until no message came for
+        ``idle_timeout`` seconds. Returns the totals (also in :attr:`stats`).
 
         Without ``idle_timeout`` an unreachable broker is waited for without end.
         With it, the time without a broker since the last message (or the start) is
         counted too: once it reaches ``idle_timeout``, :class:`BrokerUnreachable`
         is raised."""
-        self._stop = stop
+        # Not ConsumerMixin.run(): it reconnects through Connection.ensure_connection,
+        # with kombu's own intervals, deaf to the stop event and blind to the time
+        # without a broker that idle_timeout counts. This loop backs off through the
+        # broker's OutageTracker instead, and waits on the stop event.
+        self._idle_timeout = idle_timeout
         started = self._last_message = time.monotonic()
         try:
-            while not stop.is_set():
+            while not self.should_stop:
                 try:
-                    if self._consume(idle_timeout):
-                        break
+                    self.consume()
                 except self._transient as exc:
-                    self._outage.broker_suspect()  # each logs only at an outage's start
-                    self._outage.broker_failed(exc)
+                    # An outage begins when the connection attempt that failed began (or
+                    # now, when a working connection failed); logged at its start only.
+                    self._broker.failed(exc, since=self._attempt)
+                    self._attempt = None
                     self._wait_for_broker(exc, idle_timeout)
         finally:
             self.stats.elapsed = time.monotonic() - started
         return self.stats
 
+    @property
+    def should_stop(self) -> bool:  # type: ignore[override]  # read by ConsumerMixin
+        """Stop requested, or idle for ``idle_timeout`` with nothing held."""
+        return self.stop.is_set() or self._idle
+
     def _wait_for_broker(self, exc: BaseException, idle_timeout: float | None) -> None:
         """Back off before the next attempt to reach the broker; give up (raise
         :class:`BrokerUnreachable`) once ``idle_timeout`` seconds went by without it."""
-        without = self._unreachable.failed()
-        backoff = self._outage.backoff()
+        without = self._broker.downtime()
+        backoff = self._broker.backoff()
         if idle_timeout is not None:
             if without >= idle_timeout:
                 raise BrokerUnreachable(
@@ -189,45 +214,36 @@ class InboxConsumer:
                     f"unreachable ({outbox_settings.redact(f'{type(exc).__name__}: {exc}')})"
                 )
             backoff = min(backoff, idle_timeout - without)
-        self._stop.wait(backoff)
+        self.stop.wait(backoff)
 
-    def _consume(self, idle_timeout: float | None) -> bool:
-        """One connection's life. True when done (stopped or idle), on a broker
-        error it raises one of the transient errors."""
+    # -- ConsumerMixin's hooks ------------------------------------------------------
+
+    def consume(self, *args: Any, **kwargs: Any) -> None:
+        """One connection's life: subscribe (ConsumerMixin's ``consumer_context``),
+        handle messages until stopped or idle, then unsubscribe. A broker error raises
+        one of the transient errors."""
+        # Not ConsumerMixin.consume(): it drains with a fixed timeout, where a held
+        # message must be requeued when its delay is over.
+        with self.consumer_context(**kwargs) as (connection, _channel, _consumers):
+            self._drain(connection)
+
+    @contextlib.contextmanager
+    def establish_connection(self) -> Iterator[kombu.Connection]:
+        """A connection with bounded waits, made once: :meth:`run` retries (the
+        mixin's own would retry through ``ensure_connection`` without end)."""
         connection = kombu.Connection(
             self.url, transport_options=self.transport_options, connect_timeout=CONNECT_TIMEOUT
         )
         try:
-            self._unreachable.connecting()
+            self._attempt = time.monotonic()
             connection.connect()
             # A reply the broker never sends (a silent network) fails the wait for it, so
             # neither subscribing, unsubscribing nor closing blocks a stopping consumer.
             bound_socket_waits(connection, CONNECT_TIMEOUT)
-            channel = connection.channel()
-            queue = self._declare(connection, channel)
-            self._unreachable.reached()
-            if self._outage.broker_down:
-                self._outage.broker_recovered()
-            logger.info(
-                "consuming %s as %r (prefetch %d)",
-                self.queue,
-                self.consumer,
-                self.prefetch,
-                extra={"action": "inbox.consuming", "queue": self.queue},
-            )
-            with kombu.Consumer(
-                channel,
-                queues=[queue],
-                accept=["json"],
-                on_message=self._on_message,
-                on_decode_error=self._on_undecodable,
-                prefetch_count=self.prefetch,
-                auto_declare=False,
-            ):
-                self._drain(connection, idle_timeout)
+            self._connection = connection
+            yield connection
             # Stopping (or idle), no longer subscribed: nothing held waits for its delay.
             self._held.requeue_all()
-            return True
         finally:
             self._held.forget()  # on a lost connection the broker requeues them itself
             try:
@@ -235,39 +251,68 @@ class InboxConsumer:
             except Exception:  # the connection is already broken; nothing to save
                 logger.debug("error closing a broken broker connection", exc_info=True)
 
-    def _drain(self, connection: kombu.Connection, idle_timeout: float | None) -> None:
+    def get_consumers(self, Consumer: Any, channel: Any) -> list[kombu.Consumer]:
+        """The one consumer of the queue; a refusal to declare it (e.g. the queue exists
+        with other arguments) raises DeclareRefused, an OutboxConfigurationError with
+        the relay's wording: retrying cannot help."""
+        assert self._connection is not None  # set by establish_connection()
+        queue = declare(channel, self.route, refused=refusal_errors(self._connection))
+        assert queue is not None  # route_for_queue() always names the queue
+        return [
+            Consumer(
+                queues=[queue],
+                accept=["json"],
+                on_message=self._on_message,
+                prefetch_count=self.prefetch,
+                auto_declare=False,
+            )
+        ]
+
+    def on_consume_ready(
+        self, connection: Any, channel: Any, consumers: Any, **kwargs: Any
+    ) -> None:
+        self._attempt = None
+        self._broker.recovered()
+        logger.info(
+            "consuming %s as %r (prefetch %d)",
+            self.queue,
+            self.consumer,
+            self.prefetch,
+            extra={"action": "inbox.consuming", "queue": self.queue},
+        )
+
+    def on_decode_error(self, message: Any, exc: Exception) -> None:
+        """kombu could not even turn the frame into a message (e.g. bad compression)."""
+        self._last_message = time.monotonic()
+        self.stats.received += 1
+        self._reject(message, exc)
+
+    def _drain(self, connection: kombu.Connection) -> None:
         """Handle messages until stopped, or idle for ``idle_timeout`` with nothing held;
         requeue each held message when its delay is over. Idle time runs from the last
         message (or the start) over every connection: a broker whose connections drop
         now and then does not restart it."""
-        while not self._stop.is_set():
+        while not self.should_stop:
             self._held.requeue_due()
             try:
                 connection.drain_events(timeout=self._held.wait(DRAIN_TIMEOUT))
             except TimeoutError:
                 connection.heartbeat_check()
                 idle = time.monotonic() - self._last_message
-                if idle_timeout is not None and idle >= idle_timeout and not self._held:
-                    return
+                timeout = self._idle_timeout
+                self._idle = timeout is not None and idle >= timeout and not self._held
                 close_old_connections()  # honours CONN_MAX_AGE between idle spells
-
-    def _declare(self, connection: kombu.Connection, channel: Any) -> kombu.Queue:
-        # A refusal (e.g. the queue exists with other arguments) raises DeclareRefused,
-        # an OutboxConfigurationError with the relay's wording: retrying cannot help.
-        queue = declare(channel, self.route, refused=refusal_errors(connection))
-        assert queue is not None  # route_for_queue() always names the queue
-        return queue
 
     # -- one message ----------------------------------------------------------------
 
     def _on_message(self, message: Any) -> None:
-        if self._stop.is_set():  # delivered while the consumer unsubscribes: not started
+        if self.stop.is_set():  # delivered while the consumer unsubscribes: not started
             message.requeue()
             return
         if self._first_message_at is None:
             self._first_message_at = time.monotonic()
         self._last_message = time.monotonic()
-        self._unreachable.reset()
+        self._broker.forget_downtime()
         try:
             self._handle(message)
         finally:
@@ -304,7 +349,7 @@ class InboxConsumer:
         except Exception as exc:
             self._failed(message, event, exc, counted)
             return
-        self._outage.database_recovered(self.using)
+        self._database.recovered()
         message.ack()
         if new:
             self.stats.handled += 1
@@ -331,12 +376,6 @@ class InboxConsumer:
         if parked:
             self._park(message, event, deliveries, f"not run: {UNACKED_ERROR}")
         return not parked
-
-    def _on_undecodable(self, message: Any, exc: Exception) -> None:
-        """kombu could not even turn the frame into a message (e.g. bad compression)."""
-        self._last_message = time.monotonic()
-        self.stats.received += 1
-        self._reject(message, exc)
 
     def _reject(self, message: Any, exc: Exception) -> None:
         self.stats.rejected += 1
@@ -417,41 +456,9 @@ class InboxConsumer:
         """The database is gone: the message goes back uncounted, and the consumer
         waits before taking the next one."""
         message.requeue()
-        self._outage.database_failed(self.using, exc)
+        self._database.failed(exc)
         connections[self.using].close()
-        self._stop.wait(self._outage.backoff())
-
-
-class _Unreachable:
-    """Seconds without a broker since the last message (or the start), over one
-    outage or several: what ``idle_timeout`` counts while the broker is away. An
-    outage begins when the attempt to connect that failed began, or when a working
-    connection failed."""
-
-    def __init__(self) -> None:
-        self._total = 0.0  # of the outages that ended
-        self._since: float | None = None  # when the current one began
-        self._attempt: float | None = None  # when the connection attempt under way began
-
-    def connecting(self) -> None:
-        self._attempt = time.monotonic()
-
-    def failed(self) -> float:
-        """Reaching the broker failed; the seconds without it so far."""
-        now = time.monotonic()
-        if self._since is None:
-            self._since = now if self._attempt is None else self._attempt
-        self._attempt = None
-        return self._total + now - self._since
-
-    def reached(self) -> None:
-        if self._since is not None:
-            self._total += time.monotonic() - self._since
-        self._since = self._attempt = None
-
-    def reset(self) -> None:
-        """A message came."""
-        self._total = 0.0
+        self.stop.wait(self._database.backoff())
 
 
 class _Held:

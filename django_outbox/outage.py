@@ -1,12 +1,15 @@
-"""Riding out a broker or database that went away: log once when an outage starts
-and once when it ends, and space out reconnection attempts. Shared by the relay
-and the consumer."""
+"""Riding out a broker or database that went away: one :class:`OutageTracker` per
+resource logs once when an outage starts and once when it ends, and spaces out
+reconnection attempts. Used by the relay (a broker tracker and a database
+tracker) and by the consumer."""
 
 from __future__ import annotations
 
 import logging
 import random
 import time
+from collections.abc import Callable
+from typing import Any
 
 from .conf import outbox_settings
 from .redact import SecretFilter
@@ -17,61 +20,98 @@ logger.addFilter(SecretFilter(outbox_settings.redact))
 
 #: Longest sleep between attempts to reach a broker or database that is down.
 MAX_OUTAGE_BACKOFF = 30.0
+#: Each backoff is shortened by up to this fraction at random, so that relays and
+#: consumers that lost the same server do not all come back at once.
+OUTAGE_JITTER = 0.2
 
 
-class Outage:
-    """Tracks broker and database outages: logs once when one starts and once when
-    it ends, and spaces out reconnection attempts (1, 2, 4 ... 30 s)."""
+class OutageTracker:
+    """One resource's outages (a broker, or a database alias).
 
-    def __init__(self) -> None:
-        self.broker_down = False
-        self.database_down = False
-        self.since = 0.0
-        self.failures = 0
+    :meth:`failed` logs the start of an outage once (``outbox.<resource>_down``),
+    :meth:`recovered` its end once (``outbox.<resource>_up``, with how long it
+    lasted), and :meth:`backoff` gives the seconds to wait before the next attempt:
+    1, 2, 4 ... 30, each shortened at random by up to ``OUTAGE_JITTER``.
+    :meth:`downtime` adds up the seconds without the resource over several
+    outages, until :meth:`forget_downtime`.
+    """
+
+    def __init__(
+        self,
+        resource: str,
+        what: str,
+        *,
+        extra: dict[str, Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        jitter: Callable[[float, float], float] = random.uniform,
+    ) -> None:
+        self.resource = resource  # "broker", "database": the log actions' names
+        self.what = what  # how the log lines name it: "broker", "database 'default'"
+        self.extra = extra or {}
+        self.down = False
+        self._clock = clock
+        self._jitter = jitter
+        self._since = 0.0  # when the current outage began
+        self._failures = 0  # backoffs taken in the current outage
+        self._logged = False  # its start was logged
+        self._ended = 0.0  # seconds of the outages that ended since forget_downtime()
+
+    def suspect(self, since: float | None = None) -> None:
+        """The resource may be down (e.g. a publish failed): an outage begins at
+        ``since`` (default: now), not logged until :meth:`failed` confirms it."""
+        if not self.down:
+            self.down, self._failures, self._logged = True, 0, False
+            self._since = self._clock() if since is None else since
+
+    def failed(self, exc: BaseException, *, since: float | None = None) -> None:
+        """Reaching the resource failed with ``exc``; logs the outage's start once."""
+        self.suspect(since)
+        if not self._logged:
+            self._logged = True
+            logger.warning(
+                "%s unreachable (%s); retrying with backoff",
+                self.what,
+                exc,
+                extra={"action": f"outbox.{self.resource}_down", **self.extra},
+            )
+
+    def recovered(self) -> None:
+        """The resource answered; logs the end of an outage that was logged."""
+        if not self.down:
+            return
+        lasted = self._clock() - self._since
+        self._ended += lasted
+        if self._logged:
+            logger.warning(
+                "%s reachable again after %.1fs",
+                self.what,
+                lasted,
+                extra={"action": f"outbox.{self.resource}_up", **self.extra},
+            )
+        self.down, self._failures, self._logged = False, 0, False
 
     def backoff(self) -> float:
-        self.failures += 1
-        return min(MAX_OUTAGE_BACKOFF, 2 ** (self.failures - 1)) * random.uniform(0.8, 1.0)
+        """Seconds to wait before the next attempt: 1, 2, 4 ... ``MAX_OUTAGE_BACKOFF``."""
+        self._failures += 1
+        longest = min(MAX_OUTAGE_BACKOFF, 2 ** (self._failures - 1))
+        return longest * self._jitter(1 - OUTAGE_JITTER, 1.0)
 
-    def broker_suspect(self) -> None:
-        if not self.broker_down:
-            self.broker_down, self.since, self.failures = True, time.monotonic(), 0
+    def downtime(self) -> float:
+        """Seconds without the resource since :meth:`forget_downtime`, the current
+        outage included."""
+        return self._ended + (self._clock() - self._since if self.down else 0.0)
 
-    def broker_failed(self, exc: BaseException) -> None:
-        if self.failures == 0:
-            logger.warning(
-                "broker unreachable (%s); retrying with backoff",
-                exc,
-                extra={"action": "outbox.broker_down"},
-            )
+    def forget_downtime(self) -> None:
+        """Count :meth:`downtime` afresh from here (the outage under way, if any,
+        counts from its start still)."""
+        self._ended = 0.0
 
-    def broker_recovered(self) -> None:
-        if self.failures:
-            logger.warning(
-                "broker reachable again after %.1fs",
-                time.monotonic() - self.since,
-                extra={"action": "outbox.broker_up"},
-            )
-        self.broker_down, self.failures = False, 0
 
-    def database_failed(self, using: str, exc: BaseException) -> None:
-        if not self.database_down:
-            self.database_down, self.since, self.failures = True, time.monotonic(), 0
-            logger.warning(
-                "database %r unreachable (%s); retrying with backoff",
-                using,
-                exc,
-                extra={"action": "outbox.database_down", "using": using},
-            )
+def broker_outage(**options: Any) -> OutageTracker:
+    """The tracker of the broker's outages."""
+    return OutageTracker("broker", "broker", **options)
 
-    def database_recovered(self, using: str) -> None:
-        """Log the end of a database outage, if one is under way."""
-        if not self.database_down:
-            return
-        logger.warning(
-            "database %r reachable again after %.1fs",
-            using,
-            time.monotonic() - self.since,
-            extra={"action": "outbox.database_up", "using": using},
-        )
-        self.database_down, self.failures = False, 0
+
+def database_outage(using: str, **options: Any) -> OutageTracker:
+    """The tracker of database ``using``'s outages."""
+    return OutageTracker("database", f"database {using!r}", extra={"using": using}, **options)

@@ -2,20 +2,23 @@
 
 One :class:`Relay` serves one database alias. :meth:`Relay.run_once` handles
 one batch; :meth:`Relay.run` loops until its stop event is set, waking on
-PostgreSQL NOTIFY (or every ``POLL_INTERVAL``), riding out broker and database
-outages with backoff, and running retention cleanup now and then. No argparse,
-no printing, no exits: ``run_outbox_relay`` is a thin command over this class.
+PostgreSQL NOTIFY (or every ``POLL_INTERVAL``: :class:`~django_outbox.wakeup.WakeUp`),
+riding out broker and database outages with backoff (an
+:class:`~django_outbox.outage.OutageTracker` each), while a
+:class:`~django_outbox.retention.RetentionThread` cleans up on a thread of its own.
+No argparse, no printing, no exits: ``run_outbox_relay`` is a thin command over
+this class.
 
 Each batch is three short steps: claim (one statement on PostgreSQL), publish
 outside any transaction, and finalize, where every write is filtered by the
 batch's lease token, so a relay whose lease was taken over changes nothing.
 In :meth:`Relay.run` the database steps of neighbouring batches run on a second
-thread (:class:`_Pipeline`) while the relay's thread publishes.
+thread (:class:`~django_outbox.pipeline.Pipeline`) while the relay's thread publishes.
 """
 
 from __future__ import annotations
 
-import collections
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -26,9 +29,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Sequence
 
 from django.db import DatabaseError, close_old_connections, connections
 
@@ -37,19 +38,18 @@ from .conf import outbox_settings
 from .envelope import ClaimedMessage
 from .failures import FailureCounts, Reason
 from .models import OutboxMessage
-from .outage import Outage
+from .outage import OutageTracker, broker_outage, database_outage
+from .pipeline import Pipeline
 from .redact import SecretFilter, mask_url
 from .retry import RetryPolicy
 from .routes import Route
 from .signals import event_abandoned, event_failed, event_published
 from .transports.base import Failure, Outcome, Transport
+from .wakeup import WakeUp
 
 logger = logging.getLogger(__name__)
 logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tracebacks
-T = TypeVar("T")
 
-#: How long one slice of an idle wait lasts, so a stop request is seen promptly.
-WAIT_SLICE = 0.5
 #: Error texts a batch logs one record each for, per destination and fate (those with
 #: most rows); the rows of its other error texts share one more record.
 MAX_LOGGED_REASONS = 3
@@ -141,25 +141,48 @@ class _Finalized:
 
 @dataclasses.dataclass
 class _Run:
-    """What one :meth:`Relay.run` carries from one batch to the next."""
+    """What one :meth:`Relay.run` carries from one batch to the next: its components
+    and its totals."""
 
     stop: threading.Event
     drain: bool
     on_batch: Callable[[BatchStats], None] | None
-    pipeline: _Pipeline
+    wakeup: WakeUp
+    database: OutageTracker
+    broker: OutageTracker = dataclasses.field(default_factory=broker_outage)
+    pipeline: Pipeline[_Claim, _Batch, _Finalized] = dataclasses.field(init=False)
+    retention_thread: retention.RetentionThread | None = None
     totals: RunStats = dataclasses.field(default_factory=RunStats)
-    outage: Outage = dataclasses.field(default_factory=Outage)
-    listener: db.postgresql.Listener | None = None
     #: A claim made while the previous batch was being published; it is always
     #: published, even after a stop request, so that no row waits for its lease.
     ahead: Callable[[], _Claim | None] | None = None
-    next_cleanup: float = 0.0  # monotonic time of the next retention cleanup
+    done: bool = False  # a drain that ran dry or gave up on the broker
 
-    def tally(self, finalized: list[BatchStats]) -> None:
-        for stats in finalized:
-            self.totals.add(stats)
-            if self.on_batch is not None:
-                self.on_batch(stats)
+    def going(self) -> bool:
+        """Until stopped (after the claim made ahead is published) or, draining, done."""
+        return not self.done and (not self.stop.is_set() or self.ahead is not None)
+
+    def wait_for_broker(self) -> None:
+        """Back off while the broker is down; a drain gives up instead."""
+        if self.drain:
+            self.done = True
+        else:
+            self.stop.wait(self.broker.backoff())
+
+    def rest(self) -> None:
+        """Nothing is due: honour ``CONN_MAX_AGE`` on both threads, then wait for a
+        wake-up, the poll interval or stop; a drain is done instead."""
+        if self.drain:
+            self.done = True
+            return
+        close_old_connections()
+        self.pipeline.close_old_connections()
+        self.wakeup.wait()
+
+    def tally(self, stats: BatchStats) -> None:
+        self.totals.add(stats)
+        if self.on_batch is not None:
+            self.on_batch(stats)
 
 
 class Relay:
@@ -465,91 +488,108 @@ class Relay:
         """Relay until ``stop`` is set (or, with ``drain``, until nothing is due, or
         the broker cannot be reached: a drain gives up rather than wait for it).
 
-        Returns the totals. A batch in progress when ``stop`` is set is finished
-        first, so its rows are not left PROCESSING.
+        Each turn publishes a batch; with nothing due, the relay waits for the first
+        of a wake-up, the poll interval, or ``stop``. Returns the totals. A batch in
+        progress when ``stop`` is set is finished first, so its rows are not left
+        PROCESSING.
         """
-        state = _Run(stop, drain, on_batch, _Pipeline(self))
-        state.next_cleanup = time.monotonic() + random.uniform(0, outbox_settings.CLEANUP_INTERVAL)
-        try:
-            while not stop.is_set() or state.ahead is not None:
-                outage = state.outage
-                if state.ahead is None and outage.broker_down and not self._broker_back(state):
-                    if drain:
-                        break
-                    stop.wait(outage.backoff())
-                    continue
-                try:
-                    batch = self._turn(state)
-                except DatabaseError as exc:
-                    self._database_failed(state, exc)
-                    continue
-                self._cleanup_when_due(state)
-                if batch is not None:
-                    if batch.transport_failed:
-                        outage.broker_suspect()
-                    continue
-                if drain:
-                    break
-                close_old_connections()  # honours CONN_MAX_AGE between idle spells
-                state.pipeline.close_old_connections()
-                state.listener = self._idle(stop, state.listener)
-        finally:
-            try:
-                state.tally(state.pipeline.close())
-            finally:
-                _closed(state.listener)
-                self.close()
+        with self._running(stop, drain, on_batch) as state:
+            while state.going():  # until stopped (the claim made ahead published) or drained
+                if not self._broker_ready(state):
+                    state.wait_for_broker()  # a drain gives up instead
+                elif not self._turn(state):  # nothing was due
+                    state.rest()  # a drain is done instead
         return state.totals
 
-    def _turn(self, state: _Run) -> _Batch | None:
+    @contextlib.contextmanager
+    def _running(
+        self, stop: threading.Event, drain: bool, on_batch: Callable[[BatchStats], None] | None
+    ) -> Iterator[_Run]:
+        """The components of a run: the wake-up, one outage tracker per resource, the
+        pipeline and (unless draining) the retention thread; stopped at the end."""
+        wakeup = WakeUp(
+            stop,
+            functools.partial(db.listen, self.using),
+            outbox_settings.POLL_INTERVAL,
+            using=self.using,
+        )
+        state = _Run(stop, drain, on_batch, wakeup, database=database_outage(self.using))
+        state.pipeline = Pipeline(
+            self.using,
+            claim=self._claim,
+            finalize=self._finalize,
+            report=lambda done: state.tally(self._report(done)),
+            threaded=db.supports_skip_locked(connections[self.using]),
+        )
+        if not drain:  # a drain leaves the table as it is, but for the rows it relays
+            interval = outbox_settings.CLEANUP_INTERVAL
+            state.retention_thread = retention.RetentionThread(
+                self.using, interval=interval, first_in=random.uniform(0, interval)
+            )
+            state.retention_thread.start()
+        try:
+            yield state
+        finally:
+            self._stopped(state)
+
+    def _stopped(self, state: _Run) -> None:
+        """Settle the pipeline, stop retention, close the listener and the brokers."""
+        try:
+            state.pipeline.close()
+        finally:
+            if state.retention_thread is not None:
+                state.retention_thread.stop()
+            state.wakeup.close()
+            self.close()
+
+    def _turn(self, state: _Run) -> bool:
+        """Publish a batch, or ride out a database error; False when nothing was due."""
+        try:
+            batch = self._next_batch(state)
+        except DatabaseError as exc:
+            self._database_failed(state, exc)
+            return True
+        if batch is not None and batch.transport_failed:
+            state.broker.suspect()
+        return batch is not None
+
+    def _next_batch(self, state: _Run) -> _Batch | None:
         """One batch: take the claim made ahead (or claim now), claim the next one ahead
-        when this one was full, publish, and hand the batch to the pipeline; report the
-        batches the pipeline finished. Returns the batch, or None when nothing was due."""
+        when this one was full, publish, and hand the batch to the pipeline, which
+        reports the batches it finished. Returns the batch, or None when nothing was due."""
         if state.ahead is not None:
             claim, state.ahead = state.ahead(), None
         else:
-            if state.listener is None and not state.drain:
-                state.listener = db.listen(self.using)
+            if not state.drain:
+                state.wakeup.listen()
             claim = self._claim()
         batch = None
         if claim is not None:
             more_due = len(claim.messages) == self.batch_size
-            if more_due and not (state.stop.is_set() or state.outage.broker_down):
+            if more_due and not (state.stop.is_set() or state.broker.down):
                 state.ahead = state.pipeline.claim_ahead()
             batch = self._publish_claim(claim)
             state.pipeline.finalize(batch)
-        state.tally(state.pipeline.collect(everything=batch is None))
-        state.outage.database_recovered(self.using)
+        state.pipeline.collect(everything=batch is None)
+        state.database.recovered()
         return batch
 
     def _database_failed(self, state: _Run, exc: DatabaseError) -> None:
         """Log the outage, give up the claim made ahead (its rows wait for their lease),
         settle the pipeline, close every connection of this relay (both threads' and the
         listener's: the outage broke those not in use too), and back off."""
-        state.outage.database_failed(self.using, exc)
+        state.database.failed(exc)
         state.ahead = None
-        state.tally(state.pipeline.settle())
+        state.pipeline.settle()
         connections[self.using].close()
         state.pipeline.close_connection()
-        state.listener = _closed(state.listener)
-        state.stop.wait(state.outage.backoff())
+        state.wakeup.close()
+        state.stop.wait(state.database.backoff())
 
-    def _cleanup_when_due(self, state: _Run) -> None:
-        """Retention between batches, busy or idle: a relay that never runs dry still
-        keeps the table trim (not while draining)."""
-        if not state.drain and time.monotonic() >= state.next_cleanup:
-            state.next_cleanup = time.monotonic() + outbox_settings.CLEANUP_INTERVAL
-            self._cleanup()
-
-    def _cleanup(self) -> None:
-        try:
-            retention.cleanup(self.using)
-        except DatabaseError:
-            logger.warning(
-                "retention cleanup failed",
-                exc_info=True,
-                extra={"action": "outbox.cleanup_failed", "using": self.using},
-            )
+    def _broker_ready(self, state: _Run) -> bool:
+        """Whether to go on publishing: yes with a claim made ahead (it is published
+        whatever the broker's state) or no broker outage; else whether it is over."""
+        return state.ahead is not None or not state.broker.down or self._broker_back(state)
 
     def _broker_back(self, state: _Run) -> bool:
         """Whether the broker can be reached again. When it cannot, a relay logs the
@@ -561,9 +601,9 @@ class Relay:
                 if state.drain:
                     state.totals.gave_up = self._unreachable(kind, exc)
                 else:
-                    state.outage.broker_failed(exc)
+                    state.broker.failed(exc)
                 return False
-        state.outage.broker_recovered()
+        state.broker.recovered()
         return True
 
     def _unreachable(self, kind: str, exc: Exception) -> str:
@@ -575,106 +615,6 @@ class Relay:
         else:
             broker = "the broker"
         return f"{broker} is unreachable ({Failure.from_exception(exc).error})"
-
-    def _idle(
-        self, stop: threading.Event, listener: db.postgresql.Listener | None
-    ) -> db.postgresql.Listener | None:
-        """Sleep until staged rows commit (NOTIFY), POLL_INTERVAL passes, or stop."""
-        deadline = time.monotonic() + outbox_settings.POLL_INTERVAL
-        while not stop.is_set() and (remaining := deadline - time.monotonic()) > 0:
-            if listener is None:
-                stop.wait(min(remaining, WAIT_SLICE))
-                continue
-            try:
-                if listener.wait(min(remaining, WAIT_SLICE)):
-                    break
-            except Exception as exc:  # the LISTEN connection broke: poll until the next batch
-                logger.warning(
-                    "LISTEN connection lost (%s); polling every %ss",
-                    exc,
-                    outbox_settings.POLL_INTERVAL,
-                    extra={"action": "outbox.listen_lost", "using": self.using},
-                )
-                listener = _closed(listener)
-        return listener
-
-
-class _Pipeline:
-    """Database work done on a thread of its own, with its own connection, while the
-    relay's thread publishes: the claim of the next batch (when the last one was
-    full) and the finalize of the batch just published. At most one batch waits to
-    be finalized while the next one is published.
-
-    Where the database takes one writer at a time (no SKIP LOCKED: SQLite), nothing
-    is claimed ahead and each batch is finalized inline, before the next claim.
-    """
-
-    def __init__(self, relay: Relay) -> None:
-        self._relay = relay
-        self._pending: collections.deque[Callable[[], _Finalized]] = collections.deque()
-        self._executor: ThreadPoolExecutor | None = None
-        if db.supports_skip_locked(connections[relay.using]):
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="outbox-db")
-
-    def claim_ahead(self) -> Callable[[], _Claim | None] | None:
-        """Start claiming the next batch; returns how to wait for it (None: not here)."""
-        if self._executor is None:
-            return None
-        return self._executor.submit(self._in_thread, self._relay._claim).result
-
-    def finalize(self, batch: _Batch) -> None:
-        if self._executor is None:
-            self._pending.append(functools.partial(self._relay._finalize, batch))
-        else:
-            self._pending.append(
-                self._executor.submit(self._in_thread, self._relay._finalize, batch).result
-            )
-
-    def collect(self, *, everything: bool) -> list[BatchStats]:
-        """Wait for the batches started before the newest one (``everything``: for all
-        of them) to be finalized; log and signal them, return their stats. A database
-        error is raised; the batch it hit is given up (its leases will expire)."""
-        keep = 0 if everything or self._executor is None else 1
-        finalized = []
-        while len(self._pending) > keep:
-            finalized.append(self._relay._report(self._pending.popleft()()))
-        return finalized
-
-    def settle(self) -> list[BatchStats]:
-        """Wait for every batch; those whose finalize failed are given up (their rows
-        are claimed again when their lease expires), the others reported."""
-        finalized = []
-        while self._pending:
-            try:
-                finalized += self.collect(everything=True)
-            except DatabaseError:
-                logger.debug("finalizing a batch failed", exc_info=True)
-        return finalized
-
-    def close_old_connections(self) -> None:
-        if self._executor is not None:
-            self._executor.submit(close_old_connections).result()
-
-    def close_connection(self) -> None:
-        """Close the database thread's connection (after an outage: the next use
-        opens a fresh one instead of failing on a connection the server dropped)."""
-        if self._executor is not None:
-            using = self._relay.using
-            self._executor.submit(lambda: connections[using].close()).result()
-
-    def close(self) -> list[BatchStats]:
-        finalized = self.settle()
-        if self._executor is not None:
-            self._executor.submit(connections.close_all).result()
-            self._executor.shutdown()
-        return finalized
-
-    def _in_thread(self, work: Callable[..., T], *args: Any) -> T:
-        try:
-            return work(*args)
-        except DatabaseError:
-            connections[self._relay.using].close()  # this thread's; reopened on next use
-            raise
 
 
 def _rows(parts: list[_Failed]) -> int:
@@ -688,11 +628,3 @@ def _by_destination(messages: list[ClaimedMessage]) -> dict[str, list[ClaimedMes
     return by_destination
 
 
-def _closed(listener: db.postgresql.Listener | None) -> db.postgresql.Listener | None:
-    """Close ``listener`` if there is one; returns None to store in its place."""
-    if listener is not None:
-        try:
-            listener.close()
-        except Exception:  # already broken
-            logger.debug("closing a broken LISTEN connection failed", exc_info=True)
-    return None

@@ -19,8 +19,11 @@ kind           rows                                         kept for
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from typing import Any
 
+from django.db import DatabaseError, close_old_connections, connections
 from django.db.models import QuerySet
 
 from . import store
@@ -77,3 +80,56 @@ def cleanup(
 def describe(counts: dict[str, int]) -> str:
     """``"3 published, 0 abandoned, ..."``: one line for logs and commands."""
     return ", ".join(f"{count} {kind}" for kind, count in counts.items())
+
+
+class RetentionThread(threading.Thread):
+    """Runs :func:`cleanup` for database ``using`` every ``interval`` seconds (the
+    first time after ``first_in`` seconds), on a thread of its own with its own
+    database connection, so a long DELETE never holds up the relay's batches.
+
+    A database error is logged (``outbox.cleanup_failed``) and the next pass tries
+    again. :meth:`stop` ends the thread after the pass in hand, closes its
+    connection, and waits for it.
+    """
+
+    def __init__(
+        self,
+        using: str,
+        *,
+        interval: float,
+        first_in: float = 0.0,
+        cleanup: Callable[[str], object] = cleanup,
+    ) -> None:
+        super().__init__(name=f"outbox-retention-{using}", daemon=True)
+        self.using = using
+        self.interval = interval
+        self.first_in = first_in
+        self._cleanup = cleanup
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        try:
+            wait = self.first_in
+            while not self._stop_event.wait(wait):
+                self._pass()
+                wait = self.interval
+        finally:
+            connections.close_all()  # this thread's connections only
+
+    def stop(self) -> None:
+        """End the thread after the pass in hand and wait for it."""
+        self._stop_event.set()
+        if self.is_alive():
+            self.join()
+
+    def _pass(self) -> None:
+        close_old_connections()  # honours CONN_MAX_AGE between passes
+        try:
+            self._cleanup(self.using)
+        except DatabaseError:
+            logger.warning(
+                "retention cleanup failed",
+                exc_info=True,
+                extra={"action": "outbox.cleanup_failed", "using": self.using},
+            )
+            connections[self.using].close()  # the next pass opens a fresh one

@@ -57,7 +57,7 @@ def event(body: bytes = b'{"id": 1}') -> dict[str, Any]:
 def consume(queue: str, handler: Callable[[ReceivedEvent], object], **options: Any) -> None:
     """Run a consumer until the queue is idle for a second (or its handler "dies")."""
     try:
-        InboxConsumer(queue, handler, "billing", **options).run(threading.Event(), idle_timeout=1)
+        InboxConsumer(queue, handler, "billing", **options).run(idle_timeout=1)
     except SystemExit:
         pass
 
@@ -128,8 +128,8 @@ def handler_failed(request: object) -> str:
     message = event()
     with queue_with(message.pop("body"), **message) as queue:
         stop = threading.Event()  # set at the first failure: the message goes back at once
-        consumer = InboxConsumer(queue, refuse, "billing")
-        return logged("inbox.handler_failed", lambda: consumer.run(stop), stop)
+        consumer = InboxConsumer(queue, refuse, "billing", stop=stop)
+        return logged("inbox.handler_failed", lambda: consumer.run(), stop)
 
 
 @case("consumer-parked")

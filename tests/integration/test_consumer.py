@@ -7,7 +7,6 @@ import pickle
 import re
 import signal
 import socket
-import threading
 import time
 import uuid
 
@@ -483,7 +482,7 @@ def test_a_payload_object_with_a_type_key_reaches_the_handler_as_sent(destinatio
     run_relay("--drain")
     received: list[ReceivedEvent] = []
     consumer = InboxConsumer(destination, received.append, "types")
-    consumer.run(threading.Event(), idle_timeout=2)
+    consumer.run(idle_timeout=2)
     assert [(event.event_id, event.payload) for event in received] == [(event_id, payload)]
 
 
@@ -507,7 +506,7 @@ def test_a_redelivered_event_already_handled_is_a_duplicate_not_a_failed_deliver
     redeliver(destination)
     handled: list[ReceivedEvent] = []
     consumer = InboxConsumer(destination, handled.append, "audit", max_deliveries=3)
-    stats = consumer.run(threading.Event(), idle_timeout=2)
+    stats = consumer.run(idle_timeout=2)
     assert (stats.duplicates, stats.parked, stats.failed, handled) == (1, 0, 0, [])
     failure = InboxFailure.objects.get()
     assert (failure.attempts, failure.parked_at, failure.last_error) == (3, None, "E: x")
@@ -534,7 +533,7 @@ def test_a_parked_message_keeps_its_body_whatever_its_content_encoding(destinati
         raise ConnectionError("downstream")
 
     consumer = InboxConsumer(destination, fail, "audit", max_deliveries=1, url=url)
-    stats = consumer.run(threading.Event(), idle_timeout=2)
+    stats = consumer.run(idle_timeout=2)
     assert (stats.parked, seen) == (1, [{"name": "café"}])
     assert json.loads(InboxFailure.objects.get().body) == {"name": "café"}
 

@@ -164,13 +164,13 @@ def queue_depth(queue: str) -> int:
 def running_consumer():
     """An InboxConsumer in a thread: no delay before a requeue, parks at 2 deliveries."""
     queue = unique_destination("p")
-    consumer = InboxConsumer(queue, handler, "property", max_deliveries=2, retry_delay=0)
     stop = threading.Event()
+    consumer = InboxConsumer(queue, handler, "property", max_deliveries=2, retry_delay=0, stop=stop)
     errors: list[BaseException] = []
 
     def run() -> None:
         try:
-            consumer.run(stop)
+            consumer.run()
         except BaseException as exc:  # the property: this never happens
             errors.append(exc)
         finally:

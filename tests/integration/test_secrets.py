@@ -124,11 +124,11 @@ def test_a_consumer_given_a_malformed_url_says_so_masked():
 
 def run_until_the_broker_is_down(caplog, worker: Relay | InboxConsumer) -> None:
     """Run a relay or consumer (in a thread) until it logged a broker outage, then stop it."""
-    stop = threading.Event()
+    stop = worker.stop if isinstance(worker, InboxConsumer) else threading.Event()
 
     def run() -> None:
         try:
-            worker.run(stop)
+            worker.run() if isinstance(worker, InboxConsumer) else worker.run(stop)
         finally:
             connections.close_all()  # this thread's
 
@@ -194,7 +194,7 @@ def test_a_handler_error_holding_a_password_is_stored_and_shown_masked(admin_cli
         with Relay() as relay:
             assert relay.run_once().published == 1
         consumer = InboxConsumer(destination, handler, "c", max_deliveries=1)
-        assert consumer.run(threading.Event(), idle_timeout=2).parked == 1
+        assert consumer.run(idle_timeout=2).parked == 1
     finally:
         delete_queue(destination)
     (failure,) = InboxFailure.objects.all()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import threading
 import time
 from decimal import Decimal
 from typing import Any
@@ -12,8 +11,8 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 from django.db.models.functions import Now
 
+from django_outbox.cli import positive_int
 from django_outbox.consumer import ConsumerStats, InboxConsumer
-from django_outbox.management.commands._options import positive_int
 from django_outbox.models import OutboxMessage
 from example_project.billing.handlers import invoice_order
 from example_project.billing.models import Invoice
@@ -87,6 +86,6 @@ class Command(BaseCommand):
 
     def _consume(self) -> ConsumerStats:
         consumer = InboxConsumer("orders", invoice_order.__wrapped__, invoice_order.inbox_consumer)
-        stats = consumer.run(threading.Event(), idle_timeout=IDLE_TIMEOUT)
+        stats = consumer.run(idle_timeout=IDLE_TIMEOUT)
         self.stdout.write(f"   {stats.summary()}")
         return stats

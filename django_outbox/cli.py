@@ -1,0 +1,316 @@
+"""The command-line side of the outbox commands, kept out of the commands so they
+stay thin: argparse types, the options of each command, stopping on signals, and
+turning ``run_outbox_consumer``'s options into an :class:`InboxConsumer`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+from django.core.management.base import CommandError, OutputWrapper
+from django.db import DEFAULT_DB_ALIAS, connections, models
+from django.utils.module_loading import import_string
+
+from . import db
+from .consumer import (
+    DEFAULT_MAX_DELIVERIES,
+    DEFAULT_PREFETCH,
+    DEFAULT_RETRY_DELAY,
+    DEFAULT_RETRY_MAX_DELAY,
+    InboxConsumer,
+)
+from .exceptions import OutboxConfigurationError, OutboxError
+from .models import InboxFailure, InboxMessage
+from .reporting import CommandResult
+
+
+def _number(value: str, parse: type[int] | type[float], minimum: float, what: str) -> float:
+    try:
+        number = parse(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}; got {value!r}") from None
+    if not number >= minimum or number != number:  # NaN fails both
+        raise argparse.ArgumentTypeError(f"must be {what}; got {value}")
+    return number
+
+
+def positive_int(value: str) -> int:
+    """An argparse type: an integer of 1 or more."""
+    return int(_number(value, int, 1, "a positive integer"))
+
+
+def non_negative_int(value: str) -> int:
+    """An argparse type: an integer of 0 or more."""
+    return int(_number(value, int, 0, "an integer of 0 or more"))
+
+
+def positive_seconds(value: str) -> float:
+    """An argparse type: a finite number of seconds above 0."""
+    seconds = _number(value, float, 0, "a positive number of seconds")
+    if seconds == 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds; got {value}")
+    return seconds
+
+
+def non_negative_seconds(value: str) -> float:
+    """An argparse type: a finite number of seconds, 0 or more."""
+    seconds = _number(value, float, 0, "a number of seconds of 0 or more")
+    if seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds; got {value}")
+    return seconds
+
+
+def database_alias(value: str) -> str:
+    """An argparse type: a database alias of ``DATABASES``."""
+    if value not in connections.settings:
+        known = ", ".join(connections.settings)
+        raise argparse.ArgumentTypeError(f"unknown database alias {value!r} (known: {known})")
+    return value
+
+
+def event_id(value: str) -> uuid.UUID:
+    """An argparse type: an event id (a UUID)."""
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an event id (UUID)") from None
+
+
+def add_database_option(parser: argparse.ArgumentParser, what: str = "outbox") -> None:
+    """``--database ALIAS``."""
+    parser.add_argument(
+        "--database",
+        type=database_alias,
+        default=DEFAULT_DB_ALIAS,
+        help=f"database alias whose {what} to use (default: %(default)r)",
+    )
+
+
+def add_relay_options(parser: argparse.ArgumentParser) -> None:
+    """The options of ``run_outbox_relay``."""
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--once", action="store_true", help="relay one batch and exit")
+    mode.add_argument(
+        "--drain",
+        action="store_true",
+        help="relay until nothing is due, then exit (a progress line on a terminal)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=None,
+        help="rows claimed per batch (default: OUTBOX['BATCH_SIZE'])",
+    )
+    add_database_option(parser)
+
+
+def add_consumer_options(parser: argparse.ArgumentParser) -> None:
+    """The options of ``run_outbox_consumer``."""
+    option = parser.add_argument
+    option("--queue", required=True, help="the queue to consume")
+    option(
+        "--handler",
+        required=True,
+        help="dotted path of a callable taking a django_outbox.ReceivedEvent",
+    )
+    option(
+        "--consumer",
+        help="the inbox name of this consumer: each consumer handles an event once "
+        "(default: the name given to @inbox_handler, if the handler has one)",
+    )
+    option(
+        "--prefetch",
+        type=positive_int,
+        default=DEFAULT_PREFETCH,
+        help="messages the broker may deliver before they are acked (default: %(default)r)",
+    )
+    option(
+        "--max-deliveries",
+        type=non_negative_int,
+        default=DEFAULT_MAX_DELIVERIES,
+        help="park a message in InboxFailure after this many failed deliveries; "
+        "0 never parks (default: %(default)r)",
+    )
+    _add_consumer_timing(parser)
+    add_database_option(parser, "inbox (and the handler's writes)")
+
+
+def _add_consumer_timing(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--retry-delay",
+        type=non_negative_seconds,
+        default=DEFAULT_RETRY_DELAY,
+        help="seconds before a failed message is first requeued, doubling after each "
+        "further failure, shortened at random by up to half; 0 requeues at once "
+        "(default: %(default)r)",
+    )
+    parser.add_argument(
+        "--retry-max-delay",
+        type=positive_seconds,
+        default=DEFAULT_RETRY_MAX_DELAY,
+        help="the longest delay before a failed message is requeued (default: %(default)r)",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=positive_seconds,
+        default=None,
+        help="exit once no message has come for this many seconds; while the broker is "
+        "unreachable for this many seconds in all since the last message, exit 1 "
+        "(default: run until stopped, riding out broker outages)",
+    )
+
+
+def add_replay_options(parser: argparse.ArgumentParser) -> None:
+    """The options of ``outbox_replay_parked``."""
+    parser.add_argument(
+        "--dry-run", action="store_true", help="list what would be replayed; change nothing"
+    )
+    parser.add_argument("--consumer", help="only messages parked by this inbox consumer")
+    parser.add_argument("--queue", help="only messages parked from this queue")
+    parser.add_argument(
+        "--event-id",
+        dest="event_ids",
+        nargs="+",
+        type=event_id,
+        default=[],
+        metavar="EVENT_ID",
+        help="only these events; each must be parked (matching the other filters)",
+    )
+    add_database_option(parser, "inbox failures")
+
+
+def consumer_from_options(options: dict[str, Any], stop: threading.Event) -> InboxConsumer:
+    """The consumer ``run_outbox_consumer`` runs; :class:`CommandError` for options
+    that disagree or a broker URL it cannot use. Its tables are not checked here."""
+    if options["retry_delay"] > options["retry_max_delay"]:
+        raise CommandError(
+            f"--retry-delay {options['retry_delay']:g} is longer than "
+            f"--retry-max-delay {options['retry_max_delay']:g}"
+        )
+    handler, consumer, using, event_types = resolve_handler(
+        options["handler"], options["consumer"], options["database"]
+    )
+    require_tables(using, InboxMessage, InboxFailure)
+    try:
+        return InboxConsumer(
+            options["queue"],
+            handler,
+            consumer,
+            using=using,
+            prefetch=options["prefetch"],
+            max_deliveries=options["max_deliveries"] or None,
+            retry_delay=options["retry_delay"],
+            retry_max_delay=options["retry_max_delay"],
+            event_types=event_types,
+            stop=stop,
+        )
+    except OutboxError as exc:
+        raise CommandError(str(exc)) from exc
+
+
+def resolve_handler(
+    path: str, consumer: str | None, using: str
+) -> tuple[Any, str, str, frozenset[str] | None]:
+    """The callable to run, the inbox consumer name, the database alias and the event
+    types it handles (None: all).
+
+    A handler decorated with ``@inbox_handler`` is unwrapped (the consumer runs
+    the inbox itself) and lends its consumer name, database and event types.
+    """
+    try:
+        handler = import_string(path)
+    except ImportError as exc:
+        raise CommandError(f"cannot import handler {path!r}: {exc}") from exc
+    if not callable(handler):
+        raise CommandError(f"handler {path!r} is a {type(handler).__name__}, not a callable")
+    decorated = getattr(handler, "inbox_consumer", None)
+    if decorated is not None:
+        return _decorated_handler(handler, path, consumer, using)
+    if consumer is None:
+        raise CommandError(
+            f"--consumer is required: handler {path!r} is not decorated with @inbox_handler"
+        )
+    if not 0 < len(consumer) <= 255:
+        raise CommandError(f"--consumer must be 1-255 characters; got {consumer!r}")
+    return handler, consumer, using, None
+
+
+def _decorated_handler(
+    handler: Any, path: str, consumer: str | None, using: str
+) -> tuple[Any, str, str, frozenset[str] | None]:
+    decorated = handler.inbox_consumer
+    if consumer is not None and consumer != decorated:
+        raise CommandError(
+            f"handler {path!r} is decorated with @inbox_handler({decorated!r}); "
+            f"--consumer {consumer!r} disagrees (drop --consumer or make them match)"
+        )
+    decorated_using = handler.inbox_using
+    if using not in (DEFAULT_DB_ALIAS, decorated_using):
+        raise CommandError(
+            f"handler {path!r} is decorated with @inbox_handler(using={decorated_using!r}); "
+            f"--database {using!r} disagrees (drop --database or make them match)"
+        )
+    return handler.__wrapped__, decorated, decorated_using, handler.inbox_event_types
+
+
+def require_tables(using: str, *tables: type[models.Model]) -> None:
+    """A one-line CommandError when database ``using`` lacks the table of a model of
+    ``tables`` (``migrate`` not run), before a command's first query fails on it."""
+    try:
+        db.require_tables(using, *tables)
+    except OutboxConfigurationError as exc:
+        raise CommandError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def library_errors() -> Iterator[None]:
+    """An :class:`OutboxError` raised inside becomes a one-line :class:`CommandError`."""
+    try:
+        yield
+    except OutboxError as exc:
+        raise CommandError(str(exc)) from exc
+
+
+def finish(out: OutputWrapper, result: CommandResult) -> None:
+    """Print a result's lines; exit 1 with its error, if any."""
+    for line in result.lines:
+        out.write(line)
+    if result.error:
+        raise CommandError(result.error)
+
+
+def stop_on_signals(stop: threading.Event, logger: logging.Logger, after: str) -> None:
+    """SIGTERM or SIGINT sets ``stop`` (the loop finishes ``after`` first); a
+    second one exits at once, with status 1."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            logger.warning("%s again: exiting at once", name, extra={"action": "outbox.stopping"})
+            _exit_now(1)
+        logger.info("%s: stopping after %s", name, after, extra={"action": "outbox.stopping"})
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _exit_now(status: int) -> None:
+    """Exit without unwinding: no ``finally`` and no atexit hook runs, because those
+    close broker channels and join the database thread, and each of those waits for
+    a peer that may have stopped answering (the very reason for a second signal).
+    What was in hand is left to its lease (relay) or to the broker (consumer)."""
+    logging.shutdown()  # flush the log handlers
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)

@@ -1,0 +1,191 @@
+"""What the long-running and replay commands print, and when they exit 1: built
+here as plain data (:class:`CommandResult`) so that the wording and the exit rules
+are tested without argparse; the commands only print the lines and raise the error."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+import kombu.exceptions
+
+from .consumer import InboxConsumer
+from .db import EXACT_COUNT_LIMIT, RowCount
+from .exceptions import BrokerUnreachable, OutboxError
+from .models import InboxFailure
+from .relay import BatchStats, RunStats
+from .replay import replay_parked
+from .status import due_rows, retry_wait
+from .text import duration, one_line
+
+#: How many failure reasons ``run_outbox_relay --once`` and ``--drain`` print, most rows first.
+TOP_REASONS = 5
+#: How many characters wide the progress bar of ``run_outbox_relay --drain`` is.
+BAR_WIDTH = 30
+
+
+@dataclasses.dataclass
+class CommandResult:
+    """The lines a command prints, and (when not empty) the error it exits 1 with."""
+
+    lines: list[str] = dataclasses.field(default_factory=list)
+    error: str = ""
+
+
+def batch_summary(stats: BatchStats) -> str:
+    """``claimed 3, published 2, failed 1, abandoned 0, lease lost 0``."""
+    return (
+        f"claimed {stats.claimed}, published {stats.published}, failed {stats.failed}, "
+        f"abandoned {stats.abandoned}, lease lost {stats.lost}"
+    )
+
+
+def once_result(stats: BatchStats, using: str) -> CommandResult:
+    """``run_outbox_relay --once``: the batch's summary and why rows were not published;
+    exits 1 when a row failed or was abandoned."""
+    return CommandResult([batch_summary(stats), *failure_lines(stats, using)], exit_error(stats))
+
+
+def run_result(totals: RunStats, elapsed: float, using: str, *, drain: bool) -> CommandResult:
+    """``run_outbox_relay`` (and ``--drain``): the run's summary with its rate; a drain
+    also says why rows were not published and what it left untried, and exits 1 when a
+    row failed or was abandoned, or when it gave up on the broker."""
+    rate = totals.published / elapsed if elapsed else 0
+    lines = [f"{batch_summary(totals)} in {elapsed:.1f}s ({rate:.0f} events/s)"]
+    if not drain:
+        return CommandResult(lines)
+    gave_up = f"--drain gave up: {totals.gave_up}" if totals.gave_up else ""
+    lines += failure_lines(totals, using, untried=True)
+    return CommandResult(lines, gave_up or exit_error(totals))
+
+
+def failure_lines(stats: BatchStats, using: str, *, untried: bool = False) -> list[str]:
+    """Why rows were not published (the ``TOP_REASONS`` reasons with most rows), how
+    many wait for a retry and (``untried``: a drain) how many are due but were never tried."""
+    lines = reason_lines(stats)
+    wait = retry_wait(using)
+    if wait.rows.value and wait.next_due_in is not None:
+        lines.append(
+            f"{rows(wait.rows, 'waits', 'wait')} for a retry; "
+            f"the next is due in {duration(wait.next_due_in)}"
+        )
+    due = due_rows(using) if untried else None
+    if due is not None and due.value:
+        lines.append(
+            f"{rows(due, 'is', 'are')} due and {'was' if due.value == 1 else 'were'} "
+            "not tried: the drain stopped first"
+        )
+    return lines
+
+
+def reason_lines(stats: BatchStats) -> list[str]:
+    """One line per reason rows were not published, the ``TOP_REASONS`` with most rows
+    first, and one for the rows of all the others."""
+    reasons, rest = stats.reasons.most_common(TOP_REASONS)
+    lines = [
+        f"{'abandoned' if reason.abandoned else 'failed'} {count} to {reason.destination!r}: "
+        f"{one_line(reason.error)}"
+        for reason, count in reasons
+    ]
+    if rest:
+        lines.append(f"and {rest} more {'row' if rest == 1 else 'rows'} for other reasons")
+    return lines
+
+
+def exit_error(stats: BatchStats) -> str:
+    """Why a run exits 1 (a row failed or was abandoned), or "" when it does not."""
+    if not stats.unpublished:
+        return ""
+    return (
+        f"{stats.unpublished} of {stats.claimed} claims in this run were not published: "
+        f"failed {stats.failed}, abandoned {stats.abandoned}"
+    )
+
+
+def rows(count: RowCount, one: str, many: str) -> str:
+    """``1 row waits``, ``3 rows wait``, ``more than 10000 rows wait``: a count of rows and
+    a verb. Past ``EXACT_COUNT_LIMIT`` the planner's estimate is not shown: after many
+    changes since the last ANALYZE it can be off several times over."""
+    if not count.exact:
+        return f"more than {EXACT_COUNT_LIMIT} rows {many}"
+    return f"1 row {one}" if count.value == 1 else f"{count.value} rows {many}"
+
+
+class DrainProgress:
+    """The counting behind the one-line progress display of ``run_outbox_relay --drain``:
+    rows done of ``total`` (the rows due when the drain began), the rate, what remains."""
+
+    def __init__(self, total: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.total = total
+        self.done = 0
+        self._clock = clock
+        self._started = clock()
+
+    def add(self, stats: BatchStats) -> str:
+        """Count a batch; returns the new display line (to print after a carriage return)."""
+        self.done += stats.claimed
+        rate = self.done / max(self._clock() - self._started, 1e-9)
+        remaining = max(self.total - self.done, 0)
+        filled = BAR_WIDTH
+        if self.total:
+            filled = min(BAR_WIDTH, BAR_WIDTH * self.done // self.total)
+        bar = "#" * filled + "-" * (BAR_WIDTH - filled)
+        return f"\r[{bar}] {self.done}/{self.total} {rate:,.0f} events/s, {remaining} remaining"
+
+
+def consumer_result(consumer: InboxConsumer, idle_timeout: float | None) -> CommandResult:
+    """Run ``consumer`` for ``run_outbox_consumer``: its summary line; on giving up on
+    the broker, what it did before, then why (exit 1)."""
+    try:
+        stats = consumer.run(idle_timeout=idle_timeout)
+    except BrokerUnreachable as exc:
+        return CommandResult([consumer.stats.summary()], str(exc))
+    except OutboxError as exc:
+        return CommandResult([], str(exc))
+    return CommandResult([stats.summary()])
+
+
+def replay_result(
+    using: str,
+    *,
+    consumer: str | None = None,
+    queue: str | None = None,
+    event_ids: Sequence[uuid.UUID] = (),
+    dry_run: bool = False,
+) -> CommandResult:
+    """``outbox_replay_parked``: replay (or with ``dry_run`` list) the parked messages
+    that match, one line each and a count. Every event id given must match a parked
+    message, or nothing is replayed (exit 1)."""
+    parked = InboxFailure.objects.using(using).parked()
+    parked = parked.filter(**{k: v for k, v in (("consumer", consumer), ("queue", queue)) if v})
+    if event_ids:
+        parked = parked.filter(event_id__in=event_ids)
+        found = set(parked.values_list("event_id", flat=True))
+        if missing := [str(i) for i in event_ids if i not in found]:
+            return CommandResult(
+                [], f"no parked message matches {', '.join(missing)}; nothing replayed"
+            )
+    if dry_run:
+        return CommandResult(_replay_lines("would replay", list(parked.order_by("id"))))
+    try:
+        return CommandResult(_replay_lines("replayed", replay_parked(parked)))
+    except OutboxError as exc:
+        return CommandResult([], str(exc))
+    except (kombu.exceptions.OperationalError, OSError) as exc:
+        return CommandResult([], f"cannot reach the broker: {exc}")
+
+
+def _replay_lines(verb: str, failures: list[InboxFailure]) -> list[str]:
+    lines = [
+        f"{verb} {failure.event_id} ({failure.event_type or 'no event type'}) "
+        f"of {failure.consumer} to {failure.queue}: {_first_line(failure.last_error)}"
+        for failure in failures
+    ]
+    count = len(failures)
+    return [*lines, f"{verb} {count} parked message{'s' if count != 1 else ''}"]
+
+
+def _first_line(text: str) -> str:
+    return text.splitlines()[0] if text else "no error recorded"

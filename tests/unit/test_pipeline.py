@@ -1,0 +1,120 @@
+"""Pipeline: the claim-ahead pipeline gets callables (claim, finalize, report), and
+no batch's report is lost when a later batch's finalize fails. No services: the
+callables are plain functions and the database error is raised by one of them."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import DatabaseError
+
+from django_outbox.pipeline import Pipeline
+
+
+class Work:
+    """claim/finalize/report callables that record what they were given."""
+
+    def __init__(self, fail_on: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        self.fail_on = fail_on
+        self.claims = 0
+        self.threads: list[str] = []
+        self.reported: list[str] = []
+
+    def claim(self) -> str | None:
+        self.claims += 1
+        self.threads.append(threading.current_thread().name)
+        return f"claim {self.claims}"
+
+    def finalize(self, batch: str) -> str:
+        self.threads.append(threading.current_thread().name)
+        if batch in self.fail_on:
+            raise DatabaseError(f"finalizing {batch} failed")
+        return f"{batch} finalized"
+
+    def report(self, done: str) -> None:
+        self.reported.append(done)
+
+
+def pipeline(work: Work, *, threaded: bool) -> Pipeline[str, str, str]:
+    return Pipeline(
+        "default",
+        claim=work.claim,
+        finalize=work.finalize,
+        report=work.report,
+        threaded=threaded,
+    )
+
+
+@pytest.mark.parametrize("threaded", [True, False])
+def test_a_failed_finalize_loses_no_earlier_batch_report(threaded):
+    """Two batches wait to be finalized; the second's finalize fails: the first is
+    reported all the same (the old pipeline gathered the reports in a local list,
+    and the error discarded the first batch's)."""
+    work = Work(fail_on={"b2"})
+    stages = pipeline(work, threaded=threaded)
+    stages.finalize("b1")
+    stages.finalize("b2")
+    stages.finalize("b3")
+    with pytest.raises(DatabaseError, match="finalizing b2 failed"):
+        stages.collect(everything=True)
+    assert work.reported == ["b1 finalized"]
+    stages.settle()
+    assert work.reported == ["b1 finalized", "b3 finalized"]
+    stages.close()
+
+
+def test_settle_reports_every_batch_whose_finalize_succeeded():
+    work = Work(fail_on={"b1", "b3"})
+    stages = pipeline(work, threaded=True)
+    for batch in ("b1", "b2", "b3", "b4"):
+        stages.finalize(batch)
+    stages.settle()
+    assert work.reported == ["b2 finalized", "b4 finalized"]
+    stages.close()
+
+
+def test_threaded_the_newest_batch_is_left_to_finalize_while_the_next_publishes():
+    work = Work()
+    stages = pipeline(work, threaded=True)
+    stages.finalize("b1")
+    stages.collect(everything=False)
+    assert work.reported == []  # b1 may still be finalizing on the database thread
+    stages.finalize("b2")
+    stages.collect(everything=False)
+    assert work.reported == ["b1 finalized"]
+    stages.collect(everything=True)
+    assert work.reported == ["b1 finalized", "b2 finalized"]
+    stages.close()
+    assert set(work.threads) == {"outbox-db_0"}
+
+
+def test_threaded_a_claim_ahead_runs_on_the_database_thread():
+    work = Work()
+    stages = pipeline(work, threaded=True)
+    ahead = stages.claim_ahead()
+    assert ahead is not None
+    assert ahead() == "claim 1"
+    assert work.threads == ["outbox-db_0"]
+    stages.close()
+
+
+def test_inline_nothing_is_claimed_ahead_and_each_batch_is_finalized_when_collected():
+    work = Work()
+    stages = pipeline(work, threaded=False)
+    assert stages.claim_ahead() is None
+    stages.finalize("b1")
+    assert work.threads == []  # not yet
+    stages.collect(everything=False)
+    assert work.reported == ["b1 finalized"]
+    assert work.threads == [threading.current_thread().name]
+    stages.close()
+
+
+def test_close_settles_the_batches_left():
+    work = Work()
+    stages = pipeline(work, threaded=True)
+    stages.finalize("b1")
+    stages.finalize("b2")
+    stages.close()
+    assert work.reported == ["b1 finalized", "b2 finalized"]
