@@ -4,9 +4,9 @@
     A context manager yielding a list that fills with the events committed
     inside the block; events of a rolled-back transaction never appear.
 ``drain(using="default")``
-    Relays every due row in-process through :class:`RecordingTransport` (no
-    broker) and returns the published events, in publish order; the rows end
-    PUBLISHED.
+    Relays every due row in-process through the in-memory transport
+    (:class:`~django_outbox.transports.memory.MemoryTransport`, no broker) and
+    returns the published events, in publish order; the rows end PUBLISHED.
 
 Both give :class:`OutboxEvent` objects: a :class:`~django_outbox.ReceivedEvent`
 (the payload decoded, every wire header, as a consumer's handler gets it) that
@@ -32,17 +32,15 @@ import datetime as dt
 import functools
 import itertools
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 from django.utils import timezone
 
 from .envelope import ClaimedMessage, ReceivedEvent
-from .routes import Route
 from .signals import event_committed
 from .staging import _committed
-from .transports.base import Outcome, Transport
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -52,7 +50,7 @@ if TYPE_CHECKING:
 #: What ``drain`` sets the due rows' ``available_at`` to inside a transaction.
 _LONG_AGO = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 
-__all__ = ["Outbox", "OutboxEvent", "RecordingTransport", "captured_events", "drain"]
+__all__ = ["Outbox", "OutboxEvent", "captured_events", "drain"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -90,30 +88,11 @@ class OutboxEvent(ReceivedEvent):
         )
 
 
-class RecordingTransport(Transport):
-    """An in-process transport: it sends nothing and records what a broker would have
-    received, in publish order. Every message counts as published (confirmed).
-
-    It serves both kinds of route (kombu and Celery): a test sees the event either way.
-    """
-
-    def __init__(self) -> None:
-        self.sent: list[OutboxEvent] = []
-
-    def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
-        self.sent += [OutboxEvent.from_message(message) for message in messages]
-        return [None] * len(messages)
-
-    def check(self) -> None:
-        """Always reachable."""
-
-    def close(self) -> None:
-        """Nothing to close."""
-
-
 def drain(using: str = "default") -> list[OutboxEvent]:
     """Relay every row of ``using`` that is due, in this process and on this connection,
-    through a :class:`RecordingTransport`; return the published events in publish order.
+    through a :class:`~django_outbox.transports.memory.MemoryTransport` of its own that
+    keeps every message (Celery routes' too) and sends none anywhere; return the
+    published events in publish order.
 
     The rows end PUBLISHED and ``event_published`` is sent, as with a real relay; rows
     that fail (a destination with no route) are recorded as the relay records them.
@@ -123,18 +102,23 @@ def drain(using: str = "default") -> list[OutboxEvent]:
     clock stands still at the transaction's start, before the events were staged: the
     rows due by the wall clock are first made due by the transaction's clock.
     """
+    from .conf import outbox_settings
     from .models import OutboxMessage
     from .relay import Relay
+    from .transports.memory import MemoryTransport
 
     if connections[using].in_atomic_block:
         # Any time before the transaction began will do: the claim leases them at once.
         due = OutboxMessage.objects.using(using).due(timezone.now())
         due.update(available_at=_LONG_AGO)
-    transport = RecordingTransport()
-    with Relay(using, transports={"broker": transport, "celery": transport}) as relay:
+    published: list[tuple[str | None, OutboxEvent]] = []
+    transport = MemoryTransport(store=published)
+    # Every broker a route may name, and the Celery routes: all go to the one store.
+    aliases = {"celery", "default", *(r.broker for r in outbox_settings.ROUTES.values())}
+    with Relay(using, transports=dict.fromkeys(aliases, transport)) as relay:
         while relay.run_once().claimed:
             pass
-    return transport.sent
+    return [event for _, event in published]
 
 
 class Outbox:
