@@ -528,7 +528,10 @@ class OutboxSettings:
     def _broker_problems(self, parsed: dict[str, Any]) -> list[Problem]:
         """The brokers' problems: both forms of "default" (E014), none at all (E006),
         each broker's URL (E007, E010, E011), and the routes' aliases (E015, E016)."""
-        if any(isinstance(parsed[name], Problem) for name in ("BROKER_URL", "BROKERS")):
+        if any(
+            isinstance(parsed[name], Problem)
+            for name in ("BROKER_URL", "BROKERS", "BROKER_TRANSPORT_OPTIONS")
+        ):
             return []
         both = self._both_forms()
         if both is not None:

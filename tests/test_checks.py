@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test.utils import override_settings
 
-from django_outbox.checks import check_databases, check_brokers, check_settings
+from django_outbox.checks import check_brokers, check_databases, check_settings
 from django_outbox.conf import SETTINGS, outbox_settings
 from django_outbox.exceptions import OutboxConfigurationError
 from django_outbox.routes import Route
