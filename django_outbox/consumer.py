@@ -110,7 +110,11 @@ class ConsumerStats:
 
 
 class InboxConsumer:
-    """Consume ``queue`` and run ``handler`` once per event for ``consumer``."""
+    """Consume ``queue`` and run ``handler`` once per event for ``consumer``.
+
+    The broker is ``url`` when given, else the broker of ``OUTBOX["BROKERS"]`` named
+    ``broker``, else the one the route of ``queue`` publishes to ("default" for the
+    default route)."""
 
     def __init__(
         self,
@@ -126,6 +130,7 @@ class InboxConsumer:
         url: str | None = None,
         transport_options: dict[str, Any] | None = None,
         event_types: Iterable[str] | None = None,
+        broker: str | None = None,
     ) -> None:
         self.queue = queue
         self.handler = handler
@@ -140,6 +145,13 @@ class InboxConsumer:
             jitter=RETRY_JITTER,
             max_attempts=max_deliveries or 0,
         )
+        if url is None:  # the broker ``broker`` names, else the one the queue's route takes
+            chosen = outbox_settings.require_broker(
+                broker or outbox_settings.route_for_queue(queue).broker
+            )
+            url = chosen.url
+            if transport_options is None:
+                transport_options = dict(chosen.options)
         self.url = outbox_settings.require_broker_url(url)
         if transport_options is None:
             transport_options = outbox_settings.BROKER_TRANSPORT_OPTIONS
