@@ -274,10 +274,11 @@ class Relay:
                 )
                 results = [unknown] * len(batch)
             else:
+                # No broker for the route raises OutboxConfigurationError: the relay
+                # cannot run as configured.
+                transport = self.transport(route)
                 try:
-                    results = self.transport(route).publish(route, batch)
-                except OutboxConfigurationError:
-                    raise  # no broker for the route: the relay cannot run as configured
+                    results = transport.publish(route, batch)
                 except Exception as exc:  # a bug or an error no transport classified
                     logger.exception(
                         "publishing to %r failed unexpectedly",
