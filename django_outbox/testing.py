@@ -27,7 +27,6 @@ This module imports no model at import time.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
 import functools
 import itertools
@@ -38,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 from django.utils import timezone
 
-from .envelope import ClaimedMessage, ReceivedEvent
+from .envelope import ClaimedMessage, OutboxEvent
 from .signals import event_committed
 from .staging import _committed
 
@@ -53,39 +52,21 @@ _LONG_AGO = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 __all__ = ["Outbox", "OutboxEvent", "captured_events", "drain"]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class OutboxEvent(ReceivedEvent):
-    """An event as a consumer's handler receives it, and the destination it was staged to."""
-
-    destination: str = ""
-
-    @classmethod
-    def from_message(cls, message: ClaimedMessage) -> OutboxEvent:
-        """The event a relay would put on the wire for ``message``, decoded again."""
-        return cls(
-            message.event_id,
-            message.event_type,
-            json.loads(message.payload),
-            message.wire_headers(),
-            message.destination,
+def _event_from_row(row: OutboxMessage) -> OutboxEvent:
+    """The event a staged outbox row becomes once relayed."""
+    return OutboxEvent.from_message(
+        ClaimedMessage(
+            id=row.pk,
+            event_id=row.event_id,
+            event_type=row.event_type,
+            destination=row.destination,
+            payload=json.dumps(row.payload, ensure_ascii=False),
+            headers=row.headers,
+            ordering_key=row.ordering_key,
+            attempts=row.attempts,
+            created_at=row.created_at,
         )
-
-    @classmethod
-    def from_row(cls, row: OutboxMessage) -> OutboxEvent:
-        """The event a staged outbox row becomes once relayed."""
-        return cls.from_message(
-            ClaimedMessage(
-                id=row.pk,
-                event_id=row.event_id,
-                event_type=row.event_type,
-                destination=row.destination,
-                payload=json.dumps(row.payload, ensure_ascii=False),
-                headers=row.headers,
-                ordering_key=row.ordering_key,
-                attempts=row.attempts,
-                created_at=row.created_at,
-            )
-        )
+    )
 
 
 def drain(using: str = "default") -> list[OutboxEvent]:
@@ -139,7 +120,7 @@ class Outbox:
         event_committed.disconnect(dispatch_uid=id(self))
 
     def _on_commit(self, *, messages: list[OutboxMessage], **kwargs: Any) -> None:
-        self._committed += [OutboxEvent.from_row(row) for row in messages]
+        self._committed += [_event_from_row(row) for row in messages]
 
     @property
     def captured(self) -> list[OutboxEvent]:
@@ -165,7 +146,7 @@ class Outbox:
             for callback in _test_committed(connection):
                 if not any(callback is old for old in before):
                     rows = _staged_rows(callback[1])
-                    events += [OutboxEvent.from_row(row) for row in rows]
+                    events += [_event_from_row(row) for row in rows]
         return events
 
 

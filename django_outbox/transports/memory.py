@@ -2,7 +2,7 @@
 alias and queue, for tests and for trying the outbox without a broker.
 
 Each message the relay publishes through it is kept, in publish order, and
-:func:`sent` reads them back as :class:`~django_outbox.testing.OutboxEvent` objects
+:func:`sent` reads them back as :class:`~django_outbox.envelope.OutboxEvent` objects
 (the payload decoded and every wire header, as a consumer's handler gets them)::
 
     OUTBOX = {"BROKERS": {"default": {"URL": "memory://"}}}
@@ -25,9 +25,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..envelope import ClaimedMessage
+from ..envelope import ClaimedMessage, OutboxEvent
 from ..routes import DEFAULT_BROKER, Route
-from ..testing import OutboxEvent
 from .base import Outcome, Transport
 from .kombu import KombuTransport
 
