@@ -94,8 +94,9 @@ def drain(using: str = "default") -> list[OutboxEvent]:
         due.update(available_at=_LONG_AGO)
     published: list[tuple[str | None, OutboxEvent]] = []
     transport = MemoryTransport(store=published)
-    # Every broker a route may name, and the Celery routes: all go to the one store.
-    aliases = {"celery", "default", *(r.broker for r in outbox_settings.ROUTES.values())}
+    # Every broker (configured or named by a route) and the Celery routes: all go to the
+    # one store, so no broker's URL or driver package is needed.
+    aliases = {"celery", *outbox_settings.broker_aliases(), *outbox_settings.brokers}
     with Relay(using, transports=dict.fromkeys(aliases, transport)) as relay:
         while relay.run_once().claimed:
             pass
