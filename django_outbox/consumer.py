@@ -110,11 +110,7 @@ class ConsumerStats:
 
 
 class InboxConsumer:
-    """Consume ``queue`` and run ``handler`` once per event for ``consumer``.
-
-    The broker is ``url`` when given, else the broker of ``OUTBOX["BROKERS"]`` named
-    ``broker``, else the one the route of ``queue`` publishes to ("default" for the
-    default route)."""
+    """Consume ``queue`` and run ``handler`` once per event for ``consumer``."""
 
     def __init__(
         self,
@@ -128,9 +124,9 @@ class InboxConsumer:
         retry_delay: float = DEFAULT_RETRY_DELAY,
         retry_max_delay: float = DEFAULT_RETRY_MAX_DELAY,
         url: str | None = None,
+        broker: str | None = None,  # an alias of OUTBOX["BROKERS"]; url, if given, wins
         transport_options: dict[str, Any] | None = None,
         event_types: Iterable[str] | None = None,
-        broker: str | None = None,
     ) -> None:
         self.queue = queue
         self.handler = handler
@@ -145,7 +141,9 @@ class InboxConsumer:
             jitter=RETRY_JITTER,
             max_attempts=max_deliveries or 0,
         )
-        if url is None:  # the broker ``broker`` names, else the one the queue's route takes
+        # The broker: ``url``, else the alias ``broker`` names, else the one the route of
+        # ``queue`` publishes to ("default" for the default route).
+        if url is None:
             chosen = outbox_settings.require_broker(
                 broker or outbox_settings.route_for_queue(queue).broker
             )
