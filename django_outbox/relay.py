@@ -33,10 +33,10 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, close_old_connections, connections, transaction
 
-from . import db, retention, transports
-from .conf import celery_problem, outbox_settings
+from . import db, retention
+from .conf import outbox_settings
 from .envelope import ClaimedMessage
-from .exceptions import BrokerUnreachable, OutboxConfigurationError
+from .exceptions import BrokerUnreachable
 from .failures import FailureCounts, Reason
 from .models import OutboxMessage, OutboxQuerySet
 from .outage import Outage
@@ -44,6 +44,7 @@ from .redact import SecretFilter, mask_url
 from .retry import RetryPolicy
 from .routes import DEFAULT_BROKER, Route
 from .signals import event_abandoned, event_failed, event_published
+from .transports import celery_transport, for_broker, require_celery
 from .transports.base import Failure, Outcome, Transport
 
 logger = logging.getLogger(__name__)
@@ -192,10 +193,8 @@ class Relay:
         self._celery_routes = sorted(
             name for name, route in outbox_settings.ROUTES.items() if route.is_celery
         )
-        if self._celery_routes and "celery" not in self._transports:
-            problem = celery_problem(self._celery_routes)
-            if problem is not None:
-                raise OutboxConfigurationError(f"{problem.id}: {problem.msg}")
+        if "celery" not in self._transports:
+            require_celery(self._celery_routes)
 
     def close(self) -> None:
         """Close the broker connections (``run()`` does it when it returns)."""
@@ -242,10 +241,10 @@ class Relay:
         kind = "celery" if route.is_celery else route.broker
         if kind not in self._transports:
             if route.is_celery:
-                self._transports[kind] = transports.celery_transport(self._celery_routes)
+                self._transports[kind] = celery_transport(self._celery_routes)
             else:
                 broker = self._brokers.get(kind) or outbox_settings.require_broker(kind)
-                self._transports[kind] = transports.for_broker(broker)
+                self._transports[kind] = for_broker(broker)
         return self._transports[kind]
 
     def _publish(self, messages: Sequence[ClaimedMessage], *, deadline: float) -> list[Outcome]:

@@ -21,7 +21,16 @@ from .base import Failure, Outcome, Transport
 if TYPE_CHECKING:
     from ..conf import Broker
 
-__all__ = ["REGISTRY", "Failure", "Outcome", "Transport", "celery_transport", "for_broker"]
+__all__ = [
+    "REGISTRY",
+    "Failure",
+    "Outcome",
+    "Transport",
+    "celery_transport",
+    "for_broker",
+    "require_celery",
+    "transport_class",
+]
 
 _KOMBU = "django_outbox.transports.kombu"
 
@@ -51,14 +60,19 @@ def for_broker(broker: Broker) -> Transport:
     return cls(broker.url, broker.options, alias=alias)  # type: ignore[call-arg]
 
 
-def celery_transport(routes: list[str]) -> Transport:
-    """The transport of the Celery ``routes``; :class:`OutboxConfigurationError` naming
-    them and the pip extra when the celery package is not installed."""
+def require_celery(routes: list[str]) -> None:
+    """:class:`OutboxConfigurationError` naming the Celery ``routes`` and the pip extra
+    when they exist and the celery package is not installed (E016's text)."""
     from ..conf import celery_problem
 
-    problem = celery_problem(routes)
+    problem = celery_problem(routes) if routes else None
     if problem is not None:
         raise OutboxConfigurationError(f"{problem.id}: {problem.msg}")
+
+
+def celery_transport(routes: list[str]) -> Transport:
+    """The transport of the Celery ``routes`` (see :func:`require_celery`)."""
+    require_celery(routes)
     return _load(CELERY)()
 
 
