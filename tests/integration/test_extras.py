@@ -8,6 +8,7 @@ package index that pip is configured with (or pip's cache).
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -70,7 +71,13 @@ def venv(tmp_path_factory) -> Path:
     pins = [f"{name}=={metadata.version(name)}" for name in CORE]
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     subprocess.run([*pip, "--no-deps", *pins], check=True, timeout=600)
-    subprocess.run([*pip, "--no-deps", str(REPO)], check=True, timeout=600)
+    # Built from a copy: an in-tree build would write the checkout's build/ folder.
+    source = root / "source"
+    shutil.copytree(REPO / "django_outbox", source / "django_outbox")
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (REPO / name).exists():
+            shutil.copy(REPO / name, source / name)
+    subprocess.run([*pip, "--no-deps", str(source)], check=True, timeout=600)
     (root / "mini_settings.py").write_text(SETTINGS)
     (root / "relay.py").write_text(textwrap.dedent(RELAY))
     return root
