@@ -29,7 +29,13 @@ import logging
 from collections.abc import Collection
 from typing import Any
 
-from celery import Task  # type: ignore[import-untyped]
+try:
+    from celery import Task  # type: ignore[import-untyped]
+except ImportError as exc:  # the [celery] extra is not installed
+    raise ImportError(
+        "django_outbox.celery requires the celery package: "
+        'pip install "django-transactional-outbox[celery]"'
+    ) from exc
 
 from .inbox import handled_types, handles, run_once
 

@@ -1,7 +1,8 @@
-"""System checks: ``django_outbox.E001``-``E007``, ``E010`` and ``E011`` for settings,
-``E008``, ``E009``, ``W002`` and ``W003`` for route shapes, ``W001`` for databases, ``W004``
-for Celery routes without publisher confirms, ``E012`` and ``W005`` for the folders of a
-``filesystem://`` broker.
+"""System checks: ``django_outbox.E001``-``E007``, ``E010``, ``E011`` and ``E013``-``E016``
+for settings (``OUTBOX["BROKERS"]`` and the routes' broker aliases among them), ``E008``,
+``E009``, ``W002`` and ``W003`` for route shapes, ``W001`` for databases, ``W004`` for Celery
+routes without publisher confirms, and each broker's transport's own (``E012`` and ``W005``
+for the folders of a ``filesystem://`` broker).
 
 The ids, messages and hints are listed in docs/reference/checks.md.
 """
@@ -14,10 +15,10 @@ from django.core import checks
 from django.db import connections, router
 
 from . import db
-from .conf import CHECK_IDS, broker_scheme, outbox_settings
+from .conf import CHECK_IDS, broker_problem, celery_problem, outbox_settings
 from .exceptions import OutboxConfigurationError
 from .routes import shape_problems
-from .transports.filesystem import folder_problems
+from .transports import transport_class
 
 
 @checks.register(checks.Tags.compatibility)
@@ -33,13 +34,13 @@ def check_routes(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
     """Routes that can never deliver (errors), or only once others bind a queue (warnings)."""
     try:
         routes = outbox_settings.ROUTES
-        url = outbox_settings.broker_url or ""
+        brokers = outbox_settings.brokers
     except OutboxConfigurationError:  # reported by check_settings
         return []
-    scheme = broker_scheme(url)
     found: list[checks.CheckMessage] = []
     for route in routes.values():
-        for shape in shape_problems(route, scheme):
+        broker = brokers.get(route.broker)
+        for shape in shape_problems(route, broker.scheme if broker is not None else ""):
             check_id = CHECK_IDS[shape.kind]
             level = checks.Error if check_id.startswith("django_outbox.E") else checks.Warning
             found.append(level(shape.msg, hint=shape.hint, id=check_id))
@@ -79,9 +80,11 @@ def check_celery_confirms(app_configs: Any = None, **kwargs: Any) -> list[checks
         celery_routes = sorted(name for name, r in outbox_settings.ROUTES.items() if r.is_celery)
     except OutboxConfigurationError:
         return []  # E004 says what is wrong with ROUTES
+    if not celery_routes or celery_problem(celery_routes) is not None:
+        return []  # no Celery routes, or E016 says celery is not installed
     from .transports.celery import publishes_unconfirmed
 
-    if not celery_routes or not publishes_unconfirmed():
+    if not publishes_unconfirmed():
         return []
     return [
         checks.Warning(
@@ -95,19 +98,18 @@ def check_celery_confirms(app_configs: Any = None, **kwargs: Any) -> list[checks
 
 
 @checks.register(checks.Tags.compatibility)
-def check_filesystem(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """The folders of a ``filesystem://`` broker: missing (E012) or two different ones
-    (W005), found here instead of by the first publish."""
+def check_brokers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """What each broker's transport finds wrong without connecting, such as the folders
+    of a ``filesystem://`` broker: missing (E012) or two different ones (W005)."""
     try:
-        url = outbox_settings.broker_url
-        options = outbox_settings.BROKER_TRANSPORT_OPTIONS
+        brokers = outbox_settings.brokers
     except OutboxConfigurationError:  # reported by check_settings
-        return []
-    if not url:
         return []
     return [
         (checks.Error if problem.id.startswith("django_outbox.E") else checks.Warning)(
             problem.msg, hint=problem.hint, id=problem.id
         )
-        for problem in folder_problems(url, options)
+        for broker in brokers.values()
+        if broker_problem(broker.url, broker) is None  # E007, E010, E011 said that already
+        for problem in transport_class(broker.scheme).problems(broker)
     ]

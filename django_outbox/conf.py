@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import importlib
+import importlib.util
 import json
 import reprlib
 from collections.abc import Callable, Mapping
@@ -30,7 +31,7 @@ from django.core.signals import setting_changed
 
 from .exceptions import OutboxConfigurationError
 from .redact import mask_url, option_secrets, scrub, url_passwords, url_problem
-from .routes import Route, is_valid_destination, parse_routes
+from .routes import DEFAULT_BROKER, Route, is_valid_destination, parse_routes
 
 
 class _Invalid(ValueError):
@@ -93,6 +94,73 @@ def _dict(value: object) -> dict[str, Any]:
     return dict(value)
 
 
+#: The keys of one broker of ``OUTBOX["BROKERS"]``.
+BROKER_KEYS = ("URL", "OPTIONS")
+
+
+def _broker_table(value: object) -> dict[str, dict[str, Any]]:
+    """``OUTBOX["BROKERS"]``: alias -> ``{"URL": kombu URL, "OPTIONS": transport options}``.
+    The reasons name the alias and the key, never a value (a URL or an option may hold
+    a password)."""
+    if not isinstance(value, Mapping):
+        raise _Invalid(
+            'must be a dict of alias -> {"URL": ..., "OPTIONS": {...}}; '
+            f"got {type(value).__name__}"
+        )
+    table = {}
+    for alias, spec in value.items():
+        if not isinstance(alias, str) or not alias:
+            raise _Invalid(f"has an alias that is not a non-empty string: {type(alias).__name__}")
+        where = f'["{alias}"]'
+        if not isinstance(spec, Mapping):
+            raise _Invalid(
+                f'{where} must be a dict with "URL" and optional "OPTIONS"; '
+                f"got {type(spec).__name__}"
+            )
+        if unknown := sorted(str(key) for key in spec if key not in BROKER_KEYS):
+            raise _Invalid(f"{where} has unknown keys {unknown}; a broker takes URL and OPTIONS")
+        if "URL" not in spec:
+            raise _Invalid(f'{where} has no "URL"')
+        if not isinstance(spec["URL"], str) or not spec["URL"]:
+            raise _Invalid(f'{where}["URL"] must be a non-empty string')
+        try:
+            options = _dict(spec.get("OPTIONS", {}))
+        except _Invalid as exc:
+            kind = type(spec["OPTIONS"]).__name__
+            raise _Invalid(f'{where}["OPTIONS"] {exc}; got {kind}') from None
+        table[alias] = {"URL": spec["URL"], "OPTIONS": options}
+    return table
+
+
+@dataclasses.dataclass(frozen=True)
+class Broker:
+    """One broker the relay publishes to: its alias, kombu URL and transport options,
+    and ``setting``, where it is configured (for error texts)."""
+
+    alias: str
+    url: str
+    options: Mapping[str, Any]
+    setting: str
+
+    @property
+    def scheme(self) -> str:
+        """The URL's transport, lowercased (``"amqp"``, ``"redis"``, ``"memory"`` ...)."""
+        return broker_scheme(self.url)
+
+    @property
+    def options_setting(self) -> str:
+        """The setting that holds this broker's transport options."""
+        if self.setting.startswith('OUTBOX["BROKERS"]'):
+            return f'{self.setting}["OPTIONS"]'
+        return 'OUTBOX["BROKER_TRANSPORT_OPTIONS"]'
+
+    @property
+    def named(self) -> str:
+        """How error texts name it: '' for the short form (BROKER_URL,
+        CELERY_BROKER_URL), else ' of OUTBOX["BROKERS"]["alias"]'."""
+        return f" of {self.setting}" if self.setting.startswith('OUTBOX["BROKERS"]') else ""
+
+
 @dataclasses.dataclass(frozen=True)
 class Setting:
     name: str
@@ -115,7 +183,16 @@ SETTINGS: dict[str, Setting] = {
             "BROKER_TRANSPORT_OPTIONS",
             {},
             _dict,
-            "transport_options passed to kombu.Connection (e.g. data_folder_in/out for filesystem://).",
+            "transport_options passed to kombu.Connection (e.g. data_folder_in/out for "
+            'filesystem://): the short form of OUTBOX["BROKERS"]["default"]["OPTIONS"].',
+        ),
+        Setting(
+            "BROKERS",
+            {},
+            _broker_table,
+            'alias -> {"URL": kombu URL, "OPTIONS": transport options}; routes name an alias '
+            '("broker"), "default" when they do not. BROKER_URL is the short form of '
+            '{"default": {"URL": ...}}.',
         ),
         Setting(
             "ROUTES",
@@ -223,9 +300,14 @@ CHECK_IDS = {
     "redis_fanout": "django_outbox.W003",
     "malformed_broker": "django_outbox.E010",
     "missing_driver": "django_outbox.E011",
-    # kombu's filesystem transport (transports.filesystem), checked by checks.check_filesystem:
+    # kombu's filesystem transport (transports.filesystem), checked by checks.check_brokers:
     "filesystem_folder": "django_outbox.E012",
     "filesystem_split": "django_outbox.W005",
+    # OUTBOX["BROKERS"] and the routes that name its aliases:
+    "bad_brokers": "django_outbox.E013",
+    "broker_twice": "django_outbox.E014",
+    "unknown_broker": "django_outbox.E015",
+    "missing_celery": "django_outbox.E016",
 }
 
 #: The package a kombu transport needs, by URL scheme: (module to import, what to install).
@@ -307,6 +389,13 @@ class OutboxSettings:
         try:
             return parse(raw)
         except _Invalid as exc:
+            if name == "BROKERS":  # the value is not shown: it may hold passwords
+                return Problem(
+                    CHECK_IDS["bad_brokers"],
+                    f'OUTBOX["BROKERS"]{"" if str(exc).startswith("[") else " "}{exc}.',
+                    'Write OUTBOX["BROKERS"] = {"default": {"URL": "amqp://...", "OPTIONS": '
+                    "{}}}; see docs/reference/settings.md.",
+                )
             return Problem(
                 CHECK_IDS["bad_value"],
                 f'OUTBOX["{name}"] {exc}; got {scrub(repr(raw))}.',
@@ -315,8 +404,74 @@ class OutboxSettings:
 
     @property
     def broker_url(self) -> str | None:
-        """``OUTBOX["BROKER_URL"]``, else ``settings.CELERY_BROKER_URL``, else None."""
-        return self.BROKER_URL or getattr(settings, "CELERY_BROKER_URL", None) or None
+        """The URL of the "default" broker: ``OUTBOX["BROKERS"]["default"]``, else
+        ``OUTBOX["BROKER_URL"]``, else ``settings.CELERY_BROKER_URL``, else None."""
+        default = self.brokers.get(DEFAULT_BROKER)
+        return default.url if default is not None else None
+
+    @property
+    def brokers(self) -> dict[str, Broker]:
+        """Every broker by alias: ``OUTBOX["BROKERS"]``, and, when it has no "default",
+        the short form (``BROKER_URL``, else ``CELERY_BROKER_URL``, with
+        ``BROKER_TRANSPORT_OPTIONS``) as "default". Raises
+        :class:`OutboxConfigurationError` when both forms set the "default" broker."""
+        if "brokers" not in self._cache:
+            problem = self._both_forms()
+            if problem is not None:
+                raise OutboxConfigurationError(f"{problem.id}: {problem.msg} {problem.hint}")
+            self._cache["brokers"] = self._brokers()
+        brokers: dict[str, Broker] = self._cache["brokers"]
+        return brokers
+
+    def _brokers(self) -> dict[str, Broker]:
+        found = {
+            alias: Broker(alias, spec["URL"], spec["OPTIONS"], f'OUTBOX["BROKERS"]["{alias}"]')
+            for alias, spec in self.BROKERS.items()
+        }
+        if DEFAULT_BROKER not in found:
+            url, setting = self.BROKER_URL, 'OUTBOX["BROKER_URL"]'
+            if not url:
+                url, setting = getattr(settings, "CELERY_BROKER_URL", None), "CELERY_BROKER_URL"
+            if url:
+                options = self.BROKER_TRANSPORT_OPTIONS
+                found[DEFAULT_BROKER] = Broker(DEFAULT_BROKER, url, options, setting)
+        return found
+
+    def _both_forms(self) -> Problem | None:
+        """E014 when the short form and ``OUTBOX["BROKERS"]["default"]`` are both set."""
+        user = self.user_settings if isinstance(self.user_settings, Mapping) else {}
+        table = user.get("BROKERS")
+        if not isinstance(table, Mapping) or DEFAULT_BROKER not in table:
+            return None
+        short = [name for name in ("BROKER_URL", "BROKER_TRANSPORT_OPTIONS") if user.get(name)]
+        if not short:
+            return None
+        return Problem(
+            CHECK_IDS["broker_twice"],
+            f'OUTBOX["BROKERS"]["default"] and OUTBOX["{short[0]}"] both set the default broker.',
+            f'Keep one: {short[0]} is the short form of OUTBOX["BROKERS"]["default"].',
+        )
+
+    def require_broker(self, alias: str = DEFAULT_BROKER) -> Broker:
+        """The broker ``alias`` if the relay or a consumer can connect to it; else
+        :class:`OutboxConfigurationError` with the text of the system check that
+        reports it (E006, E007, E010, E011, E014 or E015)."""
+        broker = self.brokers.get(alias)
+        problem: Problem | None
+        if broker is None:
+            problem = _NO_BROKER if not self.brokers else _unknown_alias(alias, self.brokers)
+        else:
+            problem = broker_problem(broker.url, broker)
+        if problem is not None:
+            raise OutboxConfigurationError(f"{problem.id}: {problem.msg} {problem.hint}")
+        assert broker is not None
+        return broker
+
+    def broker_aliases(self) -> set[str]:
+        """The brokers the routes publish to: those they name, and "default" for the
+        default route (when DEFAULT_ROUTE is on)."""
+        aliases = {route.broker for route in self.ROUTES.values() if not route.is_celery}
+        return aliases | ({DEFAULT_BROKER} if self.DEFAULT_ROUTE else set())
 
     def route_for(self, destination: str) -> Route | None:
         """The route of ``destination``; None when it is unknown and DEFAULT_ROUTE is off."""
@@ -368,24 +523,41 @@ class OutboxSettings:
                     "Raise RETRY_MAX_DELAY or lower RETRY_BASE_DELAY.",
                 )
             )
-        if isinstance(parsed["BROKER_URL"], Problem):
-            return found
-        url = parsed["BROKER_URL"] or getattr(settings, "CELERY_BROKER_URL", None)
-        if not url:
-            found.append(_NO_BROKER)
-        elif (problem := broker_problem(url)) is not None:
-            found.append(problem)
+        return found + self._broker_problems(parsed)
+
+    def _broker_problems(self, parsed: dict[str, Any]) -> list[Problem]:
+        """The brokers' problems: both forms of "default" (E014), none at all (E006),
+        each broker's URL (E007, E010, E011), and the routes' aliases (E015, E016)."""
+        if any(
+            isinstance(parsed[name], Problem)
+            for name in ("BROKER_URL", "BROKERS", "BROKER_TRANSPORT_OPTIONS")
+        ):
+            return []
+        both = self._both_forms()
+        if both is not None:
+            return [both]
+        brokers = self._brokers()
+        if not brokers:
+            return [_NO_BROKER]
+        found = [
+            problem
+            for broker in brokers.values()
+            if (problem := broker_problem(broker.url, broker)) is not None
+        ]
+        routes, default_route = parsed["ROUTES"], parsed["DEFAULT_ROUTE"]
+        if isinstance(routes, dict) and isinstance(default_route, bool):
+            found += route_problems(routes, brokers, default_route=default_route)
         return found
 
     def require_broker_url(self, url: str | None = None) -> str:
-        """``url`` (by default the configured broker URL) if the relay or a consumer
+        """``url`` (by default the "default" broker's URL) if the relay or a consumer
         can connect with it; else :class:`OutboxConfigurationError` with the text
         of the system check that reports it (E006, E007, E010 or E011)."""
-        url = url or self.broker_url
-        problem = _NO_BROKER if not url else broker_problem(url)
+        if not url:
+            return self.require_broker().url
+        problem = broker_problem(url)
         if problem is not None:
             raise OutboxConfigurationError(f"{problem.id}: {problem.msg} {problem.hint}")
-        assert url is not None
         return url
 
     def secrets(self) -> list[str]:
@@ -398,10 +570,14 @@ class OutboxSettings:
 
     def _read_secrets(self) -> list[str]:
         urls = [self._raw("BROKER_URL"), *(getattr(settings, name, None) for name in CELERY_URLS)]
+        options = [self._raw("BROKER_TRANSPORT_OPTIONS"), getattr(settings, CELERY_OPTIONS, None)]
+        table = self._raw("BROKERS")
+        for spec in table.values() if isinstance(table, Mapping) else ():
+            if isinstance(spec, Mapping):
+                urls.append(spec.get("URL"))
+                options.append(spec.get("OPTIONS"))
         found = [secret for url in urls if isinstance(url, str) for secret in url_passwords(url)]
-        found += option_secrets(
-            [self._raw("BROKER_TRANSPORT_OPTIONS"), getattr(settings, CELERY_OPTIONS, None)]
-        )
+        found += option_secrets(options)
         for database in settings.DATABASES.values():
             password = database.get("PASSWORD")
             if isinstance(password, str) and password:
@@ -432,15 +608,62 @@ _NO_BROKER = Problem(
 )
 
 
-def broker_problem(url: str) -> Problem | None:
+def _unknown_alias(alias: str, brokers: Mapping[str, Broker], user: str = "") -> Problem:
+    """E015: ``user`` (a route, the default route) names a broker ``brokers`` lacks."""
+    known = ", ".join(sorted(brokers))
+    return Problem(
+        CHECK_IDS["unknown_broker"],
+        f'{user}No broker {alias!r} in OUTBOX["BROKERS"] (the brokers are {known}).',
+        f'Add OUTBOX["BROKERS"][{alias!r}] = {{"URL": ...}}, or name one of the brokers.',
+    )
+
+
+def route_problems(
+    routes: Mapping[str, Route], brokers: Mapping[str, Broker], *, default_route: bool
+) -> list[Problem]:
+    """Routes naming a broker alias that ``brokers`` lacks (E015; the default route
+    takes "default"), and Celery routes without the celery package (E016)."""
+    found = [
+        _unknown_alias(route.broker, brokers, f"Route {name!r} names broker {route.broker!r}: ")
+        for name, route in routes.items()
+        if not route.is_celery and route.broker not in brokers
+    ]
+    if default_route and DEFAULT_BROKER not in brokers:
+        user = "The default route (DEFAULT_ROUTE is True) publishes to broker 'default': "
+        found.append(_unknown_alias(DEFAULT_BROKER, brokers, user))
+    celery_routes = sorted(name for name, route in routes.items() if route.is_celery)
+    if celery_routes and (problem := celery_problem(celery_routes)) is not None:
+        found.append(problem)
+    return found
+
+
+#: What to install for the Celery routes.
+CELERY_EXTRA = '"django-transactional-outbox[celery]"'
+
+
+def celery_problem(celery_routes: list[str]) -> Problem | None:
+    """E016 when routes send Celery tasks and the celery package is not installed."""
+    if importlib.util.find_spec("celery") is not None:
+        return None
+    return Problem(
+        CHECK_IDS["missing_celery"],
+        f"Routes {celery_routes} send Celery tasks (celery_task), which requires the celery "
+        f"package: pip install {CELERY_EXTRA}",
+        "Install it where the relay runs, or route these destinations to a broker.",
+    )
+
+
+def broker_problem(url: str, broker: Broker | None = None) -> Problem | None:
     """What keeps the relay from connecting with ``url``: a malformed URL (E010), an
     unknown transport (E007), a transport whose package is missing (E011). Every
-    text shows the URL masked, never its password."""
+    text shows the URL masked, never its password; ``broker`` names the alias of
+    ``OUTBOX["BROKERS"]`` it comes from."""
+    named = broker.named if broker is not None else ""
     reason = url_problem(url)
     if reason is not None:
         return Problem(
             CHECK_IDS["malformed_broker"],
-            f"The broker URL {mask_url(url)} is malformed: {reason}.",
+            f"The broker URL {mask_url(url)}{named} is malformed: {reason}.",
             'Percent-encode the user name and password: "@" as %40, ":" as %3A, "/" as %2F, '
             '"?" as %3F, "#" as %23 (urllib.parse.quote(password, safe="")).',
         )
@@ -450,13 +673,13 @@ def broker_problem(url: str) -> Problem | None:
     if scheme not in TRANSPORT_ALIASES and "." not in scheme:
         return Problem(
             CHECK_IDS["bad_broker"],
-            f"The broker URL names an unknown kombu transport {scheme!r}.",
+            f"The broker URL{named} names an unknown kombu transport {scheme!r}.",
             "Use a kombu URL such as amqp://, redis://, memory:// or filesystem://.",
         )
-    return _missing_driver(url, scheme)
+    return _missing_driver(url, scheme, named)
 
 
-def _missing_driver(url: str, scheme: str) -> Problem | None:
+def _missing_driver(url: str, scheme: str, named: str = "") -> Problem | None:
     """E011 if the kombu transport of ``url`` cannot be loaded: the package to install
     for the transports of :data:`DRIVERS`, kombu's own import error for the others."""
     import kombu
@@ -472,13 +695,13 @@ def _missing_driver(url: str, scheme: str) -> Problem | None:
         if module is None:
             return Problem(
                 CHECK_IDS["missing_driver"],
-                f"The broker URL {mask_url(url)} names kombu transport {scheme!r}, which cannot "
-                f"be loaded: {outbox_settings.redact(f'{type(exc).__name__}: {exc}')}",
+                f"The broker URL {mask_url(url)}{named} names kombu transport {scheme!r}, which "
+                f"cannot be loaded: {outbox_settings.redact(f'{type(exc).__name__}: {exc}')}",
                 "Install the package the error names, where the relay and the consumers run.",
             )
         return Problem(
             CHECK_IDS["missing_driver"],
-            f"The broker URL {mask_url(url)} needs the Python package {module!r}, "
+            f"The broker URL {mask_url(url)}{named} needs the Python package {module!r}, "
             f"which is not installed: pip install {install}",
             "Install it where the relay and the consumers run, or use another transport.",
         )
@@ -511,6 +734,7 @@ _ENV_CASTS: dict[Callable[[Any], Any] | None, tuple[Callable[[str], Any], str]] 
     _optional_str: (str, "a kombu URL such as amqp://user:password@host//"),  # BROKER_URL
     _exchange_name: (str, "an exchange name of letters, digits and ._:/-"),
     _dict: (json.loads, "a JSON object"),
+    _broker_table: (json.loads, 'a JSON object of brokers: {"alias": {"URL": ...}}'),
     None: (json.loads, "a JSON object of routes"),  # ROUTES
 }
 

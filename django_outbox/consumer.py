@@ -132,6 +132,7 @@ class InboxConsumer(ConsumerMixin):
         retry_delay: float = DEFAULT_RETRY_DELAY,
         retry_max_delay: float = DEFAULT_RETRY_MAX_DELAY,
         url: str | None = None,
+        broker: str | None = None,  # an alias of OUTBOX["BROKERS"]; url, if given, wins
         transport_options: dict[str, Any] | None = None,
         event_types: Iterable[str] | None = None,
         stop: threading.Event | None = None,
@@ -149,6 +150,15 @@ class InboxConsumer(ConsumerMixin):
             jitter=RETRY_JITTER,
             max_attempts=max_deliveries or 0,
         )
+        # The broker: ``url``, else the alias ``broker`` names, else the one the route of
+        # ``queue`` publishes to ("default" for the default route).
+        if url is None:
+            chosen = outbox_settings.require_broker(
+                broker or outbox_settings.route_for_queue(queue).broker
+            )
+            url = chosen.url
+            if transport_options is None:
+                transport_options = dict(chosen.options)
         self.url = outbox_settings.require_broker_url(url)
         if transport_options is None:
             transport_options = outbox_settings.BROKER_TRANSPORT_OPTIONS

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import operator
 import uuid
 from collections.abc import Callable, Sequence
@@ -134,3 +135,22 @@ class ReceivedEvent:
     @property
     def causation_id(self) -> str | None:
         return self.headers.get("causation_id") or None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutboxEvent(ReceivedEvent):
+    """An event as a consumer's handler receives it, and the destination it was staged
+    to: what :mod:`django_outbox.testing` and the memory transport give."""
+
+    destination: str = ""
+
+    @classmethod
+    def from_message(cls, message: ClaimedMessage) -> OutboxEvent:
+        """The event a relay would put on the wire for ``message``, decoded again."""
+        return cls(
+            message.event_id,
+            message.event_type,
+            json.loads(message.payload),
+            message.wire_headers(),
+            message.destination,
+        )

@@ -36,14 +36,16 @@ from django.db import DatabaseError, close_old_connections, connections
 from . import db, retention, store
 from .conf import outbox_settings
 from .envelope import ClaimedMessage
+from .exceptions import BrokerUnreachable
 from .failures import FailureCounts, Reason
 from .models import OutboxMessage
 from .outage import OutageTracker, broker_outage, database_outage
 from .pipeline import Pipeline
 from .redact import SecretFilter, mask_url
 from .retry import RetryPolicy
-from .routes import Route
+from .routes import DEFAULT_BROKER, Route
 from .signals import event_abandoned, event_failed, event_published
+from .transports import celery_transport, for_broker, require_celery
 from .transports.base import Failure, Outcome, Transport
 from .wakeup import WakeUp
 
@@ -208,13 +210,22 @@ class Relay:
         self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
         self.policy = RetryPolicy.from_settings()
         self.lease_seconds = outbox_settings.LEASE_SECONDS
-        #: "broker" and "celery" transports, built on first use.
+        #: A transport per broker alias of ``OUTBOX["BROKERS"]`` and one for the Celery
+        #: routes ("celery"), built on first use (given ones are used as they are).
         self._transports: dict[str, Transport] = dict(transports or {})
-        #: Checked here when there is one: a malformed URL or a missing driver package
-        #: is said now, not per batch.
-        self._broker_url: str | None = None
-        if "broker" not in self._transports and outbox_settings.broker_url:
-            self._broker_url = outbox_settings.require_broker_url()
+        #: The brokers to build transports for, checked here: a malformed URL, a
+        #: missing driver package, a route naming no broker, Celery routes without
+        #: celery are said now (OutboxConfigurationError), not per batch.
+        self._brokers = {
+            alias: outbox_settings.require_broker(alias)
+            for alias in sorted(outbox_settings.broker_aliases() | set(outbox_settings.brokers))
+            if alias not in self._transports
+        }
+        self._celery_routes = sorted(
+            name for name, route in outbox_settings.ROUTES.items() if route.is_celery
+        )
+        if "celery" not in self._transports:
+            require_celery(self._celery_routes)
 
     def close(self) -> None:
         """Close the broker connections (``run()`` does it when it returns)."""
@@ -255,19 +266,16 @@ class Relay:
         return _Batch(claim.messages, outcomes, claim.token)
 
     def transport(self, route: Route) -> Transport:
-        kind = "celery" if route.is_celery else "broker"
+        """The transport of ``route``: its broker alias's (by the URL's scheme, see
+        :mod:`django_outbox.transports`), or Celery's. Raises
+        :class:`OutboxConfigurationError` naming the setting when there is none."""
+        kind = "celery" if route.is_celery else route.broker
         if kind not in self._transports:
             if route.is_celery:
-                from .transports.celery import CeleryTransport
-
-                self._transports[kind] = CeleryTransport()
+                self._transports[kind] = celery_transport(self._celery_routes)
             else:
-                from .transports.kombu import KombuTransport
-
-                self._transports[kind] = KombuTransport(
-                    self._broker_url or outbox_settings.require_broker_url(),
-                    outbox_settings.BROKER_TRANSPORT_OPTIONS,
-                )
+                broker = self._brokers.get(kind) or outbox_settings.require_broker(kind)
+                self._transports[kind] = for_broker(broker)
         return self._transports[kind]
 
     def _publish(self, messages: Sequence[ClaimedMessage], *, deadline: float) -> list[Outcome]:
@@ -296,8 +304,11 @@ class Relay:
                 )
                 results = [unknown] * len(batch)
             else:
+                # No broker for the route raises OutboxConfigurationError: the relay
+                # cannot run as configured.
+                transport = self.transport(route)
                 try:
-                    results = self.transport(route).publish(route, batch)
+                    results = transport.publish(route, batch)
                 except Exception as exc:  # a bug or an error no transport classified
                     logger.exception(
                         "publishing to %r failed unexpectedly",
@@ -607,13 +618,19 @@ class Relay:
         return True
 
     def _unreachable(self, kind: str, exc: Exception) -> str:
-        """Why the broker of transport ``kind`` cannot be reached, with its URL masked."""
+        """Why the broker of transport ``kind`` (a broker alias, or "celery") cannot be
+        reached, with its URL masked; a broker of ``OUTBOX["BROKERS"]`` by its alias."""
+        known = self._brokers.get(kind)
         if kind == "celery":
             broker = "Celery's broker"
-        elif self._broker_url is not None:
-            broker = f"the broker {mask_url(self._broker_url)}"
+        elif known is None:
+            broker = "the broker" if kind == DEFAULT_BROKER else f"the broker {kind!r}"
+        elif known.named:
+            broker = f"the broker {kind!r} ({mask_url(known.url)})"
         else:
-            broker = "the broker"
+            broker = f"the broker {mask_url(known.url)}"
+        if isinstance(exc, BrokerUnreachable) and isinstance(exc.__cause__, Exception):
+            exc = exc.__cause__  # the transport's check named the broker: said above
         return f"{broker} is unreachable ({Failure.from_exception(exc).error})"
 
 

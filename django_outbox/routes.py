@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 DESTINATION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,254}")
 
 EXCHANGE_TYPES = ("direct", "topic", "fanout", "headers")
-STRING_KEYS = frozenset({"exchange", "exchange_type", "routing_key", "queue"})
+STRING_KEYS = frozenset({"exchange", "exchange_type", "routing_key", "queue", "broker"})
 ARGUMENT_KEYS = frozenset({"queue_arguments", "exchange_arguments"})
 BROKER_KEYS = STRING_KEYS | ARGUMENT_KEYS
 CELERY_KEYS = frozenset({"celery_task"})
@@ -25,6 +25,10 @@ MAX_NAME_BYTES = 255
 #: ``x-`` arguments of a queue or exchange, as sorted ``(name, value)`` pairs (hashable,
 #: so a :class:`Route` can be kept in a set); ``dict(arguments)`` gives them back.
 Arguments = tuple[tuple[str, "str | int | float | bool"], ...]
+
+
+#: The broker alias of a route that names none, and of the default route.
+DEFAULT_BROKER = "default"
 
 
 def is_valid_destination(value: object) -> bool:
@@ -38,7 +42,9 @@ class Route:
     Either a broker route (``exchange`` of ``exchange_type``, ``routing_key``,
     and an optional durable ``queue`` declared and bound to it, each declared
     with its ``x-`` arguments), or a Celery route (``celery_task``: the task
-    name given to ``send_task``).
+    name given to ``send_task``). A broker route publishes to the broker of
+    ``OUTBOX["BROKERS"]`` named ``broker`` (default ``"default"``); a Celery route to
+    the Celery app's broker.
     """
 
     destination: str
@@ -49,6 +55,7 @@ class Route:
     celery_task: str | None = None
     queue_arguments: Arguments = ()
     exchange_arguments: Arguments = ()
+    broker: str = DEFAULT_BROKER
 
     @property
     def is_celery(self) -> bool:
@@ -96,6 +103,8 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
     for key, val in spec.items():
         if key not in ARGUMENT_KEYS:
             _check_string(name, key, val)
+    if spec.get("broker") == "":
+        raise ValueError(f"route {name!r} has an empty broker alias")
     if "celery_task" in spec:
         if not spec["celery_task"]:
             raise ValueError(f"route {name!r} has an empty celery_task")
@@ -116,6 +125,7 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
         exchange_arguments=_arguments(
             name, "exchange_arguments", spec.get("exchange_arguments", {})
         ),
+        broker=spec.get("broker") or DEFAULT_BROKER,
     )
 
 

@@ -4,9 +4,9 @@
     A context manager yielding a list that fills with the events committed
     inside the block; events of a rolled-back transaction never appear.
 ``drain(using="default")``
-    Relays every due row in-process through :class:`RecordingTransport` (no
-    broker) and returns the published events, in publish order; the rows end
-    PUBLISHED.
+    Relays every due row in-process through the in-memory transport
+    (:class:`~django_outbox.transports.memory.MemoryTransport`, no broker) and
+    returns the published events, in publish order; the rows end PUBLISHED.
 
 Both give :class:`OutboxEvent` objects: a :class:`~django_outbox.ReceivedEvent`
 (the payload decoded, every wire header, as a consumer's handler gets it) that
@@ -27,22 +27,19 @@ This module imports no model at import time.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
 import functools
 import itertools
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 from django.utils import timezone
 
-from .envelope import ClaimedMessage, ReceivedEvent
-from .routes import Route
+from .envelope import ClaimedMessage, OutboxEvent
 from .signals import event_committed
 from .staging import _committed
-from .transports.base import Outcome, Transport
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -52,68 +49,31 @@ if TYPE_CHECKING:
 #: What ``drain`` sets the due rows' ``available_at`` to inside a transaction.
 _LONG_AGO = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 
-__all__ = ["Outbox", "OutboxEvent", "RecordingTransport", "captured_events", "drain"]
+__all__ = ["Outbox", "OutboxEvent", "captured_events", "drain"]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class OutboxEvent(ReceivedEvent):
-    """An event as a consumer's handler receives it, and the destination it was staged to."""
-
-    destination: str = ""
-
-    @classmethod
-    def from_message(cls, message: ClaimedMessage) -> OutboxEvent:
-        """The event a relay would put on the wire for ``message``, decoded again."""
-        return cls(
-            message.event_id,
-            message.event_type,
-            json.loads(message.payload),
-            message.wire_headers(),
-            message.destination,
+def _event_from_row(row: OutboxMessage) -> OutboxEvent:
+    """The event a staged outbox row becomes once relayed."""
+    return OutboxEvent.from_message(
+        ClaimedMessage(
+            id=row.pk,
+            event_id=row.event_id,
+            event_type=row.event_type,
+            destination=row.destination,
+            payload=json.dumps(row.payload, ensure_ascii=False),
+            headers=row.headers,
+            ordering_key=row.ordering_key,
+            attempts=row.attempts,
+            created_at=row.created_at,
         )
-
-    @classmethod
-    def from_row(cls, row: OutboxMessage) -> OutboxEvent:
-        """The event a staged outbox row becomes once relayed."""
-        return cls.from_message(
-            ClaimedMessage(
-                id=row.pk,
-                event_id=row.event_id,
-                event_type=row.event_type,
-                destination=row.destination,
-                payload=json.dumps(row.payload, ensure_ascii=False),
-                headers=row.headers,
-                ordering_key=row.ordering_key,
-                attempts=row.attempts,
-                created_at=row.created_at,
-            )
-        )
-
-
-class RecordingTransport(Transport):
-    """An in-process transport: it sends nothing and records what a broker would have
-    received, in publish order. Every message counts as published (confirmed).
-
-    It serves both kinds of route (kombu and Celery): a test sees the event either way.
-    """
-
-    def __init__(self) -> None:
-        self.sent: list[OutboxEvent] = []
-
-    def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
-        self.sent += [OutboxEvent.from_message(message) for message in messages]
-        return [None] * len(messages)
-
-    def check(self) -> None:
-        """Always reachable."""
-
-    def close(self) -> None:
-        """Nothing to close."""
+    )
 
 
 def drain(using: str = "default") -> list[OutboxEvent]:
     """Relay every row of ``using`` that is due, in this process and on this connection,
-    through a :class:`RecordingTransport`; return the published events in publish order.
+    through a :class:`~django_outbox.transports.memory.MemoryTransport` of its own that
+    keeps every message (Celery routes' too) and sends none anywhere; return the
+    published events in publish order.
 
     The rows end PUBLISHED and ``event_published`` is sent, as with a real relay; rows
     that fail (a destination with no route) are recorded as the relay records them.
@@ -123,18 +83,24 @@ def drain(using: str = "default") -> list[OutboxEvent]:
     clock stands still at the transaction's start, before the events were staged: the
     rows due by the wall clock are first made due by the transaction's clock.
     """
+    from .conf import outbox_settings
     from .models import OutboxMessage
     from .relay import Relay
+    from .transports.memory import MemoryTransport
 
     if connections[using].in_atomic_block:
         # Any time before the transaction began will do: the claim leases them at once.
         due = OutboxMessage.objects.using(using).due(timezone.now())
         due.update(available_at=_LONG_AGO)
-    transport = RecordingTransport()
-    with Relay(using, transports={"broker": transport, "celery": transport}) as relay:
+    published: list[tuple[str | None, OutboxEvent]] = []
+    transport = MemoryTransport(store=published)
+    # Every broker (configured or named by a route) and the Celery routes: all go to the
+    # one store, so no broker's URL or driver package is needed.
+    aliases = {"celery", *outbox_settings.broker_aliases(), *outbox_settings.brokers}
+    with Relay(using, transports=dict.fromkeys(aliases, transport)) as relay:
         while relay.run_once().claimed:
             pass
-    return transport.sent
+    return [event for _, event in published]
 
 
 class Outbox:
@@ -155,7 +121,7 @@ class Outbox:
         event_committed.disconnect(dispatch_uid=id(self))
 
     def _on_commit(self, *, messages: list[OutboxMessage], **kwargs: Any) -> None:
-        self._committed += [OutboxEvent.from_row(row) for row in messages]
+        self._committed += [_event_from_row(row) for row in messages]
 
     @property
     def captured(self) -> list[OutboxEvent]:
@@ -181,7 +147,7 @@ class Outbox:
             for callback in _test_committed(connection):
                 if not any(callback is old for old in before):
                     rows = _staged_rows(callback[1])
-                    events += [OutboxEvent.from_row(row) for row in rows]
+                    events += [_event_from_row(row) for row in rows]
         return events
 
 

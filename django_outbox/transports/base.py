@@ -13,7 +13,7 @@ import abc
 import dataclasses
 from collections.abc import Sequence
 
-from ..conf import outbox_settings
+from ..conf import Broker, Problem, outbox_settings
 from ..envelope import ClaimedMessage
 from ..routes import Route
 
@@ -59,11 +59,28 @@ Outcome = Failure | None
 
 
 class Transport(abc.ABC):
-    """A way to publish."""
+    """A way to publish. The class attributes say what the broker can do; the relay
+    and the checks read them, never the transport's type or its URL's scheme."""
+
+    #: A None outcome means the broker said it has the message (publisher confirms,
+    #: or a store that holds it when ``publish`` returns), not only that it was written.
+    supports_confirms: bool = False
+    #: A batch is written in one go (one round trip) and counts whole or not at all.
+    supports_batch: bool = False
+    #: Each message's outcome says whether a queue received it: an unroutable message
+    #: fails instead of counting as published.
+    reports_unroutable: bool = False
 
     @abc.abstractmethod
     def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
         """Publish ``messages`` (all of ``route``) in order; one outcome each."""
+
+    @classmethod
+    def problems(cls, broker: Broker) -> list[Problem]:
+        """What keeps ``broker`` from working with this transport, found without
+        connecting: for the system checks (the URL itself is checked by
+        :func:`django_outbox.conf.broker_problem`)."""
+        return []
 
     @abc.abstractmethod
     def check(self) -> None:

@@ -31,7 +31,7 @@ import functools
 import logging
 import struct
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import amqp.exceptions  # type: ignore[import-untyped]
@@ -41,10 +41,10 @@ import kombu.transport.virtual
 from kombu.transport.virtual.base import NotEquivalentError
 
 from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, ClaimedMessage
-from ..exceptions import OutboxConfigurationError
+from ..exceptions import BrokerUnreachable, OutboxConfigurationError
+from ..redact import mask_url
 from ..routes import Route
 from .base import NACKED, Failure, Outcome, Transport
-from .filesystem import require_folders
 
 logger = logging.getLogger(__name__)
 
@@ -237,17 +237,33 @@ class _Confirms:
 
 
 class KombuTransport(Transport):
-    """One connection and channel per relay, declared topology cached per route."""
+    """Any kombu transport: one connection and channel per relay, declared topology
+    cached per route, one message at a time through kombu's producer. The
+    subclasses below declare what their broker can do more.
+
+    Messages no queue would receive are found in the exchange's bindings (kombu's
+    virtual transports would drop them): a per-message routing result."""
+
+    reports_unroutable = True
 
     def __init__(
         self,
         url: str,
-        transport_options: dict[str, Any] | None = None,
+        transport_options: Mapping[str, Any] | None = None,
         *,
+        alias: str | None = None,
         confirm_timeout: float = CONFIRM_TIMEOUT,
         refused_retry_delay: float = REFUSED_RETRY_DELAY,
     ) -> None:
         self._url = url
+        #: The broker alias of OUTBOX["BROKERS"] the check's errors name (None: unnamed).
+        self.alias = alias
+        #: Where the transport options are set, for error texts.
+        self.options_setting = (
+            f'OUTBOX["BROKERS"]["{alias}"]["OPTIONS"]'
+            if alias is not None
+            else 'OUTBOX["BROKER_TRANSPORT_OPTIONS"]'
+        )
         # Confirms are pipelined here; py-amqp's own per-message confirm mode would
         # consume the acks this transport waits for.
         self._options = {
@@ -279,9 +295,7 @@ class KombuTransport(Transport):
             try:
                 connection.connect()  # one attempt; the relay owns the backoff
                 channel = connection.channel()
-                confirms = (
-                    _Confirms(channel) if connection.transport.driver_type == "amqp" else None
-                )
+                confirms = _Confirms(channel) if self.supports_confirms else None
             except BaseException:
                 connection.release()
                 raise
@@ -290,8 +304,19 @@ class KombuTransport(Transport):
         return self._connection
 
     def check(self) -> None:
-        self._connect()
-        require_folders(self._url, self._options)
+        """Connect (once); an error names the broker's alias when it has one."""
+        try:
+            self._connect()
+            self._check_ready()
+        except Exception as exc:
+            if self.alias is None:
+                raise
+            raise BrokerUnreachable(
+                f"broker {self.alias!r} ({mask_url(self._url)}): {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _check_ready(self) -> None:
+        """What else the broker needs, once connected (a subclass's own check)."""
 
     def close(self, *, graceful: bool = True) -> None:
         """Drop the connection. ``graceful=False`` closes the socket without AMQP's
@@ -368,8 +393,8 @@ class KombuTransport(Transport):
         ``key`` to a queue: the lookup its own delivery makes, in the exchange's
         bindings (cached per batch on Redis), without its dead-letter fallback."""
         channel = self._channel
-        if not isinstance(channel, kombu.transport.virtual.Channel) or not route.exchange:
-            return True  # RabbitMQ returns what it cannot route; "" delivers to queue `key`
+        if self.supports_confirms or not route.exchange:
+            return True  # the broker returns what it cannot route; "" delivers to queue `key`
         exchange_type = channel.typeof(route.exchange)
         if exchange_type.type == "fanout" and not channel.supports_fanout:
             return False  # kombu drops fanout messages where the transport has no fanout
@@ -426,8 +451,8 @@ class KombuTransport(Transport):
         kombu's virtual transports (Redis among them) look the exchange's bindings
         up for every message, a round trip each on Redis; within one batch they
         are read once (a binding made meanwhile applies from the next batch)."""
-        if not producer.supports_batch_publish:
-            yield False
+        if not (self.supports_batch and producer.supports_batch_publish):
+            yield False  # (Redis: kombu batches only where a retry cannot duplicate)
             return
         channel = self._channel
         channel.get_table = functools.cache(channel.get_table)
@@ -477,3 +502,17 @@ class KombuTransport(Transport):
                 connection.drain_events(timeout=remaining)
             except TimeoutError:
                 continue
+
+
+class AmqpTransport(KombuTransport):
+    """RabbitMQ (py-amqp: ``amqp://``, ``amqps://``, ``pyamqp://``): publisher confirms,
+    pipelined per batch; unroutable messages come back from the broker (``mandatory``)."""
+
+    supports_confirms = True
+
+
+class RedisTransport(KombuTransport):
+    """Redis (``redis://``, ``rediss://``, ``sentinel://``): a batch goes out as one
+    pipeline, written whole or not at all."""
+
+    supports_batch = True

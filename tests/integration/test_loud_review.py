@@ -12,7 +12,7 @@ import pytest
 from django.core import checks
 from django.test.utils import override_settings
 
-from django_outbox.checks import check_filesystem
+from django_outbox.checks import check_brokers
 from django_outbox.db import EXACT_COUNT_LIMIT
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import MAX_LOGGED_REASONS, Relay
@@ -125,7 +125,7 @@ def filesystem_check(options):
     with override_settings(
         OUTBOX={"BROKER_URL": "filesystem://", "BROKER_TRANSPORT_OPTIONS": options}
     ):
-        return check_filesystem()
+        return check_brokers()
 
 
 def test_a_folder_and_a_symlink_to_it_are_one_folder_not_w005(tmp_path):

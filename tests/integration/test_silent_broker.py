@@ -32,7 +32,7 @@ from django_outbox.conf import outbox_settings
 from django_outbox.envelope import ClaimedMessage
 from django_outbox.routes import Route
 from django_outbox.transports.base import Failure, Outcome
-from django_outbox.transports.kombu import KombuTransport
+from django_outbox.transports.kombu import AmqpTransport
 from tests.support import (
     AMQP_URL,
     consume,
@@ -207,7 +207,7 @@ def claim_through_a_proxy(destination: str, limit: int):
     route = outbox_settings.route_for(destination)
     assert route is not None
     proxy = FreezableProxy(BROKER)
-    return messages, route, proxy, KombuTransport(proxy.url, confirm_timeout=1)
+    return messages, route, proxy, AmqpTransport(proxy.url, confirm_timeout=1)
 
 
 def sigterm_while_silent(proxy: FreezableProxy, process: subprocess.Popen[str]):
@@ -224,7 +224,7 @@ def sigterm_while_silent(proxy: FreezableProxy, process: subprocess.Popen[str]):
 
 
 def publish_after_the_broker_falls_silent(
-    proxy: FreezableProxy, transport: KombuTransport, route: Route, messages: list[ClaimedMessage]
+    proxy: FreezableProxy, transport: AmqpTransport, route: Route, messages: list[ClaimedMessage]
 ) -> list[Outcome]:
     """Publish the first message, silence the broker, publish the rest: the outcomes of
     the rest, which must come back promptly instead of waiting for the broker."""

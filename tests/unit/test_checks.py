@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test.utils import override_settings
 
-from django_outbox.checks import check_databases, check_filesystem, check_settings
+from django_outbox.checks import check_brokers, check_databases, check_settings
 from django_outbox.conf import SETTINGS, outbox_settings
 from django_outbox.exceptions import OutboxConfigurationError
 from django_outbox.routes import Route
@@ -201,7 +201,7 @@ OPTIONS = 'OUTBOX["BROKER_TRANSPORT_OPTIONS"]'
 
 def filesystem_check(options, url="filesystem://", **more):
     with override_settings(OUTBOX={"BROKER_URL": url, "BROKER_TRANSPORT_OPTIONS": options}, **more):
-        return check_filesystem()
+        return check_brokers()
 
 
 def test_filesystem_folders_that_exist_and_are_one_pass(tmp_path):
@@ -268,7 +268,7 @@ def test_the_filesystem_check_reads_the_celery_broker_url_and_ignores_other_brok
     with override_settings(
         OUTBOX={"BROKER_TRANSPORT_OPTIONS": missing}, CELERY_BROKER_URL="filesystem://"
     ):
-        assert [m.id for m in check_filesystem()] == ["django_outbox.E012"] * 2
+        assert [m.id for m in check_brokers()] == ["django_outbox.E012"] * 2
     assert filesystem_check(missing, url="memory://") == []
     assert filesystem_check({}, url="redis://localhost:6379/0") == []
 

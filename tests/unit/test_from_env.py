@@ -28,6 +28,7 @@ def test_only_the_variables_that_are_set_appear():
         ),
         ("BROKER_TRANSPORT_OPTIONS", '{"confirm_publish": true}', {"confirm_publish": True}),
         ("ROUTES", '{"orders": {"queue": "orders"}}', {"orders": {"queue": "orders"}}),
+        ("BROKERS", '{"events": {"URL": "memory://"}}', {"events": {"URL": "memory://"}}),
         ("DEFAULT_EXCHANGE", "events", "events"),
         ("DEFAULT_ROUTE", "false", False),
         ("DEFAULT_ROUTE", "On", True),
@@ -58,6 +59,7 @@ def test_every_setting_is_read():
     env = {f"OUTBOX_{name}": "1" for name in SETTINGS}
     env.update(OUTBOX_BROKER_URL="memory://", OUTBOX_DEFAULT_EXCHANGE="x")
     env.update(OUTBOX_ROUTES="{}", OUTBOX_BROKER_TRANSPORT_OPTIONS="{}", OUTBOX_DEFAULT_ROUTE="1")
+    env.update(OUTBOX_BROKERS="{}")
     assert set(from_env(env)) == set(SETTINGS)
 
 

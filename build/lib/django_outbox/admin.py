@@ -1,0 +1,379 @@
+"""The Django admin for the outbox and the inbox: read-mostly, fast on big tables.
+
+Events are facts: no admin adds or edits a row. The one change an operator
+makes is to an outbox row's fate, through the ``requeue`` and ``abandon``
+actions; both delegate to :class:`~django_outbox.models.OutboxQuerySet` verbs
+and need the ``django_outbox.requeue_outboxmessage`` permission (not just view
+or change). Delete is left to superusers only: deleting a PENDING row loses a
+committed event without a trace, which is what the outbox exists to prevent;
+retention deletes finished rows and ``abandon`` stops a row from being sent.
+A superuser can still delete one row from its page (to purge a payload that
+must not be kept, say); the bulk ``delete_selected`` action is removed, because
+its confirmation page would list every selected row.
+
+Pages stay fast with millions of rows: no full ``COUNT(*)`` (see
+:func:`django_outbox.db.count_rows`), filter choices read from the newest rows
+only, sorting only by id (the one index that serves every filter), event ids
+searched by exact match on their unique index.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from functools import cached_property
+from typing import Any, cast
+
+from django.contrib import admin, messages
+from django.core.paginator import Paginator
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models, transaction
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.utils.functional import SimpleLazyObject
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.text import Truncator
+from django.utils.timesince import timesince
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
+
+from .db import RowCount, count_rows
+from .models import InboxFailure, InboxMessage, OutboxMessage, OutboxQuerySet, OutboxStatus
+from .status import summary
+
+logger = logging.getLogger(__name__)
+
+#: Badge colours per state: white text on these stays readable in light and dark themes.
+STATUS_COLOURS = {
+    OutboxStatus.PENDING: "#5b6770",
+    OutboxStatus.PROCESSING: "#1f6fb2",
+    OutboxStatus.PUBLISHED: "#2e7d32",
+    OutboxStatus.FAILED: "#c25e00",
+    OutboxStatus.ABANDONED: "#b3261e",
+}
+ERROR_EXCERPT_CHARS = 80
+
+
+def pretty_json(value: object) -> SafeString:
+    """``value`` as indented JSON in a ``<pre>``, escaped by ``format_html``."""
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, cls=DjangoJSONEncoder)
+    return format_html('<pre class="outbox-json">{}</pre>', text)
+
+
+class EstimatingPaginator(Paginator):
+    """A paginator whose count never reads the whole table: exact up to
+    ``django_outbox.db.EXACT_COUNT_LIMIT`` rows, PostgreSQL's estimate beyond.
+    Past the estimate's last page there is nothing to click; filter or search
+    to reach rows the estimate leaves out."""
+
+    @cached_property
+    def row_count(self) -> RowCount:
+        # The admin always pages a queryset.
+        return count_rows(cast(models.QuerySet[Any], self.object_list))
+
+    @cached_property
+    def count(self) -> int:
+        return self.row_count.value
+
+
+class RecentValuesFilter(admin.AllValuesFieldListFilter):
+    """Offer the values found in the newest ``SAMPLE`` rows (and the one selected)
+    rather than ``SELECT DISTINCT`` over the whole table. A value seen only in
+    older rows still filters when put in the URL (``?event_type=...``)."""
+
+    SAMPLE = 10_000
+
+    def __init__(
+        self,
+        field: models.Field[Any, Any],
+        request: HttpRequest,
+        params: dict[str, list[str]],
+        model: type[models.Model],
+        model_admin: admin.ModelAdmin[Any],
+        field_path: str,
+    ) -> None:
+        super().__init__(field, request, params, model, model_admin, field_path)
+        rows = model_admin.get_queryset(request)
+        recent = (
+            rows.filter(pk__in=rows.order_by("-pk").values("pk")[: self.SAMPLE])
+            .order_by()
+            .values_list(field.name, flat=True)
+            .distinct()
+        )
+        # A list, not the stubs' QuerySet: choices() only iterates it.
+        self.lookup_choices = sorted({*recent, *(self.lookup_val or ())})  # type: ignore[assignment]
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """No add, no change, delete for superusers only (see the module docstring),
+    newest rows first, no full counts, no facet counts. ``search_fields`` cover
+    the text columns; a search term that is a UUID finds the row with that event
+    id instead (exact match on its index)."""
+
+    paginator = EstimatingPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER  # facet counts are COUNT(*)s over the whole table
+    ordering = ("-id",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Without a row the question comes from the changelist's bulk "delete
+        # selected" action, which is refused even to superusers.
+        return obj is not None and bool(request.user.is_superuser)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: models.QuerySet[Any], search_term: str
+    ) -> tuple[models.QuerySet[Any], bool]:
+        try:
+            event_id = uuid.UUID(search_term.strip())
+        except ValueError:
+            return super().get_search_results(request, queryset, search_term)
+        return queryset.filter(event_id=event_id), False
+
+
+class DeliveryAdmin(ReadOnlyAdmin):
+    """Columns shared by the rows that record a delivery's error and headers."""
+
+    @admin.display(description=_("last error"))
+    def error_excerpt(self, obj: OutboxMessage | InboxFailure) -> str:
+        return Truncator(obj.last_error).chars(ERROR_EXCERPT_CHARS)
+
+    @admin.display(description=_("last error"))
+    def last_error_text(self, obj: OutboxMessage | InboxFailure) -> SafeString:
+        return format_html('<pre class="outbox-error">{}</pre>', obj.last_error)
+
+    @admin.display(description=_("headers"))
+    def headers_json(self, obj: OutboxMessage | InboxFailure) -> SafeString:
+        return pretty_json(obj.headers)
+
+
+@admin.register(OutboxMessage)
+class OutboxMessageAdmin(DeliveryAdmin):
+    list_display = (
+        "event_type",
+        "destination",
+        "status_badge",
+        "attempts",
+        "age",
+        "available_at",
+        "error_excerpt",
+    )
+    list_filter = (
+        "status",
+        ("event_type", RecentValuesFilter),
+        ("destination", RecentValuesFilter),
+        "created_at",
+    )
+    # A UUID term is an event id (see ReadOnlyAdmin); quote it to search keys instead.
+    search_fields = ("=ordering_key", "^event_type")
+    search_help_text = _(
+        "An event id (exact), an ordering key (exact) or the start of an event type."
+    )
+    sortable_by = ("age",)
+    actions = ("requeue", "abandon")
+    fieldsets = (
+        (None, {"fields": ("event_id", "event_type", "destination", "ordering_key")}),
+        (
+            _("Delivery"),
+            {
+                "fields": (
+                    "status_badge",
+                    "attempts",
+                    "created_at",
+                    "available_at",
+                    "published_at",
+                    "abandoned_at",
+                    "last_error_text",
+                )
+            },
+        ),
+        (_("Lease"), {"fields": ("locked_until", "locked_by", "lease_token")}),
+        (_("Message"), {"fields": ("payload_json", "headers_json")}),
+    )
+    readonly_fields = ("status_badge", "last_error_text", "payload_json", "headers_json")
+
+    @admin.display(description=_("status"))
+    def status_badge(self, obj: OutboxMessage) -> SafeString:
+        return format_html(
+            '<span class="outbox-status" style="background:{};color:#fff;padding:1px 6px;'
+            'border-radius:8px;white-space:nowrap">{}</span>',
+            STATUS_COLOURS[OutboxStatus(obj.status)],
+            obj.get_status_display(),
+        )
+
+    @admin.display(description=_("age"), ordering="-id")
+    def age(self, obj: OutboxMessage) -> str:
+        return timesince(obj.created_at, depth=1)
+
+    @admin.display(description=_("payload"))
+    def payload_json(self, obj: OutboxMessage) -> SafeString:
+        return pretty_json(obj.payload)
+
+    def has_requeue_permission(self, request: HttpRequest) -> bool:
+        """Both actions: ``django_outbox.requeue_outboxmessage`` (Meta.permissions)."""
+        return bool(request.user.has_perm(f"{self.opts.app_label}.requeue_outboxmessage"))
+
+    @admin.action(
+        description=_("Requeue selected failed/abandoned messages"), permissions=["requeue"]
+    )
+    def requeue(self, request: HttpRequest, queryset: OutboxQuerySet) -> None:
+        changed, refused = self._change_fate(request, queryset, OutboxQuerySet.requeue, "requeued")
+        self._report(
+            request,
+            ngettext(
+                "%(count)d message requeued: pending again, attempts reset.",
+                "%(count)d messages requeued: pending again, attempts reset.",
+                changed,
+            )
+            % {"count": changed},
+            ngettext(
+                "%(count)d selected message was not requeued: "
+                "only failed or abandoned messages can be.",
+                "%(count)d selected messages were not requeued: "
+                "only failed or abandoned messages can be.",
+                refused,
+            )
+            % {"count": refused},
+            changed,
+            refused,
+        )
+
+    @admin.action(
+        description=_("Abandon selected pending/failed messages"), permissions=["requeue"]
+    )
+    def abandon(self, request: HttpRequest, queryset: OutboxQuerySet) -> None:
+        changed, refused = self._change_fate(request, queryset, OutboxQuerySet.abandon, "abandoned")
+        self._report(
+            request,
+            ngettext(
+                "%(count)d message abandoned: the relay will not send it.",
+                "%(count)d messages abandoned: the relay will not send them.",
+                changed,
+            )
+            % {"count": changed},
+            ngettext(
+                "%(count)d selected message was not abandoned: only pending or failed "
+                "messages (or processing ones whose lease expired) can be.",
+                "%(count)d selected messages were not abandoned: only pending or failed "
+                "messages (or processing ones whose lease expired) can be.",
+                refused,
+            )
+            % {"count": refused},
+            changed,
+            refused,
+        )
+
+    def _report(
+        self, request: HttpRequest, done: str, not_done: str, changed: int, refused: int
+    ) -> None:
+        """One success message for the changed rows, one warning for the refused ones."""
+        if changed:
+            self.message_user(request, done, messages.SUCCESS)
+        if refused:
+            self.message_user(request, not_done, messages.WARNING)
+
+    def _change_fate(
+        self,
+        request: HttpRequest,
+        queryset: OutboxQuerySet,
+        verb: Callable[[OutboxQuerySet], int],
+        outcome: str,
+    ) -> tuple[int, int]:
+        """Apply ``verb`` to the selected rows; return (changed, refused by their state)."""
+        with transaction.atomic(using=queryset.db):
+            selected = queryset.count()
+            changed = verb(queryset)
+        refused = selected - changed
+        logger.info(
+            "admin: %s %d outbox rows, %d refused by their state",
+            outcome,
+            changed,
+            refused,
+            extra={
+                "action": f"outbox.admin_{outcome}",
+                "changed": changed,
+                "refused": refused,
+                "user_id": request.user.pk,
+            },
+        )
+        return changed, refused
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """The list, with a summary of every state above it (computed only when the
+        page renders, not for an action's POST that redirects)."""
+        using = self.get_queryset(request).db
+        extra_context = {
+            **(extra_context or {}),
+            "outbox_summary": SimpleLazyObject(lambda: self._summary_context(using)),
+        }
+        return super().changelist_view(request, extra_context)
+
+    @staticmethod
+    def _summary_context(using: str) -> dict[str, Any]:
+        report = summary(using)
+        age = report.oldest_due_age
+        return {
+            "states": [
+                (status.value, status.label, report.counts[status.value]) for status in OutboxStatus
+            ],
+            "oldest_due": None if age is None else timesince(timezone.now() - age, depth=2),
+        }
+
+
+@admin.register(InboxMessage)
+class InboxMessageAdmin(ReadOnlyAdmin):
+    list_display = ("event_id", "consumer", "processed_at")
+    list_filter = (("consumer", RecentValuesFilter),)
+    search_fields = ("=consumer",)
+    search_help_text = _("An event id (exact) or a consumer name (exact).")
+    sortable_by = ()
+    fields = ("event_id", "consumer", "processed_at")
+
+
+@admin.register(InboxFailure)
+class InboxFailureAdmin(DeliveryAdmin):
+    list_display = (
+        "event_id",
+        "consumer",
+        "event_type",
+        "attempts",
+        "last_failed_at",
+        "parked_at",
+        "error_excerpt",
+    )
+    list_filter = (("consumer", RecentValuesFilter), ("parked_at", admin.EmptyFieldListFilter))
+    search_fields = ("=consumer", "^event_type")
+    search_help_text = _("An event id (exact), a consumer name (exact) or an event type's start.")
+    sortable_by = ()
+    fields = (
+        "event_id",
+        "consumer",
+        "queue",
+        "event_type",
+        "attempts",
+        "first_failed_at",
+        "last_failed_at",
+        "parked_at",
+        "last_error_text",
+        "body_text",
+        "headers_json",
+    )
+    readonly_fields = ("last_error_text", "body_text", "headers_json")
+
+    @admin.display(description=_("body"))
+    def body_text(self, obj: InboxFailure) -> SafeString:
+        """The body as received: indented when it is JSON, verbatim when it is not."""
+        try:
+            return pretty_json(json.loads(obj.body))
+        except ValueError:
+            return format_html('<pre class="outbox-json">{}</pre>', obj.body)

@@ -1,0 +1,114 @@
+"""System checks: ``django_outbox.E001``-``E007``, ``E010`` and ``E011`` for settings,
+``E008``, ``E009``, ``W002`` and ``W003`` for route shapes, ``W001`` for databases, ``W004``
+for Celery routes without publisher confirms, ``E012`` and ``W005`` for the folders of a
+``filesystem://`` broker.
+
+The ids, messages and hints are listed in docs/reference/checks.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core import checks
+from django.db import connections, router
+
+from . import db
+from .conf import CHECK_IDS, broker_problem, celery_problem, outbox_settings
+from .exceptions import OutboxConfigurationError
+from .routes import shape_problems
+from .transports import transport_class
+
+
+@checks.register(checks.Tags.compatibility)
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    return [
+        checks.Error(problem.msg, hint=problem.hint, id=problem.id)
+        for problem in outbox_settings.problems()
+    ]
+
+
+@checks.register(checks.Tags.compatibility)
+def check_routes(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Routes that can never deliver (errors), or only once others bind a queue (warnings)."""
+    try:
+        routes = outbox_settings.ROUTES
+        brokers = outbox_settings.brokers
+    except OutboxConfigurationError:  # reported by check_settings
+        return []
+    found: list[checks.CheckMessage] = []
+    for route in routes.values():
+        broker = brokers.get(route.broker)
+        for shape in shape_problems(route, broker.scheme if broker is not None else ""):
+            check_id = CHECK_IDS[shape.kind]
+            level = checks.Error if check_id.startswith("django_outbox.E") else checks.Warning
+            found.append(level(shape.msg, hint=shape.hint, id=check_id))
+    return found
+
+
+@checks.register(checks.Tags.database)
+def check_databases(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Warn about databases holding the outbox where several relays cannot share the work.
+
+    Needs no query (feature flags only), but like Django's own database checks
+    it runs only when ``check --database`` (or ``migrate``) names databases.
+    """
+    from .models import OutboxMessage
+
+    return [
+        checks.Warning(
+            f"Database {alias!r} ({connections[alias].vendor}) cannot SELECT ... FOR UPDATE "
+            "SKIP LOCKED, so relays cannot share its outbox.",
+            hint="Run exactly one run_outbox_relay for this database, or use PostgreSQL.",
+            id="django_outbox.W001",
+        )
+        for alias in databases or ()
+        if router.allow_migrate_model(alias, OutboxMessage)
+        and not db.supports_skip_locked(connections[alias])
+    ]
+
+
+@checks.register(checks.Tags.compatibility)
+def check_celery_confirms(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn when Celery routes publish to RabbitMQ without publisher confirms: the
+    relay's other routes always have them, and without them a task the broker drops is
+    PUBLISHED all the same. Reads the current Celery app's settings; connects nowhere."""
+    try:
+        celery_routes = sorted(name for name, r in outbox_settings.ROUTES.items() if r.is_celery)
+    except OutboxConfigurationError:
+        return []  # E004 says what is wrong with ROUTES
+    if not celery_routes or celery_problem(celery_routes) is not None:
+        return []  # no Celery routes, or E016 says celery is not installed
+    from .transports.celery import publishes_unconfirmed
+
+    if not publishes_unconfirmed():
+        return []
+    return [
+        checks.Warning(
+            f"Celery routes {celery_routes} publish to RabbitMQ without publisher confirms: "
+            "a task the broker refuses or loses is marked PUBLISHED all the same.",
+            hint='Set CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True} (the Celery '
+            "app's broker_transport_options); see docs/consuming.md.",
+            id=CHECK_IDS["celery_no_confirms"],
+        )
+    ]
+
+
+@checks.register(checks.Tags.compatibility)
+def check_brokers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """What each broker's transport finds wrong without connecting, such as the folders
+    of a ``filesystem://`` broker: missing (E012) or two different ones (W005)."""
+    try:
+        brokers = outbox_settings.brokers
+    except OutboxConfigurationError:  # reported by check_settings
+        return []
+    return [
+        (checks.Error if problem.id.startswith("django_outbox.E") else checks.Warning)(
+            problem.msg, hint=problem.hint, id=problem.id
+        )
+        for broker in brokers.values()
+        if broker_problem(broker.url, broker) is None  # E007, E010, E011 said that already
+        for problem in transport_class(broker.scheme).problems(broker)
+    ]

@@ -1,0 +1,539 @@
+"""The kombu consumer loop behind ``run_outbox_consumer``.
+
+:class:`InboxConsumer` reads one queue and runs a handler for each event through
+the inbox (:func:`~django_outbox.inbox.process_once`), so a redelivered event
+is acknowledged without running the handler again. Per message:
+
+* **decodes** ``application/json`` only (a pickled message is refused, never
+  unpickled, and kombu's raw ``application/data`` and text types are refused
+  too); a message of another content type, a body that does not decode or one
+  that carries no event id is **rejected** without requeue, so the broker's
+  dead-letter policy applies;
+* **ignores** an event whose type is not one of ``event_types`` (when given):
+  acked at once, no handler call, no inbox row;
+* **handles** it in one transaction with the inbox mark, then **acks**; a
+  duplicate is acked at once;
+* on a handler error, counts the failed delivery in
+  :class:`~django_outbox.models.InboxFailure`, keeps the message unacked for a
+  backoff delay (doubling, capped, with jitter) while it goes on with other
+  messages, then **requeues** it, until ``max_deliveries`` is reached: then
+  the message is **parked** (body and headers kept in that row) and rejected,
+  instead of looping forever;
+* counts a delivery the broker marks *redelivered* before its handler runs, so
+  a message whose handler kills the consumer (SIGKILL, out of memory) is
+  counted too, and parked without running once ``max_deliveries`` is reached;
+* when the database itself is unreachable, requeues without counting and
+  backs off, so an outage parks nothing.
+
+Prefetch is bounded, so a stopped or killed consumer leaves at most
+``prefetch`` messages unacked, and the broker redelivers them. A lost broker
+connection is retried with backoff. :meth:`InboxConsumer.run` returns when its
+stop event is set (after the message in hand) or after ``idle_timeout``; with an
+``idle_timeout``, it gives up (:class:`~django_outbox.exceptions.BrokerUnreachable`)
+once that long went by without a broker since the last message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import kombu
+from django.db import DatabaseError, close_old_connections, connections
+
+from .conf import outbox_settings
+from .envelope import CONTENT_TYPE, ReceivedEvent
+from .exceptions import BrokerUnreachable, InvalidMessage
+from .inbox import (
+    UNACKED_ERROR,
+    forget_redelivery,
+    handled_types,
+    handles,
+    process_once,
+    record_failure,
+    record_redelivery,
+)
+from .outage import Outage
+from .redact import SecretFilter, mask_url
+from .retry import RetryPolicy
+from .transports.kombu import (
+    CONNECT_TIMEOUT,
+    bound_socket_waits,
+    declare,
+    refusal_errors,
+    transient_errors,
+)
+
+logger = logging.getLogger(__name__)
+logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tracebacks
+
+DEFAULT_PREFETCH = 100
+DEFAULT_MAX_DELIVERIES = 5
+#: Backoff before a failed message is requeued: about 1, 2, 4, 8 s ... capped at
+#: 30 s, each shortened by up to half at random (so five deliveries span 7.5-15 s).
+DEFAULT_RETRY_DELAY = 1.0
+DEFAULT_RETRY_MAX_DELAY = 30.0
+RETRY_JITTER = 0.5
+#: How long one wait for a message lasts, so a stop request is seen promptly.
+DRAIN_TIMEOUT = 1.0
+Handler = Callable[[ReceivedEvent], object]
+
+
+@dataclasses.dataclass
+class ConsumerStats:
+    """What a consumer did with the messages it received."""
+
+    received: int = 0
+    handled: int = 0  # the handler ran and its transaction committed
+    duplicates: int = 0  # already in the inbox: acked, handler not run
+    ignored: int = 0  # an event type the handler does not handle: acked, handler not run
+    failed: int = 0  # the handler raised: requeued after a backoff delay
+    parked: int = 0  # failed max_deliveries times: kept in InboxFailure, rejected
+    rejected: int = 0  # not decodable as an outbox event: rejected
+    elapsed: float = 0.0  # seconds the consumer ran
+    busy: float = 0.0  # seconds from the first message received to the last one settled
+
+    def summary(self) -> str:
+        rate = self.received / self.busy if self.busy else 0.0
+        return (
+            f"received {self.received}: handled {self.handled}, duplicates {self.duplicates}, "
+            f"ignored {self.ignored}, failed {self.failed}, parked {self.parked}, "
+            f"rejected {self.rejected} in {self.elapsed:.1f}s ({rate:.0f} messages/s while busy)"
+        )
+
+
+class InboxConsumer:
+    """Consume ``queue`` and run ``handler`` once per event for ``consumer``.
+
+    The broker is ``url`` when given, else the broker of ``OUTBOX["BROKERS"]`` named
+    ``broker``, else the one the route of ``queue`` publishes to ("default" for the
+    default route)."""
+
+    def __init__(
+        self,
+        queue: str,
+        handler: Handler,
+        consumer: str,
+        *,
+        using: str = "default",
+        prefetch: int = DEFAULT_PREFETCH,
+        max_deliveries: int | None = DEFAULT_MAX_DELIVERIES,
+        retry_delay: float = DEFAULT_RETRY_DELAY,
+        retry_max_delay: float = DEFAULT_RETRY_MAX_DELAY,
+        url: str | None = None,
+        transport_options: dict[str, Any] | None = None,
+        event_types: Iterable[str] | None = None,
+        broker: str | None = None,
+    ) -> None:
+        self.queue = queue
+        self.handler = handler
+        self.consumer = consumer
+        self.event_types = handled_types(event_types)
+        self.using = using
+        self.prefetch = prefetch
+        self.max_deliveries = max_deliveries
+        self.retry = RetryPolicy(
+            base_delay=retry_delay,
+            max_delay=retry_max_delay,
+            jitter=RETRY_JITTER,
+            max_attempts=max_deliveries or 0,
+        )
+        if url is None:  # the broker ``broker`` names, else the one the queue's route takes
+            chosen = outbox_settings.require_broker(
+                broker or outbox_settings.route_for_queue(queue).broker
+            )
+            url = chosen.url
+            if transport_options is None:
+                transport_options = dict(chosen.options)
+        self.url = outbox_settings.require_broker_url(url)
+        if transport_options is None:
+            transport_options = outbox_settings.BROKER_TRANSPORT_OPTIONS
+        self.transport_options = transport_options
+        self.route = outbox_settings.route_for_queue(queue)
+        self.stats = ConsumerStats()
+        self._transient = transient_errors(kombu.Connection(self.url))
+        self._outage = Outage()
+        self._stop = threading.Event()
+        self._first_message_at: float | None = None
+        self._last_message = 0.0  # monotonic time of the last message (or the start)
+        self._held = _Held()
+        self._unreachable = _Unreachable()
+
+    def run(self, stop: threading.Event, *, idle_timeout: float | None = None) -> ConsumerStats:
+        """Consume until ``stop`` is set, or until no message came for ``idle_timeout``
+        seconds. Returns the totals (also in :attr:`stats`).
+
+        Without ``idle_timeout`` an unreachable broker is waited for without end.
+        With it, the time without a broker since the last message (or the start) is
+        counted too: once it reaches ``idle_timeout``, :class:`BrokerUnreachable`
+        is raised."""
+        self._stop = stop
+        started = self._last_message = time.monotonic()
+        try:
+            while not stop.is_set():
+                try:
+                    if self._consume(idle_timeout):
+                        break
+                except self._transient as exc:
+                    self._outage.broker_suspect()  # each logs only at an outage's start
+                    self._outage.broker_failed(exc)
+                    self._wait_for_broker(exc, idle_timeout)
+        finally:
+            self.stats.elapsed = time.monotonic() - started
+        return self.stats
+
+    def _wait_for_broker(self, exc: BaseException, idle_timeout: float | None) -> None:
+        """Back off before the next attempt to reach the broker; give up (raise
+        :class:`BrokerUnreachable`) once ``idle_timeout`` seconds went by without it."""
+        without = self._unreachable.failed()
+        backoff = self._outage.backoff()
+        if idle_timeout is not None:
+            if without >= idle_timeout:
+                raise BrokerUnreachable(
+                    f"gave up after {idle_timeout:g}s without a broker: {mask_url(self.url)} "
+                    f"unreachable ({outbox_settings.redact(f'{type(exc).__name__}: {exc}')})"
+                )
+            backoff = min(backoff, idle_timeout - without)
+        self._stop.wait(backoff)
+
+    def _consume(self, idle_timeout: float | None) -> bool:
+        """One connection's life. True when done (stopped or idle), on a broker
+        error it raises one of the transient errors."""
+        connection = kombu.Connection(
+            self.url, transport_options=self.transport_options, connect_timeout=CONNECT_TIMEOUT
+        )
+        try:
+            self._unreachable.connecting()
+            connection.connect()
+            # A reply the broker never sends (a silent network) fails the wait for it, so
+            # neither subscribing, unsubscribing nor closing blocks a stopping consumer.
+            bound_socket_waits(connection, CONNECT_TIMEOUT)
+            channel = connection.channel()
+            queue = self._declare(connection, channel)
+            self._unreachable.reached()
+            if self._outage.broker_down:
+                self._outage.broker_recovered()
+            logger.info(
+                "consuming %s as %r (prefetch %d)",
+                self.queue,
+                self.consumer,
+                self.prefetch,
+                extra={"action": "inbox.consuming", "queue": self.queue},
+            )
+            with kombu.Consumer(
+                channel,
+                queues=[queue],
+                accept=["json"],
+                on_message=self._on_message,
+                on_decode_error=self._on_undecodable,
+                prefetch_count=self.prefetch,
+                auto_declare=False,
+            ):
+                self._drain(connection, idle_timeout)
+            # Stopping (or idle), no longer subscribed: nothing held waits for its delay.
+            self._held.requeue_all()
+            return True
+        finally:
+            self._held.forget()  # on a lost connection the broker requeues them itself
+            try:
+                connection.release()
+            except Exception:  # the connection is already broken; nothing to save
+                logger.debug("error closing a broken broker connection", exc_info=True)
+
+    def _drain(self, connection: kombu.Connection, idle_timeout: float | None) -> None:
+        """Handle messages until stopped, or idle for ``idle_timeout`` with nothing held;
+        requeue each held message when its delay is over. Idle time runs from the last
+        message (or the start) over every connection: a broker whose connections drop
+        now and then does not restart it."""
+        while not self._stop.is_set():
+            self._held.requeue_due()
+            try:
+                connection.drain_events(timeout=self._held.wait(DRAIN_TIMEOUT))
+            except TimeoutError:
+                connection.heartbeat_check()
+                idle = time.monotonic() - self._last_message
+                if idle_timeout is not None and idle >= idle_timeout and not self._held:
+                    return
+                close_old_connections()  # honours CONN_MAX_AGE between idle spells
+
+    def _declare(self, connection: kombu.Connection, channel: Any) -> kombu.Queue:
+        # A refusal (e.g. the queue exists with other arguments) raises DeclareRefused,
+        # an OutboxConfigurationError with the relay's wording: retrying cannot help.
+        queue = declare(channel, self.route, refused=refusal_errors(connection))
+        assert queue is not None  # route_for_queue() always names the queue
+        return queue
+
+    # -- one message ----------------------------------------------------------------
+
+    def _on_message(self, message: Any) -> None:
+        if self._stop.is_set():  # delivered while the consumer unsubscribes: not started
+            message.requeue()
+            return
+        if self._first_message_at is None:
+            self._first_message_at = time.monotonic()
+        self._last_message = time.monotonic()
+        self._unreachable.reset()
+        try:
+            self._handle(message)
+        finally:
+            self.stats.busy = time.monotonic() - self._first_message_at
+
+    def _handle(self, message: Any) -> None:
+        self.stats.received += 1
+        try:
+            event = _decode(message)
+        except InvalidMessage as exc:
+            self._reject(message, exc)
+            return
+        if self.event_types is not None and not handles(
+            self.consumer, self.event_types, event.event_type, event.event_id
+        ):
+            message.ack()
+            self.stats.ignored += 1
+            return
+        counted = bool(message.delivery_info.get("redelivered"))
+        if counted and not self._count_redelivery(message, event):
+            return
+        try:
+            with process_once(self.consumer, event.event_id, self.using) as new:
+                if new:
+                    self.handler(event)
+                if counted:
+                    forget_redelivery(self.consumer, event.event_id, self.using)
+        except DatabaseError as exc:
+            if self._database_unusable():
+                self._database_down(message, exc)
+                return
+            self._failed(message, event, exc, counted)
+            return
+        except Exception as exc:
+            self._failed(message, event, exc, counted)
+            return
+        self._outage.database_recovered(self.using)
+        message.ack()
+        if new:
+            self.stats.handled += 1
+        else:
+            self.stats.duplicates += 1
+
+    def _count_redelivery(self, message: Any, event: ReceivedEvent) -> bool:
+        """Count a redelivered message before its handler runs (its last delivery may
+        have killed a consumer). False when it was parked instead, or put back
+        because the database is down: then the handler must not run."""
+        try:
+            deliveries, parked = record_redelivery(
+                self.consumer,
+                event,
+                queue=self.queue,
+                body=_text(message),
+                broker_deliveries=_broker_deliveries(message.headers),
+                park_after=self.max_deliveries,
+                using=self.using,
+            )
+        except DatabaseError as exc:
+            self._database_down(message, exc)
+            return False
+        if parked:
+            self._park(message, event, deliveries, f"not run: {UNACKED_ERROR}")
+        return not parked
+
+    def _on_undecodable(self, message: Any, exc: Exception) -> None:
+        """kombu could not even turn the frame into a message (e.g. bad compression)."""
+        self._last_message = time.monotonic()
+        self.stats.received += 1
+        self._reject(message, exc)
+
+    def _reject(self, message: Any, exc: Exception) -> None:
+        self.stats.rejected += 1
+        logger.error(
+            "rejected a message from %s that is not an outbox event (%s: %s); "
+            "the broker's dead-letter policy applies",
+            self.queue,
+            type(exc).__name__,
+            exc,
+            extra={
+                "action": "inbox.rejected",
+                "queue": self.queue,
+                "message_id": message.properties.get("message_id"),
+                "content_type": message.content_type,
+            },
+        )
+        message.reject(requeue=False)
+
+    def _failed(self, message: Any, event: ReceivedEvent, exc: Exception, counted: bool) -> None:
+        error = outbox_settings.redact(f"{type(exc).__name__}: {exc}")  # shown by the admin
+        try:
+            deliveries, parked = record_failure(
+                self.consumer,
+                event,
+                error=error,
+                queue=self.queue,
+                body=_text(message),
+                broker_deliveries=_broker_deliveries(message.headers),
+                park_after=self.max_deliveries,
+                counted=counted,
+                using=self.using,
+            )
+        except DatabaseError as db_exc:
+            self._database_down(message, db_exc)
+            return
+        if parked:
+            self._park(message, event, deliveries, error)
+            return
+        self.stats.failed += 1
+        delay = self.retry.delay(deliveries)
+        logger.warning(
+            "%s: handler failed on event %s (delivery %d%s); requeued in %.1fs",
+            self.consumer,
+            event.event_id,
+            deliveries,
+            f" of {self.max_deliveries}" if self.max_deliveries else "",
+            delay,
+            exc_info=exc,
+            extra={
+                "action": "inbox.handler_failed",
+                "deliveries": deliveries,
+                "delay": delay,
+                **self._log_fields(event),
+            },
+        )
+        self._held.hold(message, delay)
+
+    def _park(self, message: Any, event: ReceivedEvent, deliveries: int, error: str) -> None:
+        self.stats.parked += 1
+        logger.error(
+            "%s: event %s failed %d deliveries and is parked (%s); see InboxFailure in the admin",
+            self.consumer,
+            event.event_id,
+            deliveries,
+            error,
+            extra={"action": "inbox.parked", "deliveries": deliveries, **self._log_fields(event)},
+        )
+        message.reject(requeue=False)
+
+    def _log_fields(self, event: ReceivedEvent) -> dict[str, str]:
+        return {"queue": self.queue, "consumer": self.consumer, "event_id": str(event.event_id)}
+
+    def _database_unusable(self) -> bool:
+        connection = connections[self.using]
+        return connection.connection is None or not connection.is_usable()
+
+    def _database_down(self, message: Any, exc: Exception) -> None:
+        """The database is gone: the message goes back uncounted, and the consumer
+        waits before taking the next one."""
+        message.requeue()
+        self._outage.database_failed(self.using, exc)
+        connections[self.using].close()
+        self._stop.wait(self._outage.backoff())
+
+
+class _Unreachable:
+    """Seconds without a broker since the last message (or the start), over one
+    outage or several: what ``idle_timeout`` counts while the broker is away. An
+    outage begins when the attempt to connect that failed began, or when a working
+    connection failed."""
+
+    def __init__(self) -> None:
+        self._total = 0.0  # of the outages that ended
+        self._since: float | None = None  # when the current one began
+        self._attempt: float | None = None  # when the connection attempt under way began
+
+    def connecting(self) -> None:
+        self._attempt = time.monotonic()
+
+    def failed(self) -> float:
+        """Reaching the broker failed; the seconds without it so far."""
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now if self._attempt is None else self._attempt
+        self._attempt = None
+        return self._total + now - self._since
+
+    def reached(self) -> None:
+        if self._since is not None:
+            self._total += time.monotonic() - self._since
+        self._since = self._attempt = None
+
+    def reset(self) -> None:
+        """A message came."""
+        self._total = 0.0
+
+
+class _Held:
+    """Failed messages kept unacked until their backoff delay is over, soonest first.
+
+    Each one occupies a prefetch slot meanwhile, so the consumer takes other
+    messages while they wait; a message is requeued (to be delivered again,
+    marked redelivered) when its time comes, or at once when the consumer stops.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Any]] = []
+        self._order = itertools.count()  # ties in due time: first held, first requeued
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def hold(self, message: Any, delay: float) -> None:
+        heapq.heappush(self._heap, (time.monotonic() + delay, next(self._order), message))
+
+    def wait(self, longest: float) -> float:
+        """Seconds to wait for a message before the next held one is due, at most ``longest``."""
+        if not self._heap:
+            return longest
+        return min(longest, max(self._heap[0][0] - time.monotonic(), 0.001))
+
+    def requeue_due(self) -> None:
+        now = time.monotonic()
+        while self._heap and self._heap[0][0] <= now:
+            heapq.heappop(self._heap)[2].requeue()
+
+    def requeue_all(self) -> None:
+        while self._heap:
+            heapq.heappop(self._heap)[2].requeue()
+
+    def forget(self) -> None:
+        self._heap.clear()
+
+
+def _decode(message: Any) -> ReceivedEvent:
+    """The event in ``message``; :class:`InvalidMessage` if it is not an outbox event."""
+    if message.content_type != CONTENT_TYPE:
+        raise InvalidMessage(
+            f"content type {message.content_type!r} is not {CONTENT_TYPE}: "
+            "it was not published by an outbox relay"
+        )
+    return ReceivedEvent.from_wire(
+        _json_body(message), message.headers, message.properties.get("message_id")
+    )
+
+
+def _json_body(message: Any) -> Any:
+    """The body as plain JSON, exactly as the relay sent it. Not ``message.decode()``:
+    kombu's JSON decoder turns an object with a ``__type__`` key into a datetime,
+    Decimal or UUID, so a payload holding one would reach the handler changed."""
+    try:
+        return json.loads(_text(message))
+    except (ValueError, LookupError) as exc:  # LookupError: an unknown content encoding
+        raise InvalidMessage(f"the body is not JSON text: {exc}") from None
+
+
+def _broker_deliveries(headers: dict[str, Any] | None) -> int:
+    """Deliveries so far by the broker's own count (RabbitMQ quorum queues' header
+    ``x-delivery-count`` counts earlier deliveries), or 0 where it keeps none."""
+    count = (headers or {}).get("x-delivery-count")
+    return count + 1 if isinstance(count, int) and not isinstance(count, bool) else 0
+
+
+def _text(message: Any) -> str:
+    """The body as text, read by its content encoding (py-amqp hands it over decoded
+    already, kombu's virtual transports as bytes)."""
+    body = message.body
+    return body if isinstance(body, str) else body.decode(message.content_encoding or "utf-8")

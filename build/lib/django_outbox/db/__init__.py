@@ -1,0 +1,254 @@
+"""The only place that knows which database is underneath.
+
+Callers ask capability questions (``supports_skip_locked``) or call
+operations that are a no-op where the database lacks them (the NOTIFY trigger).
+Vendor SQL lives in the submodules, named after Django's ``connection.vendor``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import uuid
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError, IntegrityError, connections, models, transaction
+from django.db.models.constants import OnConflict
+from django.db.models.functions import Cast, Now
+from django.db.models.sql import InsertQuery
+
+from ..conf import outbox_settings
+from ..envelope import CLAIMED_FIELDS, ClaimedMessage
+from ..exceptions import OutboxConfigurationError
+from . import postgresql
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+
+    from ..models import OutboxMessage
+
+#: Up to this many rows ``count_rows()`` counts exactly; past it, it asks for an estimate.
+EXACT_COUNT_LIMIT = 10_000
+
+
+def supports_skip_locked(connection: BaseDatabaseWrapper) -> bool:
+    """Whether several relays can share this database (``SELECT ... FOR UPDATE SKIP LOCKED``)."""
+    return bool(connection.features.has_select_for_update_skip_locked)
+
+
+def supports_notify(connection: BaseDatabaseWrapper) -> bool:
+    """Whether staging wakes relays on commit (PostgreSQL ``NOTIFY``)."""
+    return connection.vendor == "postgresql"
+
+
+def supports_row_estimates(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the planner can say how many rows a query returns without running it."""
+    return connection.vendor == "postgresql"
+
+
+@dataclasses.dataclass(frozen=True)
+class RowCount:
+    value: int
+    exact: bool  # False: the planner's estimate, at least EXACT_COUNT_LIMIT + 1
+
+
+def count_rows(queryset: models.QuerySet[Any], *, exact_up_to: int = EXACT_COUNT_LIMIT) -> RowCount:
+    """How many rows ``queryset`` matches, reading at most ``exact_up_to + 1`` of them.
+
+    ``COUNT(*)`` reads every matching row, which on a million-row outbox is the
+    slowest query an admin page makes. Here the count stops after
+    ``exact_up_to + 1`` rows (``SELECT COUNT(*) FROM (... LIMIT n)``); below
+    that it is exact. Above it, PostgreSQL's planner estimate is returned
+    (never less than the rows already seen). A database with no estimate
+    (SQLite) gets the full count: it is not the home of million-row outboxes.
+    """
+    seen = queryset.order_by()[: exact_up_to + 1].count()
+    if seen <= exact_up_to:
+        return RowCount(seen, exact=True)
+    if supports_row_estimates(connections[queryset.db]):
+        return RowCount(max(postgresql.estimated_rows(queryset), seen), exact=False)
+    return RowCount(queryset.count(), exact=True)
+
+
+def _outbox_table(apps: Any) -> str:
+    return str(apps.get_model("django_outbox", "OutboxMessage")._meta.db_table)
+
+
+def require_tables(using: str, *tables: type[models.Model]) -> None:
+    """Refuse, naming the first missing table, a database where the tables of ``tables``
+    do not exist (``migrate`` not run). A database that cannot be asked now passes: the
+    caller's own handling of an outage says so."""
+    connection = connections[using]
+    try:
+        with connection.cursor() as cursor:
+            present = set(connection.introspection.table_names(cursor))
+    except DatabaseError:
+        return
+    for model in tables:
+        if model._meta.db_table not in present:
+            option = "" if using == "default" else f" --database {using}"
+            raise OutboxConfigurationError(
+                f"database {using!r} has no table {model._meta.db_table}: django_outbox's "
+                f"migrations are not applied there; run python manage.py migrate{option}"
+            )
+
+
+def install_notify_trigger(apps: Any, schema_editor: BaseDatabaseSchemaEditor) -> None:
+    """Migration step: make every INSERT into the outbox NOTIFY in its own transaction."""
+    if supports_notify(schema_editor.connection):
+        for statement in postgresql.notify_trigger_sql(_outbox_table(apps)):
+            schema_editor.execute(statement)
+
+
+def remove_notify_trigger(apps: Any, schema_editor: BaseDatabaseSchemaEditor) -> None:
+    if supports_notify(schema_editor.connection):
+        for statement in postgresql.drop_notify_trigger_sql(_outbox_table(apps)):
+            schema_editor.execute(statement)
+
+
+def now_plus(seconds: float) -> models.Expression:
+    """The database clock plus ``seconds``, for ``update()`` and filters."""
+    return models.ExpressionWrapper(
+        Now() + models.Value(dt.timedelta(seconds=seconds), output_field=models.DurationField()),
+        output_field=models.DateTimeField(),
+    )
+
+
+def claim(
+    using: str,
+    *,
+    limit: int,
+    lease_seconds: float,
+    worker: str,
+    token: uuid.UUID,
+    max_bytes: int | None = None,
+) -> list[ClaimedMessage]:
+    """Claim up to ``limit`` due rows, oldest first, for ``lease_seconds``.
+
+    The batch also stops before its payloads add up to more than ``max_bytes``
+    of JSON text (default ``OUTBOX["MAX_BATCH_BYTES"]``), but always takes its
+    first row, so a row larger than the bound goes out alone. Rows locked by
+    another relay's claim in progress are skipped, not waited for. Claimed rows
+    are PROCESSING with ``lease_token=token`` and ``locked_until`` = database
+    now + lease. Returned in id order.
+    """
+    connection = connections[using]
+    if max_bytes is None:
+        max_bytes = outbox_settings.MAX_BATCH_BYTES
+    if connection.vendor == "postgresql":
+        return postgresql.claim(connection, limit, max_bytes, lease_seconds, worker, token)
+    return _claim_portable(using, limit, max_bytes, lease_seconds, worker, token)
+
+
+def insert(using: str, rows: list[OutboxMessage]) -> list[OutboxMessage]:
+    """Write new outbox rows in one statement; returns them saved (primary key and
+    database defaults filled in)."""
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        postgresql.insert(connection, rows)
+        return rows
+    return type(rows[0]).objects.using(using).bulk_create(rows)
+
+
+def _claim_portable(
+    using: str, limit: int, max_bytes: int, lease_seconds: float, worker: str, token: uuid.UUID
+) -> list[ClaimedMessage]:
+    """Any database Django supports: three statements in one transaction. Without
+    SKIP LOCKED (SQLite) it is safe for one relay per database only."""
+    from ..models import OutboxMessage, OutboxStatus
+
+    rows = OutboxMessage.objects.using(using)
+    with transaction.atomic(using=using):
+        due = rows.due().order_by("available_at", "id")
+        if supports_skip_locked(connections[using]):
+            due = due.select_for_update(skip_locked=True)
+        ids = _within_bytes(due.values_list("id", _JsonBytes("payload"))[:limit], max_bytes)
+        if not ids:
+            return []
+        lease_end = now_plus(lease_seconds)
+        rows.filter(id__in=ids).update(
+            status=OutboxStatus.PROCESSING,
+            available_at=lease_end,
+            locked_until=lease_end,
+            locked_by=worker,
+            lease_token=token,
+        )
+        claimed = rows.filter(id__in=ids).order_by("id").values_list(*CLAIMED_FIELDS)
+        # The JSONField decoded the payload; the wire wants it as text again.
+        return [
+            ClaimedMessage.from_columns(
+                row, payload=json.dumps(row[4], ensure_ascii=False), headers=row[5]
+            )
+            for row in claimed
+        ]
+
+
+class _JsonBytes(models.Func):
+    """The size in bytes of a JSON column's text (``OCTET_LENGTH``; SQLite counts a BLOB)."""
+
+    function = "OCTET_LENGTH"
+    output_field = models.BigIntegerField()
+
+    def __init__(self, column: str) -> None:
+        super().__init__(Cast(column, models.TextField()))
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return self.as_sql(
+            compiler, connection, template="LENGTH(CAST(%(expressions)s AS BLOB))", **extra
+        )
+
+
+def _within_bytes(sizes: Iterable[tuple[int, int]], max_bytes: int) -> list[int]:
+    """The ids of the leading ``(id, size)`` pairs whose sizes add up to at most
+    ``max_bytes``; the first id always."""
+    ids: list[int] = []
+    total = 0
+    for pk, size in sizes:
+        total += size
+        if ids and total > max_bytes:
+            break
+        ids.append(pk)
+    return ids
+
+
+def insert_if_absent(using: str, model: type[models.Model], **values: Any) -> bool:
+    """INSERT one row of ``model`` unless it would break a unique constraint.
+
+    Returns whether the row was inserted. Insert-first, never check-then-insert:
+    where the database can ignore conflicts (PostgreSQL and SQLite ``ON CONFLICT
+    DO NOTHING``, MySQL ``INSERT IGNORE``) it is one statement; elsewhere a
+    savepoint catches the ``IntegrityError``. On PostgreSQL a concurrent
+    uncommitted insert of the same key makes this wait for that transaction:
+    if it commits this returns False, if it rolls back this inserts.
+    """
+    connection = connections[using]
+    row = model(**values)
+    if connection.features.supports_ignore_conflicts:
+        meta = model._meta
+        fields = [f for f in meta.local_concrete_fields if f is not meta.auto_field]
+        query = InsertQuery(model, on_conflict=OnConflict.IGNORE)
+        query.insert_values(fields, [row])
+        with connection.cursor() as cursor:
+            for sql, params in query.get_compiler(using=using).as_sql():
+                cursor.execute(sql, params)
+            return bool(cursor.rowcount == 1)
+    try:
+        with transaction.atomic(using=using):
+            row.save(using=using, force_insert=True)
+    except IntegrityError:
+        return False
+    return True
+
+
+def listen(using: str) -> postgresql.Listener | None:
+    """A listener that wakes when rows are staged on ``using``; None where the
+    database cannot notify (the relay polls instead)."""
+    connection = connections[using]
+    if not supports_notify(connection):
+        return None
+    connection.ensure_connection()
+    with connection.wrap_database_errors:  # psycopg errors become Django's DatabaseError
+        return postgresql.Listener(connection)

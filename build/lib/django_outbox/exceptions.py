@@ -1,0 +1,58 @@
+"""Every error this app raises derives from :class:`OutboxError`.
+
+Each one also subclasses the builtin (or Django) exception a caller would
+naturally catch, so ``except TypeError`` around a bad payload works without
+importing this module. Messages name the setting or call that fixes the
+problem and never contain payloads or credentials.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db.transaction import TransactionManagementError
+
+
+class OutboxError(Exception):
+    """Root of every error raised by django_outbox."""
+
+
+class OutboxConfigurationError(OutboxError, ImproperlyConfigured):
+    """``settings.OUTBOX`` holds a value the app cannot use."""
+
+
+class StagingError(OutboxError):
+    """An event could not be staged; nothing was written."""
+
+
+class NotInTransaction(StagingError, TransactionManagementError):
+    """``stage()`` was called in autocommit mode, outside ``transaction.atomic()``."""
+
+
+class PayloadNotSerializable(StagingError, TypeError):
+    """The payload or headers cannot be encoded as JSON, or hold text PostgreSQL
+    cannot store (a NUL character, a lone surrogate)."""
+
+
+class PayloadTooLarge(StagingError, ValueError):
+    """The encoded payload or headers exceed ``OUTBOX["MAX_PAYLOAD_BYTES"]``."""
+
+
+class InvalidEvent(StagingError, ValueError):
+    """An argument of ``stage()`` is malformed: event type, key, headers, time."""
+
+
+class InvalidDestination(InvalidEvent):
+    """The destination is empty or malformed."""
+
+
+class UnknownDestination(InvalidDestination):
+    """The destination is not in ``OUTBOX["ROUTES"]`` and the default route is off."""
+
+
+class InvalidMessage(OutboxError, ValueError):
+    """A consumed message is not an outbox event: undecodable body, or no valid event id."""
+
+
+class BrokerUnreachable(OutboxError, ConnectionError):
+    """A consumer given an idle timeout spent that long without reaching its broker,
+    counted since its last message (or its start), and gave up."""

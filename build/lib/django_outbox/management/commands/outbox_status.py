@@ -1,0 +1,55 @@
+"""``manage.py outbox_status``: what is in the outbox right now."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from django_outbox.models import InboxFailure, OutboxMessage
+from django_outbox.status import RECENT_ROWS, report
+
+from ._options import add_database_option, require_tables
+from ._text import one_line
+
+
+class Command(BaseCommand):
+    help = (
+        "Show outbox counts per state, the oldest due row's age, failing attempts, busy keys, "
+        "the most frequent recent errors and the parked inbox messages per consumer."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        add_database_option(parser)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        require_tables(options["database"], OutboxMessage, InboxFailure)
+        status = report(options["database"])
+        self.stdout.write("state        rows")
+        for state, count in status.counts.items():
+            self.stdout.write(f"{state:<12} {count}")
+        age = status.oldest_due_age
+        self.stdout.write(
+            "oldest due row: "
+            + ("none (nothing is due)" if age is None else f"{age.total_seconds():.1f}s old")
+        )
+        if status.failing_attempts:
+            self.stdout.write("failed rows by attempts made:")
+            for attempts, count in status.failing_attempts.items():
+                self.stdout.write(f"  {attempts:>3} attempts: {count}")
+        if status.top_keys:
+            self.stdout.write("ordering keys with the most rows waiting:")
+            for key, count in status.top_keys:
+                self.stdout.write(f"  {count:>7}  {key}")
+        if status.recent_errors:
+            self.stdout.write(
+                f"most frequent errors of the latest {RECENT_ROWS} failed and abandoned rows:"
+            )
+            for error in status.recent_errors:
+                self.stdout.write(f"  {error.rows:>7}  {error.status:<9}  {one_line(error.error)}")
+        if status.parked:
+            self.stdout.write("parked inbox messages by consumer (the newest one's error):")
+            for parked in status.parked:
+                self.stdout.write(
+                    f"  {parked.rows:>7}  {parked.consumer}: {one_line(parked.newest_error)}"
+                )

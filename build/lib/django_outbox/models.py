@@ -1,0 +1,292 @@
+"""The outbox and inbox tables.
+
+``OutboxMessage`` rows are written by :func:`django_outbox.stage` inside the
+business transaction and driven by the relay through :class:`OutboxMessage.Status`.
+``InboxMessage`` rows record which consumer already handled which event.
+Times that matter for correctness (``created_at``, ``available_at``) default to
+the database clock, never the worker's.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+from django.db.models.functions import Now
+from django.utils.translation import gettext_lazy as _
+
+from .db import now_plus as db_now_plus
+
+if TYPE_CHECKING:
+    import datetime as dt
+
+
+class OutboxStatus(models.TextChoices):
+    """Where an outbox row is in its life; see the state machine in docs/concepts.md."""
+
+    PENDING = "pending", _("Pending")
+    """Committed and waiting for a relay; the initial state."""
+    PROCESSING = "processing", _("Processing")
+    """Claimed by a relay holding a lease until ``locked_until``."""
+    PUBLISHED = "published", _("Published")
+    """Confirmed by the broker; kept until ``PUBLISHED_RETENTION`` passes."""
+    FAILED = "failed", _("Failed")
+    """The last publish failed; retried at ``available_at`` with backoff."""
+    ABANDONED = "abandoned", _("Abandoned")
+    """Attempts exhausted or poison; waits for an operator to requeue it."""
+
+
+#: States a relay claims from (PROCESSING only once its lease has expired).
+CLAIMABLE = (OutboxStatus.PENDING, OutboxStatus.FAILED, OutboxStatus.PROCESSING)
+#: States an operator may requeue.
+REQUEUEABLE = (OutboxStatus.FAILED, OutboxStatus.ABANDONED)
+#: States an operator may abandon (and PROCESSING once its lease has expired; see abandon()).
+ABANDONABLE = (OutboxStatus.PENDING, OutboxStatus.FAILED)
+
+
+class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
+    def pending(self) -> OutboxQuerySet:
+        return self.filter(status=OutboxStatus.PENDING)
+
+    def failed(self) -> OutboxQuerySet:
+        return self.filter(status=OutboxStatus.FAILED)
+
+    def abandoned(self) -> OutboxQuerySet:
+        return self.filter(status=OutboxStatus.ABANDONED)
+
+    def published(self) -> OutboxQuerySet:
+        return self.filter(status=OutboxStatus.PUBLISHED)
+
+    def due(self, now: dt.datetime | Now | None = None) -> OutboxQuerySet:
+        """Rows a relay may claim at ``now`` (default: the database clock).
+
+        PENDING and FAILED rows whose ``available_at`` has come, and PROCESSING
+        rows whose lease expired: a claim sets ``available_at`` (and
+        ``locked_until``) to the lease's end, so one condition and one index
+        cover all three.
+        """
+        return self.filter(status__in=CLAIMABLE, available_at__lte=Now() if now is None else now)
+
+    def leased(self, token: uuid.UUID) -> OutboxQuerySet:
+        """Rows whose current lease is ``token``: every write a relay makes after
+        its claim goes through this filter, so a relay whose lease was taken
+        over changes nothing."""
+        return self.filter(lease_token=token)
+
+    def mark_published(self) -> int:
+        """PROCESSING -> PUBLISHED. The lease token stays as a record of which
+        claim published the row."""
+        return self.update(
+            status=OutboxStatus.PUBLISHED, published_at=Now(), locked_until=None, last_error=""
+        )
+
+    def mark_failed(self, error: str, delay: float, *, abandon: bool, counts: bool = True) -> int:
+        """PROCESSING -> FAILED, due again in ``delay`` seconds; or ABANDONED.
+
+        ``counts=False``: nothing was sent, so the attempt is not counted."""
+        attempts = models.F("attempts") + 1 if counts else models.F("attempts")
+        failed = {"attempts": attempts, "last_error": error, "locked_until": None}
+        if abandon:
+            return self.update(status=OutboxStatus.ABANDONED, abandoned_at=Now(), **failed)
+        return self.update(status=OutboxStatus.FAILED, available_at=db_now_plus(delay), **failed)
+
+    def requeueable(self) -> OutboxQuerySet:
+        return self.filter(status__in=REQUEUEABLE)
+
+    def requeue(self) -> int:
+        """FAILED/ABANDONED -> PENDING, due now, attempts reset; other rows are left alone."""
+        return self.requeueable().update(
+            status=OutboxStatus.PENDING,
+            attempts=0,
+            available_at=Now(),
+            last_error="",
+            abandoned_at=None,
+            locked_until=None,
+            locked_by="",
+            lease_token=None,
+        )
+
+    def abandonable(self) -> OutboxQuerySet:
+        """Rows no relay is publishing right now: PENDING, FAILED, and PROCESSING
+        rows whose lease has expired (their relay died; any relay may claim them)."""
+        return self.filter(
+            models.Q(status__in=ABANDONABLE)
+            | models.Q(status=OutboxStatus.PROCESSING, locked_until__lte=Now())
+        )
+
+    def abandon(self) -> int:
+        """PENDING/FAILED (and PROCESSING with an expired lease) -> ABANDONED; other rows
+        are left alone. ``last_error`` is kept: it usually says why.
+
+        A PROCESSING row under a live lease is refused: its relay may be
+        publishing it this instant, and calling it abandoned could then be false.
+        The lease columns are cleared, so a relay whose expired lease is
+        abandoned here finds its token gone and its late write dropped.
+        One UPDATE whose WHERE PostgreSQL re-checks after waiting for a row lock,
+        so a row claimed meanwhile is refused rather than abandoned under the relay.
+        """
+        return self.abandonable().update(
+            status=OutboxStatus.ABANDONED,
+            abandoned_at=Now(),
+            locked_until=None,
+            locked_by="",
+            lease_token=None,
+        )
+
+
+class OutboxMessage(models.Model):
+    """One event staged in the business transaction, waiting for or done with the relay."""
+
+    Status = OutboxStatus
+
+    id = models.BigAutoField(primary_key=True)
+    event_id = models.UUIDField(_("event id"), default=uuid.uuid4, unique=True, editable=False)
+    event_type = models.CharField(_("event type"), max_length=255)
+    destination = models.CharField(_("destination"), max_length=255)
+    payload = models.JSONField(_("payload"), encoder=DjangoJSONEncoder)
+    headers = models.JSONField(_("headers"), default=dict, blank=True, encoder=DjangoJSONEncoder)
+    ordering_key = models.CharField(_("ordering key"), max_length=255, blank=True, default="")
+    status = models.CharField(
+        _("status"), max_length=16, choices=Status.choices, default=Status.PENDING
+    )
+    attempts = models.IntegerField(_("attempts"), default=0)
+    available_at = models.DateTimeField(_("available at"), db_default=Now())
+    locked_until = models.DateTimeField(_("locked until"), null=True, blank=True)
+    locked_by = models.CharField(_("locked by"), max_length=255, blank=True, default="")
+    lease_token = models.UUIDField(_("lease token"), null=True, blank=True, editable=False)
+    last_error = models.TextField(_("last error"), blank=True, default="")
+    created_at = models.DateTimeField(_("created at"), db_default=Now(), editable=False)
+    published_at = models.DateTimeField(_("published at"), null=True, blank=True)
+    abandoned_at = models.DateTimeField(_("abandoned at"), null=True, blank=True)
+
+    objects = OutboxQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("outbox message")
+        verbose_name_plural = _("outbox messages")
+        ordering = ("id",)
+        permissions = [("requeue_outboxmessage", _("Can requeue or abandon outbox messages"))]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(attempts__gte=0), name="outbox_attempts_gte_0"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(status__in=OutboxStatus.values),
+                name="outbox_status_valid",
+            ),
+        ]
+        indexes = [
+            # The claim: due rows oldest first, expired leases included (see due()).
+            # Partial, so PUBLISHED rows kept for retention never enter it and the
+            # claim stays fast as they pile up.
+            models.Index(
+                fields=["available_at", "id"],
+                name="outbox_due_idx",
+                condition=models.Q(status__in=CLAIMABLE),
+            ),
+            # FAILED rows by their next retry: outbox_status's recent errors and
+            # attempts, and the rows waiting for a retry, read only the failing rows.
+            models.Index(
+                fields=["available_at"],
+                name="outbox_failed_idx",
+                condition=models.Q(status=OutboxStatus.FAILED),
+            ),
+            # Retention cleanup, one index per final state.
+            models.Index(
+                fields=["published_at"],
+                name="outbox_published_idx",
+                condition=models.Q(status=OutboxStatus.PUBLISHED),
+            ),
+            models.Index(
+                fields=["abandoned_at"],
+                name="outbox_abandoned_idx",
+                condition=models.Q(status=OutboxStatus.ABANDONED),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_type} -> {self.destination} [{self.status}] {self.event_id}"
+
+
+class InboxMessage(models.Model):
+    """A mark that ``consumer`` has handled ``event_id``; written with the handler's writes."""
+
+    id = models.BigAutoField(primary_key=True)
+    consumer = models.CharField(_("consumer"), max_length=255)
+    event_id = models.UUIDField(_("event id"))
+    processed_at = models.DateTimeField(_("processed at"), db_default=Now(), editable=False)
+
+    class Meta:
+        verbose_name = _("inbox message")
+        verbose_name_plural = _("inbox messages")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["consumer", "event_id"], name="inbox_consumer_event_uniq"
+            ),
+        ]
+        indexes = [models.Index(fields=["processed_at"], name="inbox_processed_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.consumer}: {self.event_id}"
+
+
+class InboxFailureQuerySet(models.QuerySet["InboxFailure"]):
+    def parked(self) -> InboxFailureQuerySet:
+        return self.filter(parked_at__isnull=False)
+
+    def failing(self) -> InboxFailureQuerySet:
+        """Events that failed at least once and are still being redelivered (or
+        were later handled: a success does not erase the failure record)."""
+        return self.filter(parked_at__isnull=True)
+
+
+class InboxFailure(models.Model):
+    """A consumer's failed deliveries of one event, and the dead letter once parked.
+
+    Written outside the handler's (rolled back) transaction, so the count
+    survives the failure. It is how ``run_outbox_consumer --max-deliveries``
+    counts deliveries on brokers that do not count them; once the count is
+    reached the message body is kept here (``parked_at`` set) and the message
+    leaves the queue.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    consumer = models.CharField(_("consumer"), max_length=255)
+    event_id = models.UUIDField(_("event id"))
+    queue = models.CharField(_("queue"), max_length=255, blank=True, default="")
+    event_type = models.CharField(_("event type"), max_length=255, blank=True, default="")
+    attempts = models.IntegerField(_("failed deliveries"), default=0)
+    last_error = models.TextField(_("last error"), blank=True, default="")
+    body = models.TextField(_("body"), blank=True, default="")
+    headers = models.JSONField(_("headers"), default=dict, blank=True, encoder=DjangoJSONEncoder)
+    first_failed_at = models.DateTimeField(_("first failed at"), db_default=Now(), editable=False)
+    last_failed_at = models.DateTimeField(_("last failed at"), db_default=Now())
+    parked_at = models.DateTimeField(_("parked at"), null=True, blank=True)
+
+    objects = InboxFailureQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("inbox failure")
+        verbose_name_plural = _("inbox failures")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["consumer", "event_id"], name="inbox_failure_consumer_event_uniq"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(attempts__gte=0), name="inbox_failure_attempts_gte_0"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["last_failed_at"], name="inbox_failure_last_idx"),
+            models.Index(
+                fields=["parked_at"],
+                name="inbox_failure_parked_idx",
+                condition=models.Q(parked_at__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        state = "parked" if self.parked_at else f"{self.attempts} failed"
+        return f"{self.consumer}: {self.event_id} [{state}]"

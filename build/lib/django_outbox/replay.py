@@ -1,0 +1,123 @@
+"""Put parked inbox messages back on their queue: ``outbox_replay_parked``.
+
+A parked message keeps its body and headers in
+:class:`~django_outbox.models.InboxFailure`. Once the handler is fixed, a
+replay publishes each one again to the queue it came from (through the AMQP
+default exchange, which routes by queue name on RabbitMQ and on kombu's virtual
+transports alike), persistent and, on RabbitMQ, confirmed, then unparks its
+record with a fresh count, so ``--max-deliveries`` applies anew.
+
+Publish first, unpark second: a replay cut short between the two leaves the
+record parked and the message on the queue, so replaying again sends a
+duplicate the inbox skips, never a message that is neither parked nor queued.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import amqp.exceptions  # type: ignore[import-untyped]
+import kombu
+from django.db.models.functions import Now
+
+from .conf import outbox_settings
+from .envelope import CONTENT_ENCODING, CONTENT_TYPE
+from .exceptions import OutboxError
+from .transports.kombu import CONFIRM_TIMEOUT, CONNECT_TIMEOUT, declare, refusal_errors
+
+if TYPE_CHECKING:
+    from .models import InboxFailure, InboxFailureQuerySet
+
+logger = logging.getLogger(__name__)
+
+#: Headers a broker or kombu adds on delivery, not the relay: a replay drops them,
+#: or the broker's old delivery count would count against the replayed message.
+#: Named one by one: stage() lets an event's own headers start with ``x-`` too.
+BROKER_HEADERS = frozenset({"x-delivery-count", "x-death", "x-received-from", "redelivered"})
+BROKER_HEADER_PREFIXES = ("x-first-death-", "x-last-death-")
+
+
+def replay_parked(failures: InboxFailureQuerySet, *, url: str | None = None) -> list[InboxFailure]:
+    """Publish each parked message of ``failures`` to its queue again and unpark it.
+
+    Returns the records replayed, oldest first. Raises
+    :class:`~django_outbox.exceptions.OutboxConfigurationError` without a usable
+    broker URL or when the broker refuses to declare a queue,
+    :class:`~django_outbox.exceptions.OutboxError` when it refuses (nacks) a
+    message, and kombu's errors
+    when it cannot be reached (what was replayed before stays replayed).
+    """
+    parked = list(failures.parked().order_by("id"))
+    url = outbox_settings.require_broker_url(url)
+    if not parked:
+        return parked
+    options = {**outbox_settings.BROKER_TRANSPORT_OPTIONS, "confirm_publish": True}
+    conn = kombu.Connection(url, transport_options=options, connect_timeout=CONNECT_TIMEOUT)
+    try:
+        channel = conn.channel()
+        producer = kombu.Producer(channel)
+        declared: set[str] = set()
+        for failure in parked:
+            if failure.queue not in declared:
+                # As its consumer declares it, so the replay cannot go nowhere.
+                route = outbox_settings.route_for_queue(failure.queue)
+                declare(channel, route, refused=refusal_errors(conn))
+                declared.add(failure.queue)
+            _publish(producer, failure)
+            _unpark(failure)
+    except BaseException:
+        # No close handshake: a broker that blocked or stopped answering (a resource
+        # alarm, a silent network) would never reply to it, and the replay would hang.
+        conn.collect()
+        raise
+    conn.release()
+    return parked
+
+
+def _publish(producer: kombu.Producer, failure: InboxFailure) -> None:
+    try:
+        producer.publish(
+            failure.body.encode(CONTENT_ENCODING),
+            exchange="",
+            routing_key=failure.queue,
+            content_type=CONTENT_TYPE,
+            content_encoding=CONTENT_ENCODING,
+            headers=replay_headers(failure.headers),
+            message_id=str(failure.event_id),
+            delivery_mode=2,
+            confirm_timeout=CONFIRM_TIMEOUT,  # a broker that never confirms (blocked, silent)
+        )
+    except amqp.exceptions.MessageNacked:  # e.g. a full queue with x-overflow reject-publish
+        raise OutboxError(
+            f"the broker refused the message replayed to {failure.queue} "
+            "(negative acknowledgement); nothing more replayed"
+        ) from None
+    logger.info(
+        "%s: replayed parked event %s to %s",
+        failure.consumer,
+        failure.event_id,
+        failure.queue,
+        extra={
+            "action": "inbox.replayed",
+            "consumer": failure.consumer,
+            "event_id": str(failure.event_id),
+            "queue": failure.queue,
+        },
+    )
+
+
+def _unpark(failure: InboxFailure) -> None:
+    """Unpark with a fresh count; the body stays (retention deletes the record)."""
+    type(failure).objects.using(failure._state.db).filter(
+        pk=failure.pk, parked_at=failure.parked_at
+    ).update(parked_at=None, attempts=0, last_failed_at=Now())
+
+
+def replay_headers(headers: dict[str, Any]) -> dict[str, Any]:
+    """The stored headers without those the broker or kombu added on delivery."""
+    return {
+        key: value
+        for key, value in headers.items()
+        if key not in BROKER_HEADERS and not key.startswith(BROKER_HEADER_PREFIXES)
+    }

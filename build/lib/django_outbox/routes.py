@@ -1,0 +1,258 @@
+"""Where an event goes: the ``OUTBOX["ROUTES"]`` table and the default route.
+
+This module only parses and describes routes; :mod:`django_outbox.conf` decides
+which route a destination takes (``outbox_settings.route_for()``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping
+
+#: A destination (and so a default queue name) is 1-255 characters: letters,
+#: digits and ``. _ - : /``, starting with a letter or digit.
+DESTINATION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,254}")
+
+EXCHANGE_TYPES = ("direct", "topic", "fanout", "headers")
+STRING_KEYS = frozenset({"exchange", "exchange_type", "routing_key", "queue", "broker"})
+ARGUMENT_KEYS = frozenset({"queue_arguments", "exchange_arguments"})
+BROKER_KEYS = STRING_KEYS | ARGUMENT_KEYS
+CELERY_KEYS = frozenset({"celery_task"})
+#: AMQP names (exchange, queue) and routing keys are short strings: at most 255 bytes.
+MAX_NAME_BYTES = 255
+
+#: ``x-`` arguments of a queue or exchange, as sorted ``(name, value)`` pairs (hashable,
+#: so a :class:`Route` can be kept in a set); ``dict(arguments)`` gives them back.
+Arguments = tuple[tuple[str, "str | int | float | bool"], ...]
+
+
+#: The broker alias of a route that names none, and of the default route.
+DEFAULT_BROKER = "default"
+
+
+def is_valid_destination(value: object) -> bool:
+    return isinstance(value, str) and DESTINATION_RE.fullmatch(value) is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """How one destination is published.
+
+    Either a broker route (``exchange`` of ``exchange_type``, ``routing_key``,
+    and an optional durable ``queue`` declared and bound to it, each declared
+    with its ``x-`` arguments), or a Celery route (``celery_task``: the task
+    name given to ``send_task``). A broker route publishes to the broker of
+    ``OUTBOX["BROKERS"]`` named ``broker`` (default ``"default"``); a Celery route to
+    the Celery app's broker.
+    """
+
+    destination: str
+    exchange: str = ""
+    exchange_type: str = "topic"
+    routing_key: str = ""
+    queue: str | None = None
+    celery_task: str | None = None
+    queue_arguments: Arguments = ()
+    exchange_arguments: Arguments = ()
+    broker: str = DEFAULT_BROKER
+
+    @property
+    def is_celery(self) -> bool:
+        return self.celery_task is not None
+
+    def routing_key_for(self, key: str) -> str:
+        """The routing key of a message with ordering key ``key`` ("" for none)."""
+        return self.routing_key.replace("{key}", key)
+
+    @classmethod
+    def default(cls, destination: str, exchange: str) -> Route:
+        """The route of a destination not named in ``ROUTES``: nothing is dropped
+        before a consumer exists, because the queue is declared with the exchange."""
+        return cls(destination, exchange, "topic", destination, destination)
+
+
+def parse_routes(value: object, default_exchange: str) -> dict[str, Route]:
+    """Turn the ``ROUTES`` setting into :class:`Route` objects.
+
+    Raises ``ValueError`` with a one-line reason naming the offending route.
+    """
+    if not isinstance(value, Mapping):
+        raise ValueError(f"must be a dict of destination -> route dict; got {type(value).__name__}")
+    return {name: _parse_route(name, spec, default_exchange) for name, spec in value.items()}
+
+
+def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
+    if not is_valid_destination(name):
+        raise ValueError(
+            f"route name {name!r} is not a valid destination "
+            f"(1-255 characters of letters, digits and ._:/-)"
+        )
+    assert isinstance(name, str)
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"route {name!r} must be a dict; got {type(spec).__name__}")
+    keys = set(spec)
+    unknown = keys - BROKER_KEYS - CELERY_KEYS
+    if unknown:
+        raise ValueError(f"route {name!r} has unknown keys {sorted(unknown)}")
+    if keys & CELERY_KEYS and keys & BROKER_KEYS:
+        raise ValueError(
+            f"route {name!r} mixes celery_task with {sorted(keys & BROKER_KEYS)}; "
+            "use one or the other"
+        )
+    for key, val in spec.items():
+        if key not in ARGUMENT_KEYS:
+            _check_string(name, key, val)
+    if spec.get("broker") == "":
+        raise ValueError(f"route {name!r} has an empty broker alias")
+    if "celery_task" in spec:
+        if not spec["celery_task"]:
+            raise ValueError(f"route {name!r} has an empty celery_task")
+        return Route(name, celery_task=spec["celery_task"])
+    exchange_type = spec.get("exchange_type", "topic")
+    if exchange_type not in EXCHANGE_TYPES and not exchange_type.startswith("x-"):
+        raise ValueError(
+            f"route {name!r} exchange_type must be one of {', '.join(EXCHANGE_TYPES)} "
+            f"or a plugin type starting with x-; got {exchange_type!r}"
+        )
+    return Route(
+        name,
+        exchange=spec.get("exchange", default_exchange),
+        exchange_type=exchange_type,
+        routing_key=spec.get("routing_key", name),
+        queue=spec.get("queue") or None,
+        queue_arguments=_arguments(name, "queue_arguments", spec.get("queue_arguments", {})),
+        exchange_arguments=_arguments(
+            name, "exchange_arguments", spec.get("exchange_arguments", {})
+        ),
+        broker=spec.get("broker") or DEFAULT_BROKER,
+    )
+
+
+def _check_string(name: str, key: str, value: object) -> None:
+    """A route's name or routing key: a string (``queue`` may be None) of at most
+    :data:`MAX_NAME_BYTES`, which py-amqp could not even frame."""
+    if not isinstance(value, str) and not (key == "queue" and value is None):
+        raise ValueError(f"route {name!r} key {key!r} must be a string; got {type(value).__name__}")
+    if isinstance(value, str) and len(value.encode()) > MAX_NAME_BYTES:
+        raise ValueError(
+            f"route {name!r} {key} is {len(value.encode())} bytes long; AMQP takes "
+            f"at most {MAX_NAME_BYTES}"
+        )
+
+
+#: The header names a Celery task message cannot carry from the user: the protocol-2
+#: headers Celery writes (``celery.app.amqp.AMQP.as_task_v2``), which ``send_task`` lets
+#: a header of the same name replace (the task to run, its id, on which the inbox
+#: dedupes, eta, expires ...); every name of a task's request (``celery.app.task.Context``,
+#: which the worker fills from the headers, so a header of that name replaces the field,
+#: a method included, or is silently replaced by it, as ``correlation_id`` is by the task
+#: id); and ``compression``, which makes kombu decompress the body.
+CELERY_FIELDS = frozenset(
+    {
+        *("lang", "task", "id", "shadow", "eta", "expires", "group", "group_index"),
+        *("retries", "timelimit", "root_id", "parent_id", "argsrepr", "kwargsrepr"),
+        *("origin", "ignore_result", "replaced_task_nesting", "stamped_headers", "stamps"),
+        *("args", "kwargs", "callbacks", "errbacks", "chain", "chord", "taskset"),
+        *("correlation_id", "reply_to", "delivery_info", "properties", "headers", "hostname"),
+        *("called_directly", "is_eager", "logfile", "loglevel", "utc"),
+        *("time_limit", "soft_time_limit", "children", "_children", "_protected"),
+        *("get", "update", "clear", "as_execution_options"),
+        *("_get_custom_headers", "_filter_x_death_headers", "compression"),
+    }
+)
+
+
+def celery_header_clash(route: Route, headers: Iterable[str]) -> str | None:
+    """Why ``headers`` cannot go on the task messages of ``route``; None when they can
+    (always, on a broker route)."""
+    clash = sorted(CELERY_FIELDS.intersection(headers)) if route.is_celery else []
+    if not clash:
+        return None
+    return (
+        f"headers {clash} are fields of Celery's task message on the Celery route "
+        f"{route.destination!r} and cannot be given"
+    )
+
+
+def _arguments(name: str, key: str, value: object) -> Arguments:
+    """A route's ``queue_arguments`` or ``exchange_arguments``: a dict of string
+    names to scalar values (every standard RabbitMQ argument is one)."""
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"route {name!r} {key} must be a dict such as {{'x-max-length': 10000}}; "
+            f"got {type(value).__name__}"
+        )
+    for arg, val in value.items():
+        if not isinstance(arg, str) or not arg:
+            raise ValueError(f"route {name!r} {key} has a name that is not a string: {arg!r}")
+        if not isinstance(val, str | int | float | bool):
+            raise ValueError(
+                f"route {name!r} {key}[{arg!r}] must be a string, number or boolean; "
+                f"got {type(val).__name__}"
+            )
+    return tuple(sorted(value.items()))
+
+
+#: The schemes of kombu's Redis transport, whose fanout exchanges are PUB/SUB channels.
+REDIS_SCHEMES = frozenset({"redis", "rediss", "redis+socket", "sentinel"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """A route that cannot deliver (or delivers only when something else binds a
+    queue): ``kind`` names its check id in ``conf.CHECK_IDS``."""
+
+    kind: str
+    msg: str
+    hint: str
+
+
+def shape_problems(route: Route, broker_scheme: str) -> list[Shape]:
+    """What is wrong with the way ``route`` is laid out, for the system checks."""
+    if route.is_celery:
+        return []
+    name, exchange, key, queue = route.destination, route.exchange, route.routing_key, route.queue
+    found = []
+    if exchange and queue and route.exchange_type == "direct" and "{key}" in key:
+        found.append(
+            Shape(
+                "direct_key",
+                f"Route {name!r} binds queue {queue!r} to direct exchange {exchange!r} with "
+                f"{route.routing_key_for('')!r}, so an event staged with a key (routing key "
+                f"{key!r}) never reaches it.",
+                'Use exchange_type "topic" (the queue is then bound with # in place of {key}), '
+                "or take {key} out of routing_key.",
+            )
+        )
+    if not exchange and queue and key != queue:
+        found.append(
+            Shape(
+                "default_exchange_key",
+                f'Route {name!r} publishes to the default exchange "" with routing key '
+                f"{key!r}, which delivers to the queue of that name, never to its queue {queue!r}.",
+                f"On the default exchange the routing key is the queue name: set routing_key to "
+                f"{queue!r}, or name an exchange.",
+            )
+        )
+    if exchange and not queue:
+        found.append(
+            Shape(
+                "no_queue",
+                f"Route {name!r} declares no queue: its events reach only queues that others "
+                f"bind to exchange {exchange!r}; until one is bound they fail and are retried.",
+                "Give the route a queue, or make sure consumers bind theirs before events are "
+                'staged (then silence this with SILENCED_SYSTEM_CHECKS = ["django_outbox.W002"]).',
+            )
+        )
+    if exchange and route.exchange_type == "fanout" and broker_scheme in REDIS_SCHEMES:
+        found.append(
+            Shape(
+                "redis_fanout",
+                f"Route {name!r} uses fanout exchange {exchange!r} on Redis, where kombu delivers "
+                "fanout by PUB/SUB: an event reaches only the consumers connected at that "
+                "moment and is lost, though PUBLISHED, when none is.",
+                'Use a "topic" or "direct" exchange with a queue per consumer group, or RabbitMQ.',
+            )
+        )
+    return found

@@ -1,0 +1,450 @@
+"""Staging events in the business transaction: ``stage``, ``stage_many``, ``@publish_on_success``.
+
+An event is a row of ``OutboxMessage`` inserted on the same connection, in the
+same transaction, as the business write: it exists if and only if that
+transaction commits. Everything that can be wrong with an event (payload that
+is not JSON, malformed or unknown destination, bad key or headers) is raised
+here, before any SQL, so the caller's transaction rolls back whole.
+
+This module does not import the models at import time, so
+``import django_outbox`` works before ``django.setup()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import inspect
+import json
+import logging
+import re
+import reprlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from django.apps import apps
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import transaction
+from django.utils import timezone
+
+from . import db
+from .conf import outbox_settings
+from .exceptions import (
+    InvalidDestination,
+    InvalidEvent,
+    NotInTransaction,
+    PayloadNotSerializable,
+    PayloadTooLarge,
+    StagingError,
+    UnknownDestination,
+)
+from .routes import MAX_NAME_BYTES, Route, celery_header_clash, is_valid_destination
+from .signals import event_committed
+
+if TYPE_CHECKING:
+    from .models import OutboxMessage
+
+logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: Wire headers the relay writes itself, and ``compression``, which makes every kombu
+#: consumer (this app's included) try to decompress the body: no user header takes them.
+RESERVED_HEADERS = frozenset(
+    {"event_id", "event_type", "occurred_at", "ordering_key", "compression"}
+)
+EVENT_FIELDS = frozenset({"event_type", "payload", "destination", "key", "headers", "available_at"})
+_REQUIRED_FIELDS = ("event_type", "payload", "destination")
+_MAX_LENGTH = 255
+#: Integers in AMQP headers are signed 64-bit; JSON whole numbers past it cannot go there
+#: (nor floats, which PostgreSQL's jsonb prints without exponent: 1e20 becomes an integer).
+_AMQP_INT_LIMIT = 2**63
+#: The most an event's headers may take as an AMQP field table (as py-amqp encodes it,
+#: counted from above): they travel in one content-header frame, which must fit the
+#: broker's ``frame_max`` (128 KiB on RabbitMQ by default) with the other properties. A
+#: larger one made RabbitMQ close the connection, failing every message of the batch.
+MAX_HEADERS_BYTES = 65_536
+#: Characters PostgreSQL cannot store in text or jsonb: NUL and the surrogates, which are
+#: not Unicode characters (Python strings can hold them, UTF-8 cannot encode them).
+_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
+#: A NUL in JSON text: ``\u0000`` after an even number of backslashes (``\\u0000`` is
+#: an escaped backslash followed by the letters "u0000", which is fine).
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def stage(
+    event_type: str,
+    payload: Any,
+    *,
+    destination: str,
+    key: str | None = None,
+    headers: Mapping[str, Any] | None = None,
+    using: str = "default",
+    available_at: dt.datetime | None = None,
+) -> OutboxMessage:
+    """Stage one event in the current transaction of ``using`` and return its row.
+
+    Must run inside ``transaction.atomic(using=using)``. The payload is encoded
+    to JSON now (``DjangoJSONEncoder``: datetime, Decimal and UUID are fine);
+    the row stores what will go on the wire.
+    """
+    (row,) = _insert(
+        [
+            _build(
+                event_type,
+                payload,
+                destination=destination,
+                key=key,
+                headers=headers,
+                available_at=available_at,
+            )
+        ],
+        using,
+    )
+    return row
+
+
+def stage_many(
+    events: Iterable[Mapping[str, Any]], *, using: str = "default"
+) -> list[OutboxMessage]:
+    """Stage many events with as few INSERTs as the database takes; each event is a
+    dict of ``stage()``'s arguments (``event_type``, ``payload``, ``destination``,
+    optional ``key``, ``headers``, ``available_at``). All are validated before
+    anything is written."""
+    rows = [_build_nth(index, event) for index, event in enumerate(events)]
+    return _insert(rows, using) if rows else []
+
+
+def publish_on_success(
+    event_type: str,
+    *,
+    destination: str,
+    payload: Callable[..., Any],
+    key: Callable[..., str | None] | None = None,
+    using: str = "default",
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorate a function so that, when it returns, one event is staged in its transaction.
+
+    The call runs in ``transaction.atomic(using=using)`` (a savepoint when an
+    outer atomic block is open). ``payload`` and ``key`` are called as
+    ``payload(result, *args, **kwargs)``. If the function raises, nothing is
+    staged; if an outer block rolls back, the event goes with it.
+    """
+    _check_event_type(event_type)
+    _check_destination_format(destination)
+    _check_mappers(payload, key)
+
+    def decorator(func: Callable[P, R]) -> Callable[P, R]:
+        if inspect.iscoroutinefunction(func):
+            raise TypeError(
+                f"publish_on_success cannot wrap the coroutine function {func.__qualname__}: "
+                "database transactions are synchronous; decorate a sync function and call it "
+                "with asgiref's sync_to_async"
+            )
+
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            with transaction.atomic(using=using):
+                result = func(*args, **kwargs)
+                call = _MapperCall(event_type, func.__name__, result, args, kwargs)
+                stage(
+                    event_type,
+                    call("payload", payload),
+                    destination=destination,
+                    key=None if key is None else call("key", key),
+                    using=using,
+                )
+            return result
+
+        return wrapper
+
+    return decorator
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _MapperCall:
+    """One call of a ``@publish_on_success`` function, for its ``payload`` and ``key``."""
+
+    event_type: str
+    function: str
+    result: object
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def __call__(self, name: str, mapper: Callable[..., Any]) -> Any:
+        """``mapper(result, *args, **kwargs)``; a mapper whose signature cannot take that
+        call is refused saying how it is called (a TypeError of its body stays its own)."""
+        try:
+            return mapper(self.result, *self.args, **self.kwargs)
+        except TypeError:
+            try:
+                inspect.signature(mapper).bind(self.result, *self.args, **self.kwargs)
+            except TypeError as refusal:
+                raise TypeError(
+                    f"@publish_on_success({self.event_type!r}) calls {name}= as "
+                    f"{name}(result, *args, **kwargs), with {self.function}'s return value and "
+                    f"the arguments it was called with; {getattr(mapper, '__name__', mapper)} "
+                    f"cannot take them: {refusal}"
+                ) from None
+            except ValueError:  # no signature to read (some builtins)
+                pass
+            raise
+
+
+def _check_mappers(payload: object, key: object) -> None:
+    """``publish_on_success``'s ``payload`` and ``key`` must be callables."""
+    if not callable(payload):
+        raise TypeError(
+            "publish_on_success(payload=...) must be a callable (result, *args, **kwargs) -> dict"
+        )
+    if key is not None and not callable(key):
+        raise TypeError(
+            "publish_on_success(key=...) must be None or a callable "
+            "(result, *args, **kwargs) -> str"
+        )
+
+
+def _event_kwargs(index: int, event: object) -> dict[str, Any]:
+    if not isinstance(event, Mapping):
+        raise InvalidEvent(
+            f"stage_many(): event #{index} must be a dict; got {type(event).__name__}"
+        )
+    unknown = set(event) - EVENT_FIELDS
+    if unknown:
+        raise InvalidEvent(
+            f"stage_many(): event #{index} has unknown keys {sorted(map(str, unknown))}; "
+            f"allowed: {', '.join(sorted(EVENT_FIELDS))}"
+        )
+    missing = [name for name in _REQUIRED_FIELDS if name not in event]
+    if missing:
+        raise InvalidEvent(f"stage_many(): event #{index} lacks {', '.join(missing)}")
+    return dict(event)
+
+
+def _build_nth(index: int, event: object) -> OutboxMessage:
+    """Event ``index`` of a ``stage_many()`` call, its refusal saying which one it is."""
+    kwargs = _event_kwargs(index, event)
+    try:
+        return _build(**kwargs)
+    except StagingError as exc:
+        raise type(exc)(f"stage_many(): event #{index}: {exc}") from None
+
+
+def _build(
+    event_type: str,
+    payload: Any,
+    *,
+    destination: str,
+    key: str | None = None,
+    headers: Mapping[str, Any] | None = None,
+    available_at: dt.datetime | None = None,
+) -> OutboxMessage:
+    _check_event_type(event_type)
+    _check_destination_format(destination)
+    route = outbox_settings.route_for(destination)
+    if route is None:
+        raise UnknownDestination(
+            f"destination {destination!r} is not in OUTBOX['ROUTES'] and "
+            "OUTBOX['DEFAULT_ROUTE'] is False: add a route for it or turn the default route on"
+        )
+    if key is not None and not (isinstance(key, str) and 0 < len(key) <= _MAX_LENGTH):
+        raise InvalidEvent(
+            f"event {event_type!r}: key must be None or a non-empty string of at most "
+            f"{_MAX_LENGTH} characters; got {type(key).__name__}"
+        )
+    if key is not None and (bad := _UNSTORABLE.search(key)):
+        raise InvalidEvent(_unstorable(bad.group(), f"the key of event {event_type!r}"))
+    _check_routing_key(route, key or "", event_type)
+    fields: dict[str, Any] = {
+        "event_type": event_type,
+        "destination": destination,
+        "payload": _to_json(payload, "payload", event_type),
+        "headers": _check_header_values(
+            _to_json(_check_headers(headers, event_type, route), "headers", event_type), event_type
+        ),
+        "ordering_key": key or "",
+    }
+    if available_at is not None:
+        fields["available_at"] = _check_time(available_at, event_type)
+    return apps.get_model("django_outbox", "OutboxMessage")(**fields)
+
+
+def _insert(rows: list[OutboxMessage], using: str) -> list[OutboxMessage]:
+    connection = transaction.get_connection(using)
+    if not connection.in_atomic_block:
+        raise NotInTransaction(
+            f"stage() must run inside transaction.atomic(using={using!r}) together with the "
+            "business write it belongs to; wrap both in one atomic block, or use "
+            "@publish_on_success, which opens it"
+        )
+    created = db.insert(using, rows)
+    transaction.on_commit(functools.partial(_committed, created, using), using=using)
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "staged %d event(s) on %s",
+            len(created),
+            using,
+            extra={"action": "outbox.staged", "count": len(created), "using": using},
+        )
+    return created
+
+
+def _committed(rows: list[OutboxMessage], using: str) -> None:
+    model = type(rows[0])
+    for receiver, error in event_committed.send_robust(model, messages=rows, using=using):
+        if isinstance(error, Exception):
+            logger.error(
+                "event_committed receiver %r failed",
+                receiver,
+                exc_info=error,
+                extra={"action": "outbox.signal_failed", "signal": "event_committed"},
+            )
+
+
+def _to_json(value: Any, what: str, event_type: str) -> Any:
+    """Encode once with DjangoJSONEncoder (strict: no NaN) and keep the decoded form,
+    which is exactly what the row stores and the relay sends.
+
+    Refused here, before any SQL: what JSON cannot encode, text PostgreSQL cannot
+    store (NUL, surrogates: its error would abort the caller's transaction) and
+    JSON over ``MAX_PAYLOAD_BYTES``. The text is encoded without ASCII escapes,
+    so that UTF-8 encoding both measures it and fails on any surrogate, and a NUL
+    is the only character that still appears as ``\\u0000``."""
+    where = f"the {what} of event {event_type!r}"
+    try:
+        text = json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise PayloadNotSerializable(f"{where} is not JSON-serialisable: {exc}") from None
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError as exc:
+        raise PayloadNotSerializable(_unstorable(exc.object[exc.start], where)) from None
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        raise PayloadNotSerializable(_unstorable("\x00", where))
+    limit = outbox_settings.MAX_PAYLOAD_BYTES
+    if size > limit:
+        raise PayloadTooLarge(
+            f"the JSON of {where} is {size} bytes, more than "
+            f'OUTBOX["MAX_PAYLOAD_BYTES"] ({limit}): stage a reference to the data '
+            "(an id, a URL) instead, or raise the setting"
+        )
+    return json.loads(text)
+
+
+def _unstorable(char: str, where: str) -> str:
+    """The refusal of ``char`` (NUL or a surrogate) in ``where``, without the text around it."""
+    if char == "\x00":
+        return f"PostgreSQL cannot store the NUL character (\\u0000) in {where}"
+    return (
+        f"PostgreSQL cannot store the lone surrogate \\u{ord(char):04x} in {where}: "
+        "it is half of a UTF-16 pair, not a Unicode character"
+    )
+
+
+def _check_routing_key(route: Route, key: str, event_type: str) -> None:
+    """The routing key ``key`` makes must fit AMQP's 255 bytes, or no broker takes it."""
+    size = 0 if route.is_celery else len(route.routing_key_for(key).encode())
+    if size > MAX_NAME_BYTES:
+        raise InvalidEvent(
+            f"event {event_type!r}: its key makes the routing key of route "
+            f"{route.destination!r} {size} bytes long, over AMQP's {MAX_NAME_BYTES}; "
+            "use a shorter key"
+        )
+
+
+def _check_event_type(event_type: object) -> None:
+    if not (isinstance(event_type, str) and 0 < len(event_type) <= _MAX_LENGTH):
+        raise InvalidEvent(
+            f"event_type must be a non-empty string of at most {_MAX_LENGTH} characters; "
+            f"got {reprlib.repr(event_type)}"
+        )
+    if bad := _UNSTORABLE.search(event_type):
+        raise InvalidEvent(_unstorable(bad.group(), f"event_type {reprlib.repr(event_type)}"))
+
+
+def _check_destination_format(destination: object) -> None:
+    if not is_valid_destination(destination):
+        raise InvalidDestination(
+            f"destination {reprlib.repr(destination)} is malformed: use 1-255 characters of "
+            "letters, digits and ._:/- starting with a letter or digit"
+        )
+
+
+def _check_headers(
+    headers: Mapping[str, Any] | None, event_type: str, route: Route
+) -> dict[str, Any]:
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping) or not all(isinstance(k, str) and k for k in headers):
+        raise InvalidEvent(
+            f"event {event_type!r}: headers must be a dict with non-empty string keys"
+        )
+    clash = RESERVED_HEADERS.intersection(headers)
+    if clash:
+        raise InvalidEvent(
+            f"event {event_type!r}: headers {sorted(clash)} are reserved for the relay and "
+            "kombu and cannot be given"
+        )
+    refused = celery_header_clash(route, headers)
+    if refused:
+        raise InvalidEvent(f"event {event_type!r}: {refused}")
+    return dict(headers)
+
+
+def _check_header_values(headers: dict[str, Any], event_type: str) -> dict[str, Any]:
+    """Headers travel as AMQP field tables, whose names (nested ones too) are at most 255
+    bytes and whose integers have 64 bits; the relay could not publish others."""
+    for name, value in headers.items():
+        if problem := _amqp_problem(name, value):
+            raise InvalidEvent(
+                f"event {event_type!r}: header {reprlib.repr(name)} {problem}, which AMQP "
+                "headers cannot carry; put it in the payload or send it as a string"
+            )
+    size = _amqp_size(headers)
+    if size > MAX_HEADERS_BYTES:
+        raise InvalidEvent(
+            f"event {event_type!r}: the headers take {size} bytes as an AMQP field table, "
+            f"more than the {MAX_HEADERS_BYTES} a message's properties can carry; put the "
+            "data in the payload"
+        )
+    return headers
+
+
+def _amqp_size(value: Any) -> int:
+    """The bytes ``value`` takes in an AMQP field table at most: a type octet, then a
+    32-bit length and the UTF-8 text, 8 bytes for a number, a length octet before a name."""
+    if isinstance(value, dict):
+        return 5 + sum(1 + len(k.encode()) + _amqp_size(v) for k, v in value.items())
+    if isinstance(value, list):
+        return 5 + sum(map(_amqp_size, value))
+    if isinstance(value, str):
+        return 5 + len(value.encode())
+    return 9
+
+
+def _amqp_problem(name: str, value: Any) -> str | None:
+    if len(name.encode()) > _MAX_LENGTH:
+        return f"has a name (or holds a key) of over {_MAX_LENGTH} bytes"
+    if isinstance(value, int | float) and not -_AMQP_INT_LIMIT <= value < _AMQP_INT_LIMIT:
+        return "holds a number outside the signed 64-bit range"
+    children: list[tuple[str, Any]] = []
+    if isinstance(value, dict):
+        children = list(value.items())
+    elif isinstance(value, list):
+        children = [("", item) for item in value]
+    return next((p for key, child in children if (p := _amqp_problem(key, child))), None)
+
+
+def _check_time(value: object, event_type: str) -> dt.datetime:
+    if not isinstance(value, dt.datetime):
+        raise InvalidEvent(
+            f"event {event_type!r}: available_at must be a datetime; got {type(value).__name__}"
+        )
+    if timezone.is_naive(value):
+        raise InvalidEvent(
+            f"event {event_type!r}: available_at must be timezone-aware "
+            "(use django.utils.timezone.now() + timedelta(...))"
+        )
+    return value

@@ -1,0 +1,177 @@
+"""What ``outbox_status`` reports (counts per state, backlog age, failing attempts, busy
+keys, the most frequent recent errors, parked inbox messages), the cheaper summary the
+admin shows above its list, and the rows waiting for a retry that
+``run_outbox_relay --once/--drain`` report."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime as dt
+
+from django.db.models import Count, Max, Min
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from .db import RowCount, count_rows
+from .models import InboxFailure, OutboxMessage, OutboxQuerySet, OutboxStatus
+
+TOP_KEYS = 10
+#: The errors of how many of the latest FAILED rows (and as many ABANDONED rows) are read.
+RECENT_ROWS = 1000
+TOP_ERRORS = 5
+TOP_CONSUMERS = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorCount:
+    """How many of the recent rows in ``status`` have ``error`` as their ``last_error``."""
+
+    status: str
+    error: str
+    rows: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ParkedCount:
+    """A consumer's parked inbox messages: how many, and the newest one's error."""
+
+    consumer: str
+    rows: int
+    newest_at: dt.datetime
+    newest_error: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryWait:
+    """FAILED rows waiting out their backoff, and how long until the first is due."""
+
+    rows: RowCount
+    next_due_in: dt.timedelta | None
+
+
+@dataclasses.dataclass(frozen=True)
+class StatusReport:
+    counts: dict[str, int]  # every state, zero included
+    oldest_due_age: dt.timedelta | None  # how long the oldest due row has waited
+    failing_attempts: dict[int, int]  # attempts -> FAILED rows
+    top_keys: list[tuple[str, int]]  # ordering keys with most rows waiting (pending + failed)
+    recent_errors: list[ErrorCount]  # the most frequent errors of recent failed/abandoned rows
+    parked: list[ParkedCount]  # parked inbox messages per consumer, most first
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    counts: dict[str, RowCount]  # every state, zero included; large counts are estimates
+    oldest_due_age: dt.timedelta | None  # how long the oldest due row has waited
+
+
+def oldest_due_age(rows: OutboxQuerySet) -> dt.timedelta | None:
+    """How long the oldest due row has waited; one probe of ``outbox_due_idx``."""
+    oldest = rows.due().aggregate(oldest=Min("available_at"))["oldest"]
+    return None if oldest is None else max(timezone.now() - oldest, dt.timedelta(0))
+
+
+def summary(using: str = "default") -> Summary:
+    """Counts per state and the backlog age, cheap on any table size: each state is
+    counted through its partial index, and only up to ``EXACT_COUNT_LIMIT``
+    rows, past which the planner's estimate stands in (see ``count_rows``)."""
+    rows = OutboxMessage.objects.using(using)
+    return Summary(
+        counts={status.value: count_rows(rows.filter(status=status)) for status in OutboxStatus},
+        oldest_due_age=oldest_due_age(rows),
+    )
+
+
+def report(using: str = "default", *, top: int = TOP_KEYS) -> StatusReport:
+    rows = OutboxMessage.objects.using(using)
+    counts = {status.value: 0 for status in OutboxStatus}
+    counts.update(
+        rows.order_by().values_list("status").annotate(n=Count("id")).values_list("status", "n")
+    )
+    return StatusReport(
+        counts=counts,
+        oldest_due_age=oldest_due_age(rows),
+        failing_attempts=dict(
+            rows.failed()
+            .order_by("attempts")
+            .values_list("attempts")
+            .annotate(n=Count("id"))
+            .values_list("attempts", "n")
+        ),
+        top_keys=list(
+            rows.filter(status__in=(OutboxStatus.PENDING, OutboxStatus.FAILED))
+            .exclude(ordering_key="")
+            .order_by()
+            .values_list("ordering_key")
+            .annotate(n=Count("id"))
+            .order_by("-n", "ordering_key")
+            .values_list("ordering_key", "n")[:top]
+        ),
+        recent_errors=recent_errors(rows),
+        parked=parked_by_consumer(using),
+    )
+
+
+def recent_errors(rows: OutboxQuerySet, *, top: int = TOP_ERRORS) -> list[ErrorCount]:
+    """The ``top`` most frequent ``last_error`` texts of the latest ``RECENT_ROWS`` FAILED
+    rows and the latest ``RECENT_ROWS`` ABANDONED rows, most rows first.
+
+    A bounded window, each read through a partial index that holds only rows of its
+    state, so it costs the same on a table of millions of published or pending rows:
+    ABANDONED rows newest first through ``outbox_abandoned_idx``; FAILED rows latest
+    retry first (the latest failures) through ``outbox_failed_idx``.
+    """
+    latest = (
+        (OutboxStatus.FAILED, rows.failed().order_by("-available_at")),
+        (OutboxStatus.ABANDONED, rows.abandoned().order_by("-abandoned_at")),
+    )
+    counts = collections.Counter(
+        (status.value, error)
+        for status, ordered in latest
+        for error in ordered.values_list("last_error", flat=True)[:RECENT_ROWS]
+    )
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    return [ErrorCount(status, error, n) for (status, error), n in ranked[:top]]
+
+
+def parked_by_consumer(using: str = "default", *, top: int = TOP_CONSUMERS) -> list[ParkedCount]:
+    """Parked inbox messages per consumer (the ``top`` consumers with most), with the
+    newest one's error. Parked rows are read through ``inbox_failure_parked_idx``; they
+    are dead letters, few unless a handler is broken."""
+    parked = InboxFailure.objects.using(using).parked()
+    groups = (
+        parked.order_by()
+        .values_list("consumer")
+        .annotate(n=Count("id"), newest=Max("parked_at"))
+        .order_by("-n", "consumer")
+        .values_list("consumer", "n", "newest")[:top]
+    )
+    return [
+        ParkedCount(
+            consumer,
+            n,
+            newest,
+            parked.filter(consumer=consumer)
+            .order_by("-parked_at", "-id")
+            .values_list("last_error", flat=True)[0],
+        )
+        for consumer, n, newest in groups
+    ]
+
+
+def retry_wait(using: str = "default") -> RetryWait:
+    """FAILED rows whose retry is not due yet, and how long until the first one is: a
+    range of ``outbox_failed_idx`` (``available_at`` after now)."""
+    waiting = OutboxMessage.objects.using(using).failed().filter(available_at__gt=Now())
+    first = waiting.aggregate(first=Min("available_at"))["first"]
+    return RetryWait(
+        rows=count_rows(waiting),
+        next_due_in=None if first is None else max(first - timezone.now(), dt.timedelta(0)),
+    )
+
+
+def due_rows(using: str = "default") -> RowCount:
+    """Rows due now, which a relay would claim (through ``outbox_due_idx``): what a
+    drain that stopped early (the broker unreachable, a signal) left untried."""
+    return count_rows(OutboxMessage.objects.using(using).due())

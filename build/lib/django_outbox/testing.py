@@ -1,0 +1,218 @@
+"""Helpers for testing code that stages events, the way ``django.core.mail.outbox`` serves e-mail.
+
+``captured_events()``
+    A context manager yielding a list that fills with the events committed
+    inside the block; events of a rolled-back transaction never appear.
+``drain(using="default")``
+    Relays every due row in-process through the in-memory transport
+    (:class:`~django_outbox.transports.memory.MemoryTransport`, no broker) and
+    returns the published events, in publish order; the rows end PUBLISHED.
+
+Both give :class:`OutboxEvent` objects: a :class:`~django_outbox.ReceivedEvent`
+(the payload decoded, every wire header, as a consumer's handler gets it) that
+also says its ``destination``. The pytest plugin (``django_outbox.pytest_plugin``)
+offers both as the ``outbox`` fixture.
+
+Under Django's ``TestCase`` (and pytest-django's ``django_db`` without
+``transaction=True``) the test's transaction never commits, so
+``event_committed`` is never sent. An event counts as committed there when the
+transaction that staged it has closed into the test's own transaction: its
+on-commit callback is still waiting, under no open savepoint but the test's.
+In a test that really commits (``TransactionTestCase``, ``transaction=True``)
+the ``event_committed`` signal says it.
+
+This module imports no model at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import functools
+import itertools
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
+from django.utils import timezone
+
+from .envelope import ClaimedMessage, ReceivedEvent
+from .signals import event_committed
+from .staging import _committed
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from .models import OutboxMessage
+
+#: What ``drain`` sets the due rows' ``available_at`` to inside a transaction.
+_LONG_AGO = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+
+__all__ = ["Outbox", "OutboxEvent", "captured_events", "drain"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutboxEvent(ReceivedEvent):
+    """An event as a consumer's handler receives it, and the destination it was staged to."""
+
+    destination: str = ""
+
+    @classmethod
+    def from_message(cls, message: ClaimedMessage) -> OutboxEvent:
+        """The event a relay would put on the wire for ``message``, decoded again."""
+        return cls(
+            message.event_id,
+            message.event_type,
+            json.loads(message.payload),
+            message.wire_headers(),
+            message.destination,
+        )
+
+    @classmethod
+    def from_row(cls, row: OutboxMessage) -> OutboxEvent:
+        """The event a staged outbox row becomes once relayed."""
+        return cls.from_message(
+            ClaimedMessage(
+                id=row.pk,
+                event_id=row.event_id,
+                event_type=row.event_type,
+                destination=row.destination,
+                payload=json.dumps(row.payload, ensure_ascii=False),
+                headers=row.headers,
+                ordering_key=row.ordering_key,
+                attempts=row.attempts,
+                created_at=row.created_at,
+            )
+        )
+
+
+def drain(using: str = "default") -> list[OutboxEvent]:
+    """Relay every row of ``using`` that is due, in this process and on this connection,
+    through a :class:`~django_outbox.transports.memory.MemoryTransport` of its own that
+    keeps every message (Celery routes' too) and sends none anywhere; return the
+    published events in publish order.
+
+    The rows end PUBLISHED and ``event_published`` is sent, as with a real relay; rows
+    that fail (a destination with no route) are recorded as the relay records them.
+    It calls :meth:`Relay.run_once` until nothing is claimed, never :meth:`Relay.run`:
+    no LISTEN connection, no database thread, no ``close_old_connections()`` (which
+    would close a test's connection). Inside a transaction (``TestCase``) the database
+    clock stands still at the transaction's start, before the events were staged: the
+    rows due by the wall clock are first made due by the transaction's clock.
+    """
+    from .conf import outbox_settings
+    from .models import OutboxMessage
+    from .relay import Relay
+    from .transports.memory import MemoryTransport
+
+    if connections[using].in_atomic_block:
+        # Any time before the transaction began will do: the claim leases them at once.
+        due = OutboxMessage.objects.using(using).due(timezone.now())
+        due.update(available_at=_LONG_AGO)
+    published: list[tuple[str | None, OutboxEvent]] = []
+    transport = MemoryTransport(store=published)
+    # Every broker a route may name, and the Celery routes: all go to the one store.
+    aliases = {"celery", "default", *(r.broker for r in outbox_settings.ROUTES.values())}
+    with Relay(using, transports=dict.fromkeys(aliases, transport)) as relay:
+        while relay.run_once().claimed:
+            pass
+    return [event for _, event in published]
+
+
+class Outbox:
+    """What the pytest ``outbox`` fixture gives: :attr:`captured`, the events committed
+    on any database since :meth:`start` (read it at any time), and :meth:`drain`."""
+
+    def __init__(self, committed: list[OutboxEvent] | None = None) -> None:
+        #: Events ``event_committed`` announced, appended as they commit.
+        self._committed = [] if committed is None else committed
+        #: The on-commit callbacks each connection already held: not this capture's.
+        self._before: dict[str, list[Any]] = {}
+
+    def start(self) -> None:
+        self._before = {c.alias: list(c.run_on_commit) for c in _open_connections()}
+        event_committed.connect(self._on_commit, dispatch_uid=id(self))
+
+    def stop(self) -> None:
+        event_committed.disconnect(dispatch_uid=id(self))
+
+    def _on_commit(self, *, messages: list[OutboxMessage], **kwargs: Any) -> None:
+        self._committed += [OutboxEvent.from_row(row) for row in messages]
+
+    @property
+    def captured(self) -> list[OutboxEvent]:
+        """The committed events, in commit order: those the database really committed,
+        then those a test's transaction holds (a new list at each read)."""
+        seen = set()
+        found = []
+        for event in self._committed + self._held_by_tests():
+            if event.event_id not in seen:  # captureOnCommitCallbacks(execute=True) ran it
+                seen.add(event.event_id)
+                found.append(event)
+        return found
+
+    @staticmethod
+    def drain(using: str = "default") -> list[OutboxEvent]:
+        """:func:`drain`."""
+        return drain(using)
+
+    def _held_by_tests(self) -> list[OutboxEvent]:
+        events = []
+        for connection in _open_connections():
+            before = self._before.get(connection.alias, [])
+            for callback in _test_committed(connection):
+                if not any(callback is old for old in before):
+                    rows = _staged_rows(callback[1])
+                    events += [OutboxEvent.from_row(row) for row in rows]
+        return events
+
+
+@contextlib.contextmanager
+def captured_events() -> Iterator[list[OutboxEvent]]:
+    """Yield a list of the events committed inside the block.
+
+    Events whose transaction really commits are appended as it commits. Under a
+    test's transaction that never commits (``TestCase``), the list is completed when
+    the block exits, like ``captureOnCommitCallbacks``: assert after the block.
+    Rolled-back events never appear.
+    """
+    events: list[OutboxEvent] = []
+    capture = Outbox(events)
+    capture.start()
+    try:
+        yield events
+    finally:
+        capture.stop()
+        events[:] = capture.captured
+
+
+def _open_connections() -> list[BaseDatabaseWrapper]:
+    return list(connections.all(initialized_only=True))
+
+
+def _test_committed(connection: BaseDatabaseWrapper) -> list[Any]:
+    """The on-commit callbacks of ``connection`` whose transaction has closed into a
+    test's (``TestCase``) transaction: the ones it would run if that committed."""
+    # Django marks the atomic blocks TestCase opens (a private attribute).
+    flags = [getattr(block, "_from_testcase", False) for block in connection.atomic_blocks]
+    tests = len(list(itertools.takewhile(bool, flags)))
+    if not tests:
+        return []
+    # savepoint_ids runs parallel to atomic_blocks[1:] (the outermost has no savepoint).
+    open_ids = set(connection.savepoint_ids)
+    test_ids = set(connection.savepoint_ids[: tests - 1])
+    return [
+        callback
+        for callback in connection.run_on_commit
+        if (callback[0] & open_ids) <= test_ids and _staged_rows(callback[1])
+    ]
+
+
+def _staged_rows(func: Any) -> list[OutboxMessage]:
+    """The rows a staging on-commit callback signals (``staging._insert`` registers a
+    ``partial(_committed, rows, using)``); [] for any other callback."""
+    if isinstance(func, functools.partial) and func.func is _committed:
+        return list(func.args[0])
+    return []

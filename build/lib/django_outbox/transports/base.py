@@ -1,0 +1,92 @@
+"""The contract between the relay and a broker.
+
+A transport publishes the claimed messages of one route and reports, for each
+message, ``None`` (the broker has it: confirmed where the transport has
+confirms) or a :class:`Failure`. It never raises for a message it could not
+publish; the relay turns outcomes into state changes. Adding a broker is one
+new module with a :class:`Transport` subclass.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Sequence
+
+from ..conf import Broker, Problem, outbox_settings
+from ..envelope import ClaimedMessage
+from ..routes import Route
+
+#: Longest error text kept on a row (``last_error``).
+MAX_ERROR_LENGTH = 2000
+#: The error of a message the broker nacked (publisher confirms): retried.
+NACKED = "the broker refused the message (basic.nack)"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Failure:
+    """Why one message was not published.
+
+    ``permanent`` failures (the message can never be published as it is:
+    an unencodable header, a payload a Celery task cannot take) abandon the
+    row at once; the others are retried with backoff and count an attempt.
+
+    A failure that does not ``count`` was no attempt: nothing was sent (a
+    configuration error such as a queue the broker refuses to declare, or a
+    batch out of time). The row's attempts are unchanged and it is due again
+    in ``retry_delay`` seconds (DESIGN guarantee 8: no attempt without a publish).
+    """
+
+    error: str
+    permanent: bool = False
+    counts: bool = True
+    retry_delay: float = 0.0
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, *, permanent: bool = False) -> Failure:
+        # The driver's text may hold a URL or a password: neither reaches last_error.
+        text = outbox_settings.redact(f"{type(exc).__name__}: {exc}")
+        return cls(text[:MAX_ERROR_LENGTH], permanent)
+
+    @classmethod
+    def not_attempted(cls, error: str, retry_delay: float) -> Failure:
+        """Nothing was sent: no attempt counted, due again in ``retry_delay`` seconds."""
+        return cls(error[:MAX_ERROR_LENGTH], counts=False, retry_delay=retry_delay)
+
+
+#: One outcome per message: None when the broker has it.
+Outcome = Failure | None
+
+
+class Transport(abc.ABC):
+    """A way to publish. The class attributes say what the broker can do; the relay
+    and the checks read them, never the transport's type or its URL's scheme."""
+
+    #: A None outcome means the broker said it has the message (publisher confirms,
+    #: or a store that holds it when ``publish`` returns), not only that it was written.
+    supports_confirms: bool = False
+    #: A batch is written in one go (one round trip) and counts whole or not at all.
+    supports_batch: bool = False
+    #: Each message's outcome says whether a queue received it: an unroutable message
+    #: fails instead of counting as published.
+    reports_unroutable: bool = False
+
+    @abc.abstractmethod
+    def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+        """Publish ``messages`` (all of ``route``) in order; one outcome each."""
+
+    @classmethod
+    def problems(cls, broker: Broker) -> list[Problem]:
+        """What keeps ``broker`` from working with this transport, found without
+        connecting: for the system checks (the URL itself is checked by
+        :func:`django_outbox.conf.broker_problem`)."""
+        return []
+
+    @abc.abstractmethod
+    def check(self) -> None:
+        """Connect if needed; raise the transport's connection error if the broker
+        cannot be reached. Called by the relay while it waits out an outage."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Drop connections; the next call reconnects."""

@@ -1,0 +1,137 @@
+"""Routes with ``celery_task``: the event becomes a Celery task message.
+
+Sent with the configured Celery app's ``send_task``: task name from the route,
+``kwargs`` = the payload (so it must be a JSON object), task id = event id (the
+inbox dedupes on it), serializer JSON whatever the app's ``task_serializer``, and
+the wire headers. Celery reads its own fields (the task name, the id ...) from
+the same headers, so a user header named like one (``routes.CELERY_FIELDS``) is
+refused: at stage time, and here for a row staged before its destination became a
+Celery route. The app's broker and its ``broker_transport_options`` apply (set
+``confirm_publish`` there for confirms; a nack then fails that message alone).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import amqp.exceptions  # type: ignore[import-untyped]
+import kombu.exceptions
+
+from ..envelope import ClaimedMessage
+from ..routes import CELERY_FIELDS, Route, celery_header_clash
+from .base import NACKED, Failure, Outcome, Transport
+from .kombu import CONFIRM_TIMEOUT
+
+TRANSIENT = (kombu.exceptions.OperationalError, OSError)
+#: Celery's producers come from kombu's process-wide pool, keyed by broker URL, so a
+#: connection the broker dropped (a restart) can still be in it: one immediate
+#: reconnect-and-retry revives it. Anything longer is the relay's backoff to decide.
+RECONNECT_ONCE = {"max_retries": 1, "interval_start": 0, "interval_step": 0, "interval_max": 0}
+
+
+class CeleryTransport(Transport):
+    def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+        from celery import current_app  # type: ignore[import-untyped]
+
+        assert route.celery_task is not None
+        outcomes: list[Outcome] = []
+        for message in messages:
+            kwargs = json.loads(message.payload)
+            refusal = _refusal(route, message, kwargs)
+            if refusal is not None:
+                outcomes.append(refusal)
+                continue
+            try:
+                current_app.send_task(
+                    route.celery_task,
+                    kwargs=kwargs,
+                    task_id=str(message.event_id),
+                    headers=_headers(message),
+                    serializer="json",
+                    confirm_timeout=CONFIRM_TIMEOUT,  # with confirm_publish: bound the wait
+                    retry=True,
+                    retry_policy=RECONNECT_ONCE,
+                )
+            except TRANSIENT as exc:
+                if _nacked(exc):  # the broker is up and refused this one: go on
+                    outcomes.append(Failure(NACKED))
+                    continue
+                failure = Failure.from_exception(exc)
+                return outcomes + [failure] * (len(messages) - len(outcomes))
+            except (TypeError, ValueError, kombu.exceptions.EncodeError) as exc:
+                outcomes.append(Failure.from_exception(exc, permanent=True))
+            else:
+                outcomes.append(None)
+        return outcomes
+
+    def close(self) -> None:
+        """The Celery app owns its connection pool."""
+
+    def check(self) -> None:
+        from celery import current_app
+
+        with current_app.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=1)
+
+
+def publishes_unconfirmed() -> bool:
+    """Whether the current Celery app publishes to RabbitMQ (an AMQP transport, where
+    ``confirm_publish`` applies) without publisher confirms. Connects nowhere."""
+    from celery import current_app
+
+    if (current_app.conf.broker_transport_options or {}).get("confirm_publish"):
+        return False
+    with current_app.connection_for_write() as connection:
+        return bool(connection.transport.driver_type == "amqp")
+
+
+def _refusal(route: Route, message: ClaimedMessage, kwargs: object) -> Failure | None:
+    """Why ``message`` can never be sent as a task of ``route`` (a permanent failure)."""
+    clash = celery_header_clash(route, message.headers)
+    if clash is not None:
+        return Failure(clash, permanent=True)
+    if not isinstance(kwargs, dict):
+        return Failure(
+            f"route {route.destination!r} sends Celery task {route.celery_task!r}, "
+            f"whose kwargs must be a JSON object; the payload is a {type(kwargs).__name__}",
+            permanent=True,
+        )
+    typed = _kombu_typed(kwargs, "$")
+    if typed is not None:
+        return Failure(
+            f"route {route.destination!r} sends Celery task {route.celery_task!r}, whose worker "
+            f"would decode the object at {typed} (keys __type__ and __value__) as another type "
+            "or refuse it: kombu's JSON reads such objects so",
+            permanent=True,
+        )
+    return None
+
+
+def _kombu_typed(value: object, path: str) -> str | None:
+    """The path of an object in ``value`` that kombu's JSON decoder, which a Celery
+    worker reads task bodies with, would not hand over as sent: one whose keys are
+    exactly ``__type__`` and ``__value__`` (a datetime, a Decimal ..., or an error).
+    Iterative: a payload nested as deep as JSON allows must not exhaust the stack."""
+    stack = [(path, value)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            if value.keys() == {"__type__", "__value__"}:
+                return path
+            stack.extend((f"{path}.{key}", item) for key, item in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{index}]", item) for index, item in enumerate(value))
+    return None
+
+
+def _headers(message: ClaimedMessage) -> dict[str, object]:
+    """The wire headers but those Celery owns: the only one is ``correlation_id``, which a
+    Celery worker takes from the message property, the task id, that is the event id."""
+    return {k: v for k, v in message.wire_headers().items() if k not in CELERY_FIELDS}
+
+
+def _nacked(exc: BaseException) -> bool:
+    """py-amqp raises ``MessageNacked`` on a nack; kombu treats it as a connection error
+    (it reconnects and publishes once more) and raises it as ``OperationalError``."""
+    return isinstance(exc.__cause__ or exc, amqp.exceptions.MessageNacked)

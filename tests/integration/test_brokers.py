@@ -1,0 +1,111 @@
+"""Several brokers end to end: RabbitMQ as "default" and Redis as "events", routes split
+between them, one relay publishing to both (real PostgreSQL, RabbitMQ and Redis)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+
+import pytest
+from django.db import connections
+from django.test import override_settings
+
+from django_outbox.consumer import InboxConsumer
+from django_outbox.models import OutboxMessage
+from django_outbox.relay import Relay
+from tests.support import AMQP_URL, REDIS_URL, consume, stage_events, unique_destination, wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def two_brokers(orders: str, clicks: str, events_url: str = REDIS_URL) -> dict:
+    return {
+        "BROKERS": {"default": {"URL": AMQP_URL}, "events": {"URL": events_url}},
+        "ROUTES": {
+            orders: {"queue": orders},  # the "default" broker
+            clicks: {"queue": clicks, "broker": "events"},
+        },
+    }
+
+
+def statuses(destination: str) -> set[tuple[str, int]]:
+    rows = OutboxMessage.objects.filter(destination=destination)
+    return set(rows.values_list("status", "attempts"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_relay_publishes_each_route_to_its_own_broker():
+    orders, clicks = unique_destination("orders"), unique_destination("clicks")
+    with override_settings(OUTBOX=two_brokers(orders, clicks)):
+        order_ids = stage_events(5, orders)
+        click_ids = stage_events(7, clicks)
+        totals = Relay().run(threading.Event(), drain=True)
+        # A consumer of a queue reads from the broker of the queue's route.
+        assert InboxConsumer(clicks, print, "c").url == REDIS_URL
+        assert InboxConsumer(orders, print, "c").url == AMQP_URL
+    assert (totals.published, totals.failed, totals.gave_up) == (12, 0, "")
+    from_rabbit = consume(orders, 5, url=AMQP_URL)
+    from_redis = consume(clicks, 7, url=REDIS_URL)
+    assert [m.headers["event_id"] for m in from_rabbit] == order_ids
+    assert [m.headers["event_id"] for m in from_redis] == click_ids
+    # Each message went to its own broker only.
+    assert consume(clicks, 0, url=AMQP_URL) == []
+    assert consume(orders, 0, url=REDIS_URL) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_broker_down_fails_only_its_routes_rows_and_a_drain_names_it():
+    orders, clicks = unique_destination("orders"), unique_destination("clicks")
+    events_url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    with override_settings(OUTBOX=two_brokers(orders, clicks, events_url)):
+        order_ids = stage_events(4, orders)
+        stage_events(3, clicks)
+        totals = Relay().run(threading.Event(), drain=True)
+    assert (totals.published, totals.failed) == (4, 3)
+    assert totals.gave_up.startswith(
+        f"the broker 'events' ({events_url}) is unreachable (ConnectionError: "
+    ), totals.gave_up
+    assert statuses(orders) == {("published", 0)}
+    assert statuses(clicks) == {("failed", 1)}
+    assert [m.headers["event_id"] for m in consume(orders, 4, url=AMQP_URL)] == order_ids
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_running_relay_names_the_broker_that_is_down(caplog):
+    caplog.set_level(logging.INFO, logger="django_outbox")
+    orders, clicks = unique_destination("orders"), unique_destination("clicks")
+    events_url = f"redis://127.0.0.1:{free_port()}/0"
+    stop = threading.Event()
+    with override_settings(OUTBOX=two_brokers(orders, clicks, events_url)):
+        stage_events(2, orders)
+        stage_events(2, clicks)
+        relay = Relay()
+
+        def run() -> None:
+            try:
+                relay.run(stop)
+            finally:
+                connections.close_all()  # this thread's
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        try:
+            wait_until(
+                lambda: any(
+                    getattr(r, "action", "") == "outbox.broker_down" for r in caplog.records
+                ),
+                timeout=60,
+                what="the broker_down log line",
+            )
+        finally:
+            stop.set()
+            thread.join(60)
+    (down,) = [r for r in caplog.records if getattr(r, "action", "") == "outbox.broker_down"]
+    assert f"broker 'events' ({events_url}): ConnectionError: " in down.getMessage()
+    assert statuses(orders) == {("published", 0)}
+    assert statuses(clicks) == {("failed", 1)}

@@ -1,0 +1,60 @@
+"""The relay publishing through the in-memory transport, against the real database."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.test import override_settings
+
+from django_outbox.models import OutboxMessage
+from django_outbox.relay import Relay
+from django_outbox.transports import memory
+from tests.support import stage_events, unique_destination
+
+
+@pytest.fixture(autouse=True)
+def _empty_store():
+    memory.clear()
+    yield
+    memory.clear()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_relay_on_memory_brokers_keeps_each_event_by_alias_and_queue():
+    orders, audit = unique_destination("orders"), unique_destination("audit")
+    outbox = {
+        "BROKERS": {"default": {"URL": "memory://"}, "side": {"URL": "memory://"}},
+        "ROUTES": {
+            orders: {"queue": orders},
+            audit: {"queue": audit, "broker": "side"},
+        },
+    }
+    with override_settings(OUTBOX=outbox):
+        order_ids = stage_events(3, orders)
+        audit_ids = stage_events(2, audit)
+        totals = Relay().run(threading.Event(), drain=True)
+    assert (totals.published, totals.failed) == (5, 0)
+    assert [str(e.event_id) for e in memory.sent("default", queue=orders)] == order_ids
+    assert [str(e.event_id) for e in memory.sent("side", queue=audit)] == audit_ids
+    assert memory.sent("side", queue=orders) == []
+    first = memory.sent("default")[0]
+    assert (first.event_type, first.payload, first.destination) == ("test.event", {"n": 0}, orders)
+    assert set(OutboxMessage.objects.values_list("status", flat=True)) == {"published"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unroutable_message_fails_on_the_memory_broker_as_on_any_other():
+    lonely = unique_destination("lonely")
+    outbox = {
+        "BROKER_URL": "memory://",
+        "ROUTES": {lonely: {"exchange": f"x-{lonely}"}},  # no queue, nothing bound
+    }
+    with override_settings(OUTBOX=outbox):
+        stage_events(2, lonely)
+        with Relay() as relay:
+            stats = relay.run_once()
+    assert (stats.published, stats.failed) == (0, 2)
+    assert memory.sent() == []
+    (error,) = set(OutboxMessage.objects.values_list("last_error", flat=True))
+    assert error.startswith("unroutable: no queue is bound to exchange")
