@@ -643,5 +643,3 @@ def _by_destination(messages: list[ClaimedMessage]) -> dict[str, list[ClaimedMes
     for message in messages:
         by_destination.setdefault(message.destination, []).append(message)
     return by_destination
-
-
