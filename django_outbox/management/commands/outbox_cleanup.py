@@ -6,9 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from django_outbox.cli import add_database_option
 from django_outbox.retention import cleanup, describe
-
-from ._options import add_database_option
 
 
 class Command(BaseCommand):

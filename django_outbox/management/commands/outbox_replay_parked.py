@@ -6,9 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from django_outbox.cli import add_replay_options, finish
 from django_outbox.reporting import replay_result
-
-from ._options import add_replay_options, finish
 
 
 class Command(BaseCommand):

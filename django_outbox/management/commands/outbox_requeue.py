@@ -9,10 +9,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_outbox import store
+from django_outbox.cli import add_database_option
 from django_outbox.exceptions import RequeueRefused
 from django_outbox.models import REQUEUEABLE
-
-from ._options import add_database_option
 
 
 def row_id(value: str) -> int | uuid.UUID:

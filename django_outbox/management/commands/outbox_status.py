@@ -6,11 +6,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from django_outbox.cli import add_database_option, require_tables
 from django_outbox.models import InboxFailure, OutboxMessage
 from django_outbox.status import RECENT_ROWS, report
-
-from ._options import add_database_option, require_tables
-from ._text import one_line
+from django_outbox.text import one_line
 
 
 class Command(BaseCommand):

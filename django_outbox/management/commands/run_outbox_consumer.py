@@ -8,9 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from django_outbox.cli import add_consumer_options, consumer_from_options, finish, stop_on_signals
 from django_outbox.reporting import consumer_result
-
-from ._options import add_consumer_options, consumer_from_options, finish, stop_on_signals
 
 logger = logging.getLogger("django_outbox.consumer")
 

@@ -9,11 +9,16 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from django_outbox.cli import (
+    add_relay_options,
+    finish,
+    library_errors,
+    require_tables,
+    stop_on_signals,
+)
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import BatchStats, Relay
 from django_outbox.reporting import DrainProgress, once_result, run_result
-
-from ._options import add_relay_options, finish, library_errors, require_tables, stop_on_signals
 
 logger = logging.getLogger("django_outbox.relay")
 
