@@ -111,6 +111,25 @@ class ConsumerStats:
         )
 
 
+def _broker_for(
+    queue: str, url: str | None, broker: str | None, transport_options: dict[str, Any] | None
+) -> tuple[str, dict[str, Any]]:
+    """The URL and transport options a consumer of ``queue`` connects with: ``url``, else
+    the alias ``broker`` names, else the one the route of ``queue`` publishes to ("default"
+    for the default route). Raises :class:`~django_outbox.exceptions.OutboxConfigurationError`
+    when no broker is configured."""
+    if url is None:
+        chosen = outbox_settings.require_broker(
+            broker or outbox_settings.route_for_queue(queue).broker
+        )
+        url = chosen.url
+        if transport_options is None:
+            transport_options = dict(chosen.options)
+    if transport_options is None:
+        transport_options = outbox_settings.BROKER_TRANSPORT_OPTIONS
+    return outbox_settings.require_broker_url(url), transport_options
+
+
 class InboxConsumer(ConsumerMixin):
     """Consume ``queue`` and run ``handler`` once per event for ``consumer``.
 
@@ -150,19 +169,7 @@ class InboxConsumer(ConsumerMixin):
             jitter=RETRY_JITTER,
             max_attempts=max_deliveries or 0,
         )
-        # The broker: ``url``, else the alias ``broker`` names, else the one the route of
-        # ``queue`` publishes to ("default" for the default route).
-        if url is None:
-            chosen = outbox_settings.require_broker(
-                broker or outbox_settings.route_for_queue(queue).broker
-            )
-            url = chosen.url
-            if transport_options is None:
-                transport_options = dict(chosen.options)
-        self.url = outbox_settings.require_broker_url(url)
-        if transport_options is None:
-            transport_options = outbox_settings.BROKER_TRANSPORT_OPTIONS
-        self.transport_options = transport_options
+        self.url, self.transport_options = _broker_for(queue, url, broker, transport_options)
         self.route = outbox_settings.route_for_queue(queue)
         self.stats = ConsumerStats()
         self._transient = transient_errors(kombu.Connection(self.url))
