@@ -21,6 +21,8 @@ Each transition and the function that makes it:
 - FAILED, ABANDONED -> PENDING: :func:`requeue`, :func:`requeue_selected`.
 - PENDING, FAILED, PROCESSING with an expired lease -> ABANDONED: :func:`abandon`.
 - PUBLISHED, ABANDONED -> deleted: :func:`delete_in_batches` (called by ``retention``).
+- Due rows -> due since long ago, for :func:`django_outbox.testing.drain` inside a
+  transaction: :func:`backdate_due`.
 
 Every write a relay makes after its claim is filtered by the claim's lease
 token, so a relay whose lease was taken over changes nothing; :func:`record`
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -131,6 +134,19 @@ def _mark_failed(rows: OutboxQuerySet, group: FailedRows) -> int:
 def _not_held(ids: Sequence[int], held: OutboxQuerySet) -> set[int]:
     """The ``ids`` whose rows ``held`` (still under the batch's lease) no longer has."""
     return set(ids) - set(held.values_list("id", flat=True))
+
+
+#: What :func:`backdate_due` sets ``available_at`` to: before any transaction began.
+_LONG_AGO = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+
+
+def backdate_due(using: str, now: dt.datetime) -> int:
+    """Rows due at ``now`` (a wall-clock time) -> due since long ago, state unchanged.
+
+    For :func:`django_outbox.testing.drain` inside a transaction, where the database
+    clock stands still at the transaction's start, before the rows were staged; any
+    time before it will do, since the claim leases them at once. Returns how many."""
+    return OutboxMessage.objects.using(using).due(now).update(available_at=_LONG_AGO)
 
 
 def _selection(using: str, rows: OutboxQuerySet | None) -> OutboxQuerySet:

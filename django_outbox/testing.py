@@ -27,7 +27,6 @@ This module imports no model at import time.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import functools
 import itertools
 import json
@@ -45,9 +44,6 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
     from .models import OutboxMessage
-
-#: What ``drain`` sets the due rows' ``available_at`` to inside a transaction.
-_LONG_AGO = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 
 __all__ = ["Outbox", "OutboxEvent", "captured_events", "drain"]
 
@@ -83,15 +79,13 @@ def drain(using: str = "default") -> list[OutboxEvent]:
     clock stands still at the transaction's start, before the events were staged: the
     rows due by the wall clock are first made due by the transaction's clock.
     """
+    from . import store
     from .conf import outbox_settings
-    from .models import OutboxMessage
     from .relay import Relay
     from .transports.memory import MemoryTransport
 
     if connections[using].in_atomic_block:
-        # Any time before the transaction began will do: the claim leases them at once.
-        due = OutboxMessage.objects.using(using).due(timezone.now())
-        due.update(available_at=_LONG_AGO)
+        store.backdate_due(using, timezone.now())
     published: list[tuple[str | None, OutboxEvent]] = []
     transport = MemoryTransport(store=published)
     # Every broker (configured or named by a route) and the Celery routes: all go to the
