@@ -288,6 +288,7 @@ class InboxConsumer(ConsumerMixin):
     def on_consume_ready(
         self, connection: Any, channel: Any, consumers: Any, **kwargs: Any
     ) -> None:
+        """kombu's hook once consuming starts (again): the broker outage, if any, ends."""
         self._attempt = None
         self._broker.recovered()
         logger.info(

@@ -108,6 +108,7 @@ class RetentionThread(threading.Thread):
         self._stop_event = threading.Event()
 
     def run(self) -> None:
+        """The thread's body: a pass every ``interval`` seconds until :meth:`stop`."""
         try:
             wait = self.first_in
             while not self._stop_event.wait(wait):

@@ -22,9 +22,13 @@ WAIT_SLICE = 0.5
 class Listener(Protocol):
     """What :class:`WakeUp` needs of a LISTEN connection (``db.postgresql.Listener``)."""
 
-    def wait(self, timeout: float) -> bool: ...  # True: woken by a NOTIFY
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds; True when woken by a NOTIFY."""
+        ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Close the LISTEN connection."""
+        ...
 
 
 class WakeUp:

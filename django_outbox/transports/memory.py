@@ -76,6 +76,8 @@ class MemoryTransport(Transport):
         self._kombu = KombuTransport(url, transport_options) if url else None
 
     def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+        """Keep each message in :attr:`store` (through kombu's memory broker first,
+        when built with a URL: a message it refuses is not kept)."""
         if self._kombu is not None and not route.is_celery:
             outcomes = self._kombu.publish(route, messages)
         else:
@@ -96,5 +98,6 @@ class MemoryTransport(Transport):
             self._kombu.check()
 
     def close(self) -> None:
+        """Close kombu's connection, if any; what was kept stays kept."""
         if self._kombu is not None:
             self._kombu.close()
