@@ -108,10 +108,12 @@ class Outbox:
         self._before: dict[str, list[Any]] = {}
 
     def start(self) -> None:
+        """Begin capturing: events committed from now on count."""
         self._before = {c.alias: list(c.run_on_commit) for c in _open_connections()}
         event_committed.connect(self._on_commit, dispatch_uid=id(self))
 
     def stop(self) -> None:
+        """Stop listening for ``event_committed`` (at the end of the fixture or the block)."""
         event_committed.disconnect(dispatch_uid=id(self))
 
     def _on_commit(self, *, messages: list[OutboxMessage], **kwargs: Any) -> None:
@@ -131,7 +133,8 @@ class Outbox:
 
     @staticmethod
     def drain(using: str = "default") -> list[OutboxEvent]:
-        """:func:`drain`."""
+        """The same as :func:`drain`: relay every due row of ``using`` in-process and
+        return the published events, in publish order."""
         return drain(using)
 
     def _held_by_tests(self) -> list[OutboxEvent]:
