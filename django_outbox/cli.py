@@ -85,6 +85,18 @@ def event_id(value: str) -> uuid.UUID:
         raise argparse.ArgumentTypeError(f"{value!r} is not an event id (UUID)") from None
 
 
+def row_id(value: str) -> int | uuid.UUID:
+    """An argparse type: a row's primary key (an integer) or its event id (a UUID)."""
+    if value.isdigit():
+        return int(value)
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is neither a row id (integer) nor an event id (UUID)"
+        ) from None
+
+
 def add_database_option(parser: argparse.ArgumentParser, what: str = "outbox") -> None:
     """``--database ALIAS``."""
     parser.add_argument(

@@ -2,28 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
-import uuid
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_outbox import store
-from django_outbox.cli import add_database_option
+from django_outbox.cli import add_database_option, row_id
 from django_outbox.exceptions import RequeueRefused
 from django_outbox.models import REQUEUEABLE
-
-
-def row_id(value: str) -> int | uuid.UUID:
-    """A row's primary key or its event id."""
-    if value.isdigit():
-        return int(value)
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is neither a row id (integer) nor an event id (UUID)"
-        ) from None
 
 
 class Command(BaseCommand):
