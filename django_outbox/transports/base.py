@@ -59,8 +59,10 @@ Outcome = Failure | None
 
 
 class Transport(abc.ABC):
-    """A way to publish. The class attributes say what the broker can do; the relay
-    and the checks read them, never the transport's type or its URL's scheme."""
+    """A way to publish. The class attributes say what the broker can do; the shared
+    publishing code (:class:`~django_outbox.transports.kombu.KombuTransport`'s, for each
+    of its subclasses) reads them, never the transport's type or its URL's scheme. The
+    relay knows a transport only by :meth:`publish`, :meth:`check` and :meth:`close`."""
 
     #: A None outcome means the broker said it has the message (publisher confirms,
     #: or a store that holds it when ``publish`` returns), not only that it was written.
