@@ -141,6 +141,8 @@ def _claim_portable(
         due = rows.due().order_by("available_at", "id")
         if supports_skip_locked(connections[using]):
             due = due.select_for_update(skip_locked=True)
+        else:
+            _take_write_lock(rows)
         ids = _within_bytes(due.values_list("id", _JsonBytes("payload"))[:limit], max_bytes)
         if not ids:
             return []
@@ -156,6 +158,15 @@ def _claim_portable(
         # The JSONField decoded the payload; the wire wants it as text again.
         build = ClaimedMessage.reader(CLAIMED_FIELDS, payload=_json_text)
         return [build(row) for row in claimed]
+
+
+def _take_write_lock(rows: models.QuerySet[OutboxMessage]) -> None:
+    """Start the claim's transaction with a write (an UPDATE of no row), so it waits
+    for the write lock (SQLite's busy timeout) before it reads. A transaction that
+    reads first cannot wait: SQLite fails its first write at once with "database is
+    locked" when another connection (the retention thread, a request staging events)
+    wrote in between."""
+    rows.filter(id=-1).update(locked_by=models.F("locked_by"))
 
 
 def _json_text(value: Any) -> str:

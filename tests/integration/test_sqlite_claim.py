@@ -1,0 +1,57 @@
+"""The relay's claim on SQLite (the example project's database) while another
+connection writes: the retention thread deleting, a request staging events."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.integration.test_example_project import example_env, manage_in
+from tests.support import REPO
+
+# Another connection holds SQLite's write lock when the claim begins and commits a
+# second later. A claim that reads first is refused its write at once ("database is
+# locked": its snapshot is stale); one that takes the write lock first waits for it.
+SCRIPT = """
+import sqlite3, threading, time, uuid
+import django
+django.setup()
+from django.db import connection, transaction
+from django_outbox import stage_many, store
+
+with transaction.atomic():
+    stage_many([{"event_type": "t", "payload": {}, "destination": "q"} for _ in range(20)])
+path = connection.settings_dict["NAME"]
+holding = threading.Event()
+
+def other_writer():
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("CREATE TABLE IF NOT EXISTS scratch (x)")
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO scratch VALUES (1)")
+    holding.set()
+    time.sleep(1)  # the claim below begins meanwhile; it may wait, but must not fail
+    other.execute("COMMIT")
+
+writer = threading.Thread(target=other_writer)
+writer.start()
+holding.wait()
+claimed = store.claim("default", limit=10, lease_seconds=30, worker="w", token=uuid.uuid4())
+writer.join()
+print(len(claimed))
+"""
+
+
+def test_a_claim_on_sqlite_waits_for_another_writer_instead_of_failing(tmp_path):
+    env = example_env(tmp_path)
+    manage_in(env, "migrate", "--verbosity", "0")
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["10"]
