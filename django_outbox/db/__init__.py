@@ -142,7 +142,7 @@ def _claim_portable(
         if supports_skip_locked(connections[using]):
             due = due.select_for_update(skip_locked=True)
         else:
-            _take_write_lock(rows)
+            write_first(using)
         ids = _within_bytes(due.values_list("id", _JsonBytes("payload"))[:limit], max_bytes)
         if not ids:
             return []
@@ -160,13 +160,17 @@ def _claim_portable(
         return [build(row) for row in claimed]
 
 
-def _take_write_lock(rows: models.QuerySet[OutboxMessage]) -> None:
-    """Start the claim's transaction with a write (an UPDATE of no row), so it waits
-    for the write lock (SQLite's busy timeout) before it reads. A transaction that
-    reads first cannot wait: SQLite fails its first write at once with "database is
-    locked" when another connection (the retention thread, a request staging events)
-    wrote in between."""
-    rows.filter(id=-1).update(locked_by=models.F("locked_by"))
+def write_first(using: str) -> None:
+    """On a database without SKIP LOCKED (SQLite), start the transaction in hand with a
+    write (an UPDATE of no row), so it waits for the write lock (SQLite's busy
+    timeout) before it reads. A transaction that reads first cannot wait: SQLite
+    fails its first write at once with "database is locked" when another connection
+    (the retention thread, a request staging events, the relay) wrote in between."""
+    from ..models import OutboxMessage
+
+    if not supports_skip_locked(connections[using]):
+        rows = OutboxMessage.objects.using(using).filter(id=-1)
+        rows.update(locked_by=models.F("locked_by"))
 
 
 def _json_text(value: Any) -> str:
