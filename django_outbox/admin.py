@@ -41,7 +41,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from . import store
-from .db import RowCount, count_rows
+from .db import RowCount, count_rows, write_first
 from .models import InboxFailure, InboxMessage, OutboxMessage, OutboxQuerySet, OutboxStatus
 from .status import summary
 
@@ -290,6 +290,7 @@ class OutboxMessageAdmin(DeliveryAdmin):
     ) -> tuple[int, int]:
         """Apply ``verb`` to the selected rows; return (changed, refused by their state)."""
         with transaction.atomic(using=queryset.db):
+            write_first(queryset.db)  # it counts, then changes
             selected = queryset.count()
             changed = verb(queryset.db, queryset)
         refused = selected - changed

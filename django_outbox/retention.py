@@ -30,8 +30,10 @@ from . import store
 from .conf import outbox_settings
 from .expressions import now_minus
 from .models import InboxFailure, InboxMessage, OutboxMessage
+from .redact import SecretFilter
 
 logger = logging.getLogger(__name__)
+logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tracebacks
 
 DELETE_BATCH = 1000
 

@@ -39,6 +39,7 @@ from .exceptions import (
     StagingError,
     UnknownDestination,
 )
+from .redact import SecretFilter
 from .routes import MAX_NAME_BYTES, Route, celery_header_clash, is_valid_destination
 from .signals import event_committed
 
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from .models import OutboxMessage
 
 logger = logging.getLogger(__name__)
+logger.addFilter(SecretFilter(outbox_settings.redact))  # receivers' error texts and tracebacks
 
 P = ParamSpec("P")
 R = TypeVar("R")

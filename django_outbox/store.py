@@ -220,6 +220,7 @@ def requeue_selected(
     if event_type:
         rows = rows.filter(event_type=event_type)
     with transaction.atomic(using=using):
+        db.write_first(using)  # it reads, then writes
         if ids:
             _refuse_unrequeueable(rows, ids)
         return requeue(using, rows)

@@ -37,6 +37,7 @@ from django.db import connections
 from django.utils import timezone
 
 from .envelope import ClaimedMessage, OutboxEvent
+from .exceptions import OutboxConfigurationError
 from .signals import event_committed
 from .staging import _committed
 
@@ -86,6 +87,7 @@ def drain(using: str = "default") -> list[OutboxEvent]:
 
     if connections[using].in_atomic_block:
         store.backdate_due(using, timezone.now())
+    _require_route_brokers()
     published: list[tuple[str | None, OutboxEvent]] = []
     transport = MemoryTransport(store=published)
     # Every broker (configured or named by a route) and the Celery routes: all go to the
@@ -95,6 +97,21 @@ def drain(using: str = "default") -> list[OutboxEvent]:
         while relay.run_once().claimed:
             pass
     return [event for _, event in published]
+
+
+def _require_route_brokers() -> None:
+    """:class:`OutboxConfigurationError` (E015's text) for a route naming a broker
+    alias that the configured brokers lack, as the relay raises it, so a typo fails the
+    test, not production. With no broker configured at all (test settings without one)
+    every alias is the in-memory store's."""
+    from .conf import CHECK_IDS, outbox_settings, route_problems
+
+    brokers = outbox_settings.brokers
+    if not brokers:
+        return
+    for problem in route_problems(outbox_settings.ROUTES, brokers, default_route=False):
+        if problem.id == CHECK_IDS["unknown_broker"]:
+            raise OutboxConfigurationError(f"{problem.id}: {problem.msg} {problem.hint}")
 
 
 class Outbox:

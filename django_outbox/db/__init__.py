@@ -141,6 +141,8 @@ def _claim_portable(
         due = rows.due().order_by("available_at", "id")
         if supports_skip_locked(connections[using]):
             due = due.select_for_update(skip_locked=True)
+        else:
+            write_first(using)
         ids = _within_bytes(due.values_list("id", _JsonBytes("payload"))[:limit], max_bytes)
         if not ids:
             return []
@@ -156,6 +158,19 @@ def _claim_portable(
         # The JSONField decoded the payload; the wire wants it as text again.
         build = ClaimedMessage.reader(CLAIMED_FIELDS, payload=_json_text)
         return [build(row) for row in claimed]
+
+
+def write_first(using: str) -> None:
+    """On a database without SKIP LOCKED (SQLite), start the transaction in hand with a
+    write (an UPDATE of no row), so it waits for the write lock (SQLite's busy
+    timeout) before it reads. A transaction that reads first cannot wait: SQLite
+    fails its first write at once with "database is locked" when another connection
+    (the retention thread, a request staging events, the relay) wrote in between."""
+    from ..models import OutboxMessage
+
+    if not supports_skip_locked(connections[using]):
+        rows = OutboxMessage.objects.using(using).filter(id=-1)
+        rows.update(locked_by=models.F("locked_by"))
 
 
 def _json_text(value: Any) -> str:

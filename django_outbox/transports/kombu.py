@@ -40,13 +40,15 @@ import kombu.exceptions
 import kombu.transport.virtual
 from kombu.transport.virtual.base import NotEquivalentError
 
+from ..conf import outbox_settings
 from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, ClaimedMessage
 from ..exceptions import BrokerUnreachable, OutboxConfigurationError
-from ..redact import mask_url
+from ..redact import SecretFilter, mask_url
 from ..routes import Route
 from .base import NACKED, Failure, Outcome, Transport
 
 logger = logging.getLogger(__name__)
+logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' and brokers' texts
 
 CONNECT_TIMEOUT = 5.0
 CONFIRM_TIMEOUT = 30.0

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from typing import Any
 
-from . import case
+from . import case, error_line
 
 
 @case("outbox-fixture-without-django")
@@ -27,3 +27,26 @@ def outbox_fixture_without_django(request: Any) -> str:
         line for line in result.stdout.splitlines() if line.startswith("the outbox fixture needs")
     ]
     return line
+
+
+@case("drain-route-unknown-broker")
+def drain_unknown_alias(request: Any) -> str:
+    from django.db import transaction
+    from django.test import override_settings
+
+    from django_outbox import stage
+    from django_outbox.exceptions import OutboxConfigurationError
+    from django_outbox.testing import drain
+
+    outbox = {
+        "BROKERS": {"default": {"URL": "memory://"}},
+        "ROUTES": {"orders": {"queue": "orders", "broker": "evnets"}},
+    }
+    with override_settings(OUTBOX=outbox):
+        with transaction.atomic():
+            stage("order.placed", {"id": 1}, destination="orders")
+        try:
+            drain()
+        except OutboxConfigurationError as exc:
+            return error_line(exc)
+    raise AssertionError("drain() published to an alias no broker has")

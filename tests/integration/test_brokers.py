@@ -14,7 +14,15 @@ from django.test import override_settings
 from django_outbox.consumer import InboxConsumer
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import Relay
-from tests.support import AMQP_URL, REDIS_URL, consume, stage_events, unique_destination, wait_until
+from tests.support import (
+    AMQP_URL,
+    REDIS_URL,
+    consume,
+    manage,
+    stage_events,
+    unique_destination,
+    wait_until,
+)
 
 
 def free_port() -> int:
@@ -109,3 +117,32 @@ def test_a_running_relay_names_the_broker_that_is_down(caplog):
     assert f"broker 'events' ({events_url}): ConnectionError: " in down.getMessage()
     assert statuses(orders) == {("published", 0)}
     assert statuses(clicks) == {("failed", 1)}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_consumer_of_a_queue_routed_to_another_broker_reads_that_broker():
+    # run_outbox_consumer --queue clicks, where the route of clicks names "events"
+    # (Redis, down here) while "default" (RabbitMQ) is up: it must wait for Redis.
+    port = free_port()
+    result = manage(
+        "run_outbox_consumer",
+        "--queue",
+        "clicks",
+        "--handler",
+        "tests.testapp.handlers.record",
+        "--consumer",
+        "audit",
+        "--idle-timeout",
+        "2",
+        BROKERS={"events": {"URL": f"redis://:s3cret-pw@127.0.0.1:{port}/0"}},
+        ROUTES={"clicks": {"queue": "clicks", "broker": "events"}},
+    )
+    assert result.returncode == 1, result.stderr
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"CommandError: gave up after 2s without a broker: redis://:***@127.0.0.1:{port}/0 "
+        )
+    )
+    assert "s3cret-pw" not in result.stdout + result.stderr

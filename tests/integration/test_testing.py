@@ -16,6 +16,7 @@ from django.test import TestCase, TransactionTestCase, override_settings
 from django.utils import timezone
 
 from django_outbox import ReceivedEvent, event_published, publish_on_success, stage, stage_many
+from django_outbox.exceptions import OutboxConfigurationError
 from django_outbox.models import OutboxMessage, OutboxStatus
 from django_outbox.testing import captured_events, drain
 from tests.hostile.testing import outbox_fixture_without_django
@@ -149,6 +150,35 @@ def test_drain_needs_no_broker_and_takes_celery_routes_too(outbox):
         ("emails", {"order": 1}),
         ("orders", {"kind": "order.placed"}),
     ]
+
+
+@pytest.mark.django_db
+def test_drain_routes_a_non_default_alias_through_memory_without_its_broker(outbox):
+    brokers = {"default": {"URL": "amqp://u:pw@nohost.invalid//"}, "events": {"URL": "sqs://"}}
+    routes = {"clicks": {"queue": "clicks", "broker": "events"}}
+    with override_settings(OUTBOX={"BROKERS": brokers, "ROUTES": routes}):
+        with transaction.atomic():
+            stage("page.viewed", {"page": 1}, destination="clicks")
+        published = outbox.drain()
+    assert [(e.destination, e.payload) for e in published] == [("clicks", {"page": 1})]
+
+
+@pytest.mark.django_db
+def test_drain_refuses_a_route_naming_a_broker_alias_that_is_not_configured(outbox):
+    # The relay would stop on it (E015); a drain that published it would pass the test.
+    routes = {"clicks": {"queue": "clicks", "broker": "evnets"}}
+    brokers = {"default": {"URL": "amqp://u:s3cret-pw@nohost.invalid//"}}
+    with override_settings(OUTBOX={"BROKERS": brokers, "ROUTES": routes}):
+        with transaction.atomic():
+            stage("page.viewed", {"page": 1}, destination="clicks")
+        with pytest.raises(OutboxConfigurationError) as raised:
+            outbox.drain()
+    assert str(raised.value).startswith(
+        "django_outbox.E015: Route 'clicks' names broker 'evnets': No broker 'evnets' in "
+        'OUTBOX["BROKERS"] (the brokers are default).'
+    )
+    assert "s3cret-pw" not in str(raised.value)
+    assert OutboxMessage.objects.get().status == OutboxStatus.PENDING
 
 
 def _stage_three(using: str = "default") -> None:

@@ -4,10 +4,12 @@ callables are plain functions and the database error is raised by one of them.""
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
 from django.db import DatabaseError
+from django.test import override_settings
 
 from django_outbox.pipeline import Pipeline
 
@@ -118,3 +120,17 @@ def test_close_settles_the_batches_left():
     stages.finalize("b2")
     stages.close()
     assert work.reported == ["b1 finalized", "b2 finalized"]
+
+
+def test_a_password_in_a_finalize_error_never_reaches_the_debug_log(caplog):
+    # settle() logs a given-up batch's error with its traceback (at DEBUG).
+    secret_batch = "claim amqp://u:s3cret-pw@h//"
+    work = Work(fail_on={secret_batch})
+    outbox = {"BROKER_URL": "amqp://u:s3cret-pw@h//"}
+    debug = caplog.at_level(logging.DEBUG, logger="django_outbox.pipeline")
+    with override_settings(OUTBOX=outbox), debug:
+        line = pipeline(work, threaded=False)
+        line.finalize(secret_batch)
+        line.settle()
+    assert "finalizing claim amqp://u:***@h// failed" in caplog.text
+    assert "s3cret-pw" not in caplog.text

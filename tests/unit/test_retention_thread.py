@@ -8,6 +8,7 @@ import logging
 import threading
 
 from django.db import DatabaseError
+from django.test import override_settings
 
 from django_outbox.retention import RetentionThread
 
@@ -56,3 +57,23 @@ def test_stopped_before_its_first_pass_it_never_cleans_up():
     thread.stop()
     assert not thread.is_alive()
     assert ran == []
+
+
+def test_a_password_in_a_database_error_never_reaches_the_log(caplog):
+    # A driver's error text may quote the configuration (here the password of a broker
+    # of OUTBOX["BROKERS"]); the retention thread logs it with its traceback.
+    failed = threading.Event()
+
+    def cleanup(using: str) -> None:
+        failed.set()
+        raise DatabaseError("could not connect to sqla+postgresql://u:s3cret-pw@db/outbox")
+
+    outbox = {"BROKERS": {"default": {"URL": "sqla+postgresql://u:s3cret-pw@db/outbox"}}}
+    with override_settings(OUTBOX=outbox), caplog.at_level(logging.WARNING):
+        thread = RetentionThread("default", interval=300, cleanup=cleanup)
+        thread.start()
+        assert failed.wait(30)
+        thread.stop()
+    assert "outbox.cleanup_failed" in [getattr(r, "action", "") for r in caplog.records]
+    assert "could not connect to sqla+postgresql://u:***@db/outbox" in caplog.text
+    assert "s3cret-pw" not in caplog.text
