@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 from .common import emit, rss_mb
 
@@ -106,17 +107,18 @@ def relay(args: argparse.Namespace) -> None:
     from django.db.backends.signals import connection_created
 
     from django_outbox.relay import Relay
-    from django_outbox.transports.kombu import KombuTransport
+    from django_outbox.transports import transport_class
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    transport = KombuTransport(args.url)
+    # The transport the relay would build for this URL's scheme (Redis: pipelined).
+    transport = transport_class(urlsplit(args.url).scheme)(args.url)
     transport.check()
     counter = SqlCounter()
     connection.ensure_connection()
     counter.install(connection)
     connection_created.connect(counter.connected)
-    worker = Relay(batch_size=args.batch_size, transports={"broker": transport})
+    worker = Relay(batch_size=args.batch_size, transports={"default": transport})
     _ready()
     rss_start, started = rss_mb(), time.time()
     with _profiled(args.profile), counter.counting():

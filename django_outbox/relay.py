@@ -36,7 +36,7 @@ from django.db import DatabaseError, close_old_connections, connections
 from . import db, retention, store
 from .conf import outbox_settings
 from .envelope import ClaimedMessage
-from .exceptions import BrokerUnreachable
+from .exceptions import BrokerUnreachable, OutboxConfigurationError
 from .failures import FailureCounts, Reason
 from .models import OutboxMessage
 from .outage import OutageTracker, broker_outage, database_outage
@@ -213,6 +213,7 @@ class Relay:
         #: A transport per broker alias of ``OUTBOX["BROKERS"]`` and one for the Celery
         #: routes ("celery"), built on first use (given ones are used as they are).
         self._transports: dict[str, Transport] = dict(transports or {})
+        _refuse_unknown_keys(self._transports)
         #: The brokers to build transports for, checked here: a malformed URL, a
         #: missing driver package, a route naming no broker, Celery routes without
         #: celery are said now (OutboxConfigurationError), not per batch.
@@ -643,3 +644,15 @@ def _by_destination(messages: list[ClaimedMessage]) -> dict[str, list[ClaimedMes
     for message in messages:
         by_destination.setdefault(message.destination, []).append(message)
     return by_destination
+
+
+def _refuse_unknown_keys(transports: dict[str, Transport]) -> None:
+    """Refuse given transports under a key that is neither a broker alias (of
+    ``OUTBOX["BROKERS"]`` or named by a route) nor ``"celery"``: the relay would
+    never use them and would publish through a broker built from the settings."""
+    known = {"celery", *outbox_settings.broker_aliases(), *outbox_settings.brokers}
+    if unknown := sorted(set(transports) - known):
+        raise OutboxConfigurationError(
+            f"Relay(transports=...) has no broker {', '.join(map(repr, unknown))}: its keys "
+            f"are broker aliases ({', '.join(sorted(known - {'celery'}))}) or 'celery'"
+        )

@@ -94,3 +94,16 @@ def test_a_consumer_reads_from_the_broker_of_its_queue_or_the_one_it_names():
     assert InboxConsumer("orders", print, "c", broker="events").url == REDIS
     with pytest.raises(OutboxConfigurationError, match=r"^django_outbox\.E015: "):
         InboxConsumer("orders", print, "c", broker="nope")
+
+
+@override_settings(OUTBOX={"BROKER_URL": RABBIT})
+def test_a_transport_given_under_a_key_that_is_no_broker_is_refused():
+    # Under "broker" (the key before OUTBOX["BROKERS"]) the relay would ignore it and
+    # publish through a transport built from BROKER_URL instead.
+    with pytest.raises(OutboxConfigurationError) as raised:
+        Relay(transports={"broker": MemoryTransport(store=[])})
+    assert str(raised.value) == (
+        "Relay(transports=...) has no broker 'broker': its keys are broker aliases "
+        "(default) or 'celery'"
+    )
+    Relay(transports={"default": MemoryTransport(store=[])}).close()
