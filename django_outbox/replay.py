@@ -41,7 +41,9 @@ BROKER_HEADER_PREFIXES = ("x-first-death-", "x-last-death-")
 def replay_parked(failures: InboxFailureQuerySet, *, url: str | None = None) -> list[InboxFailure]:
     """Publish each parked message of ``failures`` to its queue again and unpark it.
 
-    Returns the records replayed, oldest first. Raises
+    Each message goes to the broker its queue's route names (``OUTBOX["BROKERS"]``;
+    ``url`` sends them all to that broker instead). Returns the records replayed,
+    oldest first. Raises
     :class:`~django_outbox.exceptions.OutboxConfigurationError` without a usable
     broker URL or when the broker refuses to declare a queue,
     :class:`~django_outbox.exceptions.OutboxError` when it refuses (nacks) a
@@ -49,10 +51,30 @@ def replay_parked(failures: InboxFailureQuerySet, *, url: str | None = None) -> 
     when it cannot be reached (what was replayed before stays replayed).
     """
     parked = list(failures.parked().order_by("id"))
-    url = outbox_settings.require_broker_url(url)
     if not parked:
+        outbox_settings.require_broker_url(url)
         return parked
-    options = {**outbox_settings.BROKER_TRANSPORT_OPTIONS, "confirm_publish": True}
+    by_broker: dict[tuple[str, tuple[tuple[str, Any], ...]], list[InboxFailure]] = {}
+    for failure in parked:
+        by_broker.setdefault(_broker_of(failure.queue, url), []).append(failure)
+    for (broker_url, options), group in by_broker.items():
+        _replay(broker_url, dict(options), group)
+    return parked
+
+
+def _broker_of(queue: str, url: str | None) -> tuple[str, tuple[tuple[str, Any], ...]]:
+    """The URL and transport options of the broker that ``queue`` lives on (the
+    broker its route names), or ``url`` with the default broker's options."""
+    if url:
+        options = outbox_settings.BROKER_TRANSPORT_OPTIONS
+        return outbox_settings.require_broker_url(url), tuple(options.items())
+    broker = outbox_settings.require_broker(outbox_settings.route_for_queue(queue).broker)
+    return broker.url, tuple(broker.options.items())
+
+
+def _replay(url: str, options: dict[str, Any], parked: list[InboxFailure]) -> None:
+    """Replay ``parked`` (messages of queues on one broker) through one connection."""
+    options = {**options, "confirm_publish": True}
     conn = kombu.Connection(url, transport_options=options, connect_timeout=CONNECT_TIMEOUT)
     try:
         channel = conn.channel()
@@ -72,7 +94,6 @@ def replay_parked(failures: InboxFailureQuerySet, *, url: str | None = None) -> 
         conn.collect()
         raise
     conn.release()
-    return parked
 
 
 def _publish(producer: kombu.Producer, failure: InboxFailure) -> None:

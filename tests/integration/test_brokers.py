@@ -3,9 +3,11 @@ between them, one relay publishing to both (real PostgreSQL, RabbitMQ and Redis)
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
+import uuid
 
 import pytest
 from django.db import connections
@@ -146,3 +148,31 @@ def test_the_consumer_of_a_queue_routed_to_another_broker_reads_that_broker():
         )
     )
     assert "s3cret-pw" not in result.stdout + result.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_parked_messages_are_replayed_to_the_broker_of_their_queue():
+    from django.utils import timezone
+
+    from django_outbox.models import InboxFailure
+    from django_outbox.replay import replay_parked
+
+    orders, clicks = unique_destination("orders"), unique_destination("clicks")
+    for queue in (clicks, orders):
+        InboxFailure.objects.create(
+            consumer="audit",
+            event_id=uuid.uuid4(),
+            queue=queue,
+            event_type="t",
+            body=json.dumps({"queue": queue}),
+            headers={"event_id": queue},
+            parked_at=timezone.now(),
+        )
+    with override_settings(OUTBOX=two_brokers(orders, clicks)):
+        replayed = replay_parked(InboxFailure.objects.all())
+    assert len(replayed) == 2
+    assert InboxFailure.objects.parked().count() == 0
+    # Before, both went to the "default" broker (RabbitMQ), clicks to a queue no one reads.
+    assert [m.headers["event_id"] for m in consume(clicks, 1, url=REDIS_URL)] == [clicks]
+    assert [m.headers["event_id"] for m in consume(orders, 1, url=AMQP_URL)] == [orders]
+    assert consume(clicks, 0, url=AMQP_URL) == []
