@@ -107,9 +107,12 @@ class OutageTracker:
         self._ended = 0.0
 
 
-def broker_outage(**options: Any) -> OutageTracker:
-    """The tracker of the broker's outages."""
-    return OutageTracker("broker", "broker", **options)
+def broker_outage(alias: str | None = None, **options: Any) -> OutageTracker:
+    """The tracker of a broker's outages; one of ``OUTBOX["BROKERS"]`` other than
+    "default" is named by its ``alias`` in the log lines."""
+    if alias is None or alias == "default":
+        return OutageTracker("broker", "broker", **options)
+    return OutageTracker("broker", f"broker {alias!r}", extra={"broker": alias}, **options)
 
 
 def database_outage(using: str, **options: Any) -> OutageTracker:

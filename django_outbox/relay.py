@@ -151,7 +151,10 @@ class _Run:
     on_batch: Callable[[BatchStats], None] | None
     wakeup: WakeUp
     database: OutageTracker
-    broker: OutageTracker = dataclasses.field(default_factory=broker_outage)
+    #: One tracker per broker (a transport's key: a broker alias, or "celery"), and
+    #: when each broker that is down is to be tried again (monotonic clock).
+    brokers: dict[str, OutageTracker] = dataclasses.field(default_factory=dict)
+    retry_at: dict[str, float] = dataclasses.field(default_factory=dict)
     pipeline: Pipeline[_Claim, _Batch, _Finalized] = dataclasses.field(init=False)
     retention_thread: retention.RetentionThread | None = None
     totals: RunStats = dataclasses.field(default_factory=RunStats)
@@ -164,12 +167,23 @@ class _Run:
         """Until stopped (after the claim made ahead is published) or, draining, done."""
         return not self.done and (not self.stop.is_set() or self.ahead is not None)
 
+    def broker(self, kind: str) -> OutageTracker:
+        """The outage tracker of the broker of transport ``kind``."""
+        if kind not in self.brokers:
+            self.brokers[kind] = broker_outage(None if kind == "celery" else kind)
+        return self.brokers[kind]
+
+    def brokers_down(self) -> list[str]:
+        return [kind for kind, tracker in self.brokers.items() if tracker.down]
+
     def wait_for_broker(self) -> None:
-        """Back off while the broker is down; a drain gives up instead."""
+        """Back off until the next broker that is down is due to be tried again; a
+        drain gives up instead."""
         if self.drain:
             self.done = True
         else:
-            self.stop.wait(self.broker.backoff())
+            soonest = min(self.retry_at.values(), default=time.monotonic())
+            self.stop.wait(max(0.0, soonest - time.monotonic()))
 
     def rest(self) -> None:
         """Nothing is due: honour ``CONN_MAX_AGE`` on both threads, then wait for a
@@ -214,6 +228,9 @@ class Relay:
         #: routes ("celery"), built on first use (given ones are used as they are).
         self._transports: dict[str, Transport] = dict(transports or {})
         _refuse_unknown_keys(self._transports)
+        #: The transports whose broker is down in a run, with the seconds until it is
+        #: tried again: their rows are not attempted meanwhile (no attempt spent).
+        self._paused: dict[str, float] = {}
         #: The brokers to build transports for, checked here: a malformed URL, a
         #: missing driver package, a route naming no broker, Celery routes without
         #: celery are said now (OutboxConfigurationError), not per batch.
@@ -270,7 +287,7 @@ class Relay:
         """The transport of ``route``: its broker alias's (by the URL's scheme, see
         :mod:`django_outbox.transports`), or Celery's. Raises
         :class:`OutboxConfigurationError` naming the setting when there is none."""
-        kind = "celery" if route.is_celery else route.broker
+        kind = _kind(route)
         if kind not in self._transports:
             if route.is_celery:
                 self._transports[kind] = celery_transport(self._celery_routes)
@@ -297,6 +314,8 @@ class Relay:
                     retry_delay=0.0,
                 )
                 results: list[Outcome] = [late] * len(batch)
+            elif route is not None and _kind(route) in self._paused:
+                results = [self._not_attempted(_kind(route))] * len(batch)
             elif route is None:
                 unknown = Failure(
                     f"destination {destination!r} has no route: it is not in OUTBOX['ROUTES'] "
@@ -319,6 +338,13 @@ class Relay:
                     results = [Failure.from_exception(exc)] * len(batch)
             outcomes.update(zip((m.id for m in batch), results, strict=True))
         return [outcomes[m.id] for m in messages]
+
+    def _not_attempted(self, kind: str) -> Failure:
+        """The outcome of a row whose broker is down: due again when it is tried next."""
+        return Failure.not_attempted(
+            f"not attempted: {self._describe(kind)} is down",
+            retry_delay=max(self._paused[kind], 1.0),
+        )
 
     def _finalize(self, batch: _Batch) -> _Finalized:
         """Record the outcomes: the database writes of a batch, and nothing else (it
@@ -552,6 +578,7 @@ class Relay:
             if state.retention_thread is not None:
                 state.retention_thread.stop()
             state.wakeup.close()
+            self._paused = {}
             self.close()
 
     def _turn(self, state: _Run) -> bool:
@@ -562,8 +589,20 @@ class Relay:
             self._database_failed(state, exc)
             return True
         if batch is not None and batch.transport_failed:
-            state.broker.suspect()
+            for kind in self._failed_kinds(batch):
+                state.broker(kind).suspect()
         return batch is not None
+
+    def _failed_kinds(self, batch: _Batch) -> set[str]:
+        """The transports (broker aliases, "celery") of the rows whose publish failed
+        transiently: their brokers may be down."""
+        kinds = set()
+        for message, outcome in zip(batch.messages, batch.outcomes, strict=True):
+            if outcome is not None and outcome.counts and not outcome.permanent:
+                route = outbox_settings.route_for(message.destination)
+                if route is not None:
+                    kinds.add(_kind(route))
+        return kinds
 
     def _next_batch(self, state: _Run) -> _Batch | None:
         """One batch: take the claim made ahead (or claim now), claim the next one ahead
@@ -578,7 +617,7 @@ class Relay:
         batch = None
         if claim is not None:
             more_due = len(claim.messages) == self.batch_size
-            if more_due and not (state.stop.is_set() or state.broker.down):
+            if more_due and not (state.stop.is_set() or self._paused):
                 state.ahead = state.pipeline.claim_ahead()
             batch = self._publish_claim(claim)
             state.pipeline.finalize(batch)
@@ -600,27 +639,46 @@ class Relay:
 
     def _broker_ready(self, state: _Run) -> bool:
         """Whether to go on publishing: yes with a claim made ahead (it is published
-        whatever the broker's state) or no broker outage; else whether it is over."""
-        return state.ahead is not None or not state.broker.down or self._broker_back(state)
+        whatever the brokers' state), or while a broker is up. Brokers that are down
+        and due are tried again; the rows of those still down are not attempted."""
+        if state.ahead is not None:
+            return True
+        now = time.monotonic()
+        for kind in state.brokers_down():
+            if now >= state.retry_at.get(kind, 0.0):
+                self._try_broker(state, kind)
+        down = state.brokers_down()
+        self._paused = {kind: state.retry_at[kind] - now for kind in down}
+        if state.totals.gave_up:
+            return False  # a drain gives up on a broker that is down
+        kinds = {*self._transports, *self._brokers, *(["celery"] if self._celery_routes else [])}
+        return not down or kinds > set(down)  # wait only when every broker is down
 
-    def _broker_back(self, state: _Run) -> bool:
-        """Whether the broker can be reached again. When it cannot, a relay logs the
-        outage (once) and waits it out; a drain records why it gives up."""
-        for kind, transport in self._transports.items():
-            try:
-                transport.check()
-            except Exception as exc:  # any connect error: still down
-                if state.drain:
-                    state.totals.gave_up = self._unreachable(kind, exc)
-                else:
-                    state.broker.failed(exc)
-                return False
-        state.broker.recovered()
-        return True
+    def _try_broker(self, state: _Run, kind: str) -> None:
+        """Check the broker of transport ``kind`` again. When it is still down, a relay
+        logs the outage (once) and sets when to try next; a drain records why it gives up."""
+        tracker = state.broker(kind)
+        try:
+            self._transports[kind].check()
+        except Exception as exc:  # any connect error: still down
+            if state.drain:
+                state.totals.gave_up = self._unreachable(kind, exc)
+            else:
+                tracker.failed(exc)
+            state.retry_at[kind] = time.monotonic() + tracker.backoff()
+            return
+        tracker.recovered()
+        state.retry_at.pop(kind, None)
 
     def _unreachable(self, kind: str, exc: Exception) -> str:
         """Why the broker of transport ``kind`` (a broker alias, or "celery") cannot be
         reached, with its URL masked; a broker of ``OUTBOX["BROKERS"]`` by its alias."""
+        if isinstance(exc, BrokerUnreachable) and isinstance(exc.__cause__, Exception):
+            exc = exc.__cause__  # the transport's check named the broker: said below
+        return f"{self._describe(kind)} is unreachable ({Failure.from_exception(exc).error})"
+
+    def _describe(self, kind: str) -> str:
+        """The broker of transport ``kind``, as errors name it (its URL masked)."""
         known = self._brokers.get(kind)
         if kind == "celery":
             broker = "Celery's broker"
@@ -630,9 +688,7 @@ class Relay:
             broker = f"the broker {kind!r} ({mask_url(known.url)})"
         else:
             broker = f"the broker {mask_url(known.url)}"
-        if isinstance(exc, BrokerUnreachable) and isinstance(exc.__cause__, Exception):
-            exc = exc.__cause__  # the transport's check named the broker: said above
-        return f"{broker} is unreachable ({Failure.from_exception(exc).error})"
+        return broker
 
 
 def _rows(parts: list[_Failed]) -> int:
@@ -644,6 +700,11 @@ def _by_destination(messages: list[ClaimedMessage]) -> dict[str, list[ClaimedMes
     for message in messages:
         by_destination.setdefault(message.destination, []).append(message)
     return by_destination
+
+
+def _kind(route: Route) -> str:
+    """The key of ``route``'s transport: its broker alias, or "celery"."""
+    return "celery" if route.is_celery else route.broker
 
 
 def _refuse_unknown_keys(transports: dict[str, Transport]) -> None:

@@ -176,3 +176,45 @@ def test_parked_messages_are_replayed_to_the_broker_of_their_queue():
     assert [m.headers["event_id"] for m in consume(clicks, 1, url=REDIS_URL)] == [clicks]
     assert [m.headers["event_id"] for m in consume(orders, 1, url=AMQP_URL)] == [orders]
     assert consume(clicks, 0, url=AMQP_URL) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_running_relay_keeps_publishing_to_the_broker_that_is_up():
+    orders, clicks = unique_destination("orders"), unique_destination("clicks")
+    events_url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    stop = threading.Event()
+    with override_settings(OUTBOX=two_brokers(orders, clicks, events_url)):
+        stage_events(3, clicks)
+        relay = Relay()
+
+        def run() -> None:
+            try:
+                relay.run(stop)
+            finally:
+                connections.close_all()  # this thread's
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        try:
+            wait_until(lambda: statuses(clicks) == {("failed", 1)}, timeout=60, what="clicks fail")
+            # "events" is down now; events staged for the other broker still go out, and
+            # before its next try "events" rows are not attempted (no attempt spent).
+            order_ids = stage_events(4, orders)
+            wait_until(lambda: statuses(orders) == {("published", 0)}, timeout=30, what="orders")
+            stage_events(2, clicks)
+            wait_until(
+                lambda: (
+                    OutboxMessage.objects.filter(destination=clicks, attempts=0)
+                    .exclude(status="pending")
+                    .count()
+                    == 2
+                ),
+                timeout=30,
+                what="the new clicks set aside unattempted",
+            )
+        finally:
+            stop.set()
+            thread.join(60)
+    assert not thread.is_alive()
+    assert statuses(clicks) <= {("failed", 1), ("failed", 0)}
+    assert [m.headers["event_id"] for m in consume(orders, 4, url=AMQP_URL)] == order_ids
