@@ -617,7 +617,7 @@ class Relay:
         batch = None
         if claim is not None:
             more_due = len(claim.messages) == self.batch_size
-            if more_due and not (state.stop.is_set() or self._paused):
+            if more_due and not (state.stop.is_set() or state.brokers_down()):
                 state.ahead = state.pipeline.claim_ahead()
             batch = self._publish_claim(claim)
             state.pipeline.finalize(batch)
