@@ -43,6 +43,20 @@ def two_brokers(orders: str, clicks: str, events_url: str = REDIS_URL) -> dict:
     }
 
 
+def run_in_thread(relay: Relay, stop: threading.Event) -> threading.Thread:
+    """Start ``relay.run(stop)`` on a thread of its own (its connections closed at the end)."""
+
+    def run() -> None:
+        try:
+            relay.run(stop)
+        finally:
+            connections.close_all()  # this thread's
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
 def statuses(destination: str) -> set[tuple[str, int]]:
     rows = OutboxMessage.objects.filter(destination=destination)
     return set(rows.values_list("status", "attempts"))
@@ -94,16 +108,7 @@ def test_a_running_relay_names_the_broker_that_is_down(caplog):
     with override_settings(OUTBOX=two_brokers(orders, clicks, events_url)):
         stage_events(2, orders)
         stage_events(2, clicks)
-        relay = Relay()
-
-        def run() -> None:
-            try:
-                relay.run(stop)
-            finally:
-                connections.close_all()  # this thread's
-
-        thread = threading.Thread(target=run)
-        thread.start()
+        thread = run_in_thread(Relay(), stop)
         try:
             wait_until(
                 lambda: any(
@@ -185,16 +190,7 @@ def test_a_running_relay_keeps_publishing_to_the_broker_that_is_up():
     stop = threading.Event()
     with override_settings(OUTBOX=two_brokers(orders, clicks, events_url)):
         stage_events(3, clicks)
-        relay = Relay()
-
-        def run() -> None:
-            try:
-                relay.run(stop)
-            finally:
-                connections.close_all()  # this thread's
-
-        thread = threading.Thread(target=run)
-        thread.start()
+        thread = run_in_thread(Relay(), stop)
         try:
             wait_until(lambda: statuses(clicks) == {("failed", 1)}, timeout=60, what="clicks fail")
             # "events" is down now; events staged for the other broker still go out, and
