@@ -1,6 +1,6 @@
 """Riding out a broker or database that went away: one :class:`OutageTracker` per
 resource logs once when an outage starts and once when it ends, and spaces out
-reconnection attempts. Used by the relay (a broker tracker and a database
+reconnection attempts. Used by the relay (a tracker per broker and one for the database
 tracker) and by the consumer."""
 
 from __future__ import annotations
