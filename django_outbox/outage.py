@@ -1,7 +1,7 @@
 """Riding out a broker or database that went away: one :class:`OutageTracker` per
 resource logs once when an outage starts and once when it ends, and spaces out
-reconnection attempts. Used by the relay (a tracker per broker and one for the database
-tracker) and by the consumer."""
+reconnection attempts. Used by the relay (a tracker per broker and one for the
+database) and by the consumer."""
 
 from __future__ import annotations
 
