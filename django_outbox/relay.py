@@ -111,12 +111,19 @@ class _Batch:
     token: uuid.UUID
 
     @property
+    def transient_failures(self) -> list[ClaimedMessage]:
+        """The messages whose publish was tried and failed transiently: their broker
+        may be down."""
+        return [
+            message
+            for message, outcome in zip(self.messages, self.outcomes, strict=True)
+            if outcome is not None and outcome.counts and not outcome.permanent
+        ]
+
+    @property
     def transport_failed(self) -> bool:
         """A publish was tried and failed transiently: the broker may be down."""
-        return any(
-            outcome is not None and outcome.counts and not outcome.permanent
-            for outcome in self.outcomes
-        )
+        return bool(self.transient_failures)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -588,21 +595,10 @@ class Relay:
         except DatabaseError as exc:
             self._database_failed(state, exc)
             return True
-        if batch is not None and batch.transport_failed:
-            for kind in self._failed_kinds(batch):
+        if batch is not None:
+            for kind in _kinds_of(batch.transient_failures):
                 state.broker(kind).suspect()
         return batch is not None
-
-    def _failed_kinds(self, batch: _Batch) -> set[str]:
-        """The transports (broker aliases, "celery") of the rows whose publish failed
-        transiently: their brokers may be down."""
-        kinds = set()
-        for message, outcome in zip(batch.messages, batch.outcomes, strict=True):
-            if outcome is not None and outcome.counts and not outcome.permanent:
-                route = outbox_settings.route_for(message.destination)
-                if route is not None:
-                    kinds.add(_kind(route))
-        return kinds
 
     def _next_batch(self, state: _Run) -> _Batch | None:
         """One batch: take the claim made ahead (or claim now), claim the next one ahead
@@ -705,6 +701,12 @@ def _by_destination(messages: list[ClaimedMessage]) -> dict[str, list[ClaimedMes
 def _kind(route: Route) -> str:
     """The key of ``route``'s transport: its broker alias, or "celery"."""
     return "celery" if route.is_celery else route.broker
+
+
+def _kinds_of(messages: list[ClaimedMessage]) -> set[str]:
+    """The transports (broker aliases, "celery") that ``messages`` are routed through."""
+    routes = map(outbox_settings.route_for, {m.destination for m in messages})
+    return {_kind(route) for route in routes if route is not None}
 
 
 def _refuse_unknown_keys(transports: dict[str, Transport]) -> None:
