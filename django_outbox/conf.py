@@ -214,6 +214,13 @@ SETTINGS: dict[str, Setting] = {
             "publish destinations missing from ROUTES by the default route; False makes them "
             "an error at stage time.",
         ),
+        Setting(
+            "DEFAULT_ORDERED",
+            False,
+            _bool,
+            'make the default route ordered (strict per-key order, as "ordered": True on a '
+            "route; see docs/ordering.md).",
+        ),
         Setting("BATCH_SIZE", 500, _positive_int, "rows the relay claims per batch."),
         Setting(
             "MAX_BATCH_BYTES",
@@ -477,7 +484,7 @@ class OutboxSettings:
         """The route of ``destination``; None when it is unknown and DEFAULT_ROUTE is off."""
         route = self.ROUTES.get(destination)
         if route is None and self.DEFAULT_ROUTE:
-            route = Route.default(destination, self.DEFAULT_EXCHANGE)
+            route = Route.default(destination, self.DEFAULT_EXCHANGE, ordered=self.DEFAULT_ORDERED)
         return route
 
     def route_for_queue(self, queue: str) -> Route:
@@ -489,7 +496,7 @@ class OutboxSettings:
             if route.queue == queue:
                 return route
         if self.DEFAULT_ROUTE:
-            return Route.default(queue, self.DEFAULT_EXCHANGE)
+            return Route.default(queue, self.DEFAULT_EXCHANGE, ordered=self.DEFAULT_ORDERED)
         return Route(queue, exchange="", routing_key=queue, queue=queue)
 
     def problems(self) -> list[Problem]:

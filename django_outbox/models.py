@@ -113,6 +113,13 @@ class OutboxMessage(models.Model):
     created_at = models.DateTimeField(_("created at"), db_default=Now(), editable=False)
     published_at = models.DateTimeField(_("published at"), null=True, blank=True)
     abandoned_at = models.DateTimeField(_("abandoned at"), null=True, blank=True)
+    #: On an ordered route: the event's place among its key's events, 1, 2, 3, ... in the
+    #: commit order of their staging transactions (taken from OutboxSequence); NULL on
+    #: other routes. See docs/ordering.md.
+    sequence = models.BigIntegerField(_("sequence"), null=True, blank=True, editable=False)
+    #: When an operator skipped this event, the blocked head of its key: the relay then
+    #: publishes a marker in its place (no payload, header ``skipped``).
+    skipped_at = models.DateTimeField(_("skipped at"), null=True, blank=True)
 
     objects = OutboxQuerySet.as_manager()
 
@@ -129,6 +136,12 @@ class OutboxMessage(models.Model):
                 condition=models.Q(status__in=OutboxStatus.values),
                 name="outbox_status_valid",
             ),
+            # One event per place of a key's order.
+            models.UniqueConstraint(
+                fields=["destination", "ordering_key", "sequence"],
+                condition=models.Q(sequence__isnull=False),
+                name="outbox_key_sequence_uniq",
+            ),
         ]
         indexes = [
             # The claim: due rows oldest first, expired leases included (see due()).
@@ -137,7 +150,20 @@ class OutboxMessage(models.Model):
             models.Index(
                 fields=["available_at", "id"],
                 name="outbox_due_idx",
-                condition=models.Q(status__in=CLAIMABLE),
+                condition=models.Q(status__in=CLAIMABLE, sequence__isnull=True),
+            ),
+            # The claim of ordered rows (those with a sequence): the same, apart.
+            models.Index(
+                fields=["available_at", "id"],
+                name="outbox_ordered_due_idx",
+                condition=models.Q(status__in=CLAIMABLE, sequence__isnull=False),
+            ),
+            # The unfinished events of each key in order: a key's head, and the run after it.
+            models.Index(
+                fields=["destination", "ordering_key", "sequence"],
+                name="outbox_key_unfinished_idx",
+                condition=models.Q(sequence__isnull=False)
+                & ~models.Q(status=OutboxStatus.PUBLISHED),
             ),
             # FAILED rows by their next retry: outbox_status's recent errors and
             # attempts, and the rows waiting for a retry, read only the failing rows.
@@ -161,6 +187,31 @@ class OutboxMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_type} -> {self.destination} [{self.status}] {self.event_id}"
+
+
+class OutboxSequence(models.Model):
+    """The last sequence number given to one ordering key of one ordered destination.
+
+    Staging an ordered event increments it in the business transaction, so its row
+    lock orders the writers of a key by commit (docs/ordering.md). Never deleted: a
+    key that started again from 1 would look like a replay to its consumers."""
+
+    id = models.BigAutoField(primary_key=True)
+    destination = models.CharField(_("destination"), max_length=255)
+    ordering_key = models.CharField(_("ordering key"), max_length=255)
+    last_sequence = models.BigIntegerField(_("last sequence"))
+
+    class Meta:
+        verbose_name = _("outbox sequence")
+        verbose_name_plural = _("outbox sequences")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["destination", "ordering_key"], name="outbox_sequence_key_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.destination} {self.ordering_key}: {self.last_sequence}"
 
 
 class InboxMessage(models.Model):
@@ -243,3 +294,28 @@ class InboxFailure(models.Model):
     def __str__(self) -> str:
         state = "parked" if self.parked_at else f"{self.attempts} failed"
         return f"{self.consumer}: {self.event_id} [{state}]"
+
+
+class InboxSequence(models.Model):
+    """The last sequence a consumer handled of one ordering key of an ordered
+    destination: the inbox's guard of per-key order (docs/ordering.md)."""
+
+    id = models.BigAutoField(primary_key=True)
+    consumer = models.CharField(_("consumer"), max_length=255)
+    destination = models.CharField(_("destination"), max_length=255)
+    ordering_key = models.CharField(_("ordering key"), max_length=255)
+    last_sequence = models.BigIntegerField(_("last sequence"), default=0)
+    updated_at = models.DateTimeField(_("updated at"), db_default=Now())
+
+    class Meta:
+        verbose_name = _("inbox sequence")
+        verbose_name_plural = _("inbox sequences")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["consumer", "destination", "ordering_key"],
+                name="inbox_sequence_key_uniq",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.consumer}: {self.destination} {self.ordering_key} at {self.last_sequence}"

@@ -19,6 +19,8 @@ STRING_KEYS = frozenset({"exchange", "exchange_type", "routing_key", "queue", "b
 ARGUMENT_KEYS = frozenset({"queue_arguments", "exchange_arguments"})
 BROKER_KEYS = STRING_KEYS | ARGUMENT_KEYS
 CELERY_KEYS = frozenset({"celery_task"})
+#: Keys any broker route may take that are not names: see :attr:`Route.ordered`.
+FLAG_KEYS = frozenset({"ordered"})
 #: AMQP names (exchange, queue) and routing keys are short strings: at most 255 bytes.
 MAX_NAME_BYTES = 255
 
@@ -56,6 +58,10 @@ class Route:
     queue_arguments: Arguments = ()
     exchange_arguments: Arguments = ()
     broker: str = DEFAULT_BROKER
+    #: Strict per-key order (DESIGN guarantee 4): the events of one ordering key are
+    #: published in the commit order of their staging transactions, one batch of a key
+    #: in flight at a time, each with a gap-free ``sequence`` header. See docs/ordering.md.
+    ordered: bool = False
 
     @property
     def is_celery(self) -> bool:
@@ -66,10 +72,10 @@ class Route:
         return self.routing_key.replace("{key}", key)
 
     @classmethod
-    def default(cls, destination: str, exchange: str) -> Route:
+    def default(cls, destination: str, exchange: str, *, ordered: bool = False) -> Route:
         """The route of a destination not named in ``ROUTES``: nothing is dropped
         before a consumer exists, because the queue is declared with the exchange."""
-        return cls(destination, exchange, "topic", destination, destination)
+        return cls(destination, exchange, "topic", destination, destination, ordered=ordered)
 
 
 def parse_routes(value: object, default_exchange: str) -> dict[str, Route]:
@@ -92,7 +98,7 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
     if not isinstance(spec, Mapping):
         raise ValueError(f"route {name!r} must be a dict; got {type(spec).__name__}")
     keys = set(spec)
-    unknown = keys - BROKER_KEYS - CELERY_KEYS
+    unknown = keys - BROKER_KEYS - CELERY_KEYS - FLAG_KEYS
     if unknown:
         raise ValueError(f"route {name!r} has unknown keys {sorted(unknown)}")
     if keys & CELERY_KEYS and keys & BROKER_KEYS:
@@ -100,8 +106,9 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
             f"route {name!r} mixes celery_task with {sorted(keys & BROKER_KEYS)}; "
             "use one or the other"
         )
+    ordered = _ordered(name, spec)
     for key, val in spec.items():
-        if key not in ARGUMENT_KEYS:
+        if key not in ARGUMENT_KEYS | FLAG_KEYS:
             _check_string(name, key, val)
     if spec.get("broker") == "":
         raise ValueError(f"route {name!r} has an empty broker alias")
@@ -126,7 +133,23 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
             name, "exchange_arguments", spec.get("exchange_arguments", {})
         ),
         broker=spec.get("broker") or DEFAULT_BROKER,
+        ordered=ordered,
     )
+
+
+def _ordered(name: str, spec: Mapping[str, object]) -> bool:
+    """A route's ``ordered`` flag: a bool, and never on a Celery route."""
+    ordered = spec.get("ordered", False)
+    if not isinstance(ordered, bool):
+        raise ValueError(
+            f"route {name!r} key 'ordered' must be True or False; got {type(ordered).__name__}"
+        )
+    if ordered and "celery_task" in spec:
+        raise ValueError(
+            f"route {name!r} cannot be ordered: Celery workers run tasks concurrently, so no "
+            "order survives them; use a broker route and run_outbox_consumer"
+        )
+    return ordered
 
 
 def _check_string(name: str, key: str, value: object) -> None:
