@@ -138,7 +138,7 @@ def _claim_portable(
 
     rows = OutboxMessage.objects.using(using)
     with transaction.atomic(using=using):
-        due = rows.due().order_by("available_at", "id")
+        due = rows.due().filter(sequence__isnull=True).order_by("available_at", "id")
         if supports_skip_locked(connections[using]):
             due = due.select_for_update(skip_locked=True)
         else:

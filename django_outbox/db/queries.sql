@@ -17,7 +17,7 @@
 -- are named after ClaimedMessage's fields.
 WITH picked AS (
     SELECT id, available_at, octet_length(payload::text) AS size FROM {table}
-    WHERE status IN ({claimable}) AND available_at <= now()
+    WHERE status IN ({claimable}) AND available_at <= now() AND sequence IS NULL
     ORDER BY available_at, id
     LIMIT %s
     FOR UPDATE SKIP LOCKED
