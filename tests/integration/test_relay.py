@@ -394,7 +394,8 @@ def test_celery_route_sends_a_task_with_the_event_id_as_task_id(destination):
 
 DUE_SQL = (
     "SELECT id FROM django_outbox_outboxmessage "
-    "WHERE status IN ('pending', 'failed', 'processing') AND available_at <= now() AND sequence IS NULL "
+    "WHERE status IN ('pending', 'failed', 'processing') AND available_at <= now() "
+    "AND sequence IS NULL "
     "ORDER BY available_at, id LIMIT 100"
 )
 
