@@ -4,7 +4,10 @@ as a consumer receives it.
 Body: the payload as JSON text (``application/json``, utf-8), sent as stored,
 never re-encoded. Headers: ``event_id``, ``event_type``, ``occurred_at``
 (ISO 8601), ``ordering_key``, ``correlation_id`` (default: the event id),
-``causation_id`` (default: None), then the user's headers. The broker's
+``causation_id`` (default: None), then the user's headers; an event of an
+ordered route also carries ``destination`` and ``sequence`` (its place among its
+key's events, 1, 2, 3, ... in commit order), and the marker sent in place of a
+skipped event carries ``skipped`` (True) and the body ``null``. The broker's
 message id is the event id; delivery is persistent.
 """
 
@@ -37,6 +40,8 @@ class ClaimedMessage:
     ordering_key: str
     attempts: int  # attempts made before this claim
     created_at: dt.datetime
+    sequence: int | None = None  # on an ordered route: the key's sequence number
+    skipped: bool = False  # an operator skipped it: a marker goes in its place
 
     @classmethod
     def reader(
@@ -65,12 +70,17 @@ class ClaimedMessage:
         return build
 
     @property
+    def wire_payload(self) -> str:
+        """The JSON text of the body: the payload, or ``null`` for a skip marker."""
+        return SKIPPED_BODY if self.skipped else self.payload
+
+    @property
     def body(self) -> bytes:
-        return self.payload.encode(CONTENT_ENCODING)
+        return self.wire_payload.encode(CONTENT_ENCODING)
 
     def wire_headers(self) -> dict[str, Any]:
         event_id = str(self.event_id)
-        return {
+        headers = {
             "correlation_id": event_id,
             "causation_id": None,
             **self.headers,
@@ -79,6 +89,19 @@ class ClaimedMessage:
             "occurred_at": self.created_at.isoformat(),
             "ordering_key": self.ordering_key or None,
         }
+        if self.sequence is not None:
+            headers["destination"] = self.destination
+            headers["sequence"] = self.sequence
+        if self.skipped:
+            headers["skipped"] = True
+        return headers
+
+
+#: The body of the marker sent in place of a skipped event.
+SKIPPED_BODY = "null"
+#: The wire headers of an ordered route's events (and of a skip marker), which no
+#: user header may take.
+ORDERING_HEADERS = frozenset({"destination", "sequence", "skipped"})
 
 
 #: The outbox columns a claim reads, named as :class:`ClaimedMessage`'s fields.
@@ -129,6 +152,25 @@ class ReceivedEvent:
         return self.headers.get("ordering_key") or None
 
     @property
+    def sequence(self) -> int | None:
+        """The event's place among its key's events on an ordered route; None on others
+        (or when the header is not a whole number)."""
+        value = self.headers.get("sequence")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def destination_header(self) -> str | None:
+        """The destination an ordered route's event was staged to (its ``destination``
+        header): with the key, the scope of its sequence."""
+        value = self.headers.get("destination")
+        return value if isinstance(value, str) and value else None
+
+    @property
+    def skipped(self) -> bool:
+        """Whether this is the marker of an event an operator skipped (no payload)."""
+        return self.headers.get("skipped") is True
+
+    @property
     def correlation_id(self) -> str | None:
         return self.headers.get("correlation_id") or None
 
@@ -150,7 +192,7 @@ class OutboxEvent(ReceivedEvent):
         return cls(
             message.event_id,
             message.event_type,
-            json.loads(message.payload),
+            json.loads(message.wire_payload),
             message.wire_headers(),
             message.destination,
         )

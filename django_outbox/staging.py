@@ -30,6 +30,7 @@ from django.utils import timezone
 
 from . import db
 from .conf import outbox_settings
+from .envelope import ORDERING_HEADERS
 from .exceptions import (
     InvalidDestination,
     InvalidEvent,
@@ -55,7 +56,7 @@ R = TypeVar("R")
 #: Wire headers the relay writes itself, and ``compression``, which makes every kombu
 #: consumer (this app's included) try to decompress the body: no user header takes them.
 RESERVED_HEADERS = frozenset(
-    {"event_id", "event_type", "occurred_at", "ordering_key", "compression"}
+    {"event_id", "event_type", "occurred_at", "ordering_key", "compression", *ORDERING_HEADERS}
 )
 EVENT_FIELDS = frozenset({"event_type", "payload", "destination", "key", "headers", "available_at"})
 _REQUIRED_FIELDS = ("event_type", "payload", "destination")

@@ -62,6 +62,8 @@ def _event_from_row(row: OutboxMessage) -> OutboxEvent:
             ordering_key=row.ordering_key,
             attempts=row.attempts,
             created_at=row.created_at,
+            sequence=row.sequence,
+            skipped=row.skipped_at is not None,
         )
     )
 

@@ -154,7 +154,16 @@ def _claim_portable(
             locked_by=worker,
             lease_token=token,
         )
-        claimed = rows.filter(id__in=ids).order_by("id").values_list(*CLAIMED_FIELDS)
+        claimed = (
+            rows.filter(id__in=ids)
+            .order_by("id")
+            .annotate(
+                skipped=models.ExpressionWrapper(
+                    models.Q(skipped_at__isnull=False), output_field=models.BooleanField()
+                )
+            )
+            .values_list(*CLAIMED_FIELDS)
+        )
         # The JSONField decoded the payload; the wire wants it as text again.
         build = ClaimedMessage.reader(CLAIMED_FIELDS, payload=_json_text)
         return [build(row) for row in claimed]

@@ -38,7 +38,8 @@ WHERE o.id = bounded.id
 RETURNING o.id AS id, o.event_id AS event_id, o.event_type AS event_type,
           o.destination AS destination, o.payload::text AS payload,
           o.headers::text AS headers, o.ordering_key AS ordering_key,
-          o.attempts AS attempts, o.created_at AS created_at
+          o.attempts AS attempts, o.created_at AS created_at,
+          o.sequence AS sequence, o.skipped_at IS NOT NULL AS skipped
 
 
 -- name: insert

@@ -106,11 +106,13 @@ def test_a_claimed_message_is_built_by_column_name():
         "event_type": "t",
         "event_id": uuid.UUID(int=7),
         "extra": "ignored",
+        "skipped": False,
         "id": 5,
+        "sequence": 3,
     }
     build = ClaimedMessage.reader(list(row), headers=json.loads)
     assert build(tuple(row.values())) == ClaimedMessage(
-        5, uuid.UUID(int=7), "t", "d", '{"a": 1}', {"h": 1}, "k", 2, row["created_at"]
+        5, uuid.UUID(int=7), "t", "d", '{"a": 1}', {"h": 1}, "k", 2, row["created_at"], 3, False
     )
 
 
