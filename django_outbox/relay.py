@@ -612,6 +612,11 @@ class Relay:
         reports the batches it finished. Returns the batch, or None when nothing was due."""
         if state.ahead is not None:
             claim, state.ahead = state.ahead(), None
+            if claim is None and not state.stop.is_set():
+                # Ordered keys wait while a batch of theirs is in flight: try again
+                # once every batch is finalized.
+                state.pipeline.collect(everything=True)
+                claim = self._claim()
         else:
             if not state.drain:
                 state.wakeup.listen()

@@ -307,7 +307,7 @@ class _FailingTransport(MemoryTransport):
     made to refuse one chosen message of a pipelined run, so this stands in for it."""
 
     def __init__(self, fail: set[tuple[str, int]], permanent: bool = False) -> None:
-        super().__init__()
+        super().__init__(store=[])
         self.fail, self.permanent = fail, permanent
 
     def publish(self, route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
@@ -386,6 +386,17 @@ def test_drain_relays_ordered_rows_in_sequence_order_across_batches():
         by_key[event.ordering_key].append(event.sequence)
     assert by_key == {"a": list(range(1, 121)), "b": list(range(1, 8))}
     assert not OutboxMessage.objects.exclude(status=Status.PUBLISHED).exists()
+
+
+def test_a_draining_relay_publishes_a_hot_key_whole_though_its_claims_ahead_find_nothing():
+    """While a batch of the only key is in flight, the claim made ahead finds nothing;
+    the relay claims again once the batch is finalized instead of calling it a day."""
+    _stage_keys({"hot": 450})
+    transport = MemoryTransport(store=[])
+    with Relay(transports={"default": transport}, batch_size=100) as relay:
+        stats = relay.run(threading.Event(), drain=True)
+    assert stats.published == 450
+    assert _published(transport) == [("hot", s) for s in range(1, 451)]
 
 
 # -- the plan ---------------------------------------------------------------------------
