@@ -612,14 +612,14 @@ class Relay:
         reports the batches it finished. Returns the batch, or None when nothing was due."""
         if state.ahead is not None:
             claim, state.ahead = state.ahead(), None
-            if claim is None and not state.stop.is_set():
-                # Ordered keys wait while a batch of theirs is in flight: try again
-                # once every batch is finalized.
-                state.pipeline.collect(everything=True)
-                claim = self._claim()
         else:
             if not state.drain:
                 state.wakeup.listen()
+            claim = self._claim()
+        if claim is None and state.pipeline.pending:
+            # The heads of ordered keys may be in the batch still being finalized:
+            # finish it and claim once more before taking the table for empty.
+            state.pipeline.collect(everything=True)
             claim = self._claim()
         batch = None
         if claim is not None:
