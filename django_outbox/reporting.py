@@ -210,9 +210,10 @@ def blocked_lines(blocked: BlockedKeys) -> list[str]:
         )
     if len(blocked.keys) < blocked.count.value:
         lines.append(f"  and more: the {len(blocked.keys)} blocked longest are listed")
+    ids = " ".join(str(key.head_id) for key in blocked.keys)
     lines += [
-        "  fix the cause, then publish the head: manage.py outbox_requeue --id HEAD_ID",
-        "  or give up on it (consumers get a skip marker): manage.py outbox_skip --id HEAD_ID",
+        f"  fix the cause, then publish the heads again: manage.py outbox_requeue --id {ids}",
+        f"  or give up on them (consumers get skip markers): manage.py outbox_skip --id {ids}",
     ]
     return lines
 

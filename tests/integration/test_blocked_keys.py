@@ -1,0 +1,251 @@
+"""Blocked keys on real PostgreSQL: an ABANDONED head holds back its ordered key; the
+operator sees it (``outbox_status``, ``status.blocked_keys``) and releases it with
+"requeue head" or "skip head" (``store.requeue_heads``, ``store.skip``, ``outbox_skip``);
+retention never deletes it. Ordered rows are made directly with the ORM (``sequence``
+set), as staging on an ordered route writes them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import logging
+import uuid
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.utils import timezone
+
+from django_outbox import retention, store
+from django_outbox.exceptions import RequeueRefused, SkipRefused
+from django_outbox.models import OutboxMessage
+from django_outbox.status import blocked_keys
+
+pytestmark = pytest.mark.django_db
+
+Status = OutboxMessage.Status
+POISON = "struct.error: 'q' format requires -2**63 <= number <= 2**63-1"
+
+
+def key_rows(key: str, *statuses: str, destination: str = "orders") -> list[OutboxMessage]:
+    """Rows 1, 2, 3, ... of ``key`` in these states; an ABANDONED one has an error and
+    was abandoned three hours ago."""
+    hours_ago = timezone.now() - dt.timedelta(hours=3)
+    return [
+        OutboxMessage.objects.create(
+            event_type="order.changed",
+            destination=destination,
+            payload={"key": key, "n": n},
+            ordering_key=key,
+            sequence=n,
+            status=status,
+            last_error=POISON if status == Status.ABANDONED else "",
+            abandoned_at=hours_ago if status == Status.ABANDONED else None,
+            published_at=timezone.now() if status == Status.PUBLISHED else None,
+        )
+        for n, status in enumerate(statuses, start=1)
+    ]
+
+
+@pytest.fixture
+def keys() -> dict[str, list[OutboxMessage]]:
+    """``poisoned``: 1 published, 2 abandoned (the head), 3 and 4 waiting. ``flowing``:
+    nothing wrong. ``failing``: its head is FAILED (retried, not blocked) and an
+    abandoned row waits behind it (not the head: not blocked yet). ``unordered``: an
+    abandoned row without a sequence."""
+    return {
+        "poisoned": key_rows("order-1", Status.PUBLISHED, Status.ABANDONED, *[Status.PENDING] * 2),
+        "flowing": key_rows("order-2", Status.PUBLISHED, Status.PENDING),
+        "failing": key_rows("order-3", Status.FAILED, Status.ABANDONED),
+        "unordered": [
+            OutboxMessage.objects.create(
+                event_type="order.changed",
+                destination="orders",
+                payload={},
+                ordering_key="order-4",
+                status=Status.ABANDONED,
+                abandoned_at=timezone.now(),
+            )
+        ],
+    }
+
+
+def test_heads_are_the_lowest_unpublished_row_of_each_ordered_key(keys):
+    heads = set(store.heads(OutboxMessage.objects.all()).values_list("id", flat=True))
+    assert heads == {keys["poisoned"][1].pk, keys["flowing"][1].pk, keys["failing"][0].pk}
+
+
+def test_a_poisoned_head_blocks_only_its_key_and_is_listed_with_error_age_and_waiting(keys):
+    blocked = blocked_keys("default")
+    head = keys["poisoned"][1]
+    assert blocked.count.value == 1
+    [key] = blocked.keys
+    assert (key.destination, key.ordering_key, key.head_id, key.event_id, key.sequence) == (
+        "orders",
+        "order-1",
+        head.pk,
+        head.event_id,
+        2,
+    )
+    assert key.error == POISON
+    assert key.waiting == 2
+    assert key.blocked_for is not None
+    assert dt.timedelta(minutes=179) < key.blocked_for < dt.timedelta(minutes=181)
+
+
+def test_the_same_key_of_another_destination_is_another_scope(keys):
+    key_rows("order-1", Status.PENDING, destination="invoices")
+    assert [k.destination for k in blocked_keys("default").keys] == ["orders"]
+
+
+def test_blocked_keys_are_listed_longest_blocked_first_up_to_top():
+    for n in range(3):
+        [row] = key_rows(f"k{n}", Status.ABANDONED)
+        OutboxMessage.objects.filter(pk=row.pk).update(
+            abandoned_at=timezone.now() - dt.timedelta(hours=n)
+        )
+    blocked = blocked_keys("default", top=2)
+    assert blocked.count.value == 3
+    assert [k.ordering_key for k in blocked.keys] == ["k2", "k1"]
+
+
+def test_outbox_status_prints_blocked_keys_and_the_commands_that_release_them(keys):
+    out = io.StringIO()
+    call_command("outbox_status", stdout=out)
+    text = out.getvalue()
+    head = keys["poisoned"][1]
+    assert "Blocked keys (their head is abandoned; nothing behind it is published): 1" in text
+    assert (
+        f"  orders 'order-1': head {head.pk} (event {head.event_id}, sequence 2), "
+        f"blocked 3.0 h, 2 waiting: {POISON}"
+    ) in text
+    assert f"publish the heads again: manage.py outbox_requeue --id {head.pk}\n" in text
+    assert f"(consumers get skip markers): manage.py outbox_skip --id {head.pk}\n" in text
+
+
+def test_outbox_status_has_no_blocked_section_when_no_key_is_blocked():
+    key_rows("order-1", Status.FAILED, Status.PENDING)
+    out = io.StringIO()
+    call_command("outbox_status", stdout=out)
+    assert "Blocked keys" not in out.getvalue()
+
+
+def test_skip_makes_the_head_a_pending_skip_marker_and_unblocks_the_key(keys, caplog):
+    head = keys["poisoned"][1]
+    OutboxMessage.objects.filter(pk=head.pk).update(attempts=7, locked_by="host:1")
+    with caplog.at_level(logging.WARNING, logger="django_outbox.store"):
+        assert store.skip("default", [head.pk]) == 1
+    row = OutboxMessage.objects.get(pk=head.pk)
+    assert row.skipped_at is not None
+    assert (row.status, row.attempts, row.abandoned_at, row.locked_by, row.lease_token) == (
+        Status.PENDING,
+        0,
+        None,
+        "",
+        None,
+    )
+    assert row.available_at <= timezone.now()
+    assert blocked_keys("default").count.value == 0
+    [record] = [r for r in caplog.records if getattr(r, "action", "") == "outbox.skipped"]
+    assert record.levelno == logging.WARNING
+    assert (record.id, record.event_id, record.ordering_key, record.sequence) == (
+        head.pk,
+        str(head.event_id),
+        "order-1",
+        2,
+    )
+    # Nothing else moved.
+    assert [r.status for r in OutboxMessage.objects.filter(ordering_key="order-1")] == [
+        Status.PUBLISHED,
+        Status.PENDING,
+        Status.PENDING,
+        Status.PENDING,
+    ]
+
+
+def test_skip_takes_event_ids_and_a_failed_head(keys):
+    failing = keys["failing"][0]
+    assert store.skip("default", [failing.event_id]) == 1
+    assert OutboxMessage.objects.get(pk=failing.pk).skipped_at is not None
+
+
+def test_skip_refuses_every_row_that_is_not_a_blocked_head_and_changes_nothing(keys):
+    missing = uuid.uuid4()
+    named = [
+        keys["poisoned"][1].pk,  # fine, but the rest refuses the whole skip
+        keys["poisoned"][2].pk,  # pending, behind the head
+        keys["failing"][1].pk,  # abandoned, but not the head
+        keys["flowing"][0].pk,  # published
+        keys["unordered"][0].pk,  # no sequence
+        missing,
+        987654321,
+    ]
+    with pytest.raises(SkipRefused) as refused:
+        store.skip("default", named)
+    assert str(refused.value) == (
+        "refused: only the failed or abandoned head of an ordered key can be skipped; not "
+        f"{keys['poisoned'][2].pk} (pending, not failed or abandoned), "
+        f"{keys['failing'][1].pk} (not its key's head: an earlier event is unpublished), "
+        f"{keys['flowing'][0].pk} (published, not failed or abandoned), "
+        f"{keys['unordered'][0].pk} (not ordered: its route has no sequence), "
+        f"{missing} (not found), 987654321 (not found); nothing skipped"
+    )
+    assert isinstance(refused.value, RequeueRefused)
+    assert not OutboxMessage.objects.filter(skipped_at__isnull=False).exists()
+    assert OutboxMessage.objects.get(pk=keys["poisoned"][1].pk).status == Status.ABANDONED
+
+
+def test_skip_refuses_a_head_under_a_live_lease(keys):
+    head = keys["flowing"][1]
+    OutboxMessage.objects.filter(pk=head.pk).update(
+        status=Status.PROCESSING, locked_until=timezone.now() + dt.timedelta(minutes=5)
+    )
+    with pytest.raises(SkipRefused, match=rf"{head.pk} \(processing, not failed or abandoned\)"):
+        store.skip("default", [head.pk])
+
+
+def test_requeue_heads_requeues_only_heads(keys):
+    head = keys["poisoned"][1]
+    with pytest.raises(SkipRefused, match=r"can be requeued; not .* nothing requeued"):
+        store.requeue_heads("default", [head.pk, keys["failing"][1].pk])
+    assert OutboxMessage.objects.get(pk=head.pk).status == Status.ABANDONED
+    assert store.requeue_heads("default", [head.pk]) == 1
+    row = OutboxMessage.objects.get(pk=head.pk)
+    assert (row.status, row.attempts, row.last_error, row.skipped_at) == (
+        Status.PENDING,
+        0,
+        "",
+        None,
+    )
+    assert blocked_keys("default").count.value == 0
+
+
+def test_outbox_skip_command_skips_and_reports(keys):
+    out = io.StringIO()
+    call_command("outbox_skip", "--id", str(keys["poisoned"][1].event_id), stdout=out)
+    assert out.getvalue() == ("skipped 1 row: the relay publishes a skip marker in place of each\n")
+
+
+def test_outbox_skip_command_exits_1_naming_the_refused_rows(keys):
+    pending = keys["flowing"][1].pk
+    with pytest.raises(CommandError, match=rf"not {pending} \(pending, not failed or abandoned\)"):
+        call_command("outbox_skip", "--id", str(pending), str(keys["poisoned"][1].pk))
+    assert not OutboxMessage.objects.filter(skipped_at__isnull=False).exists()
+
+
+def test_outbox_skip_command_needs_an_id():
+    with pytest.raises(CommandError, match="--id"):
+        call_command("outbox_skip")
+
+
+def test_retention_never_deletes_an_abandoned_ordered_row(keys):
+    """Neither the blocked head nor an abandoned row behind a head: each would leave a
+    gap no consumer hears of. Only the unordered row goes."""
+    OutboxMessage.objects.filter(status=Status.ABANDONED).update(
+        abandoned_at=timezone.now() - dt.timedelta(days=3650)
+    )
+    counts = retention.cleanup("default")
+    assert counts["abandoned"] == 1  # the unordered one
+    kept = set(OutboxMessage.objects.abandoned().values_list("id", flat=True))
+    assert kept == {keys["poisoned"][1].pk, keys["failing"][1].pk}
+    assert blocked_keys("default").count.value == 1
