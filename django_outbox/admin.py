@@ -318,7 +318,7 @@ class OutboxMessageAdmin(DeliveryAdmin):
     ) -> int | None:
         """Apply ``verb`` (all or nothing) to the selected heads; on a refusal, show
         it (it names each refused row and why) and return None."""
-        ids = list(queryset.values_list("id", flat=True))
+        ids = sorted(queryset.values_list("id", flat=True))
         try:
             changed = verb(queryset.db, ids)
         except SkipRefused as exc:
