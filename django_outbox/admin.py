@@ -226,7 +226,7 @@ class OutboxMessageAdmin(DeliveryAdmin):
         return pretty_json(obj.payload)
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
-        """Both actions: ``django_outbox.requeue_outboxmessage`` (Meta.permissions)."""
+        """Every action: ``django_outbox.requeue_outboxmessage`` (Meta.permissions)."""
         return bool(request.user.has_perm(f"{self.opts.app_label}.requeue_outboxmessage"))
 
     @admin.action(
@@ -325,9 +325,9 @@ class OutboxMessageAdmin(DeliveryAdmin):
             self.message_user(request, str(exc), messages.ERROR)
             return None
         logger.info(
-            "admin: %s %d outbox heads %s",
-            outcome.replace("_", " "),
+            "admin: %d heads of ordered keys %s: %s",
             changed,
+            outcome.removeprefix("head_"),
             ids,
             extra={"action": f"outbox.admin_{outcome}", "ids": ids, "user_id": request.user.pk},
         )
