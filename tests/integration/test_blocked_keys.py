@@ -9,17 +9,20 @@ from __future__ import annotations
 import datetime as dt
 import io
 import logging
+import threading
 import uuid
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from django_outbox import retention, store
 from django_outbox.exceptions import RequeueRefused, SkipRefused
 from django_outbox.models import OutboxMessage
 from django_outbox.status import blocked_keys
+from tests.support import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -249,3 +252,50 @@ def test_retention_never_deletes_an_abandoned_ordered_row(keys):
     kept = set(OutboxMessage.objects.abandoned().values_list("id", flat=True))
     assert kept == {keys["poisoned"][1].pk, keys["failing"][1].pk}
     assert blocked_keys("default").count.value == 1
+
+
+def _waiting_for_a_lock() -> int:
+    """Backends of this database waiting for a lock. Activity is read once per
+    transaction unless the snapshot is cleared, and the caller polls inside one."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_skip_waits_for_a_claim_holding_the_head_and_then_refuses_it():
+    """A relay claims a FAILED head (its row locked, made PROCESSING) while the operator
+    skips it: the skip waits for the claim's transaction, reads the row again and refuses
+    it, so the event is never both published and skipped."""
+    [head] = key_rows("order-1", Status.FAILED)
+    claimed = threading.Event()
+    refused: list[BaseException] = []
+
+    def operator() -> None:
+        try:
+            claimed.wait(30)
+            store.skip("default", [head.pk])
+        except SkipRefused as exc:
+            refused.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    with transaction.atomic():
+        OutboxMessage.objects.select_for_update().get(pk=head.pk)
+        claimed.set()
+        wait_until(_waiting_for_a_lock, timeout=30, what="the skip to wait for the row lock")
+        OutboxMessage.objects.filter(pk=head.pk).update(
+            status=Status.PROCESSING, locked_until=timezone.now() + dt.timedelta(minutes=5)
+        )
+    thread.join(30)
+    assert not thread.is_alive()
+    [exc] = refused
+    assert f"{head.pk} (processing, not failed or abandoned)" in str(exc)
+    row = OutboxMessage.objects.get(pk=head.pk)
+    assert (row.status, row.skipped_at) == (Status.PROCESSING, None)
