@@ -299,3 +299,42 @@ def test_skip_waits_for_a_claim_holding_the_head_and_then_refuses_it():
     assert f"{head.pk} (processing, not failed or abandoned)" in str(exc)
     row = OutboxMessage.objects.get(pk=head.pk)
     assert (row.status, row.skipped_at) == (Status.PROCESSING, None)
+
+
+def _explain(queryset) -> str:
+    sql, params = queryset.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN {sql}", params)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_blocked_keys_read_the_partial_indexes_on_a_large_table():
+    """About 200,000 published ordered rows over 2,000 keys, a pending tail and three
+    blocked keys with one event behind each: the listing and the count read the
+    abandoned rows through their partial index and probe each key through
+    outbox_key_unfinished_idx; no sequential scan."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO django_outbox_outboxmessage (event_id, event_type, destination,
+                payload, headers, ordering_key, sequence, status, attempts, locked_by,
+                last_error, published_at, abandoned_at)
+            SELECT gen_random_uuid(), 'e', 'orders', '{}', '{}', 'k' || (n % 2000),
+                n / 2000 + 1,
+                CASE WHEN n BETWEEN 200000 AND 200002 THEN 'abandoned'
+                     WHEN n >= 199000 THEN 'pending' ELSE 'published' END,
+                0, '', CASE WHEN n >= 199000 THEN 'poison' ELSE '' END,
+                CASE WHEN n < 199000 THEN now() END,
+                CASE WHEN n BETWEEN 200000 AND 200002 THEN now() END
+            FROM generate_series(0, 203999) AS n
+            """
+        )
+        cursor.execute("ANALYZE django_outbox_outboxmessage")
+    blocked = blocked_keys("default")
+    assert blocked.count.value == 3
+    assert [key.waiting for key in blocked.keys] == [1, 1, 1]
+    heads = store.heads(OutboxMessage.objects.abandoned())
+    for plan in (_explain(heads), _explain(heads.order_by("abandoned_at")[:20])):
+        assert "Seq Scan" not in plan, plan
+        assert "outbox_key_unfinished_idx" in plan, plan
