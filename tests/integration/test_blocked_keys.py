@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import json
 import logging
 import threading
 import uuid
@@ -22,7 +23,8 @@ from django_outbox import retention, store
 from django_outbox.exceptions import RequeueRefused, SkipRefused
 from django_outbox.models import OutboxMessage
 from django_outbox.status import blocked_keys
-from tests.support import wait_until
+from django_outbox.testing import drain
+from tests.support import consume, delete_queue, manage, run_relay, unique_destination, wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -338,3 +340,92 @@ def test_blocked_keys_read_the_partial_indexes_on_a_large_table():
     for plan in (_explain(heads), _explain(heads.order_by("abandoned_at")[:20])):
         assert "Seq Scan" not in plan, plan
         assert "outbox_key_unfinished_idx" in plan, plan
+
+
+# ---------------------------------------------------------------- through the relay
+
+
+def test_the_relay_holds_back_only_the_blocked_key():
+    """drain() relays every due row: the blocked key's events behind its head stay
+    pending, the other key's are published in sequence order."""
+    poisoned = key_rows("order-1", Status.PUBLISHED, Status.ABANDONED, Status.PENDING)
+    flowing = key_rows("order-2", Status.PENDING, Status.PENDING)
+    events = drain()
+    assert [(e.ordering_key, e.sequence) for e in events] == [("order-2", 1), ("order-2", 2)]
+    statuses = dict(OutboxMessage.objects.values_list("pk", "status"))
+    assert [statuses[row.pk] for row in poisoned] == [
+        Status.PUBLISHED,
+        Status.ABANDONED,
+        Status.PENDING,
+    ]
+    assert {statuses[row.pk] for row in flowing} == {Status.PUBLISHED}
+
+
+def test_a_skipped_head_is_published_as_a_marker_and_its_key_flows_in_order():
+    rows = key_rows("order-1", Status.PUBLISHED, Status.ABANDONED, Status.PENDING, Status.PENDING)
+    head = rows[1]
+    assert drain() == []
+    store.skip("default", [head.pk])
+    events = drain()
+    assert [(e.event_id, e.sequence, e.skipped) for e in events] == [
+        (head.event_id, 2, True),
+        (rows[2].event_id, 3, False),
+        (rows[3].event_id, 4, False),
+    ]
+    marker = events[0]
+    assert marker.payload is None
+    assert (marker.headers["skipped"], marker.headers["sequence"]) == (True, 2)
+    assert (marker.destination_header, marker.ordering_key) == ("orders", "order-1")
+    assert events[1].payload == {"key": "order-1", "n": 3}
+    row = OutboxMessage.objects.get(pk=head.pk)
+    assert (row.status, row.skipped_at is not None, row.last_error) == (
+        Status.PUBLISHED,
+        True,
+        "",
+    )
+    assert blocked_keys("default").count.value == 0
+
+
+def test_a_requeued_head_is_published_with_its_payload_then_its_key():
+    rows = key_rows("order-1", Status.ABANDONED, Status.PENDING)
+    store.requeue_heads("default", [rows[0].pk])
+    events = drain()
+    assert [(e.sequence, e.skipped, e.payload) for e in events] == [
+        (1, False, {"key": "order-1", "n": 1}),
+        (2, False, {"key": "order-1", "n": 2}),
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operator_releases_a_blocked_key_through_rabbitmq():
+    """Real processes and the real broker: a relay drain leaves the blocked key alone
+    while another key flows, outbox_status names the head, outbox_skip skips it, and
+    the next drain puts the marker (body null, headers skipped and sequence) and then
+    the key's next event on the queue, in that order."""
+    destination = unique_destination("blocked")
+    try:
+        rows = key_rows(
+            "order-1", Status.PUBLISHED, Status.ABANDONED, Status.PENDING, destination=destination
+        )
+        other = key_rows("order-2", Status.PENDING, destination=destination)
+        run_relay("--drain")
+        [flowed] = consume(destination, 1)
+        assert flowed.headers["event_id"] == str(other[0].event_id)
+        head = rows[1]
+        status = manage("outbox_status")
+        assert f"head {head.pk} (event {head.event_id}, sequence 2)" in status.stdout
+
+        skipped = manage("outbox_skip", "--id", str(head.event_id))
+        assert skipped.returncode == 0, skipped.stderr
+        run_relay("--drain")
+        marker, after = consume(destination, 2)
+        assert (marker.headers["event_id"], marker.headers["sequence"]) == (str(head.event_id), 2)
+        assert marker.headers["skipped"] is True
+        assert marker.headers["destination"] == destination
+        assert json.loads(marker.body) is None
+        assert (after.headers["event_id"], after.headers["sequence"]) == (str(rows[2].event_id), 3)
+        assert "skipped" not in after.headers
+        assert json.loads(after.body) == {"key": "order-1", "n": 3}
+    finally:
+        delete_queue(destination)
+    assert set(OutboxMessage.objects.values_list("status", flat=True)) == {Status.PUBLISHED}
