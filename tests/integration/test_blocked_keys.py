@@ -19,7 +19,7 @@ from django.core.management.base import CommandError
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from django_outbox import retention, store
+from django_outbox import retention, stage, store
 from django_outbox.exceptions import RequeueRefused, SkipRefused
 from django_outbox.models import OutboxMessage
 from django_outbox.status import blocked_keys
@@ -396,36 +396,47 @@ def test_a_requeued_head_is_published_with_its_payload_then_its_key():
     ]
 
 
-@pytest.mark.django_db(transaction=True)
-def test_an_operator_releases_a_blocked_key_through_rabbitmq():
-    """Real processes and the real broker: a relay drain leaves the blocked key alone
-    while another key flows, outbox_status names the head, outbox_skip skips it, and
-    the next drain puts the marker (body null, headers skipped and sequence) and then
-    the key's next event on the queue, in that order."""
-    destination = unique_destination("blocked")
-    try:
-        rows = key_rows(
-            "order-1", Status.PUBLISHED, Status.ABANDONED, Status.PENDING, destination=destination
-        )
-        other = key_rows("order-2", Status.PENDING, destination=destination)
-        run_relay("--drain")
-        [flowed] = consume(destination, 1)
-        assert flowed.headers["event_id"] == str(other[0].event_id)
-        head = rows[1]
-        status = manage("outbox_status")
-        assert f"head {head.pk} (event {head.event_id}, sequence 2)" in status.stdout
+def _stage_ordered(destination: str, key: str, n: int) -> OutboxMessage:
+    with transaction.atomic():
+        return stage("order.changed", {"key": key, "n": n}, destination=destination, key=key)
 
-        skipped = manage("outbox_skip", "--id", str(head.event_id))
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operator_releases_a_blocked_key_through_rabbitmq(settings):
+    """Real processes and the real broker, events staged on an ordered route: event 2 of
+    a key is abandoned (as the admin's Abandon does), so a relay drain publishes the
+    other key but nothing more of this one; outbox_status names the head, outbox_skip
+    skips it, and the next drain puts the marker (body null, headers skipped and
+    sequence) and then the key's next event on the queue, in that order."""
+    destination = unique_destination("blocked")
+    routes = {"ROUTES": {destination: {"ordered": True, "queue": destination}}}
+    settings.OUTBOX = {**settings.OUTBOX, **routes}
+    try:
+        first = _stage_ordered(destination, "order-1", 1)
+        run_relay("--drain", **routes)
+        head = _stage_ordered(destination, "order-1", 2)
+        store.abandon("default", OutboxMessage.objects.filter(pk=head.pk))
+        after = _stage_ordered(destination, "order-1", 3)
+        other = _stage_ordered(destination, "order-2", 1)
+        run_relay("--drain", **routes)
+        assert [m.headers["event_id"] for m in consume(destination, 2)] == [
+            str(first.event_id),
+            str(other.event_id),
+        ]
+        status = manage("outbox_status", **routes)
+        assert f"head {head.pk} (event {head.event_id}, sequence 2)" in status.stdout
+        assert "1 waiting" in status.stdout
+
+        skipped = manage("outbox_skip", "--id", str(head.event_id), **routes)
         assert skipped.returncode == 0, skipped.stderr
-        run_relay("--drain")
-        marker, after = consume(destination, 2)
-        assert (marker.headers["event_id"], marker.headers["sequence"]) == (str(head.event_id), 2)
-        assert marker.headers["skipped"] is True
-        assert marker.headers["destination"] == destination
-        assert json.loads(marker.body) is None
-        assert (after.headers["event_id"], after.headers["sequence"]) == (str(rows[2].event_id), 3)
-        assert "skipped" not in after.headers
-        assert json.loads(after.body) == {"key": "order-1", "n": 3}
+        run_relay("--drain", **routes)
+        marker, next_event = consume(destination, 2)
     finally:
         delete_queue(destination)
+    assert (marker.headers["event_id"], marker.headers["sequence"]) == (str(head.event_id), 2)
+    assert (marker.headers["skipped"], marker.headers["destination"]) == (True, destination)
+    assert json.loads(marker.body) is None
+    assert next_event.headers["event_id"] == str(after.event_id)
+    assert (next_event.headers["sequence"], "skipped" in next_event.headers) == (3, False)
+    assert json.loads(next_event.body) == {"key": "order-1", "n": 3}
     assert set(OutboxMessage.objects.values_list("status", flat=True)) == {Status.PUBLISHED}
