@@ -28,10 +28,12 @@ from functools import cached_property
 from typing import Any, cast
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.core.paginator import Paginator
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models, transaction
 from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.functional import SimpleLazyObject
 from django.utils.html import format_html
@@ -297,7 +299,20 @@ class OutboxMessageAdmin(DeliveryAdmin):
         description=_("Skip head: publish a skip marker in place of the blocked head"),
         permissions=["requeue"],
     )
-    def skip_head(self, request: HttpRequest, queryset: OutboxQuerySet) -> None:
+    def skip_head(self, request: HttpRequest, queryset: OutboxQuerySet) -> TemplateResponse | None:
+        """Skipping cannot be undone: a confirmation page lists the rows first."""
+        if request.POST.get("post") != "yes":
+            return TemplateResponse(
+                request,
+                "admin/django_outbox/outboxmessage/skip_head_confirmation.html",
+                {
+                    **self.admin_site.each_context(request),
+                    "title": _("Skip these heads?"),
+                    "opts": self.opts,
+                    "rows": queryset.order_by("id"),
+                    "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+                },
+            )
         changed = self._change_heads(request, queryset, store.skip, "skipped")
         if changed is not None:
             message = ngettext(
@@ -308,6 +323,7 @@ class OutboxMessageAdmin(DeliveryAdmin):
                 changed,
             )
             self.message_user(request, message % {"count": changed}, messages.SUCCESS)
+        return None
 
     def _change_heads(
         self,

@@ -66,12 +66,28 @@ def test_rows_show_their_sequence_and_the_detail_page_when_skipped(admin_client,
     assert "Sequence" in page.content.decode()
 
 
-def test_skip_head_button_skips_the_head(client, poisoned):
-    """What the button of a listed key posts: the action and the head's id alone."""
+def test_skip_head_asks_for_confirmation_first_and_changes_nothing(client, poisoned):
+    """What the button of a listed key posts (the action and the head's id alone) opens a
+    page that lists the head and warns that a skip cannot be undone."""
     logged_in(client, "view_outboxmessage", "requeue_outboxmessage")
     response = client.post(
         CHANGELIST,
         {"action": "skip_head", "_selected_action": [poisoned[1].pk], "index": 0},
+    )
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "Skipping cannot be undone." in html
+    assert f"<tr><td>{poisoned[1].pk}</td><td>order.changed</td><td>orders</td>" in html
+    assert f'name="_selected_action" value="{poisoned[1].pk}"' in html
+    assert 'name="post" value="yes"' in html
+    assert OutboxMessage.objects.get(pk=poisoned[1].pk).status == Status.ABANDONED
+
+
+def test_skip_head_once_confirmed_skips_the_head(client, poisoned):
+    logged_in(client, "view_outboxmessage", "requeue_outboxmessage")
+    response = client.post(
+        CHANGELIST,
+        {"action": "skip_head", "_selected_action": [poisoned[1].pk], "post": "yes"},
     )
     assert response.status_code == 302
     assert messages_of(response) == [
@@ -94,7 +110,10 @@ def test_requeue_head_action_requeues_the_head(client, poisoned):
 
 def test_head_actions_refuse_naming_the_rows_and_change_nothing(client, poisoned):
     logged_in(client, "view_outboxmessage", "requeue_outboxmessage")
-    response = run_action(client, "skip_head", poisoned)
+    response = client.post(
+        CHANGELIST,
+        {"action": "skip_head", "_selected_action": [r.pk for r in poisoned], "post": "yes"},
+    )
     assert messages_of(response) == [
         (
             "error",
@@ -109,6 +128,7 @@ def test_head_actions_refuse_naming_the_rows_and_change_nothing(client, poisoned
 
 def test_head_actions_need_the_requeue_permission(client, poisoned):
     logged_in(client, "view_outboxmessage", "change_outboxmessage")
-    run_action(client, "skip_head", [poisoned[1]])
+    confirmed = {"action": "skip_head", "_selected_action": [poisoned[1].pk], "post": "yes"}
+    assert "Skipping cannot be undone." not in client.post(CHANGELIST, confirmed).content.decode()
     run_action(client, "requeue_head", [poisoned[1]])
     assert OutboxMessage.objects.get(pk=poisoned[1].pk).status == Status.ABANDONED

@@ -115,7 +115,8 @@ def test_operator_requeues_every_failed_message_from_the_browser(live_server, ca
 
 
 def skip_the_blocked_head(page: Page, base_url: str, screenshot: Path) -> None:
-    """Log in, find the blocked key above the rows, press its "Skip head" button."""
+    """Log in, find the blocked key above the rows, press its "Skip head" button, and
+    confirm."""
     page.goto(f"{base_url}/admin/login/?next=/admin/django_outbox/outboxmessage/")
     page.get_by_label("Username").fill("operator")
     page.get_by_label("Password").fill(PASSWORD)
@@ -128,6 +129,9 @@ def skip_the_blocked_head(page: Page, base_url: str, screenshot: Path) -> None:
     expect(key).to_contain_text("poison: the payload cannot be encoded")
     page.screenshot(path=str(screenshot.with_name("admin_blocked_key.png")), full_page=True)
     key.get_by_role("button", name="Skip head").click()
+    expect(page.locator("#content")).to_contain_text("Skipping cannot be undone.")
+    expect(page.locator("#skip-head-rows tbody tr")).to_have_count(1)
+    page.get_by_role("button", name="Yes, skip them").click()
 
     expect(page.locator("ul.messagelist")).to_contain_text(
         "1 head skipped: a skip marker is published in its place; its key moves on."
