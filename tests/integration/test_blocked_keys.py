@@ -10,6 +10,8 @@ import datetime as dt
 import io
 import json
 import logging
+import subprocess
+import sys
 import threading
 import uuid
 
@@ -24,7 +26,17 @@ from django_outbox.exceptions import RequeueRefused, SkipRefused
 from django_outbox.models import OutboxMessage
 from django_outbox.status import blocked_keys
 from django_outbox.testing import drain
-from tests.support import consume, delete_queue, manage, run_relay, unique_destination, wait_until
+from tests.integration import test_sqlite_claim as sqlite_script
+from tests.integration.test_example_project import example_env, manage_in
+from tests.support import (
+    REPO,
+    consume,
+    delete_queue,
+    manage,
+    run_relay,
+    unique_destination,
+    wait_until,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -440,3 +452,30 @@ def test_an_operator_releases_a_blocked_key_through_rabbitmq(settings):
     assert (next_event.headers["sequence"], "skipped" in next_event.headers) == (3, False)
     assert json.loads(next_event.body) == {"key": "order-1", "n": 3}
     assert set(OutboxMessage.objects.values_list("status", flat=True)) == {Status.PUBLISHED}
+
+
+def test_skip_on_sqlite_waits_for_another_writer_instead_of_failing(tmp_path):
+    """The example project's SQLite database: ten blocked heads (each its key's only row)
+    are skipped while another connection holds the write lock; the skip waits for it."""
+    heads = (
+        "for i in range(11, 21):\n"
+        "    OutboxMessage.objects.filter(id=i).update(\n"
+        '        status="abandoned", ordering_key=f"k{i}", sequence=1)\n'
+    )
+    script = sqlite_script.SCRIPT.replace(
+        'OutboxMessage.objects.filter(id__gt=10).update(status="abandoned")  # for the requeue\n',
+        heads,
+    )
+    assert heads in script
+    env = example_env(tmp_path)
+    manage_in(env, "migrate", "--verbosity", "0")
+    result = subprocess.run(
+        [sys.executable, "-c", script.replace("OPERATION", 'store.skip("default", range(11, 21))')],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["10"]
