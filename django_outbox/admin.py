@@ -2,14 +2,15 @@
 
 Events are facts: no admin adds or edits a row. The one change an operator
 makes is to an outbox row's fate, through the ``requeue`` and ``abandon``
-actions; both delegate to :class:`~django_outbox.models.OutboxQuerySet` verbs
-and need the ``django_outbox.requeue_outboxmessage`` permission (not just view
-or change). Delete is left to superusers only: deleting a PENDING row loses a
-committed event without a trace, which is what the outbox exists to prevent;
-retention deletes finished rows and ``abandon`` stops a row from being sent.
-A superuser can still delete one row from its page (to purge a payload that
-must not be kept, say); the bulk ``delete_selected`` action is removed, because
-its confirmation page would list every selected row.
+actions, and for the blocked head of an ordered key "requeue head" and "skip
+head" (listed above the rows with their buttons); all delegate to
+:mod:`django_outbox.store` and need the ``django_outbox.requeue_outboxmessage``
+permission (not just view or change). Delete is left to superusers only:
+deleting a PENDING row loses a committed event without a trace, which is what
+the outbox exists to prevent; retention deletes finished rows and ``abandon``
+stops a row from being sent. A superuser can still delete one row from its page
+(to purge a payload that must not be kept, say); the bulk ``delete_selected``
+action is removed, because its confirmation page would list every selected row.
 
 Pages stay fast with millions of rows: no full ``COUNT(*)`` (see
 :func:`django_outbox.db.count_rows`), filter choices read from the newest rows
@@ -27,10 +28,12 @@ from functools import cached_property
 from typing import Any, cast
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.core.paginator import Paginator
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models, transaction
 from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.functional import SimpleLazyObject
 from django.utils.html import format_html
@@ -42,8 +45,9 @@ from django.utils.translation import ngettext
 
 from . import store
 from .db import RowCount, count_rows, write_first
+from .exceptions import SkipRefused
 from .models import InboxFailure, InboxMessage, OutboxMessage, OutboxQuerySet, OutboxStatus
-from .status import summary
+from .status import blocked_keys, summary
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +166,7 @@ class OutboxMessageAdmin(DeliveryAdmin):
         "event_type",
         "destination",
         "status_badge",
+        "sequence",
         "attempts",
         "age",
         "available_at",
@@ -179,9 +184,12 @@ class OutboxMessageAdmin(DeliveryAdmin):
         "An event id (exact), an ordering key (exact) or the start of an event type."
     )
     sortable_by = ("age",)
-    actions = ("requeue", "abandon")
+    actions = ("requeue", "abandon", "requeue_head", "skip_head")
     fieldsets = (
-        (None, {"fields": ("event_id", "event_type", "destination", "ordering_key")}),
+        (
+            None,
+            {"fields": ("event_id", "event_type", "destination", "ordering_key", "sequence")},
+        ),
         (
             _("Delivery"),
             {
@@ -192,6 +200,7 @@ class OutboxMessageAdmin(DeliveryAdmin):
                     "available_at",
                     "published_at",
                     "abandoned_at",
+                    "skipped_at",
                     "last_error_text",
                 )
             },
@@ -219,7 +228,7 @@ class OutboxMessageAdmin(DeliveryAdmin):
         return pretty_json(obj.payload)
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
-        """Both actions: ``django_outbox.requeue_outboxmessage`` (Meta.permissions)."""
+        """Every action: ``django_outbox.requeue_outboxmessage`` (Meta.permissions)."""
         return bool(request.user.has_perm(f"{self.opts.app_label}.requeue_outboxmessage"))
 
     @admin.action(
@@ -272,6 +281,74 @@ class OutboxMessageAdmin(DeliveryAdmin):
             refused,
         )
 
+    @admin.action(
+        description=_("Requeue head: publish the blocked head of an ordered key again"),
+        permissions=["requeue"],
+    )
+    def requeue_head(self, request: HttpRequest, queryset: OutboxQuerySet) -> None:
+        changed = self._change_heads(request, queryset, store.requeue_heads, "head_requeued")
+        if changed is not None:
+            message = ngettext(
+                "%(count)d head requeued: pending again, attempts reset; its key follows.",
+                "%(count)d heads requeued: pending again, attempts reset; their keys follow.",
+                changed,
+            )
+            self.message_user(request, message % {"count": changed}, messages.SUCCESS)
+
+    @admin.action(
+        description=_("Skip head: publish a skip marker in place of the blocked head"),
+        permissions=["requeue"],
+    )
+    def skip_head(self, request: HttpRequest, queryset: OutboxQuerySet) -> TemplateResponse | None:
+        """Skipping cannot be undone: a confirmation page lists the rows first."""
+        if request.POST.get("post") != "yes":
+            return TemplateResponse(
+                request,
+                "admin/django_outbox/outboxmessage/skip_head_confirmation.html",
+                {
+                    **self.admin_site.each_context(request),
+                    "title": _("Skip these heads?"),
+                    "opts": self.opts,
+                    "rows": queryset.order_by("id"),
+                    "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+                },
+            )
+        changed = self._change_heads(request, queryset, store.skip, "skipped")
+        if changed is not None:
+            message = ngettext(
+                "%(count)d head skipped: a skip marker is published in its place; "
+                "its key moves on.",
+                "%(count)d heads skipped: a skip marker is published in place of each; "
+                "their keys move on.",
+                changed,
+            )
+            self.message_user(request, message % {"count": changed}, messages.SUCCESS)
+        return None
+
+    def _change_heads(
+        self,
+        request: HttpRequest,
+        queryset: OutboxQuerySet,
+        verb: Callable[[str, list[int]], int],
+        outcome: str,
+    ) -> int | None:
+        """Apply ``verb`` (all or nothing) to the selected heads; on a refusal, show
+        it (it names each refused row and why) and return None."""
+        ids = sorted(queryset.values_list("id", flat=True))
+        try:
+            changed = verb(queryset.db, ids)
+        except SkipRefused as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return None
+        logger.info(
+            "admin: %d heads of ordered keys %s: %s",
+            changed,
+            outcome.removeprefix("head_"),
+            ids,
+            extra={"action": f"outbox.admin_{outcome}", "ids": ids, "user_id": request.user.pk},
+        )
+        return changed
+
     def _report(
         self, request: HttpRequest, done: str, not_done: str, changed: int, refused: int
     ) -> None:
@@ -314,9 +391,11 @@ class OutboxMessageAdmin(DeliveryAdmin):
         """The list, with a summary of every state above it (computed only when the
         page renders, not for an action's POST that redirects)."""
         using = self.get_queryset(request).db
+        can_act = self.has_requeue_permission(request)
         extra_context = {
             **(extra_context or {}),
             "outbox_summary": SimpleLazyObject(lambda: self._summary_context(using)),
+            "outbox_blocked": SimpleLazyObject(lambda: self._blocked_context(using, can_act)),
         }
         return super().changelist_view(request, extra_context)
 
@@ -329,6 +408,21 @@ class OutboxMessageAdmin(DeliveryAdmin):
                 (status.value, status.label, report.counts[status.value]) for status in OutboxStatus
             ],
             "oldest_due": None if age is None else timesince(timezone.now() - age, depth=2),
+        }
+
+    @staticmethod
+    def _blocked_context(using: str, can_act: bool) -> dict[str, Any]:
+        """The blocked keys (their head ABANDONED), longest blocked first, with how
+        long; ``can_act``: whether to offer the head buttons."""
+        blocked = blocked_keys(using)
+        now = timezone.now()
+        return {
+            "count": blocked.count,
+            "keys": [
+                (key, "" if key.blocked_for is None else timesince(now - key.blocked_for, now))
+                for key in blocked.keys
+            ],
+            "can_act": can_act,
         }
 
 

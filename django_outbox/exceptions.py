@@ -61,3 +61,9 @@ class BrokerUnreachable(OutboxError, ConnectionError):
 class RequeueRefused(OutboxError, ValueError):
     """A requeue named a row that does not exist or is not FAILED/ABANDONED;
     nothing was requeued."""
+
+
+class SkipRefused(RequeueRefused):
+    """A skip (or a head-only requeue) named a row that is not its key's blocked head:
+    not found, not ordered, not the head, or not FAILED/ABANDONED; nothing changed.
+    The message names each refused row and why."""

@@ -17,7 +17,7 @@ from .exceptions import BrokerUnreachable, OutboxError
 from .models import InboxFailure
 from .relay import BatchStats, RunStats
 from .replay import replay_parked
-from .status import due_rows, retry_wait
+from .status import BlockedKeys, due_rows, retry_wait
 from .text import duration, one_line
 
 #: How many failure reasons ``run_outbox_relay --once`` and ``--drain`` print, most rows first.
@@ -189,3 +189,34 @@ def _replay_lines(verb: str, failures: list[InboxFailure]) -> list[str]:
 
 def _first_line(text: str) -> str:
     return text.splitlines()[0] if text else "no error recorded"
+
+
+def blocked_lines(blocked: BlockedKeys) -> list[str]:
+    """``outbox_status``'s "Blocked keys" section: each listed key with its head's id,
+    event id, sequence, error, how long it has been blocked and how many events wait,
+    then the two commands that release a key; nothing when no key is blocked."""
+    if not blocked.count.value:
+        return []
+    lines = [
+        "Blocked keys (their head is abandoned; nothing behind it is published): "
+        + _count(blocked.count)
+    ]
+    for key in blocked.keys:
+        since = "?" if key.blocked_for is None else duration(key.blocked_for)
+        lines.append(
+            f"  {key.destination} {key.ordering_key!r}: head {key.head_id} (event {key.event_id}, "
+            f"sequence {key.sequence}), blocked {since}, {key.waiting} waiting: "
+            f"{one_line(key.error or 'no error recorded')}"
+        )
+    if len(blocked.keys) < blocked.count.value:
+        lines.append(f"  and more: the {len(blocked.keys)} blocked longest are listed")
+    ids = " ".join(str(key.head_id) for key in blocked.keys)
+    lines += [
+        f"  fix the cause, then publish the heads again: manage.py outbox_requeue --id {ids}",
+        f"  or give up on them (consumers get skip markers): manage.py outbox_skip --id {ids}",
+    ]
+    return lines
+
+
+def _count(count: RowCount) -> str:
+    return str(count.value) if count.exact else f"more than {EXACT_COUNT_LIMIT}"

@@ -9,11 +9,17 @@ database clock.
 kind           rows                                         kept for
 =============  ==========================================  =======================
 ``published``  PUBLISHED outbox rows, by ``published_at``  ``PUBLISHED_RETENTION``
-``abandoned``  ABANDONED outbox rows, by ``abandoned_at``  ``ABANDONED_RETENTION``
+``abandoned``  unordered ABANDONED rows, ``abandoned_at``  ``ABANDONED_RETENTION``
 ``inbox``      inbox marks, by ``processed_at``            ``INBOX_RETENTION``
 ``failures``   unparked inbox failures, by last failure    ``INBOX_RETENTION``
 ``parked``     parked inbox failures, by ``parked_at``     ``ABANDONED_RETENTION``
 =============  ==========================================  =======================
+
+An ABANDONED **ordered** row (one with a ``sequence``) is never deleted: it is its
+key's head, or becomes it once the events before it are published, and deleting it
+would let the key move on past a gap no consumer is told about. It blocks its key
+until an operator requeues or skips it (``outbox_requeue``, ``outbox_skip``, the
+admin); a skipped row is published as a marker and then expires like any other.
 """
 
 from __future__ import annotations
@@ -47,7 +53,8 @@ def expired(using: str = "default") -> dict[str, QuerySet[Any]]:
             published_at__lt=now_minus(outbox_settings.PUBLISHED_RETENTION)
         ),
         "abandoned": outbox.abandoned().filter(
-            abandoned_at__lt=now_minus(outbox_settings.ABANDONED_RETENTION)
+            sequence__isnull=True,  # an ordered row would leave a silent gap: see above
+            abandoned_at__lt=now_minus(outbox_settings.ABANDONED_RETENTION),
         ),
         "inbox": InboxMessage.objects.using(using).filter(
             processed_at__lt=now_minus(outbox_settings.INBOX_RETENTION)

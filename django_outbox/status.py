@@ -1,5 +1,6 @@
 """What ``outbox_status`` reports (counts per state, backlog age, failing attempts, busy
-keys, the most frequent recent errors, parked inbox messages), the cheaper summary the
+keys, blocked keys, the most frequent recent errors, parked inbox messages), the blocked
+keys and the cheaper summary the
 admin shows above its list, and the rows waiting for a retry that
 ``run_outbox_relay --once/--drain`` report."""
 
@@ -8,19 +9,24 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime as dt
+import uuid
+from typing import Any
 
-from django.db.models import Count, Max, Min
-from django.db.models.functions import Now
+from django.db.models import Count, Max, Min, OuterRef, Subquery
+from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from .db import RowCount, count_rows
 from .models import InboxFailure, OutboxMessage, OutboxQuerySet, OutboxStatus
+from .store import heads
 
 TOP_KEYS = 10
 #: The errors of how many of the latest FAILED rows (and as many ABANDONED rows) are read.
 RECENT_ROWS = 1000
 TOP_ERRORS = 5
 TOP_CONSUMERS = 10
+#: How many blocked keys ``outbox_status`` and the admin list, longest blocked first.
+TOP_BLOCKED = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +57,29 @@ class RetryWait:
 
 
 @dataclasses.dataclass(frozen=True)
+class BlockedKey:
+    """An ordered key whose head is ABANDONED: nothing of the key is published until an
+    operator requeues or skips the head (``outbox_skip``, the admin)."""
+
+    destination: str
+    ordering_key: str
+    head_id: int
+    event_id: uuid.UUID
+    sequence: int
+    error: str  # the head's last_error
+    blocked_for: dt.timedelta | None  # since the head was abandoned (None: no abandoned_at)
+    waiting: int  # the key's unpublished events behind the head
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockedKeys:
+    """How many keys are blocked, and the ``top`` blocked longest."""
+
+    count: RowCount
+    keys: list[BlockedKey]
+
+
+@dataclasses.dataclass(frozen=True)
 class StatusReport:
     counts: dict[str, int]  # every state, zero included
     oldest_due_age: dt.timedelta | None  # how long the oldest due row has waited
@@ -58,6 +87,7 @@ class StatusReport:
     top_keys: list[tuple[str, int]]  # ordering keys with most rows waiting (pending + failed)
     recent_errors: list[ErrorCount]  # the most frequent errors of recent failed/abandoned rows
     parked: list[ParkedCount]  # parked inbox messages per consumer, most first
+    blocked: BlockedKeys  # ordered keys whose head is ABANDONED, longest blocked first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +140,64 @@ def report(using: str = "default", *, top: int = TOP_KEYS) -> StatusReport:
         ),
         recent_errors=recent_errors(rows),
         parked=parked_by_consumer(using),
+        blocked=blocked_keys(using),
+    )
+
+
+def blocked_keys(using: str = "default", *, top: int = TOP_BLOCKED) -> BlockedKeys:
+    """The ordered keys whose head is ABANDONED (blocked: see ``store.heads``), the
+    ``top`` blocked longest first, each with the head's error, how long it has been
+    blocked and how many events wait behind it; and how many keys are blocked.
+
+    ABANDONED rows are read through ``outbox_abandoned_idx``, each probed for an
+    earlier unfinished row of its key, and the events behind a listed head counted,
+    through ``outbox_key_unfinished_idx``."""
+    rows = OutboxMessage.objects.using(using)
+    behind = (
+        rows.filter(
+            destination=OuterRef("destination"),
+            ordering_key=OuterRef("ordering_key"),
+            sequence__gt=OuterRef("sequence"),
+        )
+        .exclude(status=OutboxStatus.PUBLISHED)
+        .order_by()
+        .values("destination")
+        .annotate(n=Count("id"))
+        .values("n")
+    )
+    blocked = heads(rows.abandoned())
+    listed = (
+        blocked.annotate(waiting=Coalesce(Subquery(behind), 0))
+        .order_by("abandoned_at", "id")
+        .values(*_BLOCKED_COLUMNS)[:top]
+    )
+    now = timezone.now()
+    return BlockedKeys(count=count_rows(blocked), keys=[_blocked_key(row, now) for row in listed])
+
+
+_BLOCKED_COLUMNS = (
+    "destination",
+    "ordering_key",
+    "id",
+    "event_id",
+    "sequence",
+    "last_error",
+    "abandoned_at",
+    "waiting",
+)
+
+
+def _blocked_key(row: dict[str, Any], now: dt.datetime) -> BlockedKey:
+    since = row["abandoned_at"]
+    return BlockedKey(
+        destination=row["destination"],
+        ordering_key=row["ordering_key"],
+        head_id=row["id"],
+        event_id=row["event_id"],
+        sequence=row["sequence"],
+        error=row["last_error"],
+        blocked_for=None if since is None else max(now - since, dt.timedelta(0)),
+        waiting=row["waiting"],
     )
 
 

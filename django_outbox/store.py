@@ -22,6 +22,8 @@ Each transition and the function that makes it:
   :func:`record` (``held``).
 - FAILED, ABANDONED -> PENDING: :func:`requeue`, :func:`requeue_selected`.
 - PENDING, FAILED, PROCESSING with an expired lease -> ABANDONED: :func:`abandon`.
+- FAILED, ABANDONED head of an ordered key -> PENDING: :func:`requeue_heads`; -> PENDING
+  as a skip marker (``skipped_at`` set): :func:`skip`.
 - PUBLISHED, ABANDONED -> deleted: :func:`delete_in_batches` (called by ``retention``).
 - Due rows -> due since long ago, for :func:`django_outbox.testing.drain` inside a
   transaction: :func:`backdate_due`.
@@ -37,6 +39,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import functools
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -46,9 +49,11 @@ from django.db.models.functions import Now
 
 from . import db
 from .envelope import ClaimedMessage
-from .exceptions import RequeueRefused
+from .exceptions import RequeueRefused, SkipRefused
 from .expressions import now_plus
 from .models import REQUEUEABLE, OutboxMessage, OutboxQuerySet, OutboxStatus
+
+logger = logging.getLogger(__name__)
 
 
 def claim(
@@ -230,9 +235,7 @@ def requeue_selected(
     without ``ids`` rows in other states are simply left alone."""
     rows = OutboxMessage.objects.using(using)
     if ids:
-        ints = [i for i in ids if isinstance(i, int)]
-        uuids = [i for i in ids if isinstance(i, uuid.UUID)]
-        rows = rows.filter(models.Q(id__in=ints) | models.Q(event_id__in=uuids))
+        rows = _named(rows, ids)
     if status:
         rows = rows.filter(status=status)
     if event_type:
@@ -274,3 +277,118 @@ def delete_in_batches(rows: models.QuerySet[Any], batch_size: int) -> int:
         deleted, _ = rows.filter(id__in=ids).delete()
         total += deleted
     return total
+
+
+def heads(rows: OutboxQuerySet) -> OutboxQuerySet:
+    """The rows of ``rows`` that are their key's **head**: ordered (a ``sequence``), not
+    PUBLISHED, and no row of the same (destination, ordering key) with a lower sequence
+    is unfinished. Each probe reads ``outbox_key_unfinished_idx``. A head stays the head
+    until it is published: a PUBLISHED row never goes back."""
+    earlier = OutboxMessage.objects.using(rows.db).filter(
+        destination=models.OuterRef("destination"),
+        ordering_key=models.OuterRef("ordering_key"),
+        sequence__lt=models.OuterRef("sequence"),
+        sequence__isnull=False,
+    )
+    return (
+        rows.filter(sequence__isnull=False)
+        .exclude(status=OutboxStatus.PUBLISHED)
+        .filter(~models.Exists(earlier.exclude(status=OutboxStatus.PUBLISHED)))
+    )
+
+
+def requeue_heads(using: str, ids: Sequence[int | uuid.UUID]) -> int:
+    """Requeue (FAILED/ABANDONED -> PENDING, as :func:`requeue`) the named rows, each of
+    which must be its key's head: "requeue head" of the admin. Any other named row
+    refuses the whole call (:class:`~django_outbox.exceptions.SkipRefused`, a
+    :class:`~django_outbox.exceptions.RequeueRefused`, naming each row and why);
+    nothing changed then. Returns how many rows changed."""
+    with transaction.atomic(using=using):
+        rows = _locked_heads(using, ids, "requeued")
+        return requeue(using, rows)
+
+
+def skip(using: str, ids: Sequence[int | uuid.UUID]) -> int:
+    """Skip the named rows, each its key's FAILED or ABANDONED head: ``skipped_at`` now,
+    PENDING, attempts 0, due now, lease cleared. The relay then publishes a **skip
+    marker** in its place (body ``null``, header ``skipped``, the row's own
+    ``sequence``) and marks it PUBLISHED, so every consumer sees the gap and the key
+    moves on. ``ids`` are row ids or event ids. Any row that is not found, not ordered,
+    not its key's head or not FAILED/ABANDONED refuses the whole skip
+    (:class:`~django_outbox.exceptions.SkipRefused` naming each one and why; nothing
+    changed). Logged (WARNING, ``outbox.skipped``). Returns how many rows changed."""
+    with transaction.atomic(using=using):
+        rows = _locked_heads(using, ids, "skipped")
+        skipped = list(
+            rows.values_list("id", "event_id", "destination", "ordering_key", "sequence")
+        )
+        count = rows.update(
+            skipped_at=Now(),
+            status=OutboxStatus.PENDING,
+            attempts=0,
+            available_at=Now(),
+            abandoned_at=None,
+            locked_until=None,
+            locked_by="",
+            lease_token=None,
+        )
+    for pk, event_id, destination, key, sequence in skipped:
+        logger.warning(
+            "skipped outbox row %s (event %s), sequence %s of key %r of %r: "
+            "a skip marker will be published in its place",
+            pk,
+            event_id,
+            sequence,
+            key,
+            destination,
+            extra={
+                "action": "outbox.skipped",
+                "using": using,
+                "id": pk,
+                "event_id": str(event_id),
+                "destination": destination,
+                "ordering_key": key,
+                "sequence": sequence,
+            },
+        )
+    return count
+
+
+def _locked_heads(using: str, ids: Sequence[int | uuid.UUID], verb: str) -> OutboxQuerySet:
+    """The named rows, locked, once each is checked to be its key's FAILED or ABANDONED
+    head; else :class:`SkipRefused` naming every row that is not and why. Locking
+    (``FOR UPDATE``, no SKIP LOCKED) waits for a claim in progress and re-reads the
+    status after it; a head stays the head until it is published, which needs a claim."""
+    db.write_first(using)  # it reads, then writes
+    named = _named(OutboxMessage.objects.using(using), ids)
+    found = {
+        key: row
+        for row in named.select_for_update().values("id", "event_id", "status", "sequence")
+        for key in (row["id"], row["event_id"])
+    }
+    head_ids = set(heads(named).values_list("id", flat=True))
+    requeueable = {status.value for status in REQUEUEABLE}
+    reasons = []
+    for name in dict.fromkeys(ids):
+        row = found.get(name)
+        if row is None:
+            reasons.append(f"{name} (not found)")
+        elif row["sequence"] is None:
+            reasons.append(f"{row['id']} (not ordered: its route has no sequence)")
+        elif row["status"] not in requeueable:
+            reasons.append(f"{row['id']} ({row['status']}, not failed or abandoned)")
+        elif row["id"] not in head_ids:
+            reasons.append(f"{row['id']} (not its key's head: an earlier event is unpublished)")
+    if reasons:
+        raise SkipRefused(
+            f"refused: only the failed or abandoned head of an ordered key can be {verb}; "
+            f"not {', '.join(reasons)}; nothing {verb}"
+        )
+    return named.filter(id__in=head_ids)
+
+
+def _named(rows: OutboxQuerySet, ids: Sequence[int | uuid.UUID]) -> OutboxQuerySet:
+    """The rows named by row ids (ints) or event ids (UUIDs)."""
+    ints = [i for i in ids if isinstance(i, int)]
+    uuids = [i for i in ids if isinstance(i, uuid.UUID)]
+    return rows.filter(models.Q(id__in=ints) | models.Q(event_id__in=uuids))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.utils import timezone
 from playwright.sync_api import Page, expect, sync_playwright
 
 from django_outbox.models import OutboxMessage
@@ -111,3 +112,65 @@ def test_operator_requeues_every_failed_message_from_the_browser(live_server, ca
             "attempts", flat=True
         )
     ) == {0}
+
+
+def skip_the_blocked_head(page: Page, base_url: str, screenshot: Path) -> None:
+    """Log in, find the blocked key above the rows, press its "Skip head" button, and
+    confirm."""
+    page.goto(f"{base_url}/admin/login/?next=/admin/django_outbox/outboxmessage/")
+    page.get_by_label("Username").fill("operator")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    blocked = page.locator("#outbox-blocked")
+    expect(blocked).to_contain_text("1 blocked key")
+    key = blocked.locator("tr.outbox-blocked-key")
+    expect(key).to_have_count(1)
+    expect(key).to_contain_text("order-1")
+    expect(key).to_contain_text("poison: the payload cannot be encoded")
+    page.screenshot(path=str(screenshot.with_name("admin_blocked_key.png")), full_page=True)
+    key.get_by_role("button", name="Skip head").click()
+    expect(page.locator("#content")).to_contain_text("Skipping cannot be undone.")
+    expect(page.locator("#skip-head-rows tbody tr")).to_have_count(1)
+    page.get_by_role("button", name="Yes, skip them").click()
+
+    expect(page.locator("ul.messagelist")).to_contain_text(
+        "1 head skipped: a skip marker is published in its place; its key moves on."
+    )
+    expect(page.locator("#outbox-blocked")).to_have_count(0)
+    page.screenshot(path=str(screenshot), full_page=True)
+
+
+def test_operator_skips_a_blocked_head_from_the_browser(live_server, capsys):
+    published = OutboxMessageFactory(ordering_key="order-1", sequence=1, published=True)
+    head = OutboxMessageFactory(
+        ordering_key="order-1",
+        sequence=2,
+        status=Status.ABANDONED,
+        abandoned_at=timezone.now(),
+        last_error="poison: the payload cannot be encoded",
+    )
+    behind = OutboxMessageFactory(ordering_key="order-1", sequence=3)
+    operator()
+    ARTIFACTS.mkdir(exist_ok=True)
+    screenshot = ARTIFACTS / "admin_skip_head.png"
+    screenshot.unlink(missing_ok=True)
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 900})
+            page.set_default_timeout(30_000)
+            skip_the_blocked_head(page, live_server.url, screenshot)
+        finally:
+            browser.close()
+
+    with capsys.disabled():
+        print(f"\nadmin screenshot: {screenshot}")
+    assert screenshot.stat().st_size > 10_000
+    status = dict(OutboxMessage.objects.values_list("pk", "status"))
+    assert [status[published.pk], status[head.pk], status[behind.pk]] == [
+        Status.PUBLISHED,
+        Status.PENDING,
+        Status.PENDING,
+    ]
+    assert OutboxMessage.objects.get(pk=head.pk).skipped_at is not None

@@ -152,6 +152,7 @@ def test_the_package_has_the_commands_the_docs_describe():
         "outbox_cleanup",
         "outbox_replay_parked",
         "outbox_requeue",
+        "outbox_skip",
         "outbox_status",
         "run_outbox_consumer",
         "run_outbox_relay",

@@ -3,17 +3,22 @@ database: the summary lines, the reasons, the exit rule, the progress bar's coun
 
 from __future__ import annotations
 
+import datetime as dt
+import uuid
+
 from django_outbox.db import RowCount
 from django_outbox.failures import Reason
 from django_outbox.relay import BatchStats, RunStats
 from django_outbox.reporting import (
     DrainProgress,
     batch_summary,
+    blocked_lines,
     exit_error,
     reason_lines,
     rows,
     run_result,
 )
+from django_outbox.status import BlockedKey, BlockedKeys
 
 
 def stats(**counts: int) -> BatchStats:
@@ -80,3 +85,40 @@ def test_the_progress_bar_counts_the_rows_of_each_batch():
 def test_with_nothing_due_at_the_start_the_bar_is_full():
     progress = DrainProgress(0, clock=lambda: 1.0)
     assert progress.add(stats(claimed=10)).startswith("\r[" + "#" * 30 + "] 10/0 ")
+
+
+def _blocked(head_id: int, error: str = "boom", since: dt.timedelta | None = None) -> BlockedKey:
+    return BlockedKey(
+        destination="orders",
+        ordering_key=f"order-{head_id}",
+        head_id=head_id,
+        event_id=uuid.UUID(int=head_id),
+        sequence=4,
+        error=error,
+        blocked_for=since,
+        waiting=2,
+    )
+
+
+def test_no_blocked_section_without_blocked_keys():
+    assert blocked_lines(BlockedKeys(RowCount(0, exact=True), [])) == []
+
+
+def test_the_blocked_section_names_every_listed_head_in_its_commands():
+    keys = [_blocked(7, "poison\nwith a traceback", dt.timedelta(seconds=30)), _blocked(9, "")]
+    lines = blocked_lines(BlockedKeys(RowCount(2, exact=True), keys))
+    assert lines == [
+        "Blocked keys (their head is abandoned; nothing behind it is published): 2",
+        f"  orders 'order-7': head 7 (event {uuid.UUID(int=7)}, sequence 4), blocked 30s, "
+        "2 waiting: poison with a traceback",
+        f"  orders 'order-9': head 9 (event {uuid.UUID(int=9)}, sequence 4), blocked ?, "
+        "2 waiting: no error recorded",
+        "  fix the cause, then publish the heads again: manage.py outbox_requeue --id 7 9",
+        "  or give up on them (consumers get skip markers): manage.py outbox_skip --id 7 9",
+    ]
+
+
+def test_the_blocked_section_says_when_more_keys_are_blocked_than_listed():
+    lines = blocked_lines(BlockedKeys(RowCount(10_500, exact=False), [_blocked(1)]))
+    assert lines[0].endswith(": more than 10000")
+    assert "  and more: the 1 blocked longest are listed" in lines

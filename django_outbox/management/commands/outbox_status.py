@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from django_outbox.cli import add_database_option, require_tables
 from django_outbox.models import InboxFailure, OutboxMessage
+from django_outbox.reporting import blocked_lines
 from django_outbox.status import RECENT_ROWS, report
 from django_outbox.text import one_line
 
@@ -15,7 +16,8 @@ from django_outbox.text import one_line
 class Command(BaseCommand):
     help = (
         "Show outbox counts per state, the oldest due row's age, failing attempts, busy keys, "
-        "the most frequent recent errors and the parked inbox messages per consumer."
+        "blocked keys (an abandoned head holds back its ordered key), the most frequent "
+        "recent errors and the parked inbox messages per consumer."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -40,6 +42,8 @@ class Command(BaseCommand):
             self.stdout.write("ordering keys with the most rows waiting:")
             for key, count in status.top_keys:
                 self.stdout.write(f"  {count:>7}  {key}")
+        for line in blocked_lines(status.blocked):
+            self.stdout.write(line)
         if status.recent_errors:
             self.stdout.write(
                 f"most frequent errors of the latest {RECENT_ROWS} failed and abandoned rows:"
