@@ -1,0 +1,253 @@
+"""Ordered consumption on real RabbitMQ and PostgreSQL: the inbox's last sequence per
+(consumer, destination, key) makes run_outbox_consumer handle each key's events in
+sequence, whatever order the broker delivers them in, and partition queues share an
+ordered route among consumer processes without breaking that order.
+
+Until the ordered relay exists, the tests publish with kombu what it will send: the
+body as JSON and the headers event_id, event_type, ordering_key, destination,
+sequence (and skipped on a skip marker)."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import threading
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable
+
+import kombu
+import pytest
+from django.test import override_settings
+
+from django_outbox import ReceivedEvent
+from django_outbox.conf import outbox_settings
+from django_outbox.consumer import InboxConsumer
+from django_outbox.models import InboxSequence
+from django_outbox.transports.kombu import declare
+from tests.support import (
+    AMQP_URL,
+    broker_connection,
+    delete_queue,
+    start_command,
+    stop,
+    unique_destination,
+    wait_until,
+)
+from tests.testapp.models import Delivery
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: (ordering key, sequence), or (key, sequence, "skipped") for a skip marker.
+Event = tuple
+
+
+def event_id(destination: str, key: str, sequence: int) -> str:
+    """The same id for every copy of one event, so a republished copy is a duplicate."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{destination}/{key}/{sequence}"))
+
+
+def publish(destination: str, events: Iterable[Event]) -> None:
+    """Publish ``events`` in the given order as the ordered relay would, through the
+    route of ``destination`` (declared first, as the relay does)."""
+    route = outbox_settings.route_for(destination)
+    with broker_connection() as connection:
+        channel = connection.channel()
+        declare(channel, route)
+        producer = kombu.Producer(channel)
+        for key, sequence, *skipped in events:
+            headers = {
+                "event_id": event_id(destination, key, sequence),
+                "event_type": "test.ordered",
+                "ordering_key": key,
+                "destination": destination,
+                "sequence": sequence,
+            }
+            if skipped:
+                headers["skipped"] = True
+            body = "null" if skipped else json.dumps({"key": key, "n": sequence})
+            producer.publish(
+                body.encode(),
+                exchange=route.exchange,
+                routing_key=route.routing_key_for(key),
+                content_type="application/json",
+                content_encoding="utf-8",
+                headers=headers,
+                message_id=headers["event_id"],
+                delivery_mode=2,
+            )
+
+
+class Recorder:
+    """An in-process handler that remembers the (key, sequence) of each run."""
+
+    def __init__(self, fail=lambda event: False) -> None:
+        self.runs: list[tuple[str, int]] = []
+        self.fail = fail
+        self.failures = 0
+
+    def __call__(self, event: ReceivedEvent) -> None:
+        if self.fail(event):
+            self.failures += 1
+            raise RuntimeError(f"handler refuses {event.ordering_key} {event.sequence}")
+        self.runs.append((event.ordering_key, event.sequence))
+
+    def of(self, key: str) -> list[int]:
+        return [sequence for run_key, sequence in self.runs if run_key == key]
+
+
+@pytest.fixture
+def destination():
+    name = unique_destination("o")
+    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "DEFAULT_ORDERED": True}):
+        yield name
+    delete_queue(name)
+
+
+def consume(destination: str, handler, **options) -> InboxConsumer:
+    consumer = InboxConsumer(
+        destination, handler, "ordered", retry_delay=0.05, retry_max_delay=0.2, **options
+    )
+    consumer.run(idle_timeout=2)
+    return consumer
+
+
+def test_a_key_fed_out_of_order_is_handled_in_sequence_and_duplicates_are_acked(destination):
+    publish(destination, [("a", 3), ("b", 2), ("a", 1), ("a", 2), ("b", 1), ("a", 5), ("a", 4)])
+    publish(destination, [("a", 2), ("b", 1)])  # copies of events already delivered
+    handler = Recorder()
+    stats = consume(destination, handler).stats
+    assert handler.of("a") == [1, 2, 3, 4, 5]
+    assert handler.of("b") == [1, 2]
+    assert stats.handled == 7
+    assert stats.duplicates == 2  # acked, handler not run
+    assert stats.held >= 2  # a3 and b2 at least came before their predecessors
+    assert stats.failed == stats.parked == stats.rejected == 0
+    last = dict(InboxSequence.objects.values_list("ordering_key", "last_sequence"))
+    assert last == {"a": 5, "b": 2}
+
+
+def test_a_failing_handler_holds_back_only_its_key(destination):
+    """a1 fails until every event of b was handled: b flows while a waits, and a's
+    successors, delivered meanwhile, are held back and then handled in sequence."""
+    publish(destination, [(key, n) for n in range(1, 6) for key in ("a", "b")])
+    b_done = threading.Event()
+
+    def fail(event: ReceivedEvent) -> bool:
+        if event.ordering_key == "b" and event.sequence == 5:
+            b_done.set()
+        return event.ordering_key == "a" and event.sequence == 1 and not b_done.is_set()
+
+    handler = Recorder(fail)
+    stats = consume(destination, handler, max_deliveries=None).stats
+    assert handler.failures >= 1
+    assert handler.of("a") == [1, 2, 3, 4, 5]
+    assert handler.of("b") == [1, 2, 3, 4, 5]
+    assert handler.runs.index(("b", 5)) < handler.runs.index(("a", 1))
+    assert stats.handled == 10
+    assert stats.failed == handler.failures
+    assert stats.held >= 1  # a2 came while a1 was failing
+
+
+def test_a_skip_marker_moves_the_key_on_without_the_handler(destination, caplog):
+    publish(destination, [("a", 1), ("a", 3), ("a", 2, "skipped"), ("a", 4)])
+    handler = Recorder()
+    with caplog.at_level("WARNING", logger="django_outbox.consumer"):
+        stats = consume(destination, handler).stats
+    assert handler.of("a") == [1, 3, 4]
+    assert stats.handled == 3
+    assert stats.ignored == 1
+    assert InboxSequence.objects.get(ordering_key="a").last_sequence == 4
+    (marker,) = [r for r in caplog.records if getattr(r, "action", "") == "inbox.skip_marker"]
+    assert marker.sequence == 2
+
+
+def test_an_event_with_a_sequence_but_no_key_is_rejected(destination):
+    with broker_connection() as connection:
+        channel = connection.channel()
+        declare(channel, outbox_settings.route_for(destination))
+        kombu.Producer(channel).publish(
+            b"{}",
+            routing_key=destination,
+            content_type="application/json",
+            content_encoding="utf-8",
+            headers={"event_id": str(uuid.uuid4()), "sequence": 1, "destination": destination},
+        )
+    stats = consume(destination, Recorder()).stats
+    assert stats.rejected == 1
+    assert not InboxSequence.objects.exists()
+
+
+# -- partition queues, three consumer processes -------------------------------------------
+
+PARTITIONS = 6
+KEYS = 30
+EVENTS_PER_KEY = 10
+
+
+def partitioned_route(destination: str) -> dict:
+    return {"ROUTES": {destination: {"queue": destination, "ordered": True, "partitions": 6}}}
+
+
+def shuffled_within_pairs(events: list[Event], rng: random.Random) -> list[Event]:
+    """Swap some neighbours, as a requeue or a nacked publication would."""
+    events = list(events)
+    for index in range(0, len(events) - 1, 2):
+        if rng.random() < 0.3:
+            events[index], events[index + 1] = events[index + 1], events[index]
+    return events
+
+
+@pytest.fixture
+def partitioned():
+    name = unique_destination("p")
+    outbox = {"BROKER_URL": AMQP_URL, **partitioned_route(name)}
+    with override_settings(OUTBOX=outbox):
+        yield name
+    route = outbox_settings.route_for(name)
+    for queue in route.partition_queues:
+        delete_queue(queue)
+    with broker_connection() as connection:
+        kombu.Exchange(route.partition_exchange, channel=connection.channel()).delete()
+
+
+def test_three_consumers_over_partition_queues_keep_per_key_order_and_share_the_load(
+    partitioned,
+):
+    outbox = partitioned_route(partitioned)
+    rng = random.Random(14)
+    keys = [f"order-{number}" for number in range(KEYS)]
+    events = [(key, n) for n in range(1, EVENTS_PER_KEY + 1) for key in keys]
+    publish(partitioned, shuffled_within_pairs(events, rng))
+    shares = ("0,3", "1,4", "2,5")
+    consumers = [
+        start_command(
+            "run_outbox_consumer",
+            *("--queue", partitioned, "--partitions", share),
+            *("--handler", "tests.testapp.handlers.ordered", "--consumer", "ordered"),
+            *("--retry-delay", "0.05", "--retry-max-delay", "0.5"),
+            **outbox,
+        )
+        for share in shares
+    ]
+    try:
+        total = KEYS * EVENTS_PER_KEY
+        wait_until(lambda: Delivery.objects.count() >= total, timeout=180, what="every event")
+    finally:
+        results = [stop(process, signal.SIGTERM) for process in consumers]
+    for code, _out, err in results:
+        assert code == 0, err
+    handled: dict[str, list[int]] = defaultdict(list)
+    by_process: dict[str, set[str]] = defaultdict(set)
+    for consumer, n in Delivery.objects.order_by("id").values_list("consumer", "n"):
+        pid, key = consumer.split(" ")
+        handled[key].append(n)
+        by_process[pid].add(key)
+    assert {key: handled[key] for key in keys} == {
+        key: list(range(1, EVENTS_PER_KEY + 1)) for key in keys
+    }
+    assert len(by_process) == 3  # every process took a share of the keys ...
+    owners = [pid for pid, owned in by_process.items() for _key in owned]
+    assert len(owners) == KEYS  # ... and each key was handled by one process only
+    print("keys per consumer process:", sorted(len(owned) for owned in by_process.values()))
