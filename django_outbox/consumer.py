@@ -94,6 +94,8 @@ RETRY_JITTER = 0.5
 DRAIN_TIMEOUT = 1.0
 #: The shortest wait before an event held back for its key's earlier event is requeued.
 EARLY_MIN_DELAY = 0.1
+#: An event held back this many times (and each further multiple) is logged at WARNING.
+EARLY_WARN_EVERY = 10
 Handler = Callable[[ReceivedEvent], object]
 R = TypeVar("R")
 
@@ -492,18 +494,22 @@ class InboxConsumer(ConsumerMixin):
         self.stats.held += 1
         times = self._early[event.event_id] = self._early.get(event.event_id, 0) + 1
         delay = max(self.retry.delay(times), EARLY_MIN_DELAY)
-        logger.debug(
-            "%s: event %s (sequence %d of key %r) held back %.1fs: an earlier event of "
-            "its key is not handled yet",
+        # Every tenth time at WARNING: a key that waits this long needs a look.
+        logger.log(
+            logging.WARNING if times % EARLY_WARN_EVERY == 0 else logging.DEBUG,
+            "%s: event %s (sequence %d of key %r) held back for %.1fs (time %d): an earlier "
+            "event of its key is not handled yet (failing, parked, or not delivered here)",
             self.consumer,
             event.event_id,
             event.sequence,
             event.ordering_key,
             delay,
+            times,
             extra={
                 "action": "inbox.held_back",
                 "sequence": event.sequence,
                 "delay": delay,
+                "times": times,
                 **self._log_fields(event),
             },
         )

@@ -3,12 +3,14 @@
 sequence, whatever order the broker delivers them in, and partition queues share an
 ordered route among consumer processes without breaking that order.
 
-Until the ordered relay exists, the tests publish with kombu what it will send: the
-body as JSON and the headers event_id, event_type, ordering_key, destination,
-sequence (and skipped on a skip marker)."""
+Until the ordered claim exists, the tests publish claimed messages they build
+themselves through the relay's kombu transport: the body as JSON and the headers
+event_id, event_type, ordering_key, destination, sequence (and skipped on a skip
+marker), exactly as the relay sends them."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import random
 import signal
@@ -24,7 +26,10 @@ from django.test import override_settings
 from django_outbox import ReceivedEvent
 from django_outbox.conf import outbox_settings
 from django_outbox.consumer import InboxConsumer
-from django_outbox.models import InboxSequence
+from django_outbox.envelope import ClaimedMessage
+from django_outbox.models import InboxFailure, InboxSequence
+from django_outbox.replay import replay_parked
+from django_outbox.transports import for_broker
 from django_outbox.transports.kombu import declare
 from tests.support import (
     AMQP_URL,
@@ -49,34 +54,30 @@ def event_id(destination: str, key: str, sequence: int) -> str:
 
 
 def publish(destination: str, events: Iterable[Event]) -> None:
-    """Publish ``events`` in the given order as the ordered relay would, through the
-    route of ``destination`` (declared first, as the relay does)."""
+    """Publish ``events`` in the given order through the relay's own transport (its
+    declarations, wire format, mandatory flag and confirms), as the ordered relay will."""
     route = outbox_settings.route_for(destination)
-    with broker_connection() as connection:
-        channel = connection.channel()
-        declare(channel, route)
-        producer = kombu.Producer(channel)
-        for key, sequence, *skipped in events:
-            headers = {
-                "event_id": event_id(destination, key, sequence),
-                "event_type": "test.ordered",
-                "ordering_key": key,
-                "destination": destination,
-                "sequence": sequence,
-            }
-            if skipped:
-                headers["skipped"] = True
-            body = "null" if skipped else json.dumps({"key": key, "n": sequence})
-            producer.publish(
-                body.encode(),
-                exchange=route.exchange,
-                routing_key=route.routing_key_for(key),
-                content_type="application/json",
-                content_encoding="utf-8",
-                headers=headers,
-                message_id=headers["event_id"],
-                delivery_mode=2,
-            )
+    messages = [
+        ClaimedMessage(
+            id=number,
+            event_id=uuid.UUID(event_id(destination, key, sequence)),
+            event_type="test.ordered",
+            destination=destination,
+            payload=json.dumps({"key": key, "n": sequence}),
+            headers={},
+            ordering_key=key,
+            attempts=0,
+            created_at=dt.datetime.now(dt.UTC),
+            sequence=sequence,
+            skipped=bool(skipped),
+        )
+        for number, (key, sequence, *skipped) in enumerate(events, 1)
+    ]
+    transport = for_broker(outbox_settings.require_broker(route.broker))
+    try:
+        assert transport.publish(route, messages) == [None] * len(messages)  # all confirmed
+    finally:
+        transport.close()
 
 
 class Recorder:
@@ -179,6 +180,32 @@ def test_an_event_with_a_sequence_but_no_key_is_rejected(destination):
     assert not InboxSequence.objects.exists()
 
 
+def test_a_parked_head_blocks_its_key_until_it_is_replayed(destination):
+    publish(destination, [(key, n) for n in range(1, 4) for key in ("a", "b")])
+    fixed = threading.Event()
+    handler = Recorder(
+        lambda event: event.ordering_key == "a" and event.sequence == 1 and not fixed.is_set()
+    )
+    consumer = InboxConsumer(
+        destination, handler, "ordered", max_deliveries=2, retry_delay=0.05, retry_max_delay=0.1
+    )
+    thread = threading.Thread(target=consumer.run)
+    thread.start()
+    try:
+        wait_until(lambda: InboxFailure.objects.parked().exists(), timeout=60, what="a1 parked")
+        wait_until(lambda: handler.of("b") == [1, 2, 3], timeout=60, what="b handled")
+        assert handler.of("a") == []  # a2 and a3 wait behind the parked a1
+        fixed.set()
+        (replayed,) = replay_parked(InboxFailure.objects.all())
+        assert replayed.queue == destination
+        wait_until(lambda: handler.of("a") == [1, 2, 3], timeout=60, what="a resumed")
+    finally:
+        consumer.stop.set()
+        thread.join(timeout=60)
+    assert consumer.stats.parked == 1
+    assert consumer.stats.held >= 2
+
+
 # -- partition queues, three consumer processes -------------------------------------------
 
 PARTITIONS = 6
@@ -251,3 +278,56 @@ def test_three_consumers_over_partition_queues_keep_per_key_order_and_share_the_
     owners = [pid for pid, owned in by_process.items() for _key in owned]
     assert len(owners) == KEYS  # ... and each key was handled by one process only
     print("keys per consumer process:", sorted(len(owned) for owned in by_process.values()))
+
+
+def subscribed(destination: str) -> bool:
+    """Whether every partition queue of ``destination`` has a consumer."""
+    with broker_connection() as connection:
+        channel = connection.channel()
+        route = outbox_settings.route_for(destination)
+        return all(
+            channel.queue_declare(queue, passive=True).consumer_count > 0
+            for queue in route.partition_queues
+        )
+
+
+def test_a_standby_takes_over_a_partition_when_the_active_consumer_is_killed(partitioned):
+    outbox = partitioned_route(partitioned)
+    keys = [f"order-{number}" for number in range(KEYS)]
+    publish(partitioned, [(key, n) for n in range(1, EVENTS_PER_KEY + 1) for key in keys])
+    command = (
+        *("run_outbox_consumer", "--queue", partitioned),
+        *("--handler", "tests.testapp.handlers.slow_ordered", "--consumer", "ordered"),
+        *("--retry-delay", "0.05", "--retry-max-delay", "0.5"),
+    )
+    active = start_command(*command, **outbox)
+    try:
+        wait_until(lambda: subscribed(partitioned), timeout=60, what="the first consumer active")
+        standby = start_command(*command, **outbox)
+        wait_until(lambda: Delivery.objects.count() >= 50, timeout=60, what="50 events handled")
+        # Nothing went to the standby while the active consumer was alive.
+        pids = {
+            consumer.split(" ")[0]
+            for consumer in Delivery.objects.values_list("consumer", flat=True)
+        }
+        assert pids == {str(active.pid)}
+        active.kill()
+        active.communicate(timeout=60)
+        total = KEYS * EVENTS_PER_KEY
+        wait_until(lambda: Delivery.objects.count() >= total, timeout=180, what="every event")
+    finally:
+        if active.poll() is None:
+            active.kill()
+            active.communicate()
+        code, _out, err = stop(standby, signal.SIGTERM)
+    assert code == 0, err
+    handled: dict[str, list[int]] = defaultdict(list)
+    pids = set()
+    for consumer, n in Delivery.objects.order_by("id").values_list("consumer", "n"):
+        pid, key = consumer.split(" ")
+        handled[key].append(n)
+        pids.add(pid)
+    assert pids == {str(active.pid), str(standby.pid)}
+    # In sequence and once each: what the killed consumer held unacked came back as
+    # duplicates (handled and committed) or in its turn (not committed).
+    assert dict(handled) == {key: list(range(1, EVENTS_PER_KEY + 1)) for key in keys}

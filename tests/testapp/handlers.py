@@ -59,3 +59,9 @@ def ordered(event: ReceivedEvent) -> None:
     Delivery.objects.create(
         consumer=f"{os.getpid()} {event.ordering_key}", event_id=event.event_id, n=event.sequence
     )
+
+
+def slow_ordered(event: ReceivedEvent) -> None:
+    """:func:`ordered`, taking 10 ms more per event, so a test can act mid-stream."""
+    time.sleep(0.01)
+    ordered(event)
