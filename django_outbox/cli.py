@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -97,16 +98,20 @@ def row_id(value: str) -> int | uuid.UUID:
         ) from None
 
 
+PARTITION_RANGE = re.compile(r"\s*(\d+)(?:-(\d+))?\s*")
+
+
 def partition_numbers(value: str) -> tuple[int, ...]:
     """An argparse type: partition numbers such as ``0-3,8`` (ranges inclusive)."""
     numbers: list[int] = []
     for part in value.split(","):
-        low, _, high = part.strip().partition("-")
-        if not low.isdigit() or not (high.isdigit() or not high) or int(high or low) < int(low):
+        match = PARTITION_RANGE.fullmatch(part)
+        low, high = (int(match[1]), int(match[2] or match[1])) if match else (1, 0)
+        if high < low:
             raise argparse.ArgumentTypeError(
                 f"must be partition numbers such as 0-3,8; got {value!r}"
             )
-        numbers.extend(range(int(low), int(high or low) + 1))
+        numbers.extend(range(low, high + 1))
     return tuple(numbers)
 
 

@@ -30,11 +30,13 @@ from django_outbox.envelope import ClaimedMessage
 from django_outbox.models import InboxFailure, InboxSequence
 from django_outbox.replay import replay_parked
 from django_outbox.transports import for_broker
-from django_outbox.transports.kombu import declare
+from django_outbox.transports.kombu import DeclareRefused, declare
 from tests.support import (
     AMQP_URL,
+    REDIS_URL,
     broker_connection,
     delete_queue,
+    manage,
     start_command,
     stop,
     unique_destination,
@@ -331,3 +333,26 @@ def test_a_standby_takes_over_a_partition_when_the_active_consumer_is_killed(par
     # In sequence and once each: what the killed consumer held unacked came back as
     # duplicates (handled and committed) or in its turn (not committed).
     assert dict(handled) == {key: list(range(1, EVENTS_PER_KEY + 1)) for key in keys}
+
+
+def test_partitions_on_redis_are_a_one_line_configuration_error():
+    name = unique_destination("r")
+    outbox = {"BROKER_URL": REDIS_URL, **partitioned_route(name)}
+    with override_settings(OUTBOX=outbox):
+        consumer = InboxConsumer(name, Recorder(), "ordered")
+        with pytest.raises(DeclareRefused, match="partitions need RabbitMQ") as caught:
+            consumer.run(idle_timeout=5)
+    assert "\n" not in str(caught.value)
+
+
+def test_run_outbox_consumer_refuses_partitions_the_route_does_not_have(partitioned):
+    result = manage(
+        "run_outbox_consumer",
+        *("--queue", partitioned, "--partitions", "2-9"),
+        *("--handler", "tests.testapp.handlers.ordered", "--consumer", "ordered"),
+        **partitioned_route(partitioned),
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"CommandError: queue {partitioned!r} has partitions 0-5; got 6, 7, 8, 9"
+    )
