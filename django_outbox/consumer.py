@@ -481,7 +481,7 @@ class InboxConsumer(ConsumerMixin):
         if turn is Turn.DUPLICATE:
             self.stats.duplicates += 1
             return
-        if event.skipped or not self._handles(event):
+        if event.skipped or (self.event_types and event.event_type not in self.event_types):
             self.stats.ignored += 1
         else:
             self.stats.handled += 1

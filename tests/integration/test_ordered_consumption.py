@@ -356,3 +356,36 @@ def test_run_outbox_consumer_refuses_partitions_the_route_does_not_have(partitio
     assert result.stderr.strip().splitlines()[-1] == (
         f"CommandError: queue {partitioned!r} has partitions 0-5; got 6, 7, 8, 9"
     )
+
+
+def test_events_of_types_the_handler_does_not_handle_still_move_their_key_on(destination):
+    publish(destination, [("a", 2), ("a", 1), ("a", 3)])
+    handler = Recorder()
+    stats = consume(destination, handler, event_types=["other.type"]).stats
+    assert handler.runs == []
+    assert stats.ignored == 3
+    assert InboxSequence.objects.get(ordering_key="a").last_sequence == 3
+
+
+def test_two_consumers_on_one_plain_queue_still_handle_each_key_in_sequence(destination):
+    """Without partitions, two processes take neighbouring events of one key at once:
+    the key's locked InboxSequence row serializes them, and early ones are held back."""
+    keys = [f"k{number}" for number in range(5)]
+    publish(destination, [(key, n) for n in range(1, 21) for key in keys])
+    command = (
+        *("run_outbox_consumer", "--queue", destination, "--prefetch", "10"),
+        *("--handler", "tests.testapp.handlers.ordered", "--consumer", "ordered"),
+        *("--retry-delay", "0.05", "--retry-max-delay", "0.2"),
+    )
+    outbox = {"DEFAULT_ORDERED": True}
+    consumers = [start_command(*command, **outbox) for _ in range(2)]
+    try:
+        wait_until(lambda: Delivery.objects.count() >= 100, timeout=180, what="every event")
+    finally:
+        results = [stop(process, signal.SIGTERM) for process in consumers]
+    for code, _out, err in results:
+        assert code == 0, err
+    handled: dict[str, list[int]] = defaultdict(list)
+    for consumer, n in Delivery.objects.order_by("id").values_list("consumer", "n"):
+        handled[consumer.split(" ")[1]].append(n)
+    assert dict(handled) == {key: list(range(1, 21)) for key in keys}
