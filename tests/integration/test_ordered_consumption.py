@@ -21,9 +21,10 @@ from collections.abc import Iterable
 
 import kombu
 import pytest
+from django.db import transaction
 from django.test import override_settings
 
-from django_outbox import ReceivedEvent
+from django_outbox import ReceivedEvent, stage
 from django_outbox.conf import outbox_settings
 from django_outbox.consumer import InboxConsumer
 from django_outbox.envelope import ClaimedMessage
@@ -37,6 +38,7 @@ from tests.support import (
     broker_connection,
     delete_queue,
     manage,
+    run_relay,
     start_command,
     stop,
     unique_destination,
@@ -389,3 +391,44 @@ def test_two_consumers_on_one_plain_queue_still_handle_each_key_in_sequence(dest
     for consumer, n in Delivery.objects.order_by("id").values_list("consumer", "n"):
         handled[consumer.split(" ")[1]].append(n)
     assert dict(handled) == {key: list(range(1, 21)) for key in keys}
+
+
+# -- end to end: stage, the ordered relay, partition queues ---------------------------------
+
+
+def test_staged_events_reach_three_partition_consumers_in_commit_order(partitioned):
+    """stage() numbers each key's events, run_outbox_relay (small batches) publishes them
+    through the partitioned route, and three consumer processes handle every key in
+    sequence: the events of each key in the order their transactions committed."""
+    outbox = partitioned_route(partitioned)
+    keys = [f"order-{number}" for number in range(20)]
+    staged: dict[str, list[str]] = defaultdict(list)
+    for n in range(1, 11):
+        with transaction.atomic():  # one transaction stages one event of every key
+            for key in keys:
+                row = stage("order.changed", {"n": n}, destination=partitioned, key=key)
+                staged[key].append(str(row.event_id))
+    consumers = [
+        start_command(
+            "run_outbox_consumer",
+            *("--queue", partitioned, "--partitions", share),
+            *("--handler", "tests.testapp.handlers.ordered", "--consumer", "ordered"),
+            **outbox,
+        )
+        for share in ("0,3", "1,4", "2,5")
+    ]
+    try:
+        run_relay("--drain", "--batch-size", "7", **outbox)
+        wait_until(lambda: Delivery.objects.count() >= 200, timeout=180, what="every event")
+    finally:
+        results = [stop(process, signal.SIGTERM) for process in consumers]
+    for code, _out, err in results:
+        assert code == 0, err
+    handled: dict[str, list[str]] = defaultdict(list)
+    pids = set()
+    for consumer, event in Delivery.objects.order_by("id").values_list("consumer", "event_id"):
+        pid, key = consumer.split(" ")
+        handled[key].append(str(event))
+        pids.add(pid)
+    assert dict(handled) == dict(staged)
+    assert len(pids) == 3
