@@ -420,16 +420,20 @@ class InboxConsumer(ConsumerMixin):
     def _handle_in_order(self, message: Any, event: ReceivedEvent) -> None:
         """An event with a sequence: run in its key's turn, acked if handled already,
         held back while an earlier event of its key is not handled yet."""
+        redelivered = bool(message.delivery_info.get("redelivered"))
         try:
             scope = sequence_scope(self.consumer, event)
-            turn = peek_turn(self.consumer, event, self.using)
+            # A redelivery is counted before its handler runs, unless it is early or a
+            # duplicate (no failure of its own): a look without the lock tells. A first
+            # delivery goes straight to the locked check.
+            turn = peek_turn(self.consumer, event, self.using) if redelivered else Turn.DUE
         except InvalidMessage as exc:
             self._reject(message, exc)
             return
         except DatabaseError as exc:
             self._database_down(message, exc)
             return
-        counted = turn is Turn.DUE and bool(message.delivery_info.get("redelivered"))
+        counted = redelivered and turn is Turn.DUE
         if counted and not self._count_redelivery(message, event):
             return
         if turn is Turn.DUE:
