@@ -129,7 +129,7 @@ def process_in_order(consumer: str, event: ReceivedEvent, using: str = "default"
     its :class:`Turn`; do the work inside the block only when it is ``Turn.DUE``.
 
     The :class:`~django_outbox.models.InboxSequence` row of ``(consumer, destination,
-    ordering_key)`` is created at 0 if absent and locked (``SELECT ... FOR UPDATE``),
+    ordering_key)`` is locked (``SELECT ... FOR UPDATE``; created at 0 first if absent),
     so two deliveries of one key never run at once. When the turn was DUE and the
     block ends without an exception, the event is marked handled and the key's last
     sequence advanced to its own, in the same transaction as the handler's writes.
@@ -139,11 +139,14 @@ def process_in_order(consumer: str, event: ReceivedEvent, using: str = "default"
     assert event.sequence is not None
     scope = sequence_scope(consumer, event)
     with transaction.atomic(using=using):
-        db.insert_if_absent(
-            using, InboxSequence, consumer=scope[0], destination=scope[1], ordering_key=scope[2]
-        )
-        rows = _sequences(using, scope).select_for_update()
-        turn = _turn(event.sequence, rows.values_list("last_sequence", flat=True).get())
+        last = _sequences(using, scope).select_for_update().values_list("last_sequence", flat=True)
+        found = next(iter(last), None)  # one statement once the key is known
+        if found is None:
+            db.insert_if_absent(
+                using, InboxSequence, consumer=scope[0], destination=scope[1], ordering_key=scope[2]
+            )
+            found = last.get()
+        turn = _turn(event.sequence, found)
         yield turn
         if turn is Turn.DUE:
             db.insert_if_absent(using, InboxMessage, consumer=consumer, event_id=event.event_id)
