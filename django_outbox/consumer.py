@@ -13,6 +13,11 @@ is acknowledged without running the handler again. Per message:
   acked at once, no handler call, no inbox row;
 * **handles** it in one transaction with the inbox mark, then **acks**; a
   duplicate is acked at once;
+* an event of an ordered route (it carries a ``sequence``) runs only in its
+  key's turn (:func:`~django_outbox.inbox.process_in_order`): one already handled
+  is acked, one whose predecessor is not handled yet is **held back** (requeued
+  once that one is handled here, or after a backoff), a skip marker moves its key
+  on without the handler (see docs/ordered-consumption.md);
 * on a handler error, counts the failed delivery in
   :class:`~django_outbox.models.InboxFailure`, keeps the message unacked for a
   backoff delay (doubling, capped, with jitter) while it goes on with other
@@ -24,6 +29,9 @@ is acknowledged without running the handler again. Per message:
   counted too, and parked without running once ``max_deliveries`` is reached;
 * when the database itself is unreachable, requeues without counting and
   backs off, so an outage parks nothing.
+
+The queue of a route with partitions is consumed as its partition queues (all,
+or those given), one kombu consumer each.
 
 Prefetch is bounded, so a stopped or killed consumer leaves at most
 ``prefetch`` messages unacked, and the broker redelivers them. A lost broker
