@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -97,6 +98,23 @@ def row_id(value: str) -> int | uuid.UUID:
         ) from None
 
 
+PARTITION_RANGE = re.compile(r"\s*(\d+)(?:-(\d+))?\s*")
+
+
+def partition_numbers(value: str) -> tuple[int, ...]:
+    """An argparse type: partition numbers such as ``0-3,8`` (ranges inclusive)."""
+    numbers: list[int] = []
+    for part in value.split(","):
+        match = PARTITION_RANGE.fullmatch(part)
+        low, high = (int(match[1]), int(match[2] or match[1])) if match else (1, 0)
+        if high < low:
+            raise argparse.ArgumentTypeError(
+                f"must be partition numbers such as 0-3,8; got {value!r}"
+            )
+        numbers.extend(range(low, high + 1))
+    return tuple(numbers)
+
+
 def add_database_option(parser: argparse.ArgumentParser, what: str = "outbox") -> None:
     """``--database ALIAS``."""
     parser.add_argument(
@@ -129,6 +147,14 @@ def add_consumer_options(parser: argparse.ArgumentParser) -> None:
     """The options of ``run_outbox_consumer``."""
     option = parser.add_argument
     option("--queue", required=True, help="the queue to consume")
+    option(
+        "--partitions",
+        type=partition_numbers,
+        default=None,
+        metavar="N[-M],...",
+        help="of a route with partitions, the partition queues to take, e.g. 0-3,8 "
+        "(default: all; each queue has one active consumer at a time, others stand by)",
+    )
     option(
         "--handler",
         required=True,
@@ -224,6 +250,7 @@ def consumer_from_options(options: dict[str, Any], stop: threading.Event) -> Inb
             retry_max_delay=options["retry_max_delay"],
             event_types=event_types,
             stop=stop,
+            partitions=options["partitions"],
         )
     except OutboxError as exc:
         raise CommandError(str(exc)) from exc

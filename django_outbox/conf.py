@@ -488,12 +488,13 @@ class OutboxSettings:
         return route
 
     def route_for_queue(self, queue: str) -> Route:
-        """The route that declares ``queue``, so a consumer declares the same
-        exchange, queue and binding as the relay; for a queue no route names,
+        """The route that declares ``queue`` (or has it as a partition queue), so a
+        consumer declares the same exchange, queue and binding as the relay; for a
+        queue no route names,
         the default route of a destination called ``queue`` (or, with
         DEFAULT_ROUTE off, the bare queue)."""
         for route in self.ROUTES.values():
-            if route.queue == queue:
+            if queue == route.queue or queue in route.partition_queues:
                 return route
         if self.DEFAULT_ROUTE:
             return Route.default(queue, self.DEFAULT_EXCHANGE, ordered=self.DEFAULT_ORDERED)

@@ -13,6 +13,11 @@ is acknowledged without running the handler again. Per message:
   acked at once, no handler call, no inbox row;
 * **handles** it in one transaction with the inbox mark, then **acks**; a
   duplicate is acked at once;
+* an event of an ordered route (it carries a ``sequence``) runs only in its
+  key's turn (:func:`~django_outbox.inbox.process_in_order`): one already handled
+  is acked, one whose predecessor is not handled yet is **held back** (requeued
+  once that one is handled here, or after a backoff), a skip marker moves its key
+  on without the handler (see docs/ordered-consumption.md);
 * on a handler error, counts the failed delivery in
   :class:`~django_outbox.models.InboxFailure`, keeps the message unacked for a
   backoff delay (doubling, capped, with jitter) while it goes on with other
@@ -24,6 +29,9 @@ is acknowledged without running the handler again. Per message:
   counted too, and parked without running once ``max_deliveries`` is reached;
 * when the database itself is unreachable, requeues without counting and
   backs off, so an outage parks nothing.
+
+The queue of a route with partitions is consumed as its partition queues (all,
+or those given), one kombu consumer each.
 
 Prefetch is bounded, so a stopped or killed consumer leaves at most
 ``prefetch`` messages unacked, and the broker redelivers them. A lost broker
@@ -37,14 +45,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import heapq
 import itertools
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import kombu
 from django.db import DatabaseError, close_old_connections, connections
@@ -52,19 +61,25 @@ from kombu.mixins import ConsumerMixin
 
 from .conf import outbox_settings
 from .envelope import CONTENT_TYPE, ReceivedEvent
-from .exceptions import BrokerUnreachable, InvalidMessage
+from .exceptions import BrokerUnreachable, InvalidMessage, OutboxConfigurationError
 from .inbox import (
     UNACKED_ERROR,
+    Scope,
+    Turn,
     forget_redelivery,
     handled_types,
     handles,
+    peek_turn,
+    process_in_order,
     process_once,
     record_failure,
     record_redelivery,
+    sequence_scope,
 )
 from .outage import broker_outage, database_outage
 from .redact import SecretFilter, mask_url
 from .retry import RetryPolicy
+from .routes import Route
 from .transports.kombu import (
     CONNECT_TIMEOUT,
     bound_socket_waits,
@@ -85,7 +100,12 @@ DEFAULT_RETRY_MAX_DELAY = 30.0
 RETRY_JITTER = 0.5
 #: How long one wait for a message lasts, so a stop request is seen promptly.
 DRAIN_TIMEOUT = 1.0
+#: The shortest wait before an event held back for its key's earlier event is requeued.
+EARLY_MIN_DELAY = 0.1
+#: An event held back this many times (and each further multiple) is logged at WARNING.
+EARLY_WARN_EVERY = 10
 Handler = Callable[[ReceivedEvent], object]
+R = TypeVar("R")
 
 
 @dataclasses.dataclass
@@ -97,6 +117,7 @@ class ConsumerStats:
     duplicates: int = 0  # already in the inbox: acked, handler not run
     ignored: int = 0  # an event type the handler does not handle: acked, handler not run
     failed: int = 0  # the handler raised: requeued after a backoff delay
+    held: int = 0  # ordered, an earlier event of its key not handled yet: requeued later
     parked: int = 0  # failed max_deliveries times: kept in InboxFailure, rejected
     rejected: int = 0  # not decodable as an outbox event: rejected
     elapsed: float = 0.0  # seconds the consumer ran
@@ -107,7 +128,8 @@ class ConsumerStats:
         return (
             f"received {self.received}: handled {self.handled}, duplicates {self.duplicates}, "
             f"ignored {self.ignored}, failed {self.failed}, parked {self.parked}, "
-            f"rejected {self.rejected} in {self.elapsed:.1f}s ({rate:.0f} messages/s while busy)"
+            f"rejected {self.rejected}{f', held back {self.held}' if self.held else ''} "
+            f"in {self.elapsed:.1f}s ({rate:.0f} messages/s while busy)"
         )
 
 
@@ -155,6 +177,7 @@ class InboxConsumer(ConsumerMixin):
         transport_options: dict[str, Any] | None = None,
         event_types: Iterable[str] | None = None,
         stop: threading.Event | None = None,
+        partitions: Sequence[int] | None = None,
     ) -> None:
         self.queue = queue
         self.handler = handler
@@ -171,6 +194,9 @@ class InboxConsumer(ConsumerMixin):
         )
         self.url, self.transport_options = _broker_for(queue, url, broker, transport_options)
         self.route = outbox_settings.route_for_queue(queue)
+        self.queues = _queues_to_take(self.route, queue, partitions)
+        self._current = queue  # the queue of the message in hand
+        self._early: dict[Any, int] = {}  # event id -> times held back for its key
         self.stats = ConsumerStats()
         self._transient = transient_errors(kombu.Connection(self.url))
         #: Set it (e.g. from a signal handler) to stop after the message in hand.
@@ -273,16 +299,17 @@ class InboxConsumer(ConsumerMixin):
         with other arguments) raises DeclareRefused, an OutboxConfigurationError with
         the relay's wording: retrying cannot help."""
         assert self._connection is not None  # set by establish_connection()
-        queue = declare(channel, self.route, refused=refusal_errors(self._connection))
-        assert queue is not None  # route_for_queue() always names the queue
+        declared = declare(channel, self.route, refused=refusal_errors(self._connection))
         return [
             Consumer(
                 queues=[queue],
                 accept=["json"],
-                on_message=self._on_message,
+                on_message=functools.partial(self._on_message, queue.name),
                 prefetch_count=self.prefetch,
                 auto_declare=False,
             )
+            for queue in declared
+            if queue.name in self.queues
         ]
 
     def on_consume_ready(
@@ -293,7 +320,7 @@ class InboxConsumer(ConsumerMixin):
         self._broker.recovered()
         logger.info(
             "consuming %s as %r (prefetch %d)",
-            self.queue,
+            ", ".join(self.queues),
             self.consumer,
             self.prefetch,
             extra={"action": "inbox.consuming", "queue": self.queue},
@@ -323,7 +350,8 @@ class InboxConsumer(ConsumerMixin):
 
     # -- one message ----------------------------------------------------------------
 
-    def _on_message(self, message: Any) -> None:
+    def _on_message(self, queue: str, message: Any) -> None:
+        self._current = queue
         if self.stop.is_set():  # delivered while the consumer unsubscribes: not started
             message.requeue()
             return
@@ -343,36 +371,161 @@ class InboxConsumer(ConsumerMixin):
         except InvalidMessage as exc:
             self._reject(message, exc)
             return
-        if self.event_types is not None and not handles(
-            self.consumer, self.event_types, event.event_type, event.event_id
-        ):
+        if event.sequence is not None:
+            self._handle_in_order(message, event)
+            return
+        if not self._handles(event):
             message.ack()
             self.stats.ignored += 1
             return
         counted = bool(message.delivery_info.get("redelivered"))
         if counted and not self._count_redelivery(message, event):
             return
-        try:
-            with process_once(self.consumer, event.event_id, self.using) as new:
-                if new:
-                    self.handler(event)
-                if counted:
-                    forget_redelivery(self.consumer, event.event_id, self.using)
-        except DatabaseError as exc:
-            if self._database_unusable():
-                self._database_down(message, exc)
-                return
-            self._failed(message, event, exc, counted)
+        new = self._try(message, event, counted, functools.partial(self._once, event, counted))
+        if new is None:
             return
-        except Exception as exc:
-            self._failed(message, event, exc, counted)
-            return
-        self._database.recovered()
         message.ack()
         if new:
             self.stats.handled += 1
         else:
             self.stats.duplicates += 1
+
+    def _handles(self, event: ReceivedEvent) -> bool:
+        return self.event_types is None or handles(
+            self.consumer, self.event_types, event.event_type, event.event_id
+        )
+
+    def _try(
+        self, message: Any, event: ReceivedEvent, counted: bool, work: Callable[[], R]
+    ) -> R | None:
+        """``work()``'s result; None when it failed: then the message was held for a
+        retry, parked, or (the database down) requeued."""
+        try:
+            result = work()
+        except DatabaseError as exc:
+            if self._database_unusable():
+                self._database_down(message, exc)
+            else:
+                self._failed(message, event, exc, counted)
+            return None
+        except Exception as exc:
+            self._failed(message, event, exc, counted)
+            return None
+        self._database.recovered()
+        return result
+
+    def _once(self, event: ReceivedEvent, counted: bool) -> bool:
+        """Run the handler unless the inbox has the event; whether it ran."""
+        with process_once(self.consumer, event.event_id, self.using) as new:
+            if new:
+                self.handler(event)
+            if counted:
+                forget_redelivery(self.consumer, event.event_id, self.using)
+        return new
+
+    # -- ordered events ---------------------------------------------------------------
+
+    def _handle_in_order(self, message: Any, event: ReceivedEvent) -> None:
+        """An event with a sequence: run in its key's turn, acked if handled already,
+        held back while an earlier event of its key is not handled yet."""
+        redelivered = bool(message.delivery_info.get("redelivered"))
+        try:
+            scope = sequence_scope(self.consumer, event)
+            # A redelivery is counted before its handler runs, unless it is early or a
+            # duplicate (no failure of its own): a look without the lock tells. A first
+            # delivery goes straight to the locked check.
+            turn = peek_turn(self.consumer, event, self.using) if redelivered else Turn.DUE
+        except InvalidMessage as exc:
+            self._reject(message, exc)
+            return
+        except DatabaseError as exc:
+            self._database_down(message, exc)
+            return
+        counted = redelivered and turn is Turn.DUE
+        if counted and not self._count_redelivery(message, event):
+            return
+        if turn is Turn.DUE:
+            settled = self._try(
+                message, event, counted, functools.partial(self._in_turn, event, counted)
+            )
+            if settled is None:
+                return
+            turn = settled
+        self._settle_in_order(message, event, scope, turn)
+
+    def _in_turn(self, event: ReceivedEvent, counted: bool) -> Turn:
+        """Under the key's lock: run the handler if the event is (still) due."""
+        with process_in_order(self.consumer, event, self.using) as turn:
+            if turn is Turn.DUE:
+                self._run_due(event)
+                if counted:
+                    forget_redelivery(self.consumer, event.event_id, self.using)
+        return turn
+
+    def _run_due(self, event: ReceivedEvent) -> None:
+        """The handler, unless the event is a skip marker or of a type it does not
+        handle: then the key just moves past its sequence."""
+        if event.skipped:
+            logger.warning(
+                "%s: event %s (sequence %d of key %r) was skipped by an operator; "
+                "the key moves past it without the handler",
+                self.consumer,
+                event.event_id,
+                event.sequence,
+                event.ordering_key,
+                extra={
+                    "action": "inbox.skip_marker",
+                    "sequence": event.sequence,
+                    **self._log_fields(event),
+                },
+            )
+        elif self._handles(event):
+            self.handler(event)
+
+    def _settle_in_order(
+        self, message: Any, event: ReceivedEvent, scope: Scope, turn: Turn
+    ) -> None:
+        if turn is Turn.EARLY:
+            self._hold_back(message, event, scope)
+            return
+        message.ack()
+        self._early.pop(event.event_id, None)
+        if turn is Turn.DUPLICATE:
+            self.stats.duplicates += 1
+            return
+        if event.skipped or (self.event_types and event.event_type not in self.event_types):
+            self.stats.ignored += 1
+        else:
+            self.stats.handled += 1
+        self._held.release(scope)  # its successors, held back, may be due now
+
+    def _hold_back(self, message: Any, event: ReceivedEvent, scope: Scope) -> None:
+        """Keep an event whose predecessor is not handled yet unacked for a while, then
+        requeue it: at once when this consumer handles its predecessor, else after a
+        backoff that doubles each time it comes back early. Not a failed delivery."""
+        self.stats.held += 1
+        times = self._early[event.event_id] = self._early.get(event.event_id, 0) + 1
+        delay = max(self.retry.delay(times), EARLY_MIN_DELAY)
+        # Every tenth time at WARNING: a key that waits this long needs a look.
+        logger.log(
+            logging.WARNING if times % EARLY_WARN_EVERY == 0 else logging.DEBUG,
+            "%s: event %s (sequence %d of key %r) held back for %.1fs (time %d): an earlier "
+            "event of its key is not handled yet (failing, parked, or not delivered here)",
+            self.consumer,
+            event.event_id,
+            event.sequence,
+            event.ordering_key,
+            delay,
+            times,
+            extra={
+                "action": "inbox.held_back",
+                "sequence": event.sequence,
+                "delay": delay,
+                "times": times,
+                **self._log_fields(event),
+            },
+        )
+        self._held.hold(message, delay, scope)
 
     def _count_redelivery(self, message: Any, event: ReceivedEvent) -> bool:
         """Count a redelivered message before its handler runs (its last delivery may
@@ -382,7 +535,7 @@ class InboxConsumer(ConsumerMixin):
             deliveries, parked = record_redelivery(
                 self.consumer,
                 event,
-                queue=self.queue,
+                queue=self._current,
                 body=_text(message),
                 broker_deliveries=_broker_deliveries(message.headers),
                 park_after=self.max_deliveries,
@@ -400,12 +553,12 @@ class InboxConsumer(ConsumerMixin):
         logger.error(
             "rejected a message from %s that is not an outbox event (%s: %s); "
             "the broker's dead-letter policy applies",
-            self.queue,
+            self._current,
             type(exc).__name__,
             exc,
             extra={
                 "action": "inbox.rejected",
-                "queue": self.queue,
+                "queue": self._current,
                 "message_id": message.properties.get("message_id"),
                 "content_type": message.content_type,
             },
@@ -419,7 +572,7 @@ class InboxConsumer(ConsumerMixin):
                 self.consumer,
                 event,
                 error=error,
-                queue=self.queue,
+                queue=self._current,
                 body=_text(message),
                 broker_deliveries=_broker_deliveries(message.headers),
                 park_after=self.max_deliveries,
@@ -464,7 +617,7 @@ class InboxConsumer(ConsumerMixin):
         message.reject(requeue=False)
 
     def _log_fields(self, event: ReceivedEvent) -> dict[str, str]:
-        return {"queue": self.queue, "consumer": self.consumer, "event_id": str(event.event_id)}
+        return {"queue": self._current, "consumer": self.consumer, "event_id": str(event.event_id)}
 
     def _database_unusable(self) -> bool:
         connection = connections[self.using]
@@ -488,14 +641,27 @@ class _Held:
     """
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Any]] = []
+        self._heap: list[tuple[float, int, Any, Scope | None]] = []
         self._order = itertools.count()  # ties in due time: first held, first requeued
 
     def __len__(self) -> int:
         return len(self._heap)
 
-    def hold(self, message: Any, delay: float) -> None:
-        heapq.heappush(self._heap, (time.monotonic() + delay, next(self._order), message))
+    def hold(self, message: Any, delay: float, scope: Scope | None = None) -> None:
+        """Hold ``message`` for ``delay`` seconds; an event held back for an earlier one
+        of its key gives its ``scope``, which :meth:`release` requeues at once."""
+        entry = (time.monotonic() + delay, next(self._order), message, scope)
+        heapq.heappush(self._heap, entry)
+
+    def release(self, scope: Scope) -> None:
+        """Requeue now the messages held back for ``scope``, in the order they came."""
+        due = sorted(entry for entry in self._heap if entry[3] == scope)
+        if not due:
+            return
+        self._heap = [entry for entry in self._heap if entry[3] != scope]
+        heapq.heapify(self._heap)
+        for entry in sorted(due, key=lambda entry: entry[1]):
+            entry[2].requeue()
 
     def wait(self, longest: float) -> float:
         """Seconds to wait for a message before the next held one is due, at most ``longest``."""
@@ -514,6 +680,28 @@ class _Held:
 
     def forget(self) -> None:
         self._heap.clear()
+
+
+def _queues_to_take(route: Route, queue: str, partitions: Sequence[int] | None) -> tuple[str, ...]:
+    """The queues a consumer of ``queue`` takes: ``queue`` itself, or of a partitioned
+    route's queue the partitions numbered ``partitions`` (all when None).
+    :class:`OutboxConfigurationError` for partitions the route does not have."""
+    if not route.partitions or queue in route.partition_queues:
+        if partitions is not None:
+            raise OutboxConfigurationError(
+                f"partitions given, but queue {queue!r} is not the queue of a route with "
+                "partitions (OUTBOX['ROUTES'][...]['partitions'])"
+            )
+        return (queue,)
+    if partitions is None:
+        return route.partition_queues
+    wrong = sorted(set(partitions) - set(range(route.partitions)))
+    if wrong or not partitions:
+        raise OutboxConfigurationError(
+            f"queue {queue!r} has partitions 0-{route.partitions - 1}; "
+            f"got {', '.join(map(str, wrong)) or 'none'}"
+        )
+    return tuple(route.partition_queues[number] for number in sorted(set(partitions)))
 
 
 def _decode(message: Any) -> ReceivedEvent:

@@ -15,6 +15,7 @@ message that keeps failing (see :mod:`django_outbox.consumer`).
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
 import math
@@ -32,7 +33,7 @@ from .exceptions import InvalidMessage
 
 if TYPE_CHECKING:
     from .envelope import ReceivedEvent
-    from .models import InboxFailure
+    from .models import InboxFailure, InboxSequence
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,94 @@ def process_once(
     event_uuid = as_event_id(event_id)
     with transaction.atomic(using=using):
         yield db.insert_if_absent(using, InboxMessage, consumer=consumer, event_id=event_uuid)
+
+
+class Turn(enum.Enum):
+    """Where an ordered event stands against the last sequence its consumer handled
+    of its key (see :func:`process_in_order`)."""
+
+    #: The next one of its key (sequence = last + 1): handle it.
+    DUE = "due"
+    #: Handled already (sequence <= last): acknowledge it, do nothing.
+    DUPLICATE = "duplicate"
+    #: An earlier event of its key is not handled yet (sequence > last + 1): hold it back.
+    EARLY = "early"
+
+
+#: The scope of an ordered event's sequence for one consumer:
+#: ``(consumer, destination, ordering_key)``.
+Scope = tuple[str, str, str]
+
+
+def sequence_scope(consumer: str, event: ReceivedEvent) -> Scope:
+    """The scope whose last handled sequence guards ``event`` (which has a sequence);
+    :class:`InvalidMessage` when its ``destination`` or ``ordering_key`` header is
+    missing or its sequence is not positive."""
+    destination, key = event.destination_header, event.ordering_key
+    if destination is None or key is None:
+        raise InvalidMessage(
+            f"event {event.event_id} has a sequence but no destination or ordering_key "
+            "header: it was not published by an outbox relay"
+        )
+    if (event.sequence or 0) < 1:
+        raise InvalidMessage(f"event {event.event_id} has sequence {event.sequence}, not 1 or more")
+    return consumer, destination, key
+
+
+def _turn(sequence: int, last: int) -> Turn:
+    if sequence <= last:
+        return Turn.DUPLICATE
+    return Turn.DUE if sequence == last + 1 else Turn.EARLY
+
+
+def _sequences(using: str, scope: Scope) -> models.QuerySet[InboxSequence]:
+    from .models import InboxSequence
+
+    consumer, destination, key = scope
+    return InboxSequence.objects.using(using).filter(
+        consumer=consumer, destination=destination, ordering_key=key
+    )
+
+
+def peek_turn(consumer: str, event: ReceivedEvent, using: str = "default") -> Turn:
+    """The turn of ``event`` as last committed, read without a lock: a DUPLICATE stays
+    one (the last sequence only grows); DUE and EARLY are settled by
+    :func:`process_in_order`."""
+    assert event.sequence is not None
+    last = _sequences(using, sequence_scope(consumer, event)).values_list(
+        "last_sequence", flat=True
+    )
+    return _turn(event.sequence, next(iter(last), 0))
+
+
+@contextmanager
+def process_in_order(consumer: str, event: ReceivedEvent, using: str = "default") -> Iterator[Turn]:
+    """Open a transaction holding the lock on ``event``'s key for ``consumer`` and yield
+    its :class:`Turn`; do the work inside the block only when it is ``Turn.DUE``.
+
+    The :class:`~django_outbox.models.InboxSequence` row of ``(consumer, destination,
+    ordering_key)`` is locked (``SELECT ... FOR UPDATE``; created at 0 first if absent),
+    so two deliveries of one key never run at once. When the turn was DUE and the
+    block ends without an exception, the event is marked handled and the key's last
+    sequence advanced to its own, in the same transaction as the handler's writes.
+    """
+    from .models import InboxMessage, InboxSequence
+
+    assert event.sequence is not None
+    scope = sequence_scope(consumer, event)
+    with transaction.atomic(using=using):
+        last = _sequences(using, scope).select_for_update().values_list("last_sequence", flat=True)
+        found = next(iter(last), None)  # one statement once the key is known
+        if found is None:
+            db.insert_if_absent(
+                using, InboxSequence, consumer=scope[0], destination=scope[1], ordering_key=scope[2]
+            )
+            found = last.get()
+        turn = _turn(event.sequence, found)
+        yield turn
+        if turn is Turn.DUE:
+            db.insert_if_absent(using, InboxMessage, consumer=consumer, event_id=event.event_id)
+            _sequences(using, scope).update(last_sequence=event.sequence, updated_at=Now())
 
 
 def inbox_handler(

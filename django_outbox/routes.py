@@ -19,8 +19,14 @@ STRING_KEYS = frozenset({"exchange", "exchange_type", "routing_key", "queue", "b
 ARGUMENT_KEYS = frozenset({"queue_arguments", "exchange_arguments"})
 BROKER_KEYS = STRING_KEYS | ARGUMENT_KEYS
 CELERY_KEYS = frozenset({"celery_task"})
-#: Keys any broker route may take that are not names: see :attr:`Route.ordered`.
-FLAG_KEYS = frozenset({"ordered"})
+#: Keys any broker route may take that are not names: see :attr:`Route.ordered` and
+#: :attr:`Route.partitions`.
+FLAG_KEYS = frozenset({"ordered", "partitions"})
+#: The most partition queues one route may have.
+MAX_PARTITIONS = 1024
+#: The exchange type that spreads a partitioned route's events over its partition
+#: queues by ordering key (RabbitMQ's plugin ``rabbitmq_consistent_hash_exchange``).
+PARTITION_EXCHANGE_TYPE = "x-consistent-hash"
 #: AMQP names (exchange, queue) and routing keys are short strings: at most 255 bytes.
 MAX_NAME_BYTES = 255
 
@@ -62,10 +68,25 @@ class Route:
     #: published in the commit order of their staging transactions, one batch of a key
     #: in flight at a time, each with a gap-free ``sequence`` header. See docs/ordering.md.
     ordered: bool = False
+    #: On an ordered route, the number of partition queues its events are spread over
+    #: by ordering key, so several consumers share the load and keep per-key order
+    #: (0: the one ``queue``). See docs/ordered-consumption.md.
+    partitions: int = 0
 
     @property
     def is_celery(self) -> bool:
         return self.celery_task is not None
+
+    @property
+    def partition_exchange(self) -> str:
+        """The consistent-hash exchange between the route's exchange and its partitions."""
+        return f"{self.queue}.partitions"
+
+    @property
+    def partition_queues(self) -> tuple[str, ...]:
+        """The names of the partition queues: ``<queue>.0``, ``<queue>.1`` ... (none
+        when the route is not partitioned)."""
+        return tuple(f"{self.queue}.{number}" for number in range(self.partitions))
 
     def routing_key_for(self, key: str) -> str:
         """The routing key of a message with ordering key ``key`` ("" for none)."""
@@ -107,6 +128,7 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
             "use one or the other"
         )
     ordered = _ordered(name, spec)
+    partitions = _partitions(name, spec, ordered)
     for key, val in spec.items():
         if key not in ARGUMENT_KEYS | FLAG_KEYS:
             _check_string(name, key, val)
@@ -134,6 +156,7 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
         ),
         broker=spec.get("broker") or DEFAULT_BROKER,
         ordered=ordered,
+        partitions=partitions,
     )
 
 
@@ -150,6 +173,32 @@ def _ordered(name: str, spec: Mapping[str, object]) -> bool:
             "order survives them; use a broker route and run_outbox_consumer"
         )
     return ordered
+
+
+def _partitions(name: str, spec: Mapping[str, object], ordered: bool) -> int:
+    """A route's ``partitions``: a whole number of queues, on an ordered route with a
+    named exchange and a queue."""
+    if "partitions" not in spec:
+        return 0
+    partitions = spec["partitions"]
+    if not isinstance(partitions, int) or isinstance(partitions, bool):
+        raise ValueError(
+            f"route {name!r} key 'partitions' must be a whole number; "
+            f"got {type(partitions).__name__}"
+        )
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise ValueError(f"route {name!r} partitions must be 1-{MAX_PARTITIONS}; got {partitions}")
+    if not ordered:
+        raise ValueError(
+            f'route {name!r} has partitions but is not ordered: add "ordered": True '
+            "(partitions keep each key's events on one queue, for ordered consumption)"
+        )
+    if not spec.get("queue") or spec.get("exchange") == "":
+        raise ValueError(
+            f"route {name!r} has partitions but no queue or no exchange: name the queue "
+            "(its partitions are <queue>.0, <queue>.1 ...) and do not use the default exchange"
+        )
+    return partitions
 
 
 def _check_string(name: str, key: str, value: object) -> None:

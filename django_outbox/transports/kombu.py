@@ -44,7 +44,7 @@ from ..conf import outbox_settings
 from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, ClaimedMessage
 from ..exceptions import BrokerUnreachable, OutboxConfigurationError
 from ..redact import SecretFilter, mask_url
-from ..routes import Route
+from ..routes import PARTITION_EXCHANGE_TYPE, Route
 from .base import NACKED, Failure, Outcome, Transport
 
 logger = logging.getLogger(__name__)
@@ -90,12 +90,14 @@ class DeclareRefused(OutboxConfigurationError):
 
 
 @contextlib.contextmanager
-def _refusal(kind: str, name: str, refused: tuple[type[BaseException], ...]) -> Iterator[None]:
+def _refusal(
+    kind: str, name: str, refused: tuple[type[BaseException], ...], fix: str = ""
+) -> Iterator[None]:
     """Turn the broker's refusal to declare ``name`` (one of ``refused``) into DeclareRefused."""
     try:
         yield
     except refused as exc:
-        raise DeclareRefused(kind, name, exc) from exc
+        raise DeclareRefused(kind, name, exc, fix) from exc
 
 
 def refusal_errors(connection: kombu.Connection) -> tuple[type[BaseException], ...]:
@@ -120,10 +122,13 @@ def transient_errors(connection: kombu.Connection) -> tuple[type[BaseException],
 
 def declare(
     channel: Any, route: Route, *, refused: tuple[type[BaseException], ...] = ()
-) -> kombu.Queue | None:
+) -> list[kombu.Queue]:
     """Declare the route's durable exchange and queue, with their arguments, and bind
-    them; returns the queue. Raises :class:`DeclareRefused` naming the exchange or
-    queue when the broker refuses it with one of ``refused`` (see :func:`refusal_errors`).
+    them; returns the queue (none when the route names none). A partitioned route
+    (:attr:`Route.partitions`) gets its consistent-hash exchange and partition queues
+    instead of the one queue, and returns those. Raises :class:`DeclareRefused`
+    naming the exchange or queue when the broker refuses it with one of ``refused``
+    (see :func:`refusal_errors`).
 
     The relay and the consumer both call this, so either may start first and
     nothing published before a consumer exists is dropped.
@@ -140,18 +145,66 @@ def declare(
         with _refusal("exchange", route.exchange, refused):
             exchange(channel).declare()
     if not route.queue:
-        return None
+        return []
+    if route.partitions:
+        return _declare_partitions(channel, route, refused)
     routing = binding_key(route) if exchange is not None else route.queue
+    return [
+        _declare_queue(
+            channel, route.queue, exchange, routing, dict(route.queue_arguments), refused
+        )
+    ]
+
+
+def _declare_queue(
+    channel: Any,
+    name: str,
+    exchange: kombu.Exchange | None,
+    routing: str,
+    arguments: Mapping[str, Any],
+    refused: tuple[type[BaseException], ...],
+) -> kombu.Queue:
     queue = kombu.Queue(
-        route.queue,
-        exchange,
-        routing_key=routing,
-        durable=True,
-        queue_arguments=dict(route.queue_arguments) or None,
+        name, exchange, routing_key=routing, durable=True, queue_arguments=dict(arguments) or None
     )(channel)
-    with _refusal("queue", route.queue, refused):
+    with _refusal("queue", name, refused):
         queue.declare()
     return queue
+
+
+#: What a broker without the consistent-hash exchange needs to carry partitions.
+PARTITIONS_FIX = (
+    "enable the RabbitMQ plugin (rabbitmq-plugins enable rabbitmq_consistent_hash_exchange), "
+    "or drop 'partitions' from the route"
+)
+
+
+def _declare_partitions(
+    channel: Any, route: Route, refused: tuple[type[BaseException], ...]
+) -> list[kombu.Queue]:
+    """The consistent-hash exchange of a partitioned route, bound to the route's exchange
+    (an exchange-to-exchange binding), hashing each event's ``ordering_key`` header;
+    and its partition queues, bound with weight 1 each and single-active-consumer, so
+    one consumer at a time takes a partition and a second one waits as a standby."""
+    name = route.partition_exchange
+    if isinstance(channel, kombu.transport.virtual.Channel):
+        raise DeclareRefused(
+            "exchange",
+            name,
+            LookupError("this kombu transport has no consistent-hash exchange"),
+            fix="partitions need RabbitMQ: drop 'partitions' from the route",
+        )
+    hashed = kombu.Exchange(
+        name, PARTITION_EXCHANGE_TYPE, durable=True, arguments={"hash-header": "ordering_key"}
+    )(channel)
+    with _refusal("exchange", name, refused, PARTITIONS_FIX):
+        hashed.declare()
+        hashed.bind_to(route.exchange, routing_key=binding_key(route))
+    arguments = {**dict(route.queue_arguments), "x-single-active-consumer": True}
+    return [
+        _declare_queue(channel, queue, hashed, "1", arguments, refused)
+        for queue in route.partition_queues
+    ]
 
 
 def _check_exchange_type(channel: Any, route: Route) -> None:

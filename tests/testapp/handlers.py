@@ -51,3 +51,17 @@ not_callable = 42
 def bill(event: ReceivedEvent) -> None:
     """The quickstart's billing handler: order.placed only; order.shipped is ignored."""
     Delivery.objects.create(consumer="billing", event_id=event.event_id)
+
+
+def ordered(event: ReceivedEvent) -> None:
+    """Record which process handled which sequence of which key (one Delivery per run:
+    consumer "<pid> <ordering key>", n the sequence), for the ordered consumption tests."""
+    Delivery.objects.create(
+        consumer=f"{os.getpid()} {event.ordering_key}", event_id=event.event_id, n=event.sequence
+    )
+
+
+def slow_ordered(event: ReceivedEvent) -> None:
+    """:func:`ordered`, taking 10 ms more per event, so a test can act mid-stream."""
+    time.sleep(0.01)
+    ordered(event)
