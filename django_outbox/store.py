@@ -133,7 +133,69 @@ def record(
             leased = rows.filter(id__in=ids).leased(token)
             if mark(leased) != len(ids):
                 lost |= _not_held(ids, leased)
+        for group in failed:
+            failed_rows = rows.filter(id__in=group.ids).leased(token)
+            _park_followers(failed_rows, PARKED if group.abandon else now_plus(group.delay))
     return lost
+
+
+#: Where the waiting events of a key whose head is ABANDONED are parked
+#: (``available_at``): out of the claim's reach until the head is requeued or skipped.
+PARKED = dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
+
+
+def _heads_by_key(rows: OutboxQuerySet) -> dict[tuple[str, str], int]:
+    """The lowest sequence of each ordered key among ``rows``."""
+    lowest: dict[tuple[str, str], int] = {}
+    ordered = rows.filter(sequence__isnull=False)
+    for destination, key, sequence in ordered.values_list(
+        "destination", "ordering_key", "sequence"
+    ):
+        assert sequence is not None  # filtered above
+        lowest[destination, key] = min(lowest.get((destination, key), sequence), sequence)
+    return lowest
+
+
+#: Keys one UPDATE of :func:`_update_followers` names at most.
+_KEYS_PER_UPDATE = 500
+
+
+def _update_followers(
+    using: str,
+    heads: dict[tuple[str, str], int],
+    available_at: dt.datetime | models.Expression,
+    *,
+    parked_only: bool = False,
+) -> int:
+    """Set ``available_at`` of the PENDING rows waiting behind ``heads`` (key -> the
+    head's sequence); with ``parked_only``, only of those not due yet."""
+    total = 0
+    keys = sorted(heads.items())
+    for start in range(0, len(keys), _KEYS_PER_UPDATE):
+        after = models.Q(pk__in=[])
+        for (destination, key), sequence in keys[start : start + _KEYS_PER_UPDATE]:
+            after |= models.Q(destination=destination, ordering_key=key, sequence__gt=sequence)
+        rows = OutboxMessage.objects.using(using).filter(after, status=OutboxStatus.PENDING)
+        if parked_only:
+            rows = rows.filter(available_at__gt=Now())
+        total += rows.update(available_at=available_at)
+    return total
+
+
+def _park_followers(heads: OutboxQuerySet, until: dt.datetime | models.Expression) -> int:
+    """Make the events waiting behind the ordered rows ``heads`` (now FAILED or
+    ABANDONED) due no sooner than ``until``: the head's retry, or :data:`PARKED`.
+
+    Without it every claim would walk the waiting rows of a failing key, due but
+    gated, before it reached other keys' rows: the claim's cost would grow with
+    the backlog of one blocked key (docs/ordering.md). Rows staged to the key later
+    are due until the next failure (or abandon) of its head parks them."""
+    return _update_followers(heads.db, _heads_by_key(heads), until)
+
+
+def _release_followers(using: str, lowest: dict[tuple[str, str], int]) -> int:
+    """Make the events parked behind requeued or skipped heads due now."""
+    return _update_followers(using, lowest, Now(), parked_only=True)
 
 
 def _mark_published(rows: OutboxQuerySet) -> int:
@@ -180,11 +242,12 @@ def requeue(using: str, rows: OutboxQuerySet | None = None) -> int:
     """FAILED/ABANDONED -> PENDING, due now, attempts reset, lease cleared.
 
     ``rows`` narrows the selection (default: every row); selected rows in other
-    states are left alone. Returns how many rows changed."""
-    return (
-        _selection(using, rows)
-        .requeueable()
-        .update(
+    states are left alone. The events waiting behind a requeued ordered row are due
+    now too (see :func:`_park_followers`). Returns how many rows changed."""
+    selected = _selection(using, rows).requeueable()
+    with transaction.atomic(using=using):
+        lowest = _heads_by_key(selected)
+        count = selected.update(
             status=OutboxStatus.PENDING,
             attempts=0,
             available_at=Now(),
@@ -194,7 +257,8 @@ def requeue(using: str, rows: OutboxQuerySet | None = None) -> int:
             locked_by="",
             lease_token=None,
         )
-    )
+        _release_followers(using, lowest)
+    return count
 
 
 def abandon(using: str, rows: OutboxQuerySet | None = None) -> int:
@@ -206,18 +270,20 @@ def abandon(using: str, rows: OutboxQuerySet | None = None) -> int:
     whose expired lease is abandoned here finds its token gone and its late
     write dropped. One UPDATE whose WHERE PostgreSQL re-checks after waiting for
     a row lock, so a row claimed meanwhile is refused rather than abandoned
-    under its relay. Returns how many rows changed."""
-    return (
-        _selection(using, rows)
-        .abandonable()
-        .update(
+    under its relay. The events waiting behind an abandoned ordered row are parked
+    (see :func:`_park_followers`). Returns how many rows changed."""
+    selected = _selection(using, rows).abandonable()
+    with transaction.atomic(using=using):
+        lowest = _heads_by_key(selected)
+        count = selected.update(
             status=OutboxStatus.ABANDONED,
             abandoned_at=Now(),
             locked_until=None,
             locked_by="",
             lease_token=None,
         )
-    )
+        _update_followers(using, lowest, PARKED)
+    return count
 
 
 def requeue_selected(
@@ -322,6 +388,7 @@ def skip(using: str, ids: Sequence[int | uuid.UUID]) -> int:
         skipped = list(
             rows.values_list("id", "event_id", "destination", "ordering_key", "sequence")
         )
+        _release_followers(using, _heads_by_key(rows))
         count = rows.update(
             skipped_at=Now(),
             status=OutboxStatus.PENDING,

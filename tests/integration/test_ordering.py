@@ -19,7 +19,7 @@ import pytest
 from django.db import connection, connections, transaction
 from django.test.utils import override_settings
 
-from django_outbox import db, stage, stage_many, testing
+from django_outbox import db, stage, stage_many, store, testing
 from django_outbox.db import postgresql
 from django_outbox.envelope import ClaimedMessage
 from django_outbox.exceptions import InvalidEvent
@@ -352,7 +352,8 @@ def test_a_failure_mid_run_publishes_only_the_prefix_and_holds_the_rest():
     }
     # a4 and a5 are due, but wait behind a3 (not due until its retry).
     assert _production(10, uuid.uuid4()) == []
-    OutboxMessage.objects.filter(ordering_key="a", sequence=3).update(
+    # a3's retry comes (a4 and a5, parked until then, come with it).
+    OutboxMessage.objects.filter(ordering_key="a", sequence__gte=3).update(
         available_at=rows[1].created_at
     )
     transport.fail = set()
@@ -360,6 +361,59 @@ def test_a_failure_mid_run_publishes_only_the_prefix_and_holds_the_rest():
     with _relay(transport) as relay:
         relay.run_once()
     assert _published(transport) == [("a", 3), ("a", 4), ("a", 5)]
+
+
+def _due_ordered() -> list[tuple[str, int]]:
+    """The ordered rows a claim's walk of outbox_ordered_due_idx would visit now."""
+    due = OutboxMessage.objects.due().filter(sequence__isnull=False)
+    return sorted(due.values_list("ordering_key", "sequence"))
+
+
+def test_a_failed_heads_key_waits_until_its_retry_out_of_the_claims_walk():
+    """Without parking, every claim would walk (and gate out) the failed key's backlog
+    before reaching other keys: the claim's cost would grow with one key's backlog."""
+    _stage_keys({"a": 6, "b": 2})
+    transport = _FailingTransport(fail={("a", 2)})
+    with _relay(transport) as relay:
+        relay.run_once()
+    rows = {r.sequence: r for r in OutboxMessage.objects.filter(ordering_key="a")}
+    assert rows[2].status == Status.FAILED
+    # a3..a6 (held back by this batch) are due with a2's retry, not in the walk before.
+    assert min(rows[s].available_at for s in (3, 4, 5, 6)) >= rows[2].available_at
+    assert _due_ordered() == []
+    OutboxMessage.objects.filter(ordering_key="a").update(available_at=rows[1].created_at)
+    transport.fail = set()
+    transport.store.clear()
+    with _relay(transport) as relay:
+        relay.run_once()
+    assert _published(transport) == [("a", s) for s in (2, 3, 4, 5, 6)]
+
+
+def test_an_abandoned_heads_key_is_parked_until_requeued_or_skipped():
+    _stage_keys({"a": 4, "b": 2})
+    transport = _FailingTransport(fail={("a", 2)}, permanent=True)
+    with _relay(transport) as relay:
+        relay.run_once()
+    parked = OutboxMessage.objects.filter(ordering_key="a", sequence__gt=2)
+    assert set(parked.values_list("status", "available_at")) == {(Status.PENDING, store.PARKED)}
+    _stage_keys({"a": 1, "b": 1})  # staged while blocked: due (parked at the next failure)
+    assert _due_ordered() == [("a", 5), ("b", 3)]
+    store.abandon("default", OutboxMessage.objects.filter(ordering_key="b", sequence=3))
+    assert _due_ordered() == [("a", 5)]
+    head = OutboxMessage.objects.get(ordering_key="a", sequence=2)
+    store.requeue_heads("default", [head.pk])
+    assert _due_ordered() == [("a", s) for s in (2, 3, 4, 5)]
+    store.requeue("default", OutboxMessage.objects.filter(ordering_key="b"))
+    assert ("b", 3) in _due_ordered()
+
+
+def test_a_skipped_head_releases_its_parked_key():
+    _stage_keys({"a": 3})
+    store.abandon("default", OutboxMessage.objects.filter(ordering_key="a", sequence=1))
+    assert _due_ordered() == []
+    head = OutboxMessage.objects.get(ordering_key="a", sequence=1)
+    store.skip("default", [head.pk])
+    assert [(e.sequence, e.skipped) for e in testing.drain()] == [(1, True), (2, False), (3, False)]
 
 
 def _read(queue: str, count: int) -> list[int]:
@@ -407,13 +461,14 @@ def test_a_real_nack_mid_run_publishes_only_the_prefix_and_the_rest_follows_in_o
                 (Status.PENDING, 0),
             ]
             assert _read(queue, 2) == [1, 2]
-            OutboxMessage.objects.filter(status=Status.FAILED).update(
+            # 3's retry comes (4 and 5, parked until then, come with it).
+            OutboxMessage.objects.exclude(status=Status.PUBLISHED).update(
                 available_at=rows[0].created_at
             )
             with Relay(batch_size=10) as relay:
                 relay.run_once()  # 3 and 4 fit, 5 is nacked
                 consumed = _read(queue, 2)
-                OutboxMessage.objects.filter(status=Status.FAILED).update(
+                OutboxMessage.objects.exclude(status=Status.PUBLISHED).update(
                     available_at=rows[0].created_at
                 )
                 relay.run_once()
