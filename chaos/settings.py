@@ -16,6 +16,13 @@ import environ
 
 env = environ.Env()
 
+#: The consumer's queue, and the routing key of both destinations: ``chaos.orders``
+#: (unordered, keyless, the default route) and ``ORDERED`` (an ordered route whose
+#: events carry one of ``ORDERED_KEYS`` keys), so one consumer and one tap see both.
+QUEUE = "chaos.orders"
+ORDERED = "chaos.accounts"
+ORDERED_KEYS = 20
+
 SECRET_KEY = "chaos-only-not-secret"
 USE_TZ = True
 TIME_ZONE = "UTC"
@@ -34,6 +41,7 @@ DATABASES = {
 OUTBOX = {
     "BROKER_URL": env("OUTBOX_BROKER_URL", default="amqp://guest:guest@127.0.0.1:55672//"),
     "DEFAULT_EXCHANGE": "chaos",
+    "ROUTES": {ORDERED: {"queue": QUEUE, "routing_key": QUEUE, "ordered": True}},
     **env.json("CHAOS_OUTBOX", default={}),
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
