@@ -291,12 +291,12 @@ def report(
         f"chaos profile {profile}, seed {seed}: {seconds:.0f}s, {len(faults)} faults",
         row("events committed", counted["committed"]),
         row(
-            "events rolled back (transaction / savepoint)",
-            f"{counted['rolled_back_transaction']:,} / {counted['rolled_back_savepoint']:,}",
-        ),
-        row(
             f"  of them to the ordered destination {ORDERED} (keys)",
             f"{counted['ordered']:,} ({counted['ordered_keys']})",
+        ),
+        row(
+            "events rolled back (transaction / savepoint)",
+            f"{counted['rolled_back_transaction']:,} / {counted['rolled_back_savepoint']:,}",
         ),
         row("events delivered (handled by the consumer)", counted["delivered"]),
         row("messages RabbitMQ received", counted["broker_messages"]),
