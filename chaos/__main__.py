@@ -21,8 +21,8 @@ import time
 from benchmarks.services import REPO, Services, drop_database, recreate_database
 
 from . import sabotage
+from .destinations import ORDERED_KEYS
 from .processes import HOST, Proc, manage, module, worker_env
-from .settings import ORDERED_KEYS
 
 DATABASE = "outbox_chaos"
 

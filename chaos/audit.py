@@ -20,9 +20,9 @@ from django_outbox.routes import Route
 from django_outbox.transports.kombu import declare
 
 from . import database as db
+from .destinations import ORDERED, QUEUE
 from .faults import KINDS, Fault
 from .models import BrokerCopy, OrderedCopy
-from .settings import ORDERED, QUEUE
 
 EXCHANGE = "chaos"
 DESTINATION = QUEUE

@@ -14,14 +14,9 @@ import os
 
 import environ
 
-env = environ.Env()
+from chaos.destinations import ORDERED, QUEUE
 
-#: The consumer's queue, and the routing key of both destinations: ``chaos.orders``
-#: (unordered, keyless, the default route) and ``ORDERED`` (an ordered route whose
-#: events carry one of ``ORDERED_KEYS`` keys), so one consumer and one tap see both.
-QUEUE = "chaos.orders"
-ORDERED = "chaos.accounts"
-ORDERED_KEYS = 20
+env = environ.Env()
 
 SECRET_KEY = "chaos-only-not-secret"
 USE_TZ = True
