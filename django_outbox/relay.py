@@ -309,7 +309,7 @@ class Relay:
         take over rows this one is still publishing."""
         outcomes: dict[int, Outcome] = {}
         by_destination = itertools.groupby(
-            sorted(messages, key=lambda m: (m.destination, m.id)), key=lambda m: m.destination
+            sorted(messages, key=_publish_order), key=lambda m: m.destination
         )
         for destination, group in by_destination:
             batch = list(group)
@@ -357,11 +357,16 @@ class Relay:
         """Record the outcomes: the database writes of a batch, and nothing else (it
         may run on the pipeline's database thread)."""
         messages, token = batch.messages, batch.token
-        published = [m for m, out in zip(messages, batch.outcomes, strict=True) if out is None]
+        held = _held_back(messages, batch.outcomes)
+        published = [
+            m
+            for m, out in zip(messages, batch.outcomes, strict=True)
+            if out is None and m.id not in held
+        ]
         # Rows that failed alike (same failure, same attempts) are written with one UPDATE.
         failures: dict[tuple[Failure, bool, int], list[ClaimedMessage]] = {}
         for message, outcome in zip(messages, batch.outcomes, strict=True):
-            if outcome is not None:
+            if outcome is not None and message.id not in held:
                 attempts = message.attempts + (1 if outcome.counts else 0)
                 abandon = outcome.permanent or (outcome.counts and self.policy.exhausted(attempts))
                 failures.setdefault((outcome, abandon, attempts), []).append(message)
@@ -383,6 +388,7 @@ class Relay:
                 )
                 for done in written
             ],
+            held=sorted(held),
         )
         return _Finalized(
             claimed=len(messages),
@@ -685,6 +691,31 @@ class Relay:
         else:
             broker = f"the broker {mask_url(known.url)}"
         return broker
+
+
+def _publish_order(message: ClaimedMessage) -> tuple[str, bool, str, int]:
+    """The order a batch is published in: by destination, unordered rows by id, then
+    each key's ordered rows in sequence order (the order they must reach the broker)."""
+    if message.sequence is None:
+        return (message.destination, False, "", message.id)
+    return (message.destination, True, message.ordering_key, message.sequence)
+
+
+def _held_back(messages: Sequence[ClaimedMessage], outcomes: Sequence[Outcome]) -> set[int]:
+    """The ids of the ordered rows published or not that must go out again after
+    their key's first failure in the batch: every row of the key after it in sequence
+    order. The failed row is recorded as failed, the prefix before it as published."""
+    failed_at: dict[tuple[str, str], int] = {}
+    for message, outcome in zip(messages, outcomes, strict=True):
+        if outcome is not None and message.sequence is not None:
+            scope = (message.destination, message.ordering_key)
+            failed_at[scope] = min(failed_at.get(scope, message.sequence), message.sequence)
+    return {
+        m.id
+        for m in messages
+        if m.sequence is not None
+        and m.sequence > failed_at.get((m.destination, m.ordering_key), m.sequence)
+    }
 
 
 def _rows(parts: list[_Failed]) -> int:

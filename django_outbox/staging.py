@@ -259,6 +259,11 @@ def _build(
         )
     if key is not None and (bad := _UNSTORABLE.search(key)):
         raise InvalidEvent(_unstorable(bad.group(), f"the key of event {event_type!r}"))
+    if key is None and route.ordered:
+        raise InvalidEvent(
+            f"event {event_type!r}: the route of {destination!r} is ordered, and its events "
+            "keep their order per key: give key= (the aggregate's id, say)"
+        )
     _check_routing_key(route, key or "", event_type)
     fields: dict[str, Any] = {
         "event_type": event_type,
@@ -282,7 +287,7 @@ def _insert(rows: list[OutboxMessage], using: str) -> list[OutboxMessage]:
             "business write it belongs to; wrap both in one atomic block, or use "
             "@publish_on_success, which opens it"
         )
-    created = db.insert(using, rows)
+    created = db.insert(using, rows, _ordered({row.destination for row in rows}))
     transaction.on_commit(functools.partial(_committed, created, using), using=using)
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug(
@@ -292,6 +297,16 @@ def _insert(rows: list[OutboxMessage], using: str) -> list[OutboxMessage]:
             extra={"action": "outbox.staged", "count": len(created), "using": using},
         )
     return created
+
+
+def _ordered(destinations: set[str]) -> frozenset[str]:
+    """Those of ``destinations`` whose route is ordered now: their events take a
+    sequence number, and keep it whatever the route says later."""
+    return frozenset(
+        destination
+        for destination in destinations
+        if getattr(outbox_settings.route_for(destination), "ordered", False)
+    )
 
 
 def _committed(rows: list[OutboxMessage], using: str) -> None:

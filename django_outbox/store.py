@@ -18,6 +18,8 @@ Each transition and the function that makes it:
   :func:`claim`, the same statement.
 - PROCESSING -> PUBLISHED: :func:`record` (``published``).
 - PROCESSING -> FAILED or ABANDONED: :func:`record` (``failed``, :class:`FailedRows`).
+- PROCESSING -> PENDING, an ordered row after its key's first failure in a batch:
+  :func:`record` (``held``).
 - FAILED, ABANDONED -> PENDING: :func:`requeue`, :func:`requeue_selected`.
 - PENDING, FAILED, PROCESSING with an expired lease -> ABANDONED: :func:`abandon`.
 - PUBLISHED, ABANDONED -> deleted: :func:`delete_in_batches` (called by ``retention``).
@@ -34,8 +36,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import models, transaction
@@ -92,28 +95,39 @@ class FailedRows:
 
 
 def record(
-    using: str, token: uuid.UUID, *, published: Sequence[int], failed: Sequence[FailedRows]
+    using: str,
+    token: uuid.UUID,
+    *,
+    published: Sequence[int],
+    failed: Sequence[FailedRows],
+    held: Sequence[int] = (),
 ) -> set[int]:
     """Record a published batch's outcomes under its lease ``token``.
 
     PROCESSING -> PUBLISHED for the ``published`` ids (the token stays, as a
     record of which claim published the row); PROCESSING -> FAILED (due again
-    after ``delay``) or ABANDONED for each group of ``failed``. One UPDATE per
-    group; several share one transaction. Returns the ids no longer under
+    after ``delay``) or ABANDONED for each group of ``failed``; PROCESSING ->
+    PENDING for the ``held`` ids (ordered rows after their key's first failure in
+    the batch: due now, no attempt spent, the lease cleared; the failed row before
+    them keeps them back). One UPDATE per group; several share one transaction,
+    so no reader sees a key half recorded. Returns the ids no longer under
     ``token`` (another relay took them over): they are left untouched.
     """
     rows = OutboxMessage.objects.using(using)
-    several = bool(published) + len(failed) > 1
+    several = bool(published) + len(failed) + bool(held) > 1
     lost: set[int] = set()
+    writes: list[tuple[Sequence[int], Callable[[OutboxQuerySet], int]]] = [
+        (published, _mark_published),
+        (held, _mark_held),
+    ]
+    writes += [(group.ids, functools.partial(_mark_failed, group=group)) for group in failed]
     with transaction.atomic(using=using) if several else contextlib.nullcontext():
-        if published:
-            held = rows.filter(id__in=published).leased(token)
-            if _mark_published(held) != len(published):
-                lost |= _not_held(published, held)
-        for group in failed:
-            held = rows.filter(id__in=group.ids).leased(token)
-            if _mark_failed(held, group) != len(group.ids):
-                lost |= _not_held(group.ids, held)
+        for ids, mark in writes:
+            if not ids:
+                continue
+            leased = rows.filter(id__in=ids).leased(token)
+            if mark(leased) != len(ids):
+                lost |= _not_held(ids, leased)
     return lost
 
 
@@ -121,6 +135,10 @@ def _mark_published(rows: OutboxQuerySet) -> int:
     return rows.update(
         status=OutboxStatus.PUBLISHED, published_at=Now(), locked_until=None, last_error=""
     )
+
+
+def _mark_held(rows: OutboxQuerySet) -> int:
+    return rows.update(status=OutboxStatus.PENDING, available_at=Now(), locked_until=None)
 
 
 def _mark_failed(rows: OutboxQuerySet, group: FailedRows) -> int:

@@ -10,7 +10,9 @@ by the submodules named after Django's ``connection.vendor``. Only
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
+import math
 import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -119,31 +121,65 @@ def claim(
     return _claim_portable(using, limit, max_bytes, lease_seconds, worker, token)
 
 
-def insert(using: str, rows: list[OutboxMessage]) -> list[OutboxMessage]:
+def insert(
+    using: str, rows: list[OutboxMessage], ordered: frozenset[str] = frozenset()
+) -> list[OutboxMessage]:
     """Write new outbox rows in one statement; returns them saved (primary key and
-    database defaults filled in)."""
+    database defaults filled in).
+
+    Rows to the destinations ``ordered`` (ordered routes) are numbered 1, 2, 3, ...
+    per (destination, ordering key) from its ``OutboxSequence`` row, which stays
+    locked until the caller's transaction ends: see docs/ordering.md. On PostgreSQL
+    this is the same one statement; elsewhere one UPDATE (or INSERT) per key first."""
     connection = connections[using]
     if connection.vendor == "postgresql":
-        postgresql.insert(connection, rows)
+        postgresql.insert(connection, rows, ordered)
         return rows
+    _number(using, [row for row in rows if row.destination in ordered])
     return type(rows[0]).objects.using(using).bulk_create(rows)
+
+
+def _number(using: str, rows: list[OutboxMessage]) -> None:
+    """Set the ``sequence`` of ``rows`` (all ordered) from their keys' counters, the
+    keys in sorted order; each UPDATE locks its counter row (where the database locks
+    rows) until the transaction ends."""
+    from ..models import OutboxSequence
+
+    by_scope: dict[tuple[str, str], list[OutboxMessage]] = {}
+    for row in rows:
+        by_scope.setdefault((row.destination, row.ordering_key), []).append(row)
+    counters = OutboxSequence.objects.using(using)
+    for (destination, key), scoped in sorted(by_scope.items()):
+        counter = counters.filter(destination=destination, ordering_key=key)
+        advance = {"last_sequence": models.F("last_sequence") + len(scoped)}
+        if not counter.update(**advance):
+            insert_if_absent(
+                using, OutboxSequence, destination=destination, ordering_key=key, last_sequence=0
+            )
+            counter.update(**advance)
+        last = counter.values_list("last_sequence", flat=True).get()
+        for place, row in enumerate(scoped, start=last - len(scoped) + 1):
+            row.sequence = place
 
 
 def _claim_portable(
     using: str, limit: int, max_bytes: int, lease_seconds: float, worker: str, token: uuid.UUID
 ) -> list[ClaimedMessage]:
-    """Any database Django supports: three statements in one transaction. Without
-    SKIP LOCKED (SQLite) it is safe for one relay per database only."""
+    """Any database Django supports: a few statements in one transaction (the
+    unordered rows, the heads of ordered keys, one per head for its run, the lease,
+    the read). Without SKIP LOCKED (SQLite) it is safe for one relay per database
+    only."""
     from ..models import OutboxMessage, OutboxStatus
 
     rows = OutboxMessage.objects.using(using)
     with transaction.atomic(using=using):
-        due = rows.due().filter(sequence__isnull=True).order_by("available_at", "id")
+        due = rows.due().order_by("available_at", "id")
         if supports_skip_locked(connections[using]):
             due = due.select_for_update(skip_locked=True)
         else:
             write_first(using)
-        ids = _within_bytes(due.values_list("id", _JsonBytes("payload"))[:limit], max_bytes)
+        found = sorted(_candidates(due, limit))[:limit]
+        ids = _within_bytes(((pk, size) for *_, pk, size in found), max_bytes)
         if not ids:
             return []
         lease_end = now_plus(lease_seconds)
@@ -167,6 +203,53 @@ def _claim_portable(
         # The JSONField decoded the payload; the wire wants it as text again.
         build = ClaimedMessage.reader(CLAIMED_FIELDS, payload=_json_text)
         return [build(row) for row in claimed]
+
+
+#: A claim's candidate: (place in its key's run, the head's ``available_at``, the
+#: head's id, id, payload bytes); sorted, any prefix keeps a prefix of each key.
+_Candidate = tuple[int, dt.datetime, int, int, int]
+
+
+def _candidates(due: models.QuerySet[Any], limit: int) -> list[_Candidate]:
+    """The portable claim's rows to choose from, as the named query ``claim`` picks
+    them: up to ``limit`` unordered rows, up to ``limit`` heads of ordered keys, and
+    after each head the due rows of its key that follow it contiguously (a share of
+    the rest of the batch each)."""
+    size = _JsonBytes("payload")
+    found: list[_Candidate] = [
+        (0, at, pk, pk, n)
+        for pk, at, n in due.filter(sequence__isnull=True).values_list("id", "available_at", size)[
+            :limit
+        ]
+    ]
+    heads = list(
+        due.filter(_is_head()).values_list(
+            "id", "available_at", size, "destination", "ordering_key", "sequence"
+        )[:limit]
+    )
+    found += [(0, at, pk, pk, n) for pk, at, n, *_ in heads]
+    share = math.ceil(max(limit - len(heads), 0) / max(len(heads), 1))
+    for pk, at, _, destination, key, sequence in heads if share else ():
+        later = due.filter(destination=destination, ordering_key=key, sequence__gt=sequence)
+        run = later.order_by("sequence").values_list("id", "sequence", size)[:share]
+        for place, (row_id, row_sequence, n) in enumerate(run, start=1):
+            if row_sequence != sequence + place:
+                break  # a gap: a row not due (or locked) ends the run
+            found.append((place, at, pk, row_id, n))
+    return found
+
+
+def _is_head() -> models.Q:
+    """An ordered row with no unfinished row of its key before it (named query
+    ``ordered_gate`` of the PostgreSQL claim)."""
+    from ..models import OutboxMessage, OutboxStatus
+
+    earlier = OutboxMessage.objects.filter(
+        destination=models.OuterRef("destination"),
+        ordering_key=models.OuterRef("ordering_key"),
+        sequence__lt=models.OuterRef("sequence"),
+    ).exclude(status=OutboxStatus.PUBLISHED)
+    return models.Q(models.Q(sequence__isnull=False), ~models.Exists(earlier))
 
 
 def write_first(using: str) -> None:

@@ -3,6 +3,7 @@ is in ``queries.sql``; the NOTIFY trigger is installed by the migrations)."""
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import uuid
@@ -25,15 +26,23 @@ NOTIFY_CHANNEL = "django_outbox"
 
 @functools.cache
 def _claim_sql() -> str:
-    """The claim statement (named query ``claim``) for the outbox table."""
+    """The claim statement (named query ``claim``, its gate ``ordered_gate``) for
+    the outbox table. Cached: clear it (``_claim_sql.cache_clear()``) after
+    replacing a named query."""
     from ..models import CLAIMABLE, OutboxMessage, OutboxStatus
 
+    table = {"table": OutboxMessage._meta.db_table}
+    published = {"published": OutboxStatus.PUBLISHED.value}
     return queries.sql(
         "claim",
-        identifiers={"table": OutboxMessage._meta.db_table},
+        identifiers=table,
         literals={
             "claimable": [status.value for status in CLAIMABLE],
             "processing": OutboxStatus.PROCESSING.value,
+            **published,
+        },
+        fragments={
+            "ordered_gate": queries.sql("ordered_gate", identifiers=table, literals=published)
         },
     )
 
@@ -46,18 +55,21 @@ def claim(
     worker: str,
     token: uuid.UUID,
 ) -> list[ClaimedMessage]:
-    """One statement, so one implicit transaction and one round trip: pick due rows
-    through ``outbox_due_idx`` with SKIP LOCKED, lease them, return them. The
-    payload comes back as JSON text, ready to publish without a decode/encode.
+    """One statement, so one implicit transaction and one round trip: pick due
+    unordered rows through ``outbox_due_idx`` and the heads of ordered keys with
+    the runs after them (named query ``claim``), all with SKIP LOCKED, lease
+    them, return them. The payload comes back as JSON text, ready to publish
+    without a decode/encode.
 
-    Of the picked rows only the oldest whose payload text adds up to ``max_bytes``
-    are leased (the first one always): a locking CTE cannot hold the window
-    function, so a second CTE sums the sizes. Picked rows left out are unlocked
-    when the statement ends, and the next claim takes them."""
+    Of the picked rows only a prefix whose payload text adds up to ``max_bytes``
+    are leased (the first one always), and every key keeps a prefix of its run:
+    a locking CTE cannot hold the window function, so a later CTE sums the sizes.
+    Picked rows left out are unlocked when the statement ends, and the next claim
+    takes them."""
+    params: list[Any] = [limit, limit, limit, limit, max_bytes]
+    params += [lease_seconds, lease_seconds, worker, token]
     with connection.cursor() as cursor:
-        cursor.execute(
-            _claim_sql(), [limit, max_bytes, lease_seconds, lease_seconds, worker, token]
-        )
+        cursor.execute(_claim_sql(), params)
         build = ClaimedMessage.reader(
             [column.name for column in cursor.description], headers=_headers
         )
@@ -82,48 +94,110 @@ def estimated_rows(queryset: QuerySet[Any]) -> int:
 
 
 #: Rows one INSERT writes at most: PostgreSQL takes 65,535 parameters a statement
-#: (psycopg's ``server_side_binding`` sends them apart), and a row sends 7.
+#: (psycopg's ``server_side_binding`` sends them apart), and a row sends 7; a row of
+#: ``insert_ordered`` sends 8, and its scope up to 3 more.
 INSERT_MAX_ROWS = 65_535 // 7
+INSERT_ORDERED_MAX_ROWS = 65_535 // 11
 
 
-def insert(connection: BaseDatabaseWrapper, rows: list[OutboxMessage]) -> None:
+def insert(
+    connection: BaseDatabaseWrapper,
+    rows: list[OutboxMessage],
+    ordered: frozenset[str] = frozenset(),
+) -> None:
     """Stage ``rows`` with one INSERT per ``INSERT_MAX_ROWS`` rows and set what the
     database filled in (id, ``available_at`` unless given, ``created_at``: both the
     statement's time, as the columns' ``Now()`` defaults would have it).
 
+    Rows to the destinations ``ordered`` take their key's next sequence numbers in
+    the same statement (named query ``insert_ordered``); several statements, when
+    that many rows are staged at once, take the keys in one order (sorted).
+
     Leaner than ``bulk_create``: only the columns a new row needs are sent, and the
     ones every new row starts with (PENDING, no attempts, no lease) are constants."""
-    for start in range(0, len(rows), INSERT_MAX_ROWS):
-        _insert(connection, rows[start : start + INSERT_MAX_ROWS])
+    if not any(row.destination in ordered for row in rows):
+        for start in range(0, len(rows), INSERT_MAX_ROWS):
+            _insert(connection, rows[start : start + INSERT_MAX_ROWS])
+        return
+    if len(rows) > INSERT_ORDERED_MAX_ROWS:  # the statements lock the keys in order too
+        rows = sorted(rows, key=lambda row: _scope(row, ordered) or ("", ""))  # stable
+    for start in range(0, len(rows), INSERT_ORDERED_MAX_ROWS):
+        _insert(connection, rows[start : start + INSERT_ORDERED_MAX_ROWS], ordered)
 
 
-def _insert(connection: BaseDatabaseWrapper, rows: list[OutboxMessage]) -> None:
+def _scope(row: OutboxMessage, ordered: frozenset[str]) -> tuple[str, str] | None:
+    """The scope of ``row``'s sequence, None when its destination is not ordered."""
+    return (row.destination, row.ordering_key) if row.destination in ordered else None
+
+
+def _insert(
+    connection: BaseDatabaseWrapper,
+    rows: list[OutboxMessage],
+    ordered: frozenset[str] | None = None,
+) -> None:
     from ..models import OutboxMessage, OutboxStatus
 
-    values = queries.sql("insert_row", literals={"pending": OutboxStatus.PENDING.value})
-    sql = queries.sql(
-        "insert",
-        identifiers={"table": OutboxMessage._meta.db_table},
-        fragments={"rows": ", ".join([values] * len(rows))},
-    )
-    params: list[Any] = []
-    for row in rows:
-        available_at = row.available_at
-        params += (
-            row.event_id,
-            row.event_type,
-            row.destination,
-            json.dumps(row.payload),
-            json.dumps(row.headers),
-            row.ordering_key,
-            None if isinstance(available_at, DatabaseDefault) else available_at,
-        )
+    table = {"table": OutboxMessage._meta.db_table}
+    pending = {"pending": OutboxStatus.PENDING.value}
+    if ordered is None:
+        values = queries.sql("insert_row", literals=pending)
+        rows_sql = ", ".join([values] * len(rows))
+        sql = queries.sql("insert", identifiers=table, fragments={"rows": rows_sql})
+        params = [param for row in rows for param in _row_params(row)]
+    else:
+        sql, params = _ordered_insert(rows, ordered, table, pending)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         saved = {event_id: values for event_id, *values in cursor.fetchall()}
     for row in rows:
-        row.pk, row.available_at, row.created_at = saved[row.event_id]
+        row.pk, row.available_at, row.created_at, *sequence = saved[row.event_id]
+        if sequence:
+            row.sequence = sequence[0]
         row._state.adding, row._state.db = False, connection.alias
+
+
+def _ordered_insert(
+    rows: list[OutboxMessage],
+    ordered: frozenset[str],
+    table: dict[str, str],
+    pending: dict[str, str],
+) -> tuple[str, list[Any]]:
+    """The statement ``insert_ordered`` for ``rows`` and its parameters: each scope
+    (sorted) with its number of rows, then each row with its place counted back
+    from its scope's last number."""
+    from ..models import OutboxSequence
+
+    counts = collections.Counter(filter(None, (_scope(row, ordered) for row in rows)))
+    params: list[Any] = [value for item in sorted(counts.items()) for value in (*item[0], item[1])]
+    for row in rows:
+        scope = _scope(row, ordered)
+        if scope is not None:
+            counts[scope] -= 1
+        params += (*_row_params(row), None if scope is None else counts[scope])
+    sql = queries.sql(
+        "insert_ordered",
+        identifiers={**table, "sequences": OutboxSequence._meta.db_table},
+        literals=pending,
+        fragments={
+            "scopes": ", ".join([queries.sql("sequence_scope")] * len(counts)),
+            "rows": ", ".join([queries.sql("ordered_row")] * len(rows)),
+        },
+    )
+    return sql, params
+
+
+def _row_params(row: OutboxMessage) -> tuple[Any, ...]:
+    """The parameters of ``insert_row`` (and the first ones of ``ordered_row``)."""
+    available_at = row.available_at
+    return (
+        row.event_id,
+        row.event_type,
+        row.destination,
+        json.dumps(row.payload),
+        json.dumps(row.headers),
+        row.ordering_key,
+        None if isinstance(available_at, DatabaseDefault) else available_at,
+    )
 
 
 class Listener:

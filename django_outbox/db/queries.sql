@@ -10,22 +10,61 @@
 
 
 -- name: claim
--- PostgreSQL: pick due rows through outbox_due_idx with SKIP LOCKED (expired
--- leases included: reclaim), keep the oldest whose payload text adds up to the
--- byte bound (the first always), lease them and return them. Parameters:
--- limit, max_bytes, lease seconds (twice), worker, token. The columns returned
--- are named after ClaimedMessage's fields.
+-- PostgreSQL: one statement for a batch of unordered and ordered rows, oldest
+-- first (expired leases included: reclaim). Unordered rows (no sequence) come
+-- through outbox_due_idx; ordered rows are the heads of their keys (the gate
+-- ordered_gate, through outbox_ordered_due_idx) and, after each head, the run
+-- of its key's next rows in sequence order (through outbox_key_unfinished_idx)
+-- for as long as they are due and contiguous. Every row is locked with SKIP
+-- LOCKED where the table is read, so PostgreSQL re-checks status and lease on
+-- its newest version. The batch is cut to limit rows and max_bytes of payload
+-- text (the first row always) in an order that keeps each key's prefix: heads
+-- and unordered rows by age, then the runs' first rows, their second rows, ...
+-- Each head's run is capped so that the heads' runs together about fill the
+-- batch. Parameters: limit (four times), max_bytes, lease seconds (twice),
+-- worker, token. The columns returned are named after ClaimedMessage's fields.
 WITH picked AS (
     SELECT id, available_at, octet_length(payload::text) AS size FROM {table}
     WHERE status IN ({claimable}) AND available_at <= now() AND sequence IS NULL
     ORDER BY available_at, id
     LIMIT %s
     FOR UPDATE SKIP LOCKED
+), heads AS (
+    SELECT id, available_at, destination, ordering_key, sequence,
+           octet_length(payload::text) AS size
+    FROM {table} AS head
+    WHERE status IN ({claimable}) AND available_at <= now() AND sequence IS NOT NULL
+      AND {ordered_gate}
+    ORDER BY available_at, id
+    LIMIT %s
+    FOR UPDATE SKIP LOCKED
+), runs AS (
+    SELECT run.id, head.available_at, head.id AS head_id, run.size,
+           run.sequence - head.sequence AS place,
+           row_number() OVER (PARTITION BY head.id ORDER BY run.sequence) AS n
+    FROM heads AS head CROSS JOIN LATERAL (
+        SELECT later.id, later.sequence, octet_length(later.payload::text) AS size
+        FROM {table} AS later
+        WHERE later.destination = head.destination
+          AND later.ordering_key = head.ordering_key
+          AND later.sequence > head.sequence AND later.status <> {published}
+          AND later.status IN ({claimable}) AND later.available_at <= now()
+        ORDER BY later.sequence
+        LIMIT (SELECT ceil(greatest(%s - count(*), 0) / greatest(count(*), 1)::numeric)
+               FROM heads)
+        FOR UPDATE SKIP LOCKED
+    ) AS run
+), candidates AS (
+    SELECT id, 0 AS place, available_at, id AS head_id, size FROM picked
+    UNION ALL
+    SELECT id, 0, available_at, id, size FROM heads
+    UNION ALL
+    SELECT id, place, available_at, head_id, size FROM runs WHERE place = n
 ), running AS (
-    SELECT id, row_number() OVER w AS n, sum(size) OVER w AS total FROM picked
-    WINDOW w AS (ORDER BY available_at, id)
+    SELECT id, row_number() OVER w AS n, sum(size) OVER w AS total FROM candidates
+    WINDOW w AS (ORDER BY place, available_at, head_id)
 ), bounded AS (
-    SELECT id FROM running WHERE n = 1 OR total <= %s
+    SELECT id FROM running WHERE n <= %s AND (n = 1 OR total <= %s)
 )
 UPDATE {table} AS o
 SET status = {processing},
@@ -42,6 +81,19 @@ RETURNING o.id AS id, o.event_id AS event_id, o.event_type AS event_type,
           o.sequence AS sequence, o.skipped_at IS NOT NULL AS skipped
 
 
+-- name: ordered_gate
+-- PostgreSQL, a boolean fragment of claim: the ordered row "head" is the head
+-- of its key (no earlier row of its destination and ordering key is
+-- unfinished; an ABANDONED one blocks the key). An index probe of
+-- outbox_key_unfinished_idx. chaos --sabotage order replaces it with TRUE.
+NOT EXISTS (
+    SELECT 1 FROM {table} AS earlier
+    WHERE earlier.destination = head.destination
+      AND earlier.ordering_key = head.ordering_key
+      AND earlier.sequence < head.sequence AND earlier.status <> {published}
+)
+
+
 -- name: insert
 -- PostgreSQL: stage new rows in one statement; {rows} is insert_row repeated
 -- once per row. Returns what the database filled in.
@@ -55,6 +107,51 @@ RETURNING event_id, id, available_at, created_at
 -- PostgreSQL: one new row of insert (parameters: event_id, event_type,
 -- destination, payload, headers, ordering_key, available_at or NULL).
 (%s, %s, %s, %s::jsonb, %s::jsonb, %s, coalesce(%s, statement_timestamp()), {pending}, 0, '', '')
+
+
+-- name: insert_ordered
+-- PostgreSQL: stage new rows, some of them on ordered routes, in one
+-- statement. {scopes} is sequence_scope once per (destination, ordering_key)
+-- of the ordered rows, sorted (so that writers of several keys lock their
+-- counters in one order and cannot deadlock): each counter row is created or
+-- advanced by its number of rows, and its row lock is held until the staging
+-- transaction ends, which orders the writers of a key by commit. {rows} is
+-- ordered_row once per row; an ordered row's place counts back from its
+-- scope's last number (the scope's last row 0), an unordered row's is NULL
+-- and its sequence stays NULL. Returns what the database filled in.
+WITH counters AS (
+    INSERT INTO {sequences} AS counter (destination, ordering_key, last_sequence)
+    VALUES {scopes}
+    ON CONFLICT (destination, ordering_key)
+    DO UPDATE SET last_sequence = counter.last_sequence + excluded.last_sequence
+    RETURNING destination, ordering_key, last_sequence
+), staged (event_id, event_type, destination, payload, headers, ordering_key,
+           available_at, place) AS (
+    VALUES {rows}
+)
+INSERT INTO {table} (event_id, event_type, destination, payload, headers, ordering_key,
+                     available_at, status, attempts, locked_by, last_error, sequence)
+SELECT staged.event_id, staged.event_type, staged.destination, staged.payload,
+       staged.headers, staged.ordering_key,
+       coalesce(staged.available_at, statement_timestamp()), {pending}, 0, '', '',
+       counters.last_sequence - staged.place
+FROM staged LEFT JOIN counters
+    ON staged.place IS NOT NULL AND counters.destination = staged.destination
+   AND counters.ordering_key = staged.ordering_key
+RETURNING event_id, id, available_at, created_at, sequence
+
+
+-- name: sequence_scope
+-- PostgreSQL: one counter of insert_ordered (parameters: destination,
+-- ordering_key, how many numbers it takes).
+(%s, %s, %s::bigint)
+
+
+-- name: ordered_row
+-- PostgreSQL: one new row of insert_ordered (parameters: event_id, event_type,
+-- destination, payload, headers, ordering_key, available_at or NULL, place or
+-- NULL).
+(%s::uuid, %s, %s, %s::jsonb, %s::jsonb, %s, %s::timestamptz, %s::bigint)
 
 
 -- name: listen

@@ -51,8 +51,12 @@ def test_every_query_of_the_package_file_loads():
     names = re.findall(r"^-- name: (\w+)", text, re.MULTILINE)
     assert set(names) == {
         "claim",
+        "ordered_gate",
         "insert",
         "insert_row",
+        "insert_ordered",
+        "sequence_scope",
+        "ordered_row",
         "listen",
         "notify_function",
         "notify_trigger",
@@ -78,7 +82,8 @@ def test_identifiers_and_literals_are_quoted_and_escaped():
     sql = queries.sql(
         "claim",
         identifiers={"table": 'out"box'},
-        literals={"claimable": ["a", "b'c"], "processing": "p"},
+        literals={"claimable": ["a", "b'c"], "processing": "p", "published": "d"},
+        fragments={"ordered_gate": "TRUE"},
     )
     assert 'FROM "out""box"' in sql
     assert "status IN ('a', 'b''c')" in sql

@@ -1,0 +1,454 @@
+"""Strict per-key order on real PostgreSQL (docs/ordering.md): sequence numbers taken at
+staging in commit order, the claim of heads and their runs, the finalize rule.
+
+Concurrency is driven by threads that each hold their own Django connection, and by
+``threading.Event`` and polling of ``pg_stat_activity`` (a session waiting for a lock),
+never by sleeps.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+
+import psycopg
+import pytest
+from django.db import connection, connections, transaction
+from django.test.utils import override_settings
+
+from django_outbox import db, stage, stage_many, testing
+from django_outbox.db import postgresql
+from django_outbox.envelope import ClaimedMessage
+from django_outbox.exceptions import InvalidEvent
+from django_outbox.models import OutboxMessage, OutboxSequence
+from django_outbox.relay import Relay
+from django_outbox.transports.base import Failure, Outcome
+from django_outbox.transports.memory import MemoryTransport
+from tests.support import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Status = OutboxMessage.Status
+ORDERED = "ordered-orders"
+PLAIN = "plain-orders"
+ROUTES = {
+    "BROKERS": {"default": {"URL": "memory://"}},
+    "ROUTES": {
+        ORDERED: {"exchange": "orders", "ordered": True},
+        PLAIN: {"exchange": "orders"},
+    },
+}
+
+
+@pytest.fixture(autouse=True)
+def _ordered_route() -> Iterator[None]:
+    with override_settings(OUTBOX=ROUTES):
+        yield
+
+
+def _stage(key: str, n: int = 0, destination: str = ORDERED) -> OutboxMessage:
+    return stage("order.changed", {"n": n}, destination=destination, key=key)
+
+
+def _sequences(key: str) -> list[int]:
+    rows = OutboxMessage.objects.filter(destination=ORDERED, ordering_key=key)
+    return list(rows.order_by("sequence").values_list("sequence", flat=True))
+
+
+class _Thread(threading.Thread):
+    """A thread with its own database connection (closed at its end) that keeps the
+    exception it raised."""
+
+    def __init__(self, target: Callable[[], object]) -> None:
+        super().__init__(daemon=True)
+        self._target_call = target
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._target_call()
+        except BaseException as exc:  # reported by join_checked
+            self.error = exc
+        finally:
+            connections.close_all()
+
+    def join_checked(self) -> None:
+        self.join(timeout=60)
+        assert not self.is_alive(), "thread did not finish"
+        if self.error is not None:
+            raise self.error
+
+
+def _waiting_for_a_lock() -> int:
+    """Sessions of the test database waiting for a row lock (the counter row)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'"
+        )
+        return int(cursor.fetchone()[0])
+
+
+# -- staging ------------------------------------------------------------------------
+
+
+def test_ordered_rows_are_numbered_per_key_and_unordered_rows_are_not():
+    with transaction.atomic():
+        rows = stage_many(
+            [
+                {"event_type": "e", "payload": i, "destination": dest, "key": key}
+                for i, (dest, key) in enumerate(
+                    [(ORDERED, "b"), (ORDERED, "a"), (PLAIN, "a"), (ORDERED, "b"), (PLAIN, None)]
+                )
+            ]
+        )
+    assert [row.sequence for row in rows] == [1, 1, None, 2, None]
+    with transaction.atomic():
+        assert _stage("b").sequence == 3
+    stored = OutboxMessage.objects.order_by("id").values_list("sequence", flat=True)
+    assert list(stored) == [1, 1, None, 2, None, 3]
+    counters = OutboxSequence.objects.values_list("ordering_key", "last_sequence")
+    assert dict(counters) == {"a": 1, "b": 3}
+
+
+def test_a_keyless_event_on_an_ordered_route_is_refused():
+    with transaction.atomic():
+        with pytest.raises(InvalidEvent, match=r"ordered.*give key="):
+            stage("e", {}, destination=ORDERED)
+        with pytest.raises(InvalidEvent, match=r"event #1: .*ordered"):
+            stage_many(
+                [
+                    {"event_type": "e", "payload": 1, "destination": ORDERED, "key": "k"},
+                    {"event_type": "e", "payload": 2, "destination": ORDERED},
+                ]
+            )
+    assert not OutboxMessage.objects.exists()
+
+
+def test_a_rolled_back_savepoint_gives_its_number_back():
+    with transaction.atomic():
+        assert _stage("k").sequence == 1
+        with pytest.raises(RuntimeError), transaction.atomic():
+            assert _stage("k").sequence == 2
+            raise RuntimeError("the business write failed")
+        assert _stage("k").sequence == 2
+    assert _sequences("k") == [1, 2]
+
+
+def test_a_rolled_back_transaction_gives_its_number_to_the_writer_waiting_for_it():
+    staged, release = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            _stage("k", 1)
+            staged.set()
+            release.wait(30)
+            raise RuntimeError("rolled back")
+
+    t1 = _Thread(first)
+    t1.start()
+    assert staged.wait(30)
+    t2 = _Thread(lambda: transaction.atomic()(_stage)("k", 2))
+    t2.start()
+    wait_until(_waiting_for_a_lock, timeout=30, what="the second writer to wait")
+    release.set()
+    t1.join_checked()
+    t2.join_checked()
+    assert list(OutboxMessage.objects.values_list("payload", "sequence")) == [({"n": 2}, 1)]
+
+
+def test_numbers_follow_commit_order_not_id_order():
+    """T2 takes the lower outbox ids (it stages first, on another key), then waits for
+    the key's counter row that T1 holds; T1 commits first, so its event is number 1
+    although T2 opened first and the relay publishes T1's event first."""
+    t2_started, t1_staged, t1_commit = threading.Event(), threading.Event(), threading.Event()
+
+    def t1() -> None:
+        assert t2_started.wait(30)
+        with transaction.atomic():
+            _stage("k", 1)
+            t1_staged.set()
+            assert t1_commit.wait(30)
+
+    def t2() -> None:
+        with transaction.atomic():
+            _stage("other", 0)
+            t2_started.set()
+            assert t1_staged.wait(30)
+            _stage("k", 2)  # waits for T1's commit
+
+    threads = [_Thread(t1), _Thread(t2)]
+    for thread in threads:
+        thread.start()
+    wait_until(_waiting_for_a_lock, timeout=30, what="T2 to wait for T1's counter row")
+    t1_commit.set()
+    for thread in threads:
+        thread.join_checked()
+    rows = OutboxMessage.objects.filter(ordering_key="k").order_by("sequence")
+    assert [(row.payload["n"], row.sequence) for row in rows] == [(1, 1), (2, 2)]
+    published = [e.payload["n"] for e in testing.drain() if e.ordering_key == "k"]
+    assert published == [1, 2]
+
+
+def test_concurrent_writers_of_one_key_get_dense_numbers_in_commit_order():
+    commits: list[int] = []  # sequence numbers in the order their transactions committed
+    lock = threading.Lock()
+
+    def writer(first: int) -> None:
+        for n in range(first, first + 25):
+            with transaction.atomic():
+                row = _stage("hot", n)
+                transaction.on_commit(lambda s=row.sequence: _append(s))
+
+    def _append(sequence: int) -> None:
+        with lock:
+            commits.append(sequence)
+
+    threads = [_Thread(lambda f=f: writer(f)) for f in range(0, 100, 25)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join_checked()
+    assert _sequences("hot") == list(range(1, 101))
+    assert commits == sorted(commits)
+
+
+# -- the claim ---------------------------------------------------------------------
+
+Claim = Callable[[int, uuid.UUID], list[ClaimedMessage]]
+
+
+def _production(limit: int, token: uuid.UUID) -> list[ClaimedMessage]:
+    return db.claim("default", limit=limit, lease_seconds=30, worker="w", token=token)
+
+
+def _portable(limit: int, token: uuid.UUID) -> list[ClaimedMessage]:
+    return db._claim_portable("default", limit, 2**62, 30, "w", token)
+
+
+@pytest.fixture(params=[_production, _portable], ids=["postgresql", "portable"])
+def claim(request) -> Claim:
+    return request.param
+
+
+def _stage_keys(spec: dict[str, int]) -> None:
+    """Stage ``spec[key]`` events for each key, the keys interleaved, in one transaction."""
+    events = [
+        {"event_type": "e", "payload": {"key": key, "n": n}, "destination": ORDERED, "key": key}
+        for n in range(max(spec.values()))
+        for key in spec
+        if n < spec[key]
+    ]
+    with transaction.atomic():
+        stage_many(events)
+
+
+def _by_key(messages: Sequence[ClaimedMessage]) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = collections.defaultdict(list)
+    for message in sorted(messages, key=lambda m: (m.ordering_key, m.sequence or 0)):
+        assert message.sequence is not None
+        found[message.ordering_key].append(message.sequence)
+    return dict(found)
+
+
+def test_a_claim_takes_heads_and_their_runs_and_a_second_claim_none_of_those_keys(claim):
+    _stage_keys({"a": 5, "b": 2})
+    first = claim(4, uuid.uuid4())
+    # Heads first, then the runs' rows round by round: a1, b1, a2, b2.
+    assert _by_key(first) == {"a": [1, 2], "b": [1, 2]}
+    _stage_keys({"c": 2})
+    # a3.. wait behind a2 (PROCESSING under the first claim): only c's rows.
+    assert _by_key(claim(10, uuid.uuid4())) == {"c": [1, 2]}
+    assert claim(10, uuid.uuid4()) == []
+
+
+def test_a_head_locked_by_a_claim_in_progress_holds_back_its_whole_key(claim):
+    _stage_keys({"a": 3, "b": 3})
+    head = OutboxMessage.objects.get(ordering_key="a", sequence=1)
+    params = connection.get_connection_params()
+    for django_only in ("cursor_factory", "context", "server_side_binding"):
+        params.pop(django_only, None)
+    with psycopg.connect(**params) as other, other.transaction():
+        other.execute(
+            "SELECT id FROM django_outbox_outboxmessage WHERE id = %s FOR UPDATE", [head.pk]
+        )
+        assert _by_key(claim(10, uuid.uuid4())) == {"b": [1, 2, 3]}
+    assert _by_key(claim(10, uuid.uuid4())) == {"a": [1, 2, 3]}
+
+
+def test_a_run_stops_at_a_row_not_due_and_the_cut_keeps_each_keys_prefix(claim):
+    _stage_keys({"a": 4, "b": 4})
+    OutboxMessage.objects.filter(ordering_key="a", sequence=3).update(status=Status.FAILED)
+    OutboxMessage.objects.filter(ordering_key="a", sequence=3).update(
+        available_at=OutboxMessage.objects.get(ordering_key="a", sequence=1).created_at.replace(
+            year=2999
+        )
+    )
+    assert _by_key(claim(5, uuid.uuid4())) == {"a": [1, 2], "b": [1, 2, 3]}
+
+
+def test_the_byte_bound_cuts_runs_to_prefixes():
+    _stage_keys({"a": 3, "b": 3})
+    size = len('{"key": "a", "n": 0}')
+    messages = db.claim(
+        "default", limit=10, lease_seconds=30, worker="w", token=uuid.uuid4(), max_bytes=3 * size
+    )
+    assert _by_key(messages) == {"a": [1, 2], "b": [1]}
+
+
+# -- the relay: publish order and the finalize rule ------------------------------------
+
+
+class _FailingTransport(MemoryTransport):
+    """The memory transport, failing the messages whose (key, sequence) is in ``fail``
+    (as a broker's nack, a basic.return or a missing confirm would): RabbitMQ cannot be
+    made to refuse one chosen message of a pipelined run, so this stands in for it."""
+
+    def __init__(self, fail: set[tuple[str, int]], permanent: bool = False) -> None:
+        super().__init__()
+        self.fail, self.permanent = fail, permanent
+
+    def publish(self, route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+        outcomes = super().publish(route, messages)
+        return [
+            Failure("nacked by the broker", permanent=self.permanent)
+            if (m.ordering_key, m.sequence) in self.fail
+            else outcome
+            for m, outcome in zip(messages, outcomes, strict=True)
+        ]
+
+
+def _relay(transport: MemoryTransport) -> Relay:
+    return Relay(transports={"default": transport}, batch_size=50)
+
+
+def _published(transport: MemoryTransport) -> list[tuple[str, int]]:
+    return [(e.ordering_key, e.sequence) for _, e in transport.store]
+
+
+def test_a_failure_mid_run_publishes_only_the_prefix_and_holds_the_rest():
+    _stage_keys({"a": 5, "b": 3})
+    transport = _FailingTransport(fail={("a", 3)})
+    with _relay(transport) as relay:
+        stats = relay.run_once()
+    assert (stats.published, stats.failed) == (5, 1)  # a1, a2, b1-b3; a3; a4, a5 held
+    # Each key's run went out in sequence order (a4 and a5 reached the "broker" too).
+    assert [s for k, s in _published(transport) if k == "a"] == [1, 2, 3, 4, 5]
+    rows = {r.sequence: r for r in OutboxMessage.objects.filter(ordering_key="a")}
+    assert [rows[s].status for s in (1, 2, 3, 4, 5)] == [
+        Status.PUBLISHED,
+        Status.PUBLISHED,
+        Status.FAILED,
+        Status.PENDING,
+        Status.PENDING,
+    ]
+    assert [rows[s].attempts for s in (3, 4, 5)] == [1, 0, 0]
+    assert rows[4].locked_until is None
+    assert set(OutboxMessage.objects.filter(ordering_key="b").values_list("status", flat=True)) == {
+        Status.PUBLISHED
+    }
+    # a4 and a5 are due, but wait behind a3 (not due until its retry).
+    assert _production(10, uuid.uuid4()) == []
+    OutboxMessage.objects.filter(ordering_key="a", sequence=3).update(
+        available_at=rows[1].created_at
+    )
+    transport.fail = set()
+    transport.store.clear()
+    with _relay(transport) as relay:
+        relay.run_once()
+    assert _published(transport) == [("a", 3), ("a", 4), ("a", 5)]
+
+
+def test_an_abandoned_head_blocks_only_its_key():
+    _stage_keys({"a": 3, "b": 3})
+    transport = _FailingTransport(fail={("a", 1)}, permanent=True)
+    with _relay(transport) as relay:
+        while relay.run_once().claimed:
+            pass
+    b_rows = OutboxMessage.objects.filter(ordering_key="b")
+    assert set(b_rows.values_list("status", flat=True)) == {Status.PUBLISHED}
+    a_rows = OutboxMessage.objects.filter(ordering_key="a").order_by("sequence")
+    assert list(a_rows.values_list("status", flat=True)) == [
+        Status.ABANDONED,
+        Status.PENDING,
+        Status.PENDING,
+    ]
+    assert list(a_rows.values_list("attempts", flat=True)) == [1, 0, 0]
+
+
+def test_drain_relays_ordered_rows_in_sequence_order_across_batches():
+    _stage_keys({"a": 120, "b": 7})
+    events = testing.drain()
+    by_key: dict[str, list[int | None]] = collections.defaultdict(list)
+    for event in events:
+        by_key[event.ordering_key].append(event.sequence)
+    assert by_key == {"a": list(range(1, 121)), "b": list(range(1, 8))}
+    assert not OutboxMessage.objects.exclude(status=Status.PUBLISHED).exists()
+
+
+# -- the plan ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_ordered_claim_reads_the_partial_indexes_on_a_large_table():
+    """200,000 published rows, 2,000 pending ordered rows over 200 keys, 1,000 unordered:
+    the claim's plan reads each part through its partial index, never the whole table."""
+    table = OutboxMessage._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""INSERT INTO {table} (event_id, event_type, destination, payload, headers,
+                ordering_key, available_at, status, attempts, locked_by, last_error,
+                created_at, sequence, published_at)
+            SELECT gen_random_uuid(), 'e', %s, '{{}}', '{{}}', 'k' || (i %% 200), now(),
+                   CASE WHEN i <= 200000 THEN 'published' ELSE 'pending' END, 0, '', '',
+                   now(), i / 200 + 1, CASE WHEN i <= 200000 THEN now() END
+            FROM generate_series(1, 202000) AS i""",
+            [ORDERED],
+        )
+        cursor.execute(
+            f"""INSERT INTO {table} (event_id, event_type, destination, payload, headers,
+                ordering_key, available_at, status, attempts, locked_by, last_error, created_at)
+            SELECT gen_random_uuid(), 'e', %s, '{{}}', '{{}}', '', now(), 'pending', 0, '', '',
+                   now()
+            FROM generate_series(1, 1000)""",
+            [PLAIN],
+        )
+        cursor.execute(f"ANALYZE {table}")
+        cursor.execute(
+            f"EXPLAIN {postgresql._claim_sql()}",
+            [100, 100, 100, 100, 2**40, 30, 30, "w", uuid.uuid4()],
+        )
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert f"Seq Scan on {table}" not in plan, plan
+    for index in ("outbox_due_idx", "outbox_ordered_due_idx", "outbox_key_unfinished_idx"):
+        assert index in plan, plan
+    claimed = _production(100, uuid.uuid4())
+    assert len(claimed) == 100
+
+
+# -- SQLite -----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "lite"])
+def test_sqlite_stages_numbers_and_one_relay_publishes_in_order():
+    with transaction.atomic(using="lite"):
+        for n in range(6):
+            stage("e", {"n": n}, destination=ORDERED, key="ab"[n % 2], using="lite")
+    rows = OutboxMessage.objects.using("lite").order_by("id")
+    assert list(rows.values_list("ordering_key", "sequence")) == [
+        ("a", 1),
+        ("b", 1),
+        ("a", 2),
+        ("b", 2),
+        ("a", 3),
+        ("b", 3),
+    ]
+    events = testing.drain("lite")
+    assert [(e.ordering_key, e.sequence) for e in events if e.ordering_key == "a"] == [
+        ("a", 1),
+        ("a", 2),
+        ("a", 3),
+    ]
+    assert len(events) == 6
