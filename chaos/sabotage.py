@@ -44,12 +44,13 @@ def apply(kind: str) -> None:
 
 def _without_ordered_gate() -> None:
     """Replace the claim's per-key gate, the named query ``ordered_gate``, with ``TRUE``."""
-    from django_outbox.db import queries
+    from django_outbox.db import postgresql, queries
 
     named = queries._queries()
     if "ordered_gate" not in named:
         raise ValueError("--sabotage order: queries.sql has no ordered_gate query to replace")
     named["ordered_gate"] = "TRUE"
+    postgresql._claim_sql.cache_clear()  # the claim is built from the named queries once
 
 
 @contextlib.contextmanager
