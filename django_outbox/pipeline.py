@@ -59,6 +59,11 @@ class Pipeline(Generic[ClaimT, BatchT, DoneT]):
         if threaded:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="outbox-db")
 
+    @property
+    def pending(self) -> bool:
+        """Whether a batch handed to :meth:`finalize` is not collected yet."""
+        return bool(self._pending)
+
     def claim_ahead(self) -> Callable[[], ClaimT | None] | None:
         """Start claiming the next batch; returns how to wait for it (None: not here)."""
         if self._executor is None:

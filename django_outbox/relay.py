@@ -616,6 +616,11 @@ class Relay:
             if not state.drain:
                 state.wakeup.listen()
             claim = self._claim()
+        if claim is None and state.pipeline.pending:
+            # The heads of ordered keys may be in the batch still being finalized:
+            # finish it and claim once more before taking the table for empty.
+            state.pipeline.collect(everything=True)
+            claim = self._claim()
         batch = None
         if claim is not None:
             more_due = len(claim.messages) == self.batch_size

@@ -28,6 +28,7 @@ from django.test.utils import override_settings
 
 from django_outbox import stage
 from django_outbox.models import OutboxMessage
+from django_outbox.relay import Relay
 from tests.support import (
     AMQP_URL,
     consume,
@@ -228,3 +229,19 @@ def test_the_same_run_unordered_shows_the_violation(destination):
     violations = sum(out_of_order([m["n"] for m in firsts]) for firsts in per_key.values())
     print(f"unordered: {committed} events, {violations} out of order")
     assert violations > 0
+
+
+def test_a_drain_relays_every_event_of_a_key_longer_than_a_batch(destination):
+    """A claim made while the key's previous batch is still being finalized (the claim
+    ahead, or the next turn's) finds no head of that key: the relay finishes that batch
+    and claims again instead of taking the table for empty (a drain would stop there)."""
+    knobs = {"ROUTES": {destination: {"queue": destination, "ordered": True}}}
+    with override_settings(OUTBOX={**_outbox(), **knobs}):
+        with transaction.atomic():
+            for n in range(1, 31):
+                stage("test.ordered", {"key": "hot", "n": n}, destination=destination, key="hot")
+        with Relay(batch_size=5) as relay:
+            totals = relay.run(threading.Event(), drain=True)
+    assert totals.published == 30
+    sequences = [m.headers["sequence"] for m in consume(destination, 30, timeout=60)]
+    assert sequences == list(range(1, 31))
