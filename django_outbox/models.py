@@ -136,11 +136,15 @@ class OutboxMessage(models.Model):
                 condition=models.Q(status__in=OutboxStatus.values),
                 name="outbox_status_valid",
             ),
-            # One event per place of a key's order.
+            # The unfinished events of each key in order, one per place: a key's head
+            # (ordered_gate) and the run after it. Partial, so that the claim's probes
+            # never read a key's published past; unique, a backstop under the counter
+            # (OutboxSequence), which numbers each key's events 1, 2, 3, ... once.
             models.UniqueConstraint(
                 fields=["destination", "ordering_key", "sequence"],
-                condition=models.Q(sequence__isnull=False),
-                name="outbox_key_sequence_uniq",
+                condition=models.Q(sequence__isnull=False)
+                & ~models.Q(status=OutboxStatus.PUBLISHED),
+                name="outbox_key_unfinished_idx",
             ),
         ]
         indexes = [
@@ -157,13 +161,6 @@ class OutboxMessage(models.Model):
                 fields=["available_at", "id"],
                 name="outbox_ordered_due_idx",
                 condition=models.Q(status__in=CLAIMABLE, sequence__isnull=False),
-            ),
-            # The unfinished events of each key in order: a key's head, and the run after it.
-            models.Index(
-                fields=["destination", "ordering_key", "sequence"],
-                name="outbox_key_unfinished_idx",
-                condition=models.Q(sequence__isnull=False)
-                & ~models.Q(status=OutboxStatus.PUBLISHED),
             ),
             # FAILED rows by their next retry: outbox_status's recent errors and
             # attempts, and the rows waiting for a retry, read only the failing rows.

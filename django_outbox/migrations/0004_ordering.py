@@ -80,22 +80,14 @@ class Migration(migrations.Migration):
                 name="outbox_ordered_due_idx",
             ),
         ),
-        migrations.AddIndex(
-            model_name="outboxmessage",
-            index=models.Index(
-                condition=models.Q(
-                    ("sequence__isnull", False), models.Q(("status", "published"), _negated=True)
-                ),
-                fields=["destination", "ordering_key", "sequence"],
-                name="outbox_key_unfinished_idx",
-            ),
-        ),
         migrations.AddConstraint(
             model_name="outboxmessage",
             constraint=models.UniqueConstraint(
-                condition=models.Q(("sequence__isnull", False)),
+                condition=models.Q(
+                    ("sequence__isnull", False), models.Q(("status", "published"), _negated=True)
+                ),
                 fields=("destination", "ordering_key", "sequence"),
-                name="outbox_key_sequence_uniq",
+                name="outbox_key_unfinished_idx",
             ),
         ),
         migrations.AddConstraint(

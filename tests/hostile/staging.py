@@ -64,6 +64,13 @@ def compression_header(request: object) -> str:
     return _staged(headers={"compression": "application/x-gzip"})
 
 
+@case("keyless-ordered-event")
+def keyless_ordered_event(request: object) -> str:
+    routes = {"orders": {"exchange": "shop", "queue": "orders", "ordered": True}}
+    with override_settings(OUTBOX={"BROKER_URL": "memory://", "ROUTES": routes}):
+        return _staged()
+
+
 @case("naive-available-at")
 def naive_available_at(request: object) -> str:
     return _staged(available_at=dt.datetime(2030, 1, 1))  # naive on purpose: the case

@@ -13,6 +13,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 
+import kombu
 import psycopg
 import pytest
 from django.db import connection, connections, transaction
@@ -26,7 +27,7 @@ from django_outbox.models import OutboxMessage, OutboxSequence
 from django_outbox.relay import Relay
 from django_outbox.transports.base import Failure, Outcome
 from django_outbox.transports.memory import MemoryTransport
-from tests.support import wait_until
+from tests.support import AMQP_URL, delete_queue, unique_destination, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -193,18 +194,17 @@ def test_numbers_follow_commit_order_not_id_order():
 
 
 def test_concurrent_writers_of_one_key_get_dense_numbers_in_commit_order():
-    commits: list[int] = []  # sequence numbers in the order their transactions committed
-    lock = threading.Lock()
+    """Four threads, 25 transactions each on one key: the numbers are 1..100 without a
+    gap or a double, and each thread's numbers (its commits are in a known order)
+    increase."""
+    taken: dict[int, list[int]] = {}
 
     def writer(first: int) -> None:
+        taken[first] = []
         for n in range(first, first + 25):
             with transaction.atomic():
                 row = _stage("hot", n)
-                transaction.on_commit(lambda s=row.sequence: _append(s))
-
-    def _append(sequence: int) -> None:
-        with lock:
-            commits.append(sequence)
+            taken[first].append(row.sequence)
 
     threads = [_Thread(lambda f=f: writer(f)) for f in range(0, 100, 25)]
     for thread in threads:
@@ -212,7 +212,8 @@ def test_concurrent_writers_of_one_key_get_dense_numbers_in_commit_order():
     for thread in threads:
         thread.join_checked()
     assert _sequences("hot") == list(range(1, 101))
-    assert commits == sorted(commits)
+    for numbers in taken.values():
+        assert numbers == sorted(numbers)
 
 
 # -- the claim ---------------------------------------------------------------------
@@ -307,7 +308,7 @@ class _FailingTransport(MemoryTransport):
     made to refuse one chosen message of a pipelined run, so this stands in for it."""
 
     def __init__(self, fail: set[tuple[str, int]], permanent: bool = False) -> None:
-        super().__init__()
+        super().__init__(store=[])
         self.fail, self.permanent = fail, permanent
 
     def publish(self, route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
@@ -361,6 +362,66 @@ def test_a_failure_mid_run_publishes_only_the_prefix_and_holds_the_rest():
     assert _published(transport) == [("a", 3), ("a", 4), ("a", 5)]
 
 
+def _read(queue: str, count: int) -> list[int]:
+    """The ``sequence`` headers of the next ``count`` messages of ``queue`` (declared by
+    the relay with its arguments, so read with basic.get, which declares nothing)."""
+    found: list[int] = []
+    with kombu.Connection(AMQP_URL) as broker:
+        channel = broker.channel()
+
+        def one_more() -> bool:
+            message = channel.basic_get(queue, no_ack=True)
+            if message is not None:
+                found.append(message.headers["sequence"])
+            return len(found) == count
+
+        wait_until(one_more, timeout=30, interval=0.05, what=f"{count} messages")
+    return found
+
+
+def test_a_real_nack_mid_run_publishes_only_the_prefix_and_the_rest_follows_in_order():
+    """RabbitMQ nacks what a full queue (``x-overflow: reject-publish``, two messages)
+    cannot take: of the key's five events, 1 and 2 are confirmed, 3 is nacked (FAILED)
+    and 4 and 5 are held back; once the queue is read, 3, 4 and 5 follow in order."""
+    queue = unique_destination("ordered-nack")
+    route = {
+        "exchange": "",
+        "routing_key": queue,
+        "queue": queue,
+        "queue_arguments": {"x-max-length": 2, "x-overflow": "reject-publish"},
+        "ordered": True,
+    }
+    try:
+        with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "ROUTES": {queue: route}}):
+            with transaction.atomic():
+                for n in range(1, 6):
+                    stage("e", {"n": n}, destination=queue, key="a")
+            with Relay(batch_size=10) as relay:
+                relay.run_once()
+            rows = OutboxMessage.objects.order_by("sequence")
+            assert [(r.status, r.attempts) for r in rows] == [
+                (Status.PUBLISHED, 0),
+                (Status.PUBLISHED, 0),
+                (Status.FAILED, 1),
+                (Status.PENDING, 0),
+                (Status.PENDING, 0),
+            ]
+            assert _read(queue, 2) == [1, 2]
+            OutboxMessage.objects.filter(status=Status.FAILED).update(
+                available_at=rows[0].created_at
+            )
+            with Relay(batch_size=10) as relay:
+                relay.run_once()  # 3 and 4 fit, 5 is nacked
+                consumed = _read(queue, 2)
+                OutboxMessage.objects.filter(status=Status.FAILED).update(
+                    available_at=rows[0].created_at
+                )
+                relay.run_once()
+            assert consumed + _read(queue, 1) == [3, 4, 5]
+    finally:
+        delete_queue(queue)
+
+
 def test_an_abandoned_head_blocks_only_its_key():
     _stage_keys({"a": 3, "b": 3})
     transport = _FailingTransport(fail={("a", 1)}, permanent=True)
@@ -386,6 +447,17 @@ def test_drain_relays_ordered_rows_in_sequence_order_across_batches():
         by_key[event.ordering_key].append(event.sequence)
     assert by_key == {"a": list(range(1, 121)), "b": list(range(1, 8))}
     assert not OutboxMessage.objects.exclude(status=Status.PUBLISHED).exists()
+
+
+def test_a_draining_relay_publishes_a_hot_key_whole_though_its_claims_ahead_find_nothing():
+    """While a batch of the only key is in flight, the claim made ahead finds nothing;
+    the relay claims again once the batch is finalized instead of calling it a day."""
+    _stage_keys({"hot": 450})
+    transport = MemoryTransport(store=[])
+    with Relay(transports={"default": transport}, batch_size=100) as relay:
+        stats = relay.run(threading.Event(), drain=True)
+    assert stats.published == 450
+    assert _published(transport) == [("hot", s) for s in range(1, 451)]
 
 
 # -- the plan ---------------------------------------------------------------------------
