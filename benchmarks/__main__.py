@@ -54,8 +54,11 @@ class Profile:
     retained: int  # PUBLISHED rows kept for the second claim measurement
     claim_rows: int  # rows claimed per claim measurement
     e2e_seconds: float
+    ordered_events: int  # per round: events drained unordered, then ordered over 1,000 keys
+    hot_key: int  # events of one key drained by one relay
     batch_size: int = 500
     e2e_rate: float = 200.0
+    ordered_keys: int = 1_000
 
 
 PROFILES = {
@@ -72,6 +75,8 @@ PROFILES = {
         retained=100_000,
         claim_rows=5_000,
         e2e_seconds=5,
+        ordered_events=4_000,
+        hot_key=3_000,
     ),
     "full": Profile(
         rounds=5,
@@ -86,6 +91,8 @@ PROFILES = {
         retained=1_000_000,
         claim_rows=25_000,
         e2e_seconds=30,
+        ordered_events=20_000,
+        hot_key=20_000,
     ),
 }
 
@@ -185,11 +192,42 @@ def _scenarios(
     _step(f"claim with 1k and {profile.retained} retained rows")
     figures["retained_rows"] = profile.retained
     figures.update(scenarios.claim_growth(profile.retained, profile.claim_rows, batch))
+    figures.update(_ordering(profile, amqp, drain))
     _step(f"end to end at {profile.e2e_rate:g} events/s for {profile.e2e_seconds:g}s")
     figures.update(
         scenarios.end_to_end(env, amqp, rate=profile.e2e_rate, seconds=profile.e2e_seconds)
     )
     return figures
+
+
+def _ordering(profile: Profile, amqp: str, drain: Callable[..., Any]) -> dict[str, Any]:
+    """Ordered against unordered relay throughput (alternated rounds), one hot key's
+    rate, and the staging cost of an ordered event against an unordered one."""
+    from . import scenarios
+
+    count, keys = profile.ordered_events, profile.ordered_keys
+    _step(f"ordered: {profile.rounds} x (unordered, ordered over {keys} keys), {count}")
+    ordered_runs = []
+
+    def ordered() -> float:
+        ordered_runs.append(drain(amqp, count, "ordered", keys=keys))
+        return float(ordered_runs[-1]["events_per_s"])
+
+    plain, rate, ratios = _rounds(
+        profile.rounds, lambda: drain(amqp, count, "unordered")["events_per_s"], ordered
+    )
+    _step(f"ordered: one relay drains {profile.hot_key} events of one key")
+    hot = drain(amqp, profile.hot_key, "hot-key", keys=1)
+    _step("ordered: staging")
+    return {
+        "relay_unordered_ev_per_s": plain,
+        "relay_ordered_ev_per_s": rate,
+        "ordered_vs_unordered": statistics.median(ratios),
+        "ordered_vs_unordered_rounds": ratios,
+        "ordered_sql_per_event": max(run["sql_per_event"] for run in ordered_runs),
+        "hot_key_ev_per_s": hot["events_per_s"],
+        **scenarios.ordered_staging(profile.staging_rounds),
+    }
 
 
 def _rounded(value: Any) -> Any:

@@ -6,6 +6,7 @@ relays and the consumer as worker processes (:mod:`benchmarks.worker`).
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import kombu
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
 
@@ -73,14 +75,17 @@ def reset_outbox() -> None:
         cursor.execute(f'TRUNCATE "{TABLE}"')
 
 
-def backlog(count: int, to: str, chunk: int = 2000) -> None:
-    """Commit ``count`` events to ``to`` through ``stage_many``."""
+def backlog(count: int, to: str, chunk: int = 2000, *, keys: int = 0) -> None:
+    """Commit ``count`` events to ``to`` through ``stage_many``; with ``keys``, the events
+    take keys ``0 .. keys - 1`` in turn (an ordered route needs them)."""
+
+    def event(n: int) -> dict[str, Any]:
+        keyed = {"key": f"k{n % keys}"} if keys else {}
+        return {"event_type": "bench.order_placed", "payload": PAYLOAD, "destination": to, **keyed}
+
     for start in range(0, count, chunk):
         with transaction.atomic():
-            stage_many(
-                {"event_type": "bench.order_placed", "payload": PAYLOAD, "destination": to}
-                for _ in range(min(chunk, count - start))
-            )
+            stage_many(event(n) for n in range(start, min(start + chunk, count)))
 
 
 def delete_queue(url: str, name: str) -> None:
@@ -98,14 +103,16 @@ def relay_drain(
     batch_size: int,
     tag: str,
     profile_dir: Path | None = None,
+    keys: int = 0,
 ) -> dict[str, Any]:
-    """Stage ``count`` events, then let ``processes`` relays drain them together.
+    """Stage ``count`` events, then let ``processes`` relays drain them together. With
+    ``keys``, the events go to the ordered route, spread over that many keys.
 
     Returns the events/s from the first relay's start to the last one's finish,
     plus the first relay's RSS and SQL counts."""
     reset_outbox()
-    to = destination(tag)
-    backlog(count, to)
+    to = settings.ORDERED if keys else destination(tag)
+    backlog(count, to, keys=keys)
     with connection.cursor() as cursor:
         cursor.execute(f'VACUUM ANALYZE "{TABLE}"')
     workers = []
@@ -155,7 +162,13 @@ def place_order(customer_id: int, to: str | None) -> None:
         )
         Customer.objects.filter(pk=customer_id).update(orders_placed=F("orders_placed") + 1)
         if to is not None:
-            stage("bench.order_placed", {**PAYLOAD, "order_id": order.pk}, destination=to)
+            _stage_order(order.pk, customer_id, to)
+
+
+def _stage_order(order_id: int, customer_id: int, to: str) -> None:
+    """``order.placed`` to ``to``; on the ordered route, keyed by the customer."""
+    key = f"customer-{customer_id}" if to == settings.ORDERED else None
+    stage("bench.order_placed", {**PAYLOAD, "order_id": order_id}, destination=to, key=key)
 
 
 def insert_order(customer_id: int, to: str | None) -> None:
@@ -163,22 +176,32 @@ def insert_order(customer_id: int, to: str | None) -> None:
     with transaction.atomic():
         order = Order.objects.create(customer_id=customer_id, total="1234.50")
         if to is not None:
-            stage("bench.order_placed", {**PAYLOAD, "order_id": order.pk}, destination=to)
+            _stage_order(order.pk, customer_id, to)
 
 
-def overhead(business: Callable[[int, str | None], None], rounds: int) -> tuple[float, float]:
-    """Median seconds of ``business`` without and with its event, alternated so that
-    noise hits both alike, after a warm-up."""
+def overhead(
+    business: Callable[[int, str | None], None], rounds: int, *, to: str | None = None
+) -> tuple[float, float]:
+    """Median seconds of ``business`` without and with its event (to ``to``, by default
+    a new unordered destination), alternated so that noise hits both alike, after a
+    warm-up."""
     customer = Customer.objects.create(name="customer-000042").pk
-    to = destination("staging")
+    to = to or destination("staging")
+    return compare(lambda: business(customer, None), lambda: business(customer, to), rounds)
+
+
+def compare(
+    first: Callable[[], None], second: Callable[[], None], rounds: int
+) -> tuple[float, float]:
+    """Median seconds of ``first`` and of ``second``, alternated after a warm-up."""
     for _ in range(min(rounds, 50)):
-        business(customer, None)
-        business(customer, to)
-    without_s, with_s = [], []
+        first()
+        second()
+    first_s, second_s = [], []
     for _ in range(rounds):
-        without_s.append(_timed(lambda: business(customer, None)))
-        with_s.append(_timed(lambda: business(customer, to)))
-    return statistics.median(without_s), statistics.median(with_s)
+        first_s.append(_timed(first))
+        second_s.append(_timed(second))
+    return statistics.median(first_s), statistics.median(second_s)
 
 
 def staging(rounds: int, many: int) -> dict[str, float]:
@@ -213,6 +236,31 @@ def staging(rounds: int, many: int) -> dict[str, float]:
         "stage_many_ms": _median_ms(many_s),
         "stage_loop_ms": _median_ms(loop_s),
         "stage_many_vs_loop": statistics.median(loop_s) / statistics.median(many_s),
+    }
+
+
+def ordered_staging(rounds: int) -> dict[str, float]:
+    """The business transactions of :func:`staging` staging their event to the ordered
+    route (keyed by the customer, so the sequence counter's upsert joins the INSERT)
+    against the same transactions staging it to an unordered destination, alternated."""
+    reset_outbox()
+    customer = Customer.objects.create(name="customer-000043").pk
+    unordered = destination("staging")
+    plain, ordered = compare(
+        functools.partial(place_order, customer, unordered),
+        functools.partial(place_order, customer, settings.ORDERED),
+        rounds,
+    )
+    lone_plain, lone_ordered = compare(
+        functools.partial(insert_order, customer, unordered),
+        functools.partial(insert_order, customer, settings.ORDERED),
+        rounds,
+    )
+    reset_outbox()
+    return {
+        "business_tx_with_ordered_event_ms": ordered * 1000,
+        "ordered_staging_vs_unordered": ordered / plain,
+        "ordered_staging_vs_unordered_one_insert": lone_ordered / lone_plain,
     }
 
 

@@ -24,7 +24,12 @@ DATABASES = {
         "CONN_MAX_AGE": None,
     }
 }
-OUTBOX = {"BROKER_URL": env("OUTBOX_BROKER_URL", default="amqp://guest:guest@127.0.0.1:55672//")}
+#: The ordered route of the ordering scenarios (its queue is deleted after each drain).
+ORDERED = "bench-ordered"
+OUTBOX = {
+    "BROKER_URL": env("OUTBOX_BROKER_URL", default="amqp://guest:guest@127.0.0.1:55672//"),
+    "ROUTES": {ORDERED: {"queue": ORDERED, "ordered": True}},
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGGING = {
     "version": 1,

@@ -21,6 +21,7 @@ import time
 from benchmarks.services import REPO, Services, drop_database, recreate_database
 
 from . import sabotage
+from .destinations import ORDERED_KEYS
 from .processes import HOST, Proc, manage, module, worker_env
 
 DATABASE = "outbox_chaos"
@@ -68,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sabotage",
         choices=sabotage.KINDS,
-        help="break a guarantee on purpose (relays ignore the lease token, or the consumer "
-        "runs without the inbox): the audit must then fail",
+        help="break a guarantee on purpose (relays ignore the lease token or claim without "
+        "the per-key gate, or the consumer runs without the inbox): the audit must then fail",
     )
     args = parser.parse_args(argv)
     profile = PROFILES[args.profile]
@@ -172,6 +173,10 @@ class Run:
                     str(p.rate),
                     "--destination",
                     audit.DESTINATION,
+                    "--ordered",
+                    audit.ORDERED,
+                    "--keys",
+                    str(ORDERED_KEYS),
                 ),
             )
             for i in range(1, p.producers + 1)

@@ -20,11 +20,12 @@ from django_outbox.routes import Route
 from django_outbox.transports.kombu import declare
 
 from . import database as db
+from .destinations import ORDERED, QUEUE
 from .faults import KINDS, Fault
-from .models import BrokerCopy
+from .models import BrokerCopy, OrderedCopy
 
 EXCHANGE = "chaos"
-DESTINATION = "chaos.orders"
+DESTINATION = QUEUE
 TAP = "chaos.tap"
 #: Batches a relay can have between claim and finalize: one finalizing, one
 #: publishing, one claimed ahead.
@@ -45,8 +46,10 @@ def reset_queues(url: str) -> None:
 
 
 def drain_tap(url: str) -> int:
-    """Read the tap queue to the end into ``BrokerCopy``; returns the messages read."""
+    """Read the tap queue to the end into ``BrokerCopy``, and the ordered destination's
+    messages, in tap order, into ``OrderedCopy``; returns the messages read."""
     copies: collections.Counter[str] = collections.Counter()
+    ordered: list[OrderedCopy] = []
     read = 0
     with kombu.Connection(url, connect_timeout=10) as connection:
         channel = connection.channel()
@@ -57,6 +60,17 @@ def drain_tap(url: str) -> int:
             nonlocal read
             copies[message.properties["message_id"]] += 1
             read += 1
+            headers = message.headers
+            if headers.get("sequence") is not None:
+                ordered.append(
+                    OrderedCopy(
+                        position=read,
+                        event_id=headers["event_id"],
+                        destination=headers["destination"],
+                        ordering_key=headers["ordering_key"],
+                        sequence=headers["sequence"],
+                    )
+                )
 
         with kombu.Consumer(channel, [queue], on_message=count, no_ack=True):
             while read < expected:
@@ -65,6 +79,7 @@ def drain_tap(url: str) -> int:
         (BrokerCopy(event_id=event_id, copies=n) for event_id, n in copies.items()),
         batch_size=5000,
     )
+    OrderedCopy.objects.bulk_create(ordered, batch_size=5000)
     return read
 
 
@@ -157,6 +172,16 @@ def checks(faults: Sequence[Fault], relays: int, batch_size: int) -> list[Check]
             db.value(f"SELECT count(*) FROM {db.INBOX_FAILURE} WHERE parked_at IS NOT NULL"),
             0,
         ),
+        Check("events out of order per key", out_of_order(), 0),
+        Check(
+            "ordered rows without a gap-free sequence (keys)",
+            db.value(
+                f"SELECT count(*) FROM (SELECT 1 FROM {outbox} WHERE sequence IS NOT NULL "
+                "GROUP BY destination, ordering_key "
+                "HAVING min(sequence) <> 1 OR max(sequence) <> count(*)) gaps"
+            ),
+            0,
+        ),
         Check(
             "duplicates at the broker",
             duplicates,
@@ -164,6 +189,30 @@ def checks(faults: Sequence[Fault], relays: int, batch_size: int) -> list[Check]
             "bound: in-flight batches x batch size x faults",
         ),
     ]
+
+
+def out_of_order() -> int:
+    """Events of the ordered destination whose first copy in the tap did not come right
+    after the first copy of their predecessor: its sequence is not one more than the
+    highest of its key first delivered before it (a swap or a gap). The checks above
+    catch an event that never arrived at all."""
+    return int(
+        db.value(
+            f"""
+            SELECT count(*) FROM (
+                SELECT sequence, max(sequence) OVER (
+                    PARTITION BY destination, ordering_key ORDER BY position
+                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING
+                ) AS before
+                FROM (
+                    SELECT DISTINCT ON (event_id) * FROM {db.ORDERED_COPY}
+                    ORDER BY event_id, position
+                ) firsts
+            ) delivered
+            WHERE sequence <> coalesce(before, 0) + 1
+            """
+        )
+    )
 
 
 def _without(table: str, other: str, *, count: str = "count(*)") -> int:
@@ -183,7 +232,13 @@ def totals() -> dict[str, int]:
     )[0]
     kinds = dict(db.rows(f"SELECT kind, count(*) FROM {r} GROUP BY kind"))
     published = db.value(f"SELECT coalesce(sum(copies), 0) FROM {b}")
+    ordered, keys = db.rows(
+        f"SELECT count(*), count(DISTINCT ordering_key) FROM {db.OUTBOX} WHERE destination = %s",
+        [ORDERED],
+    )[0]
     return {
+        "ordered": ordered,
+        "ordered_keys": keys,
         "committed": committed,
         "rolled_back_transaction": kinds.get("transaction", 0),
         "rolled_back_savepoint": kinds.get("savepoint", 0),
@@ -228,12 +283,17 @@ def report(
     results: list[Check],
 ) -> str:
     def row(label: str, value: Any, note: str = "") -> str:
+        """``label: value``, the verdict aligned after it (a line to grep for)."""
         number = f"{value:,}" if isinstance(value, int) else str(value)
-        return f"{label:<62}{number:>10}   {note}".rstrip()
+        return f"{f'{label}: {number}':<72}   {note}".rstrip()
 
     out = [
         f"chaos profile {profile}, seed {seed}: {seconds:.0f}s, {len(faults)} faults",
         row("events committed", counted["committed"]),
+        row(
+            f"  of them to the ordered destination {ORDERED} (keys)",
+            f"{counted['ordered']:,} ({counted['ordered_keys']})",
+        ),
         row(
             "events rolled back (transaction / savepoint)",
             f"{counted['rolled_back_transaction']:,} / {counted['rolled_back_savepoint']:,}",

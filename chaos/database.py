@@ -9,7 +9,7 @@ from django.db import DatabaseError, connection
 
 from django_outbox.models import InboxFailure, InboxMessage, OutboxMessage
 
-from .models import BrokerCopy, Handled, Order, RolledBack, Violation
+from .models import BrokerCopy, Handled, Order, OrderedCopy, RolledBack, Violation
 
 OUTBOX = OutboxMessage._meta.db_table
 INBOX = InboxMessage._meta.db_table
@@ -18,6 +18,7 @@ HANDLED = Handled._meta.db_table
 ROLLED_BACK = RolledBack._meta.db_table
 BROKER = BrokerCopy._meta.db_table
 VIOLATION = Violation._meta.db_table
+ORDERED_COPY = OrderedCopy._meta.db_table
 INBOX_FAILURE = InboxFailure._meta.db_table
 RETRY_FOR = 120.0
 

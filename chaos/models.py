@@ -75,3 +75,18 @@ class Violation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.event_id}: {self.old_status} -> {self.new_status}"
+
+
+class OrderedCopy(models.Model):
+    """A message of the ordered destination as the tap queue held it: ``position`` is its
+    place in the tap (the order a first consumer receives it in), filled at the end of a
+    run with its ``destination``, ``ordering_key`` and ``sequence`` headers."""
+
+    position = models.PositiveIntegerField(primary_key=True)
+    event_id = models.UUIDField()
+    destination = models.CharField(max_length=255)
+    ordering_key = models.CharField(max_length=255)
+    sequence = models.BigIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.ordering_key} #{self.sequence} at {self.position}"

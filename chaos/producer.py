@@ -1,10 +1,14 @@
 """A chaos producer: commits business rows with their events until SIGTERM.
 
-    python -m chaos.producer --index N --seed S --rate EVENTS_PER_S --destination D
+    python -m chaos.producer --index N --seed S --rate EVENTS_PER_S --destination D \
+        --ordered D2 --keys K
 
 Each transaction stages one event (``stage``), a few, or a burst (``stage_many``),
-with one ``Order`` per event. About 10% of transactions roll back after staging,
-and about 5% roll back a savepoint holding one more order and event; the ids of
+with one ``Order`` per event. Half of the transactions stage to ``D``, keyless; the
+other half to the ordered destination ``D2``, each event with one of ``K`` keys drawn
+at random (so one transaction may hold several events of a key). About 10% of
+transactions roll back after staging, and about 5% roll back a savepoint holding one
+more order and event (to the same destination); the ids of
 rolled-back events are written to ``RolledBack`` after the rollback. A database
 outage (the fault injector restarts PostgreSQL) is waited out: the transaction in
 hand is simply lost or committed, and the business table says which.
@@ -19,11 +23,13 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 import django
 
 ROLLBACK_RATE = 0.10
 SAVEPOINT_RATE = 0.05
+ORDERED_SHARE = 0.5
 
 
 class Rollback(Exception):
@@ -36,6 +42,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--rate", type=float, required=True)
     parser.add_argument("--destination", required=True)
+    parser.add_argument("--ordered", required=True, help="the ordered destination")
+    parser.add_argument("--keys", type=int, required=True, help="its ordering keys")
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chaos.settings")
     django.setup()
@@ -43,7 +51,12 @@ def main() -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    producer = Producer(args.index, random.Random(args.seed * 1000 + args.index), args.destination)
+    producer = Producer(
+        args.index,
+        random.Random(args.seed * 1000 + args.index),
+        args.destination,
+        ordered=(args.ordered, args.keys),
+    )
     started = time.monotonic()
     while not stop.is_set():
         staged = producer.run_one()
@@ -55,10 +68,13 @@ def main() -> int:
 
 
 class Producer:
-    def __init__(self, index: int, rng: random.Random, destination: str) -> None:
+    def __init__(
+        self, index: int, rng: random.Random, destination: str, *, ordered: tuple[str, int]
+    ) -> None:
         self.index = index
         self.rng = rng
         self.destination = destination
+        self.ordered, self.keys = ordered
         self.events = self.committed = self.rolled_back = self.outages = 0
 
     def run_one(self) -> bool:
@@ -90,15 +106,16 @@ class Producer:
         size = self._size()
         rollback = self.rng.random() < ROLLBACK_RATE
         savepoint = self.rng.random() < SAVEPOINT_RATE
+        ordered = self.rng.random() < ORDERED_SHARE
         staged: list[str] = []
         undone: list[str] = []
         try:
             with transaction.atomic():
-                staged = self._stage(size)
+                staged = self._stage(size, ordered=ordered)
                 if savepoint:
                     try:
                         with transaction.atomic():
-                            undone = self._stage(1)
+                            undone = self._stage(1, ordered=ordered)
                             raise Rollback
                     except Rollback:
                         pass
@@ -120,23 +137,24 @@ class Producer:
             self.committed += len(staged)
         self.events += size
 
-    def _stage(self, size: int) -> list[str]:
-        """Stage ``size`` events and their orders in the current transaction."""
+    def _stage(self, size: int, *, ordered: bool) -> list[str]:
+        """Stage ``size`` events and their orders in the current transaction: to the
+        ordered destination, each with a key, or keyless to the other."""
         from django_outbox import stage, stage_many
 
         from .models import Order
 
-        def payload(n: int) -> dict[str, int]:
-            return {"producer": self.index, "n": self.events + n}
+        def event(n: int) -> dict[str, Any]:
+            payload = {"producer": self.index, "n": self.events + n}
+            if not ordered:
+                return {"payload": payload, "destination": self.destination}
+            key = f"account-{self.rng.randrange(self.keys):02d}"
+            return {"payload": payload, "destination": self.ordered, "key": key}
 
-        to = self.destination
         if size == 1:
-            rows = [stage("chaos.order", payload(0), destination=to)]
+            rows = [stage("chaos.order", **event(0))]
         else:
-            rows = stage_many(
-                {"event_type": "chaos.order", "payload": payload(n), "destination": to}
-                for n in range(size)
-            )
+            rows = stage_many({"event_type": "chaos.order", **event(n)} for n in range(size))
         Order.objects.bulk_create(Order(producer=self.index, event_id=row.event_id) for row in rows)
         return [str(row.event_id) for row in rows]
 

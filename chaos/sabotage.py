@@ -4,8 +4,10 @@
 lease token (a relay whose lease was taken over writes anyway);
 ``--sabotage inbox`` starts a consumer without the inbox (every delivery runs the
 handler); ``--sabotage parking`` starts a consumer that parks a message at its first
-redelivery, as if a consumer kill were the message's fault. A run with any of them must
-fail its audit. Nothing imports this module
+redelivery, as if a consumer kill were the message's fault; ``--sabotage order`` starts
+relays whose claim has no per-key gate (the named query ``ordered_gate`` replaced with
+``TRUE``), so any due row of an ordered key can be claimed, by any relay, next to its
+predecessors. A run with any of them must fail its audit. Nothing imports this module
 unless ``CHAOS_SABOTAGE`` is set.
 """
 
@@ -18,7 +20,7 @@ from typing import Any
 
 from django.db import transaction
 
-KINDS = ("lease", "inbox", "parking")
+KINDS = ("lease", "inbox", "parking", "order")
 
 
 def apply(kind: str) -> None:
@@ -30,12 +32,25 @@ def apply(kind: str) -> None:
         from django_outbox import consumer
 
         consumer.process_once = _no_inbox  # type: ignore[assignment]
+    elif kind == "order":
+        _without_ordered_gate()
     elif kind == "parking":
         from django_outbox.consumer import InboxConsumer
 
         InboxConsumer.__init__ = _parking_at_once(InboxConsumer.__init__)  # type: ignore[method-assign]
     else:
         raise ValueError(f"CHAOS_SABOTAGE must be one of {', '.join(KINDS)}; got {kind!r}")
+
+
+def _without_ordered_gate() -> None:
+    """Replace the claim's per-key gate, the named query ``ordered_gate``, with ``TRUE``."""
+    from django_outbox.db import postgresql, queries
+
+    named = queries._queries()
+    if "ordered_gate" not in named:
+        raise ValueError("--sabotage order: queries.sql has no ordered_gate query to replace")
+    named["ordered_gate"] = "TRUE"
+    postgresql._claim_sql.cache_clear()  # the claim is built from the named queries once
 
 
 @contextlib.contextmanager

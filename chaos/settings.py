@@ -14,6 +14,8 @@ import os
 
 import environ
 
+from chaos.destinations import ORDERED, QUEUE
+
 env = environ.Env()
 
 SECRET_KEY = "chaos-only-not-secret"
@@ -34,6 +36,7 @@ DATABASES = {
 OUTBOX = {
     "BROKER_URL": env("OUTBOX_BROKER_URL", default="amqp://guest:guest@127.0.0.1:55672//"),
     "DEFAULT_EXCHANGE": "chaos",
+    "ROUTES": {ORDERED: {"queue": QUEUE, "routing_key": QUEUE, "ordered": True}},
     **env.json("CHAOS_OUTBOX", default={}),
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
