@@ -35,10 +35,12 @@ class CommandResult:
 
 
 def batch_summary(stats: BatchStats) -> str:
-    """``claimed 3, published 2, failed 1, abandoned 0, lease lost 0``."""
+    """``claimed 3, published 2, failed 1, abandoned 0, lease lost 0``, then ``, held
+    back 2`` when rows of ordered keys were put back behind a failed row of their key."""
     return (
         f"claimed {stats.claimed}, published {stats.published}, failed {stats.failed}, "
         f"abandoned {stats.abandoned}, lease lost {stats.lost}"
+        f"{f', held back {stats.held}' if stats.held else ''}"
     )
 
 
@@ -98,9 +100,14 @@ def exit_error(stats: BatchStats) -> str:
     """Why a run exits 1 (a row failed or was abandoned), or "" when it does not."""
     if not stats.unpublished:
         return ""
+    held = (
+        f" (and {stats.held} held back behind them: later events of their ordered keys)"
+        if stats.held
+        else ""
+    )
     return (
         f"{stats.unpublished} of {stats.claimed} claims in this run were not published: "
-        f"failed {stats.failed}, abandoned {stats.abandoned}"
+        f"failed {stats.failed}, abandoned {stats.abandoned}{held}"
     )
 
 

@@ -188,15 +188,26 @@ def _partitions(name: str, spec: Mapping[str, object], ordered: bool) -> int:
         )
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise ValueError(f"route {name!r} partitions must be 1-{MAX_PARTITIONS}; got {partitions}")
+    if "celery_task" in spec:
+        raise ValueError(
+            f"route {name!r} has partitions but sends Celery tasks (celery_task): partitions "
+            "are queues of a broker route, for run_outbox_consumer"
+        )
     if not ordered:
         raise ValueError(
             f'route {name!r} has partitions but is not ordered: add "ordered": True '
             "(partitions keep each key's events on one queue, for ordered consumption)"
         )
-    if not spec.get("queue") or spec.get("exchange") == "":
+    if not spec.get("queue"):
         raise ValueError(
-            f"route {name!r} has partitions but no queue or no exchange: name the queue "
-            "(its partitions are <queue>.0, <queue>.1 ...) and do not use the default exchange"
+            f"route {name!r} has partitions but no queue: name the queue "
+            "(its partitions are <queue>.0, <queue>.1 ...)"
+        )
+    if spec.get("exchange") == "":
+        raise ValueError(
+            f'route {name!r} has partitions on the default exchange "": name an exchange '
+            "(the partitions' consistent-hash exchange is bound to it), or leave exchange out "
+            "to use OUTBOX['DEFAULT_EXCHANGE']"
         )
     return partitions
 

@@ -30,6 +30,15 @@ def test_the_summary_line():
     assert line == "claimed 5, published 2, failed 1, abandoned 1, lease lost 1"
 
 
+def test_the_summary_line_counts_rows_held_back_behind_a_failed_row_of_their_key():
+    line = batch_summary(stats(claimed=3, published=1, abandoned=1, held=1))
+    assert line == "claimed 3, published 1, failed 0, abandoned 1, lease lost 0, held back 1"
+    assert exit_error(stats(claimed=3, published=1, abandoned=1, held=1)) == (
+        "1 of 3 claims in this run were not published: failed 0, abandoned 1 "
+        "(and 1 held back behind them: later events of their ordered keys)"
+    )
+
+
 def test_a_run_that_is_not_a_drain_prints_its_rate_and_exits_0_whatever_failed():
     totals = RunStats(claimed=300, published=240, failed=60)
     result = run_result(totals, 2.0, "default", drain=False)
