@@ -41,6 +41,12 @@ def partitions_default_exchange(request: object) -> str:
     return _routes_check(queue="orders", exchange="", ordered=True, partitions=4)
 
 
+@case("partitions-check-not-rabbitmq")
+def partitions_check_not_rabbitmq(request: object) -> str:
+    route = {"queue": "orders", "ordered": True, "partitions": 4}
+    return only(check_lines(BROKER_URL=REDIS_URL, ROUTES={"orders": route}))
+
+
 def _consume(queue: str, *options: str, outbox: dict[str, Any]) -> str:
     """The CommandError ``run_outbox_consumer --queue queue`` stops with."""
     try:
