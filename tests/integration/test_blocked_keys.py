@@ -24,6 +24,8 @@ from django.utils import timezone
 from django_outbox import retention, stage, store
 from django_outbox.exceptions import RequeueRefused, SkipRefused
 from django_outbox.models import OutboxMessage
+from django_outbox.relay import RunStats
+from django_outbox.reporting import run_result
 from django_outbox.status import blocked_keys
 from django_outbox.testing import drain
 from tests.integration import test_sqlite_claim as sqlite_script
@@ -479,3 +481,14 @@ def test_skip_on_sqlite_waits_for_another_writer_instead_of_failing(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["10"]
+
+
+def test_a_drain_says_when_ordered_keys_stay_blocked():
+    """A drain that publishes everything it can exits 0, and says that a key is blocked."""
+    key_rows("order-1", Status.ABANDONED, Status.PENDING)
+    result = run_result(RunStats(), 0.1, "default", drain=True)
+    assert result.error == ""
+    assert result.lines[-1] == (
+        "1 ordered key is blocked: a head is abandoned and nothing behind it is published "
+        "until it is requeued or skipped (outbox_status lists them)"
+    )
