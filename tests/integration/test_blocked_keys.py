@@ -142,6 +142,17 @@ def test_outbox_status_prints_blocked_keys_and_the_commands_that_release_them(ke
     assert f"(consumers get skip markers): manage.py outbox_skip --id {head.pk}\n" in text
 
 
+def test_outbox_status_says_a_head_abandoned_in_the_admin_has_no_error():
+    """The admin's *Abandon* of a pending head leaves last_error empty: both sections say so."""
+    [head, _] = key_rows("order-1", Status.ABANDONED, Status.PENDING)
+    OutboxMessage.objects.filter(pk=head.pk).update(last_error="")
+    out = io.StringIO()
+    call_command("outbox_status", stdout=out)
+    lines = out.getvalue().splitlines()
+    assert "        1  abandoned  no error recorded" in lines
+    assert any(line.endswith("1 waiting: no error recorded") for line in lines)
+
+
 def test_outbox_status_has_no_blocked_section_when_no_key_is_blocked():
     key_rows("order-1", Status.FAILED, Status.PENDING)
     out = io.StringIO()
