@@ -199,7 +199,7 @@ SETTINGS: dict[str, Setting] = {
             {},
             None,  # parsed by parse_routes with DEFAULT_EXCHANGE, see _parse()
             "destination -> {exchange, exchange_type, routing_key, queue, queue_arguments, "
-            "exchange_arguments} or {celery_task}.",
+            "exchange_arguments, broker, ordered, partitions} or {celery_task}.",
         ),
         Setting(
             "DEFAULT_EXCHANGE",
@@ -315,6 +315,8 @@ CHECK_IDS = {
     "broker_twice": "django_outbox.E014",
     "unknown_broker": "django_outbox.E015",
     "missing_celery": "django_outbox.E016",
+    # Partition queues of an ordered route (routes.shape_problems):
+    "partitions_not_rabbitmq": "django_outbox.E017",
 }
 
 #: The package a kombu transport needs, by URL scheme: (module to import, what to install).

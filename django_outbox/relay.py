@@ -56,7 +56,7 @@ logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tra
 #: most rows); the rows of its other error texts share one more record.
 MAX_LOGGED_REASONS = 3
 #: The counts of :class:`BatchStats`, which add up over a run.
-_COUNTED = ("claimed", "published", "failed", "abandoned", "lost")
+_COUNTED = ("claimed", "published", "failed", "abandoned", "lost", "held")
 
 
 @dataclasses.dataclass
@@ -68,6 +68,9 @@ class BatchStats:
     failed: int = 0
     abandoned: int = 0
     lost: int = 0  # rows whose lease another relay had taken over: left untouched
+    #: Rows of an ordered key put back behind an earlier row of their key that failed
+    #: in the same batch: pending again, no attempt counted (see docs/ordering.md).
+    held: int = 0
     transport_failed: bool = False  # a transient publish error: the broker may be down
     #: Why the failed and abandoned rows were not published, with a count each.
     reasons: FailureCounts = dataclasses.field(default_factory=FailureCounts)
@@ -146,6 +149,7 @@ class _Finalized:
     failures: list[_Failed]
     lost: list[ClaimedMessage]
     transport_failed: bool
+    held: int = 0  # rows put back behind a failed row of their ordered key
 
 
 @dataclasses.dataclass
@@ -401,6 +405,7 @@ class Relay:
             ],
             lost=[m for m in messages if m.id in lost_ids],
             transport_failed=batch.transport_failed,
+            held=len(held - set(lost_ids)),
         )
 
     def _retry_delay(self, failure: Failure, abandon: bool, attempts: int) -> float:
@@ -422,6 +427,7 @@ class Relay:
             failed=len(failed_rows),
             abandoned=len(abandoned),
             lost=len(done.lost),
+            held=done.held,
             transport_failed=done.transport_failed,
             reasons=self._log_failures(done.failures),
         )

@@ -17,7 +17,7 @@ from .exceptions import BrokerUnreachable, OutboxError
 from .models import InboxFailure
 from .relay import BatchStats, RunStats
 from .replay import replay_parked
-from .status import BlockedKeys, due_rows, retry_wait
+from .status import BlockedKeys, blocked_count, due_rows, retry_wait
 from .text import duration, one_line
 
 #: How many failure reasons ``run_outbox_relay --once`` and ``--drain`` print, most rows first.
@@ -35,10 +35,12 @@ class CommandResult:
 
 
 def batch_summary(stats: BatchStats) -> str:
-    """``claimed 3, published 2, failed 1, abandoned 0, lease lost 0``."""
+    """``claimed 3, published 2, failed 1, abandoned 0, lease lost 0``, then ``, held
+    back 2`` when rows of ordered keys were put back behind a failed row of their key."""
     return (
         f"claimed {stats.claimed}, published {stats.published}, failed {stats.failed}, "
         f"abandoned {stats.abandoned}, lease lost {stats.lost}"
+        f"{f', held back {stats.held}' if stats.held else ''}"
     )
 
 
@@ -63,7 +65,8 @@ def run_result(totals: RunStats, elapsed: float, using: str, *, drain: bool) -> 
 
 def failure_lines(stats: BatchStats, using: str, *, untried: bool = False) -> list[str]:
     """Why rows were not published (the ``TOP_REASONS`` reasons with most rows), how
-    many wait for a retry and (``untried``: a drain) how many are due but were never tried."""
+    many wait for a retry, (``untried``: a drain) how many are due but were never tried,
+    and how many ordered keys are blocked (in the whole outbox, not only this run's)."""
     lines = reason_lines(stats)
     wait = retry_wait(using)
     if wait.rows.value and wait.next_due_in is not None:
@@ -77,7 +80,22 @@ def failure_lines(stats: BatchStats, using: str, *, untried: bool = False) -> li
             f"{rows(due, 'is', 'are')} due and {'was' if due.value == 1 else 'were'} "
             "not tried: the drain stopped first"
         )
+    blocked = blocked_count(using)
+    if blocked.value:
+        lines.append(blocked_line(blocked))
     return lines
+
+
+def blocked_line(blocked: RowCount) -> str:
+    """``1 ordered key is blocked ...``: keys no relay publishes until an operator acts."""
+    if not blocked.exact:
+        keys = f"more than {EXACT_COUNT_LIMIT} ordered keys are"
+    else:
+        keys = "1 ordered key is" if blocked.value == 1 else f"{blocked.value} ordered keys are"
+    return (
+        f"{keys} blocked: a head is abandoned and nothing behind it is published "
+        "until it is requeued or skipped (outbox_status lists them)"
+    )
 
 
 def reason_lines(stats: BatchStats) -> list[str]:
@@ -98,9 +116,14 @@ def exit_error(stats: BatchStats) -> str:
     """Why a run exits 1 (a row failed or was abandoned), or "" when it does not."""
     if not stats.unpublished:
         return ""
+    held = (
+        f" (and {stats.held} held back behind them: later events of their ordered keys)"
+        if stats.held
+        else ""
+    )
     return (
         f"{stats.unpublished} of {stats.claimed} claims in this run were not published: "
-        f"failed {stats.failed}, abandoned {stats.abandoned}"
+        f"failed {stats.failed}, abandoned {stats.abandoned}{held}"
     )
 
 

@@ -188,15 +188,26 @@ def _partitions(name: str, spec: Mapping[str, object], ordered: bool) -> int:
         )
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise ValueError(f"route {name!r} partitions must be 1-{MAX_PARTITIONS}; got {partitions}")
+    if "celery_task" in spec:
+        raise ValueError(
+            f"route {name!r} has partitions but sends Celery tasks (celery_task): partitions "
+            "are queues of a broker route, for run_outbox_consumer"
+        )
     if not ordered:
         raise ValueError(
             f'route {name!r} has partitions but is not ordered: add "ordered": True '
             "(partitions keep each key's events on one queue, for ordered consumption)"
         )
-    if not spec.get("queue") or spec.get("exchange") == "":
+    if not spec.get("queue"):
         raise ValueError(
-            f"route {name!r} has partitions but no queue or no exchange: name the queue "
-            "(its partitions are <queue>.0, <queue>.1 ...) and do not use the default exchange"
+            f"route {name!r} has partitions but no queue: name the queue "
+            "(its partitions are <queue>.0, <queue>.1 ...)"
+        )
+    if spec.get("exchange") == "":
+        raise ValueError(
+            f'route {name!r} has partitions on the default exchange "": name an exchange '
+            "(the partitions' consistent-hash exchange is bound to it), or leave exchange out "
+            "to use OUTBOX['DEFAULT_EXCHANGE']"
         )
     return partitions
 
@@ -268,6 +279,9 @@ def _arguments(name: str, key: str, value: object) -> Arguments:
 
 #: The schemes of kombu's Redis transport, whose fanout exchanges are PUB/SUB channels.
 REDIS_SCHEMES = frozenset({"redis", "rediss", "redis+socket", "sentinel"})
+#: The schemes of RabbitMQ (AMQP 0-9-1): the only brokers with the consistent-hash
+#: exchange and exchange-to-exchange bindings that partition queues need.
+AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp", "librabbitmq"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,6 +329,18 @@ def shape_problems(route: Route, broker_scheme: str) -> list[Shape]:
                 f"bind to exchange {exchange!r}; until one is bound they fail and are retried.",
                 "Give the route a queue, or make sure consumers bind theirs before events are "
                 'staged (then silence this with SILENCED_SYSTEM_CHECKS = ["django_outbox.W002"]).',
+            )
+        )
+    if route.partitions and broker_scheme and broker_scheme not in AMQP_SCHEMES:
+        found.append(
+            Shape(
+                "partitions_not_rabbitmq",
+                f"Route {name!r} has partitions, but its broker is {broker_scheme}://, which has "
+                "no consistent-hash exchange: neither the relay nor run_outbox_consumer can "
+                "declare them.",
+                "Route it to a RabbitMQ broker (with the plugin "
+                "rabbitmq_consistent_hash_exchange), or drop partitions: an ordered route "
+                "without them is consumed in order on any transport.",
             )
         )
     if exchange and route.exchange_type == "fanout" and broker_scheme in REDIS_SCHEMES:

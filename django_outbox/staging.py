@@ -260,9 +260,14 @@ def _build(
     if key is not None and (bad := _UNSTORABLE.search(key)):
         raise InvalidEvent(_unstorable(bad.group(), f"the key of event {event_type!r}"))
     if key is None and route.ordered:
+        which = (
+            f"the route of {destination!r} is ordered"
+            if destination in outbox_settings.ROUTES
+            else f"the default route of {destination!r} is ordered (OUTBOX['DEFAULT_ORDERED'])"
+        )
         raise InvalidEvent(
-            f"event {event_type!r}: the route of {destination!r} is ordered, and its events "
-            "keep their order per key: give key= (the aggregate's id, say)"
+            f"event {event_type!r}: {which}, and its events keep their order per key: "
+            "give key= (the aggregate's id, say)"
         )
     _check_routing_key(route, key or "", event_type)
     fields: dict[str, Any] = {

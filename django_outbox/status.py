@@ -175,6 +175,11 @@ def blocked_keys(using: str = "default", *, top: int = TOP_BLOCKED) -> BlockedKe
     return BlockedKeys(count=count_rows(blocked), keys=[_blocked_key(row, now) for row in listed])
 
 
+def blocked_count(using: str = "default") -> RowCount:
+    """How many ordered keys are blocked (their head ABANDONED), without listing them."""
+    return count_rows(heads(OutboxMessage.objects.using(using).abandoned()))
+
+
 _BLOCKED_COLUMNS = (
     "destination",
     "ordering_key",

@@ -71,6 +71,12 @@ def keyless_ordered_event(request: object) -> str:
         return _staged()
 
 
+@case("keyless-default-ordered")
+def keyless_default_ordered(request: object) -> str:
+    with override_settings(OUTBOX={"BROKER_URL": "memory://", "DEFAULT_ORDERED": True}):
+        return _staged()
+
+
 @case("naive-available-at")
 def naive_available_at(request: object) -> str:
     return _staged(available_at=dt.datetime(2030, 1, 1))  # naive on purpose: the case

@@ -44,6 +44,15 @@ def test_the_changelist_lists_blocked_keys_with_error_age_and_buttons(client, po
     assert 'value="skip_head"' in panel
 
 
+def test_a_head_abandoned_in_the_admin_says_it_has_no_error_as_outbox_status_does(
+    admin_client, poisoned
+):
+    """A pending head abandoned by the admin's *Abandon* has no last_error."""
+    OutboxMessage.objects.filter(pk=poisoned[1].pk).update(last_error="")
+    panel = blocked_panel(admin_client.get(CHANGELIST))
+    assert "<td>no error recorded</td>" in panel
+
+
 def test_view_only_staff_sees_blocked_keys_without_buttons(client, poisoned):
     logged_in(client, "view_outboxmessage")
     panel = blocked_panel(client.get(CHANGELIST))

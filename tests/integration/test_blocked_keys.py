@@ -24,6 +24,8 @@ from django.utils import timezone
 from django_outbox import retention, stage, store
 from django_outbox.exceptions import RequeueRefused, SkipRefused
 from django_outbox.models import OutboxMessage
+from django_outbox.relay import RunStats
+from django_outbox.reporting import run_result
 from django_outbox.status import blocked_keys
 from django_outbox.testing import drain
 from tests.integration import test_sqlite_claim as sqlite_script
@@ -138,6 +140,17 @@ def test_outbox_status_prints_blocked_keys_and_the_commands_that_release_them(ke
     ) in text
     assert f"publish the heads again: manage.py outbox_requeue --id {head.pk}\n" in text
     assert f"(consumers get skip markers): manage.py outbox_skip --id {head.pk}\n" in text
+
+
+def test_outbox_status_says_a_head_abandoned_in_the_admin_has_no_error():
+    """The admin's *Abandon* of a pending head leaves last_error empty: both sections say so."""
+    [head, _] = key_rows("order-1", Status.ABANDONED, Status.PENDING)
+    OutboxMessage.objects.filter(pk=head.pk).update(last_error="")
+    out = io.StringIO()
+    call_command("outbox_status", stdout=out)
+    lines = out.getvalue().splitlines()
+    assert "        1  abandoned  no error recorded" in lines
+    assert any(line.endswith("1 waiting: no error recorded") for line in lines)
 
 
 def test_outbox_status_has_no_blocked_section_when_no_key_is_blocked():
@@ -479,3 +492,14 @@ def test_skip_on_sqlite_waits_for_another_writer_instead_of_failing(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["10"]
+
+
+def test_a_drain_says_when_ordered_keys_stay_blocked():
+    """A drain that publishes everything it can exits 0, and says that a key is blocked."""
+    key_rows("order-1", Status.ABANDONED, Status.PENDING)
+    result = run_result(RunStats(), 0.1, "default", drain=True)
+    assert result.error == ""
+    assert result.lines[-1] == (
+        "1 ordered key is blocked: a head is abandoned and nothing behind it is published "
+        "until it is requeued or skipped (outbox_status lists them)"
+    )

@@ -33,14 +33,26 @@ def test_a_partitioned_route_names_its_exchange_and_queues():
         ({"ordered": True, "partitions": 2000}, "partitions must be 1-1024; got 2000"),
         ({"ordered": True, "partitions": "4"}, "key 'partitions' must be a whole number; got str"),
         ({"ordered": True, "partitions": True}, "must be a whole number; got bool"),
-        ({"ordered": True, "partitions": 4, "exchange": ""}, "but no queue or no exchange"),
-        ({"ordered": True, "partitions": 4, "queue": None}, "but no queue or no exchange"),
+        (
+            {"ordered": True, "partitions": 4, "exchange": ""},
+            """route 'orders' has partitions on the default exchange "": name an exchange""",
+        ),
+        (
+            {"ordered": True, "partitions": 4, "queue": None},
+            "route 'orders' has partitions but no queue: name the queue",
+        ),
     ],
 )
 def test_bad_partitions_are_one_line_errors(spec, error):
     with pytest.raises(ValueError, match="^" + "[^\n]*" + error.replace("(", r"\(")) as caught:
         route(**spec)
     assert "\n" not in str(caught.value)
+
+
+def test_partitions_on_a_celery_route_say_so_rather_than_ask_for_ordered():
+    spec = {"celery_task": "billing.charge", "partitions": 4}
+    with pytest.raises(ValueError, match=r"^route 'charges' has partitions but sends Celery tasks"):
+        parse_routes({"charges": spec}, "outbox")
 
 
 @pytest.mark.parametrize(

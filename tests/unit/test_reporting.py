@@ -12,6 +12,7 @@ from django_outbox.relay import BatchStats, RunStats
 from django_outbox.reporting import (
     DrainProgress,
     batch_summary,
+    blocked_line,
     blocked_lines,
     exit_error,
     reason_lines,
@@ -28,6 +29,24 @@ def stats(**counts: int) -> BatchStats:
 def test_the_summary_line():
     line = batch_summary(stats(claimed=5, published=2, failed=1, abandoned=1, lost=1))
     assert line == "claimed 5, published 2, failed 1, abandoned 1, lease lost 1"
+
+
+def test_the_summary_line_counts_rows_held_back_behind_a_failed_row_of_their_key():
+    line = batch_summary(stats(claimed=3, published=1, abandoned=1, held=1))
+    assert line == "claimed 3, published 1, failed 0, abandoned 1, lease lost 0, held back 1"
+    assert exit_error(stats(claimed=3, published=1, abandoned=1, held=1)) == (
+        "1 of 3 claims in this run were not published: failed 0, abandoned 1 "
+        "(and 1 held back behind them: later events of their ordered keys)"
+    )
+
+
+def test_the_line_that_says_ordered_keys_are_blocked():
+    assert blocked_line(RowCount(1, True)) == (
+        "1 ordered key is blocked: a head is abandoned and nothing behind it is published "
+        "until it is requeued or skipped (outbox_status lists them)"
+    )
+    assert blocked_line(RowCount(3, True)).startswith("3 ordered keys are blocked: ")
+    assert blocked_line(RowCount(10_500, False)).startswith("more than 10000 ordered keys are")
 
 
 def test_a_run_that_is_not_a_drain_prints_its_rate_and_exits_0_whatever_failed():

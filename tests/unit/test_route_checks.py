@@ -76,6 +76,19 @@ def test_a_fanout_route_on_redis_is_a_warning_not_on_rabbitmq():
     ]
 
 
+def test_partitions_on_a_broker_other_than_rabbitmq_are_an_error():
+    routes = {"orders": {"queue": "orders", "ordered": True, "partitions": 4}}
+    assert route_checks(routes) == []
+    for url, scheme in ((REDIS_URL, "redis"), ("memory://", "memory")):
+        [error] = route_checks(routes, url)
+        assert error.id == "django_outbox.E017"
+        assert error.msg == (
+            f"Route 'orders' has partitions, but its broker is {scheme}://, which has no "
+            "consistent-hash exchange: neither the relay nor run_outbox_consumer can declare them."
+        )
+        assert "\n" not in error.msg
+
+
 @pytest.mark.parametrize(
     "route",
     [

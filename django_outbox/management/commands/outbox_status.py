@@ -49,7 +49,8 @@ class Command(BaseCommand):
                 f"most frequent errors of the latest {RECENT_ROWS} failed and abandoned rows:"
             )
             for error in status.recent_errors:
-                self.stdout.write(f"  {error.rows:>7}  {error.status:<9}  {one_line(error.error)}")
+                text = one_line(error.error or "no error recorded")  # abandoned by an operator
+                self.stdout.write(f"  {error.rows:>7}  {error.status:<9}  {text}")
         if status.parked:
             self.stdout.write("parked inbox messages by consumer (the newest one's error):")
             for parked in status.parked:
