@@ -41,7 +41,7 @@ import datetime as dt
 import functools
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from django.db import models, transaction
@@ -170,11 +170,7 @@ def _update_followers(
     """Set ``available_at`` of the PENDING rows waiting behind ``heads`` (key -> the
     head's sequence); with ``parked_only``, only of those not due yet."""
     total = 0
-    keys = sorted(heads.items())
-    for start in range(0, len(keys), _KEYS_PER_UPDATE):
-        after = models.Q(pk__in=[])
-        for (destination, key), sequence in keys[start : start + _KEYS_PER_UPDATE]:
-            after |= models.Q(destination=destination, ordering_key=key, sequence__gt=sequence)
+    for after in _per_key(heads, "sequence__gt"):
         rows = OutboxMessage.objects.using(using).filter(after, status=OutboxStatus.PENDING)
         if parked_only:
             rows = rows.filter(available_at__gt=Now())
@@ -257,8 +253,32 @@ def requeue(using: str, rows: OutboxQuerySet | None = None) -> int:
             locked_by="",
             lease_token=None,
         )
-        _release_followers(using, lowest)
+        blocked = _blocked_before(using, lowest)
+        _update_followers(using, {k: lowest[k] - 1 for k in blocked}, PARKED)
+        _release_followers(using, {k: s for k, s in lowest.items() if k not in blocked})
     return count
+
+
+def _blocked_before(using: str, lowest: dict[tuple[str, str], int]) -> set[tuple[str, str]]:
+    """The keys of ``lowest`` (key -> a sequence) with an ABANDONED row before that
+    sequence: requeuing a row behind it must leave the key parked (its own requeue or
+    skip releases everything after it), not let every claim walk the key's backlog."""
+    rows = OutboxMessage.objects.using(using).filter(status=OutboxStatus.ABANDONED)
+    blocked: set[tuple[str, str]] = set()
+    for before in _per_key(lowest, "sequence__lt"):
+        blocked.update(rows.filter(before).values_list("destination", "ordering_key"))
+    return blocked
+
+
+def _per_key(sequences: dict[tuple[str, str], int], lookup: str) -> Iterator[models.Q]:
+    """Conditions on the rows of the keys of ``sequences`` (key -> a sequence) whose
+    sequence compares with their key's by ``lookup``: one per :data:`_KEYS_PER_UPDATE` keys."""
+    keys = sorted(sequences.items())
+    for start in range(0, len(keys), _KEYS_PER_UPDATE):
+        condition = models.Q(pk__in=[])
+        for (destination, key), sequence in keys[start : start + _KEYS_PER_UPDATE]:
+            condition |= models.Q(destination=destination, ordering_key=key, **{lookup: sequence})
+        yield condition
 
 
 def abandon(using: str, rows: OutboxQuerySet | None = None) -> int:

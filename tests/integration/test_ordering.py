@@ -17,6 +17,7 @@ import kombu
 import psycopg
 import pytest
 from django.db import connection, connections, transaction
+from django.db.models.functions import Now
 from django.test.utils import override_settings
 
 from django_outbox import db, stage, stage_many, store, testing
@@ -414,6 +415,35 @@ def test_a_skipped_head_releases_its_parked_key():
     head = OutboxMessage.objects.get(ordering_key="a", sequence=1)
     store.skip("default", [head.pk])
     assert [(e.sequence, e.skipped) for e in testing.drain()] == [(1, True), (2, False), (3, False)]
+
+
+def test_requeuing_a_row_behind_a_blocked_head_leaves_its_key_parked():
+    """outbox_requeue --id (or --status abandoned with the head FAILED) may name an
+    ABANDONED row that is not its key's head: the head before it still blocks the key,
+    so its waiting events must stay parked, not be walked by every claim."""
+    _stage_keys({"a": 6, "b": 1})
+    store.abandon("default", OutboxMessage.objects.filter(ordering_key="a", sequence=1))
+    store.abandon("default", OutboxMessage.objects.filter(ordering_key="a", sequence=3))
+    store.requeue("default", OutboxMessage.objects.filter(ordering_key="a", sequence=3))
+    assert _due_ordered() == [("b", 1)]
+    head = OutboxMessage.objects.get(ordering_key="a", sequence=1)
+    store.requeue_heads("default", [head.pk])
+    assert [e.sequence for e in testing.drain() if e.ordering_key == "a"] == [1, 2, 3, 4, 5, 6]
+
+
+def test_requeuing_a_row_behind_a_failed_head_lets_the_key_flow_after_its_retry():
+    """Only an ABANDONED row before it keeps a requeued row parked: behind a FAILED head
+    (which retries by itself) the key must not stay parked for ever."""
+    _stage_keys({"a": 4})
+    store.abandon("default", OutboxMessage.objects.filter(ordering_key="a", sequence=3))
+    transport = _FailingTransport(fail={("a", 1)})
+    with _relay(transport) as relay:
+        relay.run_once()
+    store.requeue("default", OutboxMessage.objects.filter(ordering_key="a", sequence=3))
+    # a1's retry comes, with the rows parked until then (none parked for ever).
+    waiting = OutboxMessage.objects.filter(ordering_key="a").exclude(available_at=store.PARKED)
+    waiting.update(available_at=Now())
+    assert [e.sequence for e in testing.drain()] == [1, 2, 3, 4]
 
 
 def _read(queue: str, count: int) -> list[int]:
