@@ -242,7 +242,7 @@ def requeue(using: str, rows: OutboxQuerySet | None = None) -> int:
     now too (see :func:`_park_followers`). Returns how many rows changed."""
     selected = _selection(using, rows).requeueable()
     with transaction.atomic(using=using):
-        lowest = _heads_by_key(selected)
+        ordered = _ordered_ids(selected)
         count = selected.update(
             status=OutboxStatus.PENDING,
             attempts=0,
@@ -253,6 +253,7 @@ def requeue(using: str, rows: OutboxQuerySet | None = None) -> int:
             locked_by="",
             lease_token=None,
         )
+        lowest = _heads_by_key(_now(using, ordered, OutboxStatus.PENDING))
         blocked = _blocked_before(using, lowest)
         _update_followers(using, {k: lowest[k] - 1 for k in blocked}, PARKED)
         _release_followers(using, {k: s for k, s in lowest.items() if k not in blocked})
@@ -294,7 +295,7 @@ def abandon(using: str, rows: OutboxQuerySet | None = None) -> int:
     (see :func:`_park_followers`). Returns how many rows changed."""
     selected = _selection(using, rows).abandonable()
     with transaction.atomic(using=using):
-        lowest = _heads_by_key(selected)
+        ordered = _ordered_ids(selected)
         count = selected.update(
             status=OutboxStatus.ABANDONED,
             abandoned_at=Now(),
@@ -302,8 +303,23 @@ def abandon(using: str, rows: OutboxQuerySet | None = None) -> int:
             locked_by="",
             lease_token=None,
         )
-        _update_followers(using, lowest, PARKED)
+        _update_followers(
+            using, _heads_by_key(_now(using, ordered, OutboxStatus.ABANDONED)), PARKED
+        )
     return count
+
+
+def _ordered_ids(rows: OutboxQuerySet) -> list[int]:
+    """The ids of the ordered rows among ``rows``."""
+    return list(rows.filter(sequence__isnull=False).values_list("id", flat=True))
+
+
+def _now(using: str, ids: list[int], status: OutboxStatus) -> OutboxQuerySet:
+    """The rows of ``ids`` in ``status`` now: after an operator's UPDATE, the rows it
+    changed, not those a claim took while the UPDATE waited for their lock (it re-checks
+    its WHERE then and leaves them). Parking or releasing keys by the rows read before
+    it would park a key behind a row the relay publishes: parked for ever."""
+    return OutboxMessage.objects.using(using).filter(id__in=ids, status=status)
 
 
 def requeue_selected(

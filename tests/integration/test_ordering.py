@@ -446,6 +446,42 @@ def test_requeuing_a_row_behind_a_failed_head_lets_the_key_flow_after_its_retry(
     assert [e.sequence for e in testing.drain()] == [1, 2, 3, 4]
 
 
+def test_abandon_losing_the_race_to_a_claim_does_not_park_the_key_for_ever():
+    """The operator abandons a2 while a relay's claim (not committed yet) takes a1 and
+    a2: the abandon waits for the claim's lock, then finds a2 PROCESSING under a live
+    lease and leaves it. It must not park a3 and a4 behind a row it did not abandon:
+    nothing would release them once a1 and a2 are published."""
+    _stage_keys({"a": 4})
+    claimed, release = threading.Event(), threading.Event()
+    token = uuid.uuid4()
+
+    def relay_claim() -> None:
+        with transaction.atomic():
+            assert _by_key(_production(2, token)) == {"a": [1, 2]}
+            claimed.set()
+            assert release.wait(30)
+
+    def operator_abandon() -> None:
+        assert claimed.wait(30)
+        assert (
+            store.abandon("default", OutboxMessage.objects.filter(ordering_key="a", sequence=2))
+            == 0
+        )
+
+    threads = [_Thread(relay_claim), _Thread(operator_abandon)]
+    for thread in threads:
+        thread.start()
+    wait_until(_waiting_for_a_lock, timeout=30, what="the abandon to wait for the claim's lock")
+    release.set()
+    for thread in threads:
+        thread.join_checked()
+    ids = list(
+        OutboxMessage.objects.filter(ordering_key="a", sequence__lte=2).values_list("id", flat=True)
+    )
+    assert store.record("default", token, published=ids, failed=[]) == set()
+    assert [e.sequence for e in testing.drain()] == [3, 4]
+
+
 def _read(queue: str, count: int) -> list[int]:
     """The ``sequence`` headers of the next ``count`` messages of ``queue`` (declared by
     the relay with its arguments, so read with basic.get, which declares nothing)."""
