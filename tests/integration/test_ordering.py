@@ -9,6 +9,7 @@ never by sleeps.
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -480,6 +481,28 @@ def test_abandon_losing_the_race_to_a_claim_does_not_park_the_key_for_ever():
     )
     assert store.record("default", token, published=ids, failed=[]) == set()
     assert [e.sequence for e in testing.drain()] == [3, 4]
+
+
+def test_a_follower_staged_for_later_keeps_its_time_through_its_heads_failure_and_requeue():
+    """An ordered event staged with available_at waits for it: parking and releasing
+    the key behind a failing head must not make it due sooner."""
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    with transaction.atomic():
+        _stage("a", 1)
+        stage("order.changed", {"n": 2}, destination=ORDERED, key="a", available_at=later)
+        _stage("a", 3)
+    with _relay(_FailingTransport(fail={("a", 1)})) as relay:
+        relay.run_once()
+    scheduled = OutboxMessage.objects.get(ordering_key="a", sequence=2)
+    assert scheduled.available_at == later
+    head = OutboxMessage.objects.get(ordering_key="a", sequence=1)
+    store.requeue_heads("default", [head.pk])
+    assert OutboxMessage.objects.get(pk=scheduled.pk).available_at == later
+    assert _due_ordered() == [("a", 1), ("a", 3)]  # a3 released (it waits behind a2)
+    store.abandon("default", OutboxMessage.objects.filter(pk=head.pk))
+    store.skip("default", [head.pk])
+    assert OutboxMessage.objects.get(pk=scheduled.pk).available_at == later
+    assert [e.sequence for e in testing.drain()] == [1]
 
 
 def _read(queue: str, count: int) -> list[int]:
