@@ -171,17 +171,22 @@ def test_a_skip_marker_moves_the_key_on_without_the_handler(destination, caplog)
     assert marker.sequence == 2
 
 
-def test_an_event_with_a_sequence_but_no_key_is_rejected(destination):
+def publish_raw(queue: str, **headers: object) -> None:
+    """Publish one message with a new event id and ``headers``, not through the relay."""
     with broker_connection() as connection:
         channel = connection.channel()
-        declare(channel, outbox_settings.route_for(destination))
+        declare(channel, outbox_settings.route_for(queue))
         kombu.Producer(channel).publish(
             b"{}",
-            routing_key=destination,
+            routing_key=queue,
             content_type="application/json",
             content_encoding="utf-8",
-            headers={"event_id": str(uuid.uuid4()), "sequence": 1, "destination": destination},
+            headers={"event_id": str(uuid.uuid4()), **headers},
         )
+
+
+def test_an_event_with_a_sequence_but_no_key_is_rejected(destination):
+    publish_raw(destination, sequence=1, destination=destination)
     stats = consume(destination, Recorder()).stats
     assert stats.rejected == 1
     assert not InboxSequence.objects.exists()
@@ -193,21 +198,7 @@ def test_an_event_whose_sequence_is_not_a_whole_number_is_rejected_not_handled(
 ):
     """Read as "no sequence", it would run as an unordered event: out of its key's turn,
     and its key stalled for ever behind the number it never advanced to."""
-    with broker_connection() as connection:
-        channel = connection.channel()
-        declare(channel, outbox_settings.route_for(destination))
-        kombu.Producer(channel).publish(
-            b"{}",
-            routing_key=destination,
-            content_type="application/json",
-            content_encoding="utf-8",
-            headers={
-                "event_id": str(uuid.uuid4()),
-                "sequence": sequence,
-                "destination": destination,
-                "ordering_key": "a",
-            },
-        )
+    publish_raw(destination, sequence=sequence, destination=destination, ordering_key="a")
     handler = Recorder()
     stats = consume(destination, handler).stats
     assert (stats.rejected, handler.runs) == (1, [])
