@@ -172,10 +172,10 @@ def _update_followers(
     using: str,
     heads: _Heads,
     available_at: dt.datetime | models.Expression,
-    which: Callable[[dt.datetime], models.Q],
+    which: Callable[[tuple[str, str], dt.datetime], models.Q],
 ) -> int:
     """Set ``available_at`` of the PENDING rows waiting behind ``heads`` that match
-    ``which(the head's time)``."""
+    ``which(key, the head's time)``."""
     total = 0
     for after in _per_key(heads, "sequence__gt", which):
         rows = OutboxMessage.objects.using(using).filter(after, status=OutboxStatus.PENDING)
@@ -183,16 +183,10 @@ def _update_followers(
     return total
 
 
-def _due_or_parked(at: dt.datetime) -> models.Q:
+def _due_or_parked(scope: tuple[str, str], at: dt.datetime) -> models.Q:
     """The waiting rows to park: due now, or parked at ``at`` (the head's retry, before
     it was abandoned). A row staged with a later ``available_at`` keeps it."""
     return models.Q(available_at__lte=Now()) | models.Q(available_at=at)
-
-
-def _parked(at: dt.datetime) -> models.Q:
-    """The waiting rows parked behind a head: at :data:`PARKED`, or at ``at`` (its retry),
-    not due yet. A row staged with a later ``available_at`` keeps it."""
-    return models.Q(available_at__in=[PARKED, at], available_at__gt=Now())
 
 
 def _park_followers(using: str, heads: _Heads, until: dt.datetime | models.Expression) -> int:
@@ -218,8 +212,28 @@ def _park_after_failure(using: str, heads: _Heads, abandoned: bool) -> int:
 
 
 def _release_followers(using: str, lowest: _Heads) -> int:
-    """Make the events parked behind requeued or skipped heads due now."""
-    return _update_followers(using, lowest, Now(), _parked)
+    """Make the events parked behind requeued or skipped heads due now: those parked at
+    :data:`PARKED` or at the head's retry (a row staged for later keeps its time), up
+    to the key's next ABANDONED row, which keeps the rows after it parked."""
+    stops = _next_abandoned(using, lowest)
+
+    def parked(scope: tuple[str, str], at: dt.datetime) -> models.Q:
+        rows = models.Q(available_at__in=[PARKED, at], available_at__gt=Now())
+        return rows & models.Q(sequence__lt=stops[scope]) if scope in stops else rows
+
+    return _update_followers(using, lowest, Now(), parked)
+
+
+def _next_abandoned(using: str, heads: _Heads) -> dict[tuple[str, str], int]:
+    """The sequence of each key's first ABANDONED row after its head's in ``heads``."""
+    rows = OutboxMessage.objects.using(using).filter(status=OutboxStatus.ABANDONED)
+    stops: dict[tuple[str, str], int] = {}
+    for after in _per_key(heads, "sequence__gt"):
+        found = rows.filter(after).values_list("destination", "ordering_key", "sequence")
+        for destination, key, sequence in found:
+            assert sequence is not None  # the condition names a sequence
+            stops[destination, key] = min(stops.get((destination, key), sequence), sequence)
+    return stops
 
 
 def _mark_published(rows: OutboxQuerySet) -> int:
@@ -303,17 +317,17 @@ def _blocked_before(using: str, lowest: _Heads) -> set[tuple[str, str]]:
 def _per_key(
     heads: _Heads,
     lookup: str,
-    which: Callable[[dt.datetime], models.Q] = lambda at: models.Q(),
+    which: Callable[[tuple[str, str], dt.datetime], models.Q] = lambda scope, at: models.Q(),
 ) -> Iterator[models.Q]:
     """Conditions on the rows of the keys of ``heads`` whose sequence compares with
-    their key's by ``lookup`` and that match ``which(the key's time)``: one per
+    their key's by ``lookup`` and that match ``which(key, the key's time)``: one per
     :data:`_KEYS_PER_UPDATE` keys."""
     keys = sorted(heads.items())
     for start in range(0, len(keys), _KEYS_PER_UPDATE):
         condition = models.Q(pk__in=[])
         for (destination, key), (sequence, at) in keys[start : start + _KEYS_PER_UPDATE]:
             scope = models.Q(destination=destination, ordering_key=key, **{lookup: sequence})
-            condition |= scope & which(at)
+            condition |= scope & which((destination, key), at)
         yield condition
 
 

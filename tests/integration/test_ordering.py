@@ -447,6 +447,20 @@ def test_requeuing_a_row_behind_a_failed_head_lets_the_key_flow_after_its_retry(
     assert [e.sequence for e in testing.drain()] == [1, 2, 3, 4]
 
 
+def test_a_skipped_head_releases_its_key_only_up_to_the_next_abandoned_row():
+    """a3 was abandoned while a1 blocked the key: skipping a1 lets a2 go, and a3 blocks
+    the key in turn, so a4 and a5 stay parked (not walked by every claim)."""
+    _stage_keys({"a": 5})
+    store.abandon("default", OutboxMessage.objects.filter(ordering_key="a", sequence=3))
+    store.abandon("default", OutboxMessage.objects.filter(ordering_key="a", sequence=1))
+    head = OutboxMessage.objects.get(ordering_key="a", sequence=1)
+    store.skip("default", [head.pk])
+    assert _due_ordered() == [("a", 1), ("a", 2)]
+    assert [(e.sequence, e.skipped) for e in testing.drain()] == [(1, True), (2, False)]
+    store.requeue_heads("default", [OutboxMessage.objects.get(ordering_key="a", sequence=3).pk])
+    assert [e.sequence for e in testing.drain()] == [3, 4, 5]
+
+
 def test_abandon_losing_the_race_to_a_claim_does_not_park_the_key_for_ever():
     """The operator abandons a2 while a relay's claim (not committed yet) takes a1 and
     a2: the abandon waits for the claim's lock, then finds a2 PROCESSING under a live
