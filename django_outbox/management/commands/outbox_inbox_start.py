@@ -6,8 +6,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_outbox.cli import add_database_option, key_position
+from django_outbox.cli import add_database_option, key_position, require_tables
 from django_outbox.inbox import positions_of, start_positions
+from django_outbox.models import InboxSequence
 
 
 class Command(BaseCommand):
@@ -40,6 +41,7 @@ class Command(BaseCommand):
         )
         if options["positions"] and not destination:
             raise CommandError("--position needs --destination (the keys' ordered destination)")
+        require_tables(using, InboxSequence)
         positions = positions_of(options["like"], using) if options["like"] else {}
         positions.update(((destination, key), last) for key, last in options["positions"])
         if not positions:
