@@ -115,6 +115,15 @@ def partition_numbers(value: str) -> tuple[int, ...]:
     return tuple(numbers)
 
 
+def key_position(value: str) -> tuple[str, int]:
+    """An argparse type: ``KEY=LAST``, an ordering key (it may hold ``=``) and a
+    sequence of 0 or more."""
+    key, sep, last = value.rpartition("=")
+    if not (sep and key):
+        raise argparse.ArgumentTypeError(f"must be KEY=LAST (a sequence); got {value!r}")
+    return key, non_negative_int(last)
+
+
 def add_database_option(parser: argparse.ArgumentParser, what: str = "outbox") -> None:
     """``--database ALIAS``."""
     parser.add_argument(

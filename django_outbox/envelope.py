@@ -125,7 +125,9 @@ class ReceivedEvent:
 
         Raises :class:`~django_outbox.exceptions.InvalidMessage` when neither the
         ``event_id`` header nor the message id is a UUID: without one the inbox
-        cannot dedupe.
+        cannot dedupe; or when a ``sequence`` header is there but is not a whole
+        number (a string, a boolean): read as no sequence, the event would be handled
+        out of its key's turn and its key stalled behind the number it never takes.
         """
         headers = dict(headers or {})
         raw_id = headers.get("event_id") or message_id
@@ -136,7 +138,13 @@ class ReceivedEvent:
                 "the message has no event_id header or message id that is a UUID; "
                 "it was not published by an outbox relay"
             ) from None
-        return cls(event_id, str(headers.get("event_type") or ""), payload, headers)
+        event = cls(event_id, str(headers.get("event_type") or ""), payload, headers)
+        if headers.get("sequence") is not None and event.sequence is None:
+            raise InvalidMessage(
+                f"event {event_id} has a sequence header {headers['sequence']!r} that is not "
+                "a whole number: it was not published by an outbox relay"
+            )
+        return event
 
     @property
     def occurred_at(self) -> dt.datetime | None:

@@ -153,6 +153,49 @@ def process_in_order(consumer: str, event: ReceivedEvent, using: str = "default"
             _sequences(using, scope).update(last_sequence=event.sequence, updated_at=Now())
 
 
+def start_positions(
+    consumer: str, positions: Mapping[tuple[str, str], int], using: str = "default"
+) -> int:
+    """Start ``consumer`` in the middle of ordered streams: ``positions`` maps
+    ``(destination, ordering_key)`` to the last sequence to count as handled, so the
+    key's next event handled is that number + 1 and every earlier one is acked as a
+    duplicate. For a new consumer name on a stream others consumed before it (it
+    would otherwise hold back every key's events for ever, waiting for sequence 1).
+    A key only moves forward (a lower number than its last is left alone: going back
+    would run handlers again); all keys in one transaction. :class:`ValueError` (one
+    line, nothing changed) for a negative number or an empty name. Returns how many
+    keys moved."""
+    from .models import InboxSequence
+
+    bad = [f"{d!r} {k!r} at {n!r}" for (d, k), n in positions.items() if not (d and k and n >= 0)]
+    if not consumer or bad:
+        raise ValueError(
+            f"consumer {consumer!r}: a position needs a destination, a key and a sequence "
+            f">= 0; not {', '.join(bad) or 'an empty consumer name'}; nothing changed"
+        )
+    moved = 0
+    with transaction.atomic(using=using):
+        for (destination, key), last in sorted(positions.items()):
+            scope = consumer, destination, key
+            db.insert_if_absent(
+                using, InboxSequence, consumer=consumer, destination=destination, ordering_key=key
+            )
+            ahead = _sequences(using, scope).filter(last_sequence__lt=last)
+            moved += ahead.update(last_sequence=last, updated_at=Now())
+    return moved
+
+
+def positions_of(consumer: str, using: str = "default") -> dict[tuple[str, str], int]:
+    """The last sequence ``consumer`` handled of each ordered key it has seen, as
+    :func:`start_positions` takes them (to start another consumer where it stands)."""
+    from .models import InboxSequence
+
+    rows = InboxSequence.objects.using(using).filter(consumer=consumer)
+    return {
+        (d, k): n for d, k, n in rows.values_list("destination", "ordering_key", "last_sequence")
+    }
+
+
 def inbox_handler(
     consumer: str, *, using: str = "default", event_types: Iterable[str] | None = None
 ) -> Callable[[Callable[..., R]], Callable[..., R | None]]:

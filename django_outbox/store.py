@@ -41,7 +41,7 @@ import datetime as dt
 import functools
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from django.db import models, transaction
@@ -135,7 +135,7 @@ def record(
                 lost |= _not_held(ids, leased)
         for group in failed:
             failed_rows = rows.filter(id__in=group.ids).leased(token)
-            _park_followers(failed_rows, PARKED if group.abandon else now_plus(group.delay))
+            _park_after_failure(using, _heads_by_key(failed_rows), group.abandon)
     return lost
 
 
@@ -144,15 +144,23 @@ def record(
 PARKED = dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
 
 
-def _heads_by_key(rows: OutboxQuerySet) -> dict[tuple[str, str], int]:
-    """The lowest sequence of each ordered key among ``rows``."""
-    lowest: dict[tuple[str, str], int] = {}
+#: Per ordered key (destination, ordering key): the sequence of its head (or of the
+#: row an operator changed) and that row's ``available_at`` before the change: where
+#: the events waiting behind a FAILED head were parked (its retry).
+_Heads = dict[tuple[str, str], tuple[int, dt.datetime]]
+
+
+def _heads_by_key(rows: OutboxQuerySet, before: Mapping[int, dt.datetime] | None = None) -> _Heads:
+    """The lowest sequence of each ordered key among ``rows``, with that row's
+    ``available_at`` (as ``before``, id -> time, had it, when given)."""
+    lowest: _Heads = {}
     ordered = rows.filter(sequence__isnull=False)
-    for destination, key, sequence in ordered.values_list(
-        "destination", "ordering_key", "sequence"
+    for pk, destination, key, sequence, at in ordered.values_list(
+        "id", "destination", "ordering_key", "sequence", "available_at"
     ):
         assert sequence is not None  # filtered above
-        lowest[destination, key] = min(lowest.get((destination, key), sequence), sequence)
+        if (destination, key) not in lowest or sequence < lowest[destination, key][0]:
+            lowest[destination, key] = (sequence, (before or {}).get(pk, at))
     return lowest
 
 
@@ -162,40 +170,70 @@ _KEYS_PER_UPDATE = 500
 
 def _update_followers(
     using: str,
-    heads: dict[tuple[str, str], int],
+    heads: _Heads,
     available_at: dt.datetime | models.Expression,
-    *,
-    parked_only: bool = False,
+    which: Callable[[tuple[str, str], dt.datetime], models.Q],
 ) -> int:
-    """Set ``available_at`` of the PENDING rows waiting behind ``heads`` (key -> the
-    head's sequence); with ``parked_only``, only of those not due yet."""
+    """Set ``available_at`` of the PENDING rows waiting behind ``heads`` that match
+    ``which(key, the head's time)``."""
     total = 0
-    keys = sorted(heads.items())
-    for start in range(0, len(keys), _KEYS_PER_UPDATE):
-        after = models.Q(pk__in=[])
-        for (destination, key), sequence in keys[start : start + _KEYS_PER_UPDATE]:
-            after |= models.Q(destination=destination, ordering_key=key, sequence__gt=sequence)
+    for after in _per_key(heads, "sequence__gt", which):
         rows = OutboxMessage.objects.using(using).filter(after, status=OutboxStatus.PENDING)
-        if parked_only:
-            rows = rows.filter(available_at__gt=Now())
         total += rows.update(available_at=available_at)
     return total
 
 
-def _park_followers(heads: OutboxQuerySet, until: dt.datetime | models.Expression) -> int:
+def _due_or_parked(scope: tuple[str, str], at: dt.datetime) -> models.Q:
+    """The waiting rows to park: due now, or parked at ``at`` (the head's retry, before
+    it was abandoned). A row staged with a later ``available_at`` keeps it."""
+    return models.Q(available_at__lte=Now()) | models.Q(available_at=at)
+
+
+def _park_followers(using: str, heads: _Heads, until: dt.datetime | models.Expression) -> int:
     """Make the events waiting behind the ordered rows ``heads`` (now FAILED or
     ABANDONED) due no sooner than ``until``: the head's retry, or :data:`PARKED`.
 
     Without it every claim would walk the waiting rows of a failing key, due but
     gated, before it reached other keys' rows: the claim's cost would grow with
     the backlog of one blocked key (docs/ordering.md). Rows staged to the key later
-    are due until the next failure (or abandon) of its head parks them."""
-    return _update_followers(heads.db, _heads_by_key(heads), until)
+    are due until the next failure (or abandon) of its head parks them; rows staged
+    to be due later than now keep their time."""
+    return _update_followers(using, heads, until, _due_or_parked)
 
 
-def _release_followers(using: str, lowest: dict[tuple[str, str], int]) -> int:
-    """Make the events parked behind requeued or skipped heads due now."""
-    return _update_followers(using, lowest, Now(), parked_only=True)
+def _park_after_failure(using: str, heads: _Heads, abandoned: bool) -> int:
+    """Park the events waiting behind the ordered rows of one failed group: at
+    :data:`PARKED` if abandoned, else at exactly their heads' retry (one UPDATE set it
+    for the group, so one time), by which a requeue or skip finds them again."""
+    if not heads:
+        return 0
+    _, retry = next(iter(heads.values()))
+    return _park_followers(using, heads, PARKED if abandoned else retry)
+
+
+def _release_followers(using: str, lowest: _Heads) -> int:
+    """Make the events parked behind requeued or skipped heads due now: those parked at
+    :data:`PARKED` or at the head's retry (a row staged for later keeps its time), up
+    to the key's next ABANDONED row, which keeps the rows after it parked."""
+    stops = _next_abandoned(using, lowest)
+
+    def parked(scope: tuple[str, str], at: dt.datetime) -> models.Q:
+        rows = models.Q(available_at__in=[PARKED, at], available_at__gt=Now())
+        return rows & models.Q(sequence__lt=stops[scope]) if scope in stops else rows
+
+    return _update_followers(using, lowest, Now(), parked)
+
+
+def _next_abandoned(using: str, heads: _Heads) -> dict[tuple[str, str], int]:
+    """The sequence of each key's first ABANDONED row after its head's in ``heads``."""
+    rows = OutboxMessage.objects.using(using).filter(status=OutboxStatus.ABANDONED)
+    stops: dict[tuple[str, str], int] = {}
+    for after in _per_key(heads, "sequence__gt"):
+        found = rows.filter(after).values_list("destination", "ordering_key", "sequence")
+        for destination, key, sequence in found:
+            assert sequence is not None  # the condition names a sequence
+            stops[destination, key] = min(stops.get((destination, key), sequence), sequence)
+    return stops
 
 
 def _mark_published(rows: OutboxQuerySet) -> int:
@@ -246,7 +284,7 @@ def requeue(using: str, rows: OutboxQuerySet | None = None) -> int:
     now too (see :func:`_park_followers`). Returns how many rows changed."""
     selected = _selection(using, rows).requeueable()
     with transaction.atomic(using=using):
-        lowest = _heads_by_key(selected)
+        ordered = _ordered_ids(selected)
         count = selected.update(
             status=OutboxStatus.PENDING,
             attempts=0,
@@ -257,8 +295,40 @@ def requeue(using: str, rows: OutboxQuerySet | None = None) -> int:
             locked_by="",
             lease_token=None,
         )
-        _release_followers(using, lowest)
+        lowest = _heads_by_key(_now(using, ordered, OutboxStatus.PENDING), ordered)
+        blocked = _blocked_before(using, lowest)
+        parked = {k: (lowest[k][0] - 1, lowest[k][1]) for k in blocked}  # the rows too
+        _park_followers(using, parked, PARKED)
+        _release_followers(using, {k: v for k, v in lowest.items() if k not in blocked})
     return count
+
+
+def _blocked_before(using: str, lowest: _Heads) -> set[tuple[str, str]]:
+    """The keys of ``lowest`` (key -> a sequence) with an ABANDONED row before that
+    sequence: requeuing a row behind it must leave the key parked (its own requeue or
+    skip releases everything after it), not let every claim walk the key's backlog."""
+    rows = OutboxMessage.objects.using(using).filter(status=OutboxStatus.ABANDONED)
+    blocked: set[tuple[str, str]] = set()
+    for before in _per_key(lowest, "sequence__lt"):
+        blocked.update(rows.filter(before).values_list("destination", "ordering_key"))
+    return blocked
+
+
+def _per_key(
+    heads: _Heads,
+    lookup: str,
+    which: Callable[[tuple[str, str], dt.datetime], models.Q] = lambda scope, at: models.Q(),
+) -> Iterator[models.Q]:
+    """Conditions on the rows of the keys of ``heads`` whose sequence compares with
+    their key's by ``lookup`` and that match ``which(key, the key's time)``: one per
+    :data:`_KEYS_PER_UPDATE` keys."""
+    keys = sorted(heads.items())
+    for start in range(0, len(keys), _KEYS_PER_UPDATE):
+        condition = models.Q(pk__in=[])
+        for (destination, key), (sequence, at) in keys[start : start + _KEYS_PER_UPDATE]:
+            scope = models.Q(destination=destination, ordering_key=key, **{lookup: sequence})
+            condition |= scope & which((destination, key), at)
+        yield condition
 
 
 def abandon(using: str, rows: OutboxQuerySet | None = None) -> int:
@@ -274,7 +344,7 @@ def abandon(using: str, rows: OutboxQuerySet | None = None) -> int:
     (see :func:`_park_followers`). Returns how many rows changed."""
     selected = _selection(using, rows).abandonable()
     with transaction.atomic(using=using):
-        lowest = _heads_by_key(selected)
+        ordered = _ordered_ids(selected)
         count = selected.update(
             status=OutboxStatus.ABANDONED,
             abandoned_at=Now(),
@@ -282,8 +352,22 @@ def abandon(using: str, rows: OutboxQuerySet | None = None) -> int:
             locked_by="",
             lease_token=None,
         )
-        _update_followers(using, lowest, PARKED)
+        abandoned = _heads_by_key(_now(using, ordered, OutboxStatus.ABANDONED), ordered)
+        _park_followers(using, abandoned, PARKED)
     return count
+
+
+def _ordered_ids(rows: OutboxQuerySet) -> dict[int, dt.datetime]:
+    """The ordered rows among ``rows``: id -> ``available_at``."""
+    return dict(rows.filter(sequence__isnull=False).values_list("id", "available_at"))
+
+
+def _now(using: str, ids: Iterable[int], status: OutboxStatus) -> OutboxQuerySet:
+    """The rows of ``ids`` in ``status`` now: after an operator's UPDATE, the rows it
+    changed, not those a claim took while the UPDATE waited for their lock (it re-checks
+    its WHERE then and leaves them). Parking or releasing keys by the rows read before
+    it would park a key behind a row the relay publishes: parked for ever."""
+    return OutboxMessage.objects.using(using).filter(id__in=list(ids), status=status)
 
 
 def requeue_selected(

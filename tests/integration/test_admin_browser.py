@@ -7,6 +7,7 @@ downloaded); ``scripts/test`` installs it. The screenshot lands in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,26 @@ def operator() -> User:
     return user
 
 
+def browse(steps: Callable[[Page, str, Path], None], base_url: str, name: str, capsys) -> None:
+    """Run ``steps(page, base_url, screenshot)`` in Chromium; the screenshot it takes
+    (``tests/artifacts/NAME``) must not be empty. No ORM call while Playwright runs: its
+    event loop makes Django refuse sync queries."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    screenshot = ARTIFACTS / name
+    screenshot.unlink(missing_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 900})
+            page.set_default_timeout(30_000)
+            steps(page, base_url, screenshot)
+        finally:
+            browser.close()
+    with capsys.disabled():
+        print(f"\nadmin screenshot: {screenshot}")
+    assert screenshot.stat().st_size > 10_000
+
+
 def requeue_all_failed(page: Page, base_url: str, screenshot: Path) -> None:
     """Log in, filter FAILED, select all, run requeue, then look at PENDING."""
     page.goto(f"{base_url}/admin/login/?next=/admin/django_outbox/outboxmessage/")
@@ -87,23 +108,7 @@ def test_operator_requeues_every_failed_message_from_the_browser(live_server, ca
     OutboxMessageFactory(status=Status.PENDING)
     abandoned = OutboxMessageFactory(status=Status.ABANDONED)
     operator()
-    ARTIFACTS.mkdir(exist_ok=True)
-    screenshot = ARTIFACTS / "admin_requeue.png"
-    screenshot.unlink(missing_ok=True)
-
-    # No ORM call while Playwright runs: its event loop makes Django refuse sync queries.
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1600, "height": 900})
-            page.set_default_timeout(30_000)
-            requeue_all_failed(page, live_server.url, screenshot)
-        finally:
-            browser.close()
-
-    with capsys.disabled():
-        print(f"\nadmin screenshot: {screenshot}")
-    assert screenshot.stat().st_size > 10_000
+    browse(requeue_all_failed, live_server.url, "admin_requeue.png", capsys)
     status = dict(OutboxMessage.objects.values_list("pk", "status"))
     assert [status[row.pk] for row in failed] == [Status.PENDING] * 3
     assert status[abandoned.pk] == Status.ABANDONED
@@ -151,22 +156,7 @@ def test_operator_skips_a_blocked_head_from_the_browser(live_server, capsys):
     )
     behind = OutboxMessageFactory(ordering_key="order-1", sequence=3)
     operator()
-    ARTIFACTS.mkdir(exist_ok=True)
-    screenshot = ARTIFACTS / "admin_skip_head.png"
-    screenshot.unlink(missing_ok=True)
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1600, "height": 900})
-            page.set_default_timeout(30_000)
-            skip_the_blocked_head(page, live_server.url, screenshot)
-        finally:
-            browser.close()
-
-    with capsys.disabled():
-        print(f"\nadmin screenshot: {screenshot}")
-    assert screenshot.stat().st_size > 10_000
+    browse(skip_the_blocked_head, live_server.url, "admin_skip_head.png", capsys)
     status = dict(OutboxMessage.objects.values_list("pk", "status"))
     assert [status[published.pk], status[head.pk], status[behind.pk]] == [
         Status.PUBLISHED,

@@ -359,6 +359,7 @@ def test_without_logging_a_warning_reaches_stderr_bare_and_info_not_at_all(tmp_p
     [
         (["run_outbox_relay", "--drain"], "django_outbox_outboxmessage"),
         (["outbox_status"], "django_outbox_outboxmessage"),
+        (["outbox_inbox_start", "--consumer", "c", "--like", "b"], "django_outbox_inboxsequence"),
         (
             [
                 "run_outbox_consumer",

@@ -11,6 +11,7 @@ marker), exactly as the relay sends them."""
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
 import random
 import signal
@@ -21,6 +22,7 @@ from collections.abc import Iterable
 
 import kombu
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import transaction
 from django.test import override_settings
 
@@ -28,6 +30,7 @@ from django_outbox import ReceivedEvent, stage
 from django_outbox.conf import outbox_settings
 from django_outbox.consumer import InboxConsumer
 from django_outbox.envelope import ClaimedMessage
+from django_outbox.inbox import positions_of, start_positions
 from django_outbox.models import InboxFailure, InboxSequence
 from django_outbox.replay import replay_parked
 from django_outbox.transports import for_broker
@@ -168,19 +171,79 @@ def test_a_skip_marker_moves_the_key_on_without_the_handler(destination, caplog)
     assert marker.sequence == 2
 
 
-def test_an_event_with_a_sequence_but_no_key_is_rejected(destination):
+def publish_raw(queue: str, **headers: object) -> None:
+    """Publish one message with a new event id and ``headers``, not through the relay."""
     with broker_connection() as connection:
         channel = connection.channel()
-        declare(channel, outbox_settings.route_for(destination))
+        declare(channel, outbox_settings.route_for(queue))
         kombu.Producer(channel).publish(
             b"{}",
-            routing_key=destination,
+            routing_key=queue,
             content_type="application/json",
             content_encoding="utf-8",
-            headers={"event_id": str(uuid.uuid4()), "sequence": 1, "destination": destination},
+            headers={"event_id": str(uuid.uuid4()), **headers},
         )
+
+
+def test_an_event_with_a_sequence_but_no_key_is_rejected(destination):
+    publish_raw(destination, sequence=1, destination=destination)
     stats = consume(destination, Recorder()).stats
     assert stats.rejected == 1
+    assert not InboxSequence.objects.exists()
+
+
+@pytest.mark.parametrize("sequence", ["1", True, 1.0])
+def test_an_event_whose_sequence_is_not_a_whole_number_is_rejected_not_handled(
+    destination, sequence
+):
+    """Read as "no sequence", it would run as an unordered event: out of its key's turn,
+    and its key stalled for ever behind the number it never advanced to."""
+    publish_raw(destination, sequence=sequence, destination=destination, ordering_key="a")
+    handler = Recorder()
+    stats = consume(destination, handler).stats
+    assert (stats.rejected, handler.runs) == (1, [])
+
+
+def test_a_new_consumer_on_an_old_stream_starts_where_it_is_told(destination):
+    """A new consumer name expects sequence 1 of every key: on a stream whose early
+    events it never receives it would hold every event back for ever. Its starting
+    positions, set first (by hand or copied from a consumer that is up to date), let
+    it take the stream from there."""
+    call_command(
+        "outbox_inbox_start",
+        "--consumer",
+        "old",
+        "--destination",
+        destination,
+        "--position",
+        "a=2",
+        "b=x=1",
+        stdout=io.StringIO(),
+    )
+    call_command(
+        "outbox_inbox_start", "--consumer", "ordered", "--like", "old", stdout=io.StringIO()
+    )
+    publish(destination, [("a", 4), ("a", 2), ("a", 3), ("b=x", 2)])
+    handler = Recorder()
+    stats = consume(destination, handler).stats
+    assert (handler.of("a"), handler.of("b=x"), stats.duplicates) == ([3, 4], [2], 1)
+    # A key only moves forward: handlers never run twice.
+    assert start_positions("ordered", {(destination, "a"): 1}) == 0
+    assert positions_of("ordered") == {(destination, "a"): 4, (destination, "b=x"): 2}
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--position", "a=1"], "--position needs --destination"),
+        ([], "nothing to set"),
+        (["--destination", "d", "--position", "a=-1"], "must be an integer of 0 or more"),
+        (["--destination", "d", "--position", "a"], "must be KEY=LAST"),
+    ],
+)
+def test_outbox_inbox_start_refuses_what_it_cannot_set_in_one_line(args, error):
+    with pytest.raises(CommandError, match=error):
+        call_command("outbox_inbox_start", "--consumer", "c", *args)
     assert not InboxSequence.objects.exists()
 
 

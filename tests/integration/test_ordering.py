@@ -9,6 +9,7 @@ never by sleeps.
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -17,6 +18,7 @@ import kombu
 import psycopg
 import pytest
 from django.db import connection, connections, transaction
+from django.db.models.functions import Now
 from django.test.utils import override_settings
 
 from django_outbox import db, stage, stage_many, store, testing
@@ -414,6 +416,107 @@ def test_a_skipped_head_releases_its_parked_key():
     head = OutboxMessage.objects.get(ordering_key="a", sequence=1)
     store.skip("default", [head.pk])
     assert [(e.sequence, e.skipped) for e in testing.drain()] == [(1, True), (2, False), (3, False)]
+
+
+def test_requeuing_a_row_behind_a_blocked_head_leaves_its_key_parked():
+    """outbox_requeue --id (or --status abandoned with the head FAILED) may name an
+    ABANDONED row that is not its key's head: the head before it still blocks the key,
+    so its waiting events must stay parked, not be walked by every claim."""
+    _stage_keys({"a": 6, "b": 1})
+    store.abandon("default", OutboxMessage.objects.filter(ordering_key="a", sequence=1))
+    store.abandon("default", OutboxMessage.objects.filter(ordering_key="a", sequence=3))
+    store.requeue("default", OutboxMessage.objects.filter(ordering_key="a", sequence=3))
+    assert _due_ordered() == [("b", 1)]
+    head = OutboxMessage.objects.get(ordering_key="a", sequence=1)
+    store.requeue_heads("default", [head.pk])
+    assert [e.sequence for e in testing.drain() if e.ordering_key == "a"] == [1, 2, 3, 4, 5, 6]
+
+
+def test_requeuing_a_row_behind_a_failed_head_lets_the_key_flow_after_its_retry():
+    """Only an ABANDONED row before it keeps a requeued row parked: behind a FAILED head
+    (which retries by itself) the key must not stay parked for ever."""
+    _stage_keys({"a": 4})
+    store.abandon("default", OutboxMessage.objects.filter(ordering_key="a", sequence=3))
+    transport = _FailingTransport(fail={("a", 1)})
+    with _relay(transport) as relay:
+        relay.run_once()
+    store.requeue("default", OutboxMessage.objects.filter(ordering_key="a", sequence=3))
+    # a1's retry comes, with the rows parked until then (none parked for ever).
+    waiting = OutboxMessage.objects.filter(ordering_key="a").exclude(available_at=store.PARKED)
+    waiting.update(available_at=Now())
+    assert [e.sequence for e in testing.drain()] == [1, 2, 3, 4]
+
+
+def test_a_skipped_head_releases_its_key_only_up_to_the_next_abandoned_row():
+    """a3 was abandoned while a1 blocked the key: skipping a1 lets a2 go, and a3 blocks
+    the key in turn, so a4 and a5 stay parked (not walked by every claim)."""
+    _stage_keys({"a": 5})
+    store.abandon("default", OutboxMessage.objects.filter(ordering_key="a", sequence=3))
+    store.abandon("default", OutboxMessage.objects.filter(ordering_key="a", sequence=1))
+    head = OutboxMessage.objects.get(ordering_key="a", sequence=1)
+    store.skip("default", [head.pk])
+    assert _due_ordered() == [("a", 1), ("a", 2)]
+    assert [(e.sequence, e.skipped) for e in testing.drain()] == [(1, True), (2, False)]
+    store.requeue_heads("default", [OutboxMessage.objects.get(ordering_key="a", sequence=3).pk])
+    assert [e.sequence for e in testing.drain()] == [3, 4, 5]
+
+
+def test_abandon_losing_the_race_to_a_claim_does_not_park_the_key_for_ever():
+    """The operator abandons a2 while a relay's claim (not committed yet) takes a1 and
+    a2: the abandon waits for the claim's lock, then finds a2 PROCESSING under a live
+    lease and leaves it. It must not park a3 and a4 behind a row it did not abandon:
+    nothing would release them once a1 and a2 are published."""
+    _stage_keys({"a": 4})
+    claimed, release = threading.Event(), threading.Event()
+    token = uuid.uuid4()
+
+    def relay_claim() -> None:
+        with transaction.atomic():
+            assert _by_key(_production(2, token)) == {"a": [1, 2]}
+            claimed.set()
+            assert release.wait(30)
+
+    def operator_abandon() -> None:
+        assert claimed.wait(30)
+        assert (
+            store.abandon("default", OutboxMessage.objects.filter(ordering_key="a", sequence=2))
+            == 0
+        )
+
+    threads = [_Thread(relay_claim), _Thread(operator_abandon)]
+    for thread in threads:
+        thread.start()
+    wait_until(_waiting_for_a_lock, timeout=30, what="the abandon to wait for the claim's lock")
+    release.set()
+    for thread in threads:
+        thread.join_checked()
+    ids = list(
+        OutboxMessage.objects.filter(ordering_key="a", sequence__lte=2).values_list("id", flat=True)
+    )
+    assert store.record("default", token, published=ids, failed=[]) == set()
+    assert [e.sequence for e in testing.drain()] == [3, 4]
+
+
+def test_a_follower_staged_for_later_keeps_its_time_through_its_heads_failure_and_requeue():
+    """An ordered event staged with available_at waits for it: parking and releasing
+    the key behind a failing head must not make it due sooner."""
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    with transaction.atomic():
+        _stage("a", 1)
+        stage("order.changed", {"n": 2}, destination=ORDERED, key="a", available_at=later)
+        _stage("a", 3)
+    with _relay(_FailingTransport(fail={("a", 1)})) as relay:
+        relay.run_once()
+    scheduled = OutboxMessage.objects.get(ordering_key="a", sequence=2)
+    assert scheduled.available_at == later
+    head = OutboxMessage.objects.get(ordering_key="a", sequence=1)
+    store.requeue_heads("default", [head.pk])
+    assert OutboxMessage.objects.get(pk=scheduled.pk).available_at == later
+    assert _due_ordered() == [("a", 1), ("a", 3)]  # a3 released (it waits behind a2)
+    store.abandon("default", OutboxMessage.objects.filter(pk=head.pk))
+    store.skip("default", [head.pk])
+    assert OutboxMessage.objects.get(pk=scheduled.pk).available_at == later
+    assert [e.sequence for e in testing.drain()] == [1]
 
 
 def _read(queue: str, count: int) -> list[int]:

@@ -58,10 +58,15 @@ ADMIN = (
 def test_a_claim_or_requeue_on_sqlite_waits_for_another_writer_instead_of_failing(
     tmp_path, operation
 ):
+    assert run_script(tmp_path, SCRIPT.replace("OPERATION", operation)) == ["10"]
+
+
+def run_script(tmp_path, script: str) -> list[str]:
+    """The words ``script`` prints, run against the example project's new SQLite database."""
     env = example_env(tmp_path)
     manage_in(env, "migrate", "--verbosity", "0")
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT.replace("OPERATION", operation)],
+        [sys.executable, "-c", script],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -69,4 +74,4 @@ def test_a_claim_or_requeue_on_sqlite_waits_for_another_writer_instead_of_failin
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split() == ["10"]
+    return result.stdout.split()
