@@ -331,6 +331,13 @@ def shape_problems(route: Route, broker_scheme: str) -> list[Shape]:
                 'staged (then silence this with SILENCED_SYSTEM_CHECKS = ["django_outbox.W002"]).',
             )
         )
+    return found + _broker_problems(route, broker_scheme)
+
+
+def _broker_problems(route: Route, broker_scheme: str) -> list[Shape]:
+    """What ``route`` asks of its broker that a broker of ``broker_scheme`` cannot do."""
+    name, exchange = route.destination, route.exchange
+    found = []
     if route.partitions and broker_scheme and broker_scheme not in AMQP_SCHEMES:
         found.append(
             Shape(
