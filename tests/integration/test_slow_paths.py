@@ -26,7 +26,7 @@ from django.test.utils import override_settings
 
 from django_outbox import db
 from django_outbox.models import OutboxMessage
-from django_outbox.relay import Relay, RunStats
+from django_outbox.relay import Relay, RunStats, _Batch
 from django_outbox.transports.kombu import AmqpTransport, lease_confirm_timeout
 from tests.integration.test_silent_broker import memory_alarm
 from tests.support import (
@@ -92,9 +92,7 @@ def test_a_memory_alarm_is_an_outage_that_spends_no_attempt(destination, caplog)
         wait_until(lambda: status_counts()["published"] == 1, timeout=60, what="a first event")
         with memory_alarm():
             staged = stage_events(100, destination)
-            wait_until(
-                lambda: records(caplog, "outbox.broker_down"), timeout=60, what="the outage"
-            )
+            wait_until(lambda: records(caplog, "outbox.broker_down"), timeout=60, what="the outage")
             # The alarm lasts through several backoffs (1, 2, 4 s): each is a probe
             # the broker leaves unconfirmed, and no attempt.
             time.sleep(8)
@@ -107,7 +105,9 @@ def test_a_memory_alarm_is_an_outage_that_spends_no_attempt(destination, caplog)
     assert "blocked" in down.getMessage(), down.getMessage()
     assert records(caplog, "outbox.broker_up")
     relay_warnings = [
-        r for r in caplog.records if r.name == "django_outbox.relay" and r.levelno >= logging.WARNING
+        r
+        for r in caplog.records
+        if r.name == "django_outbox.relay" and r.levelno >= logging.WARNING
     ]
     assert relay_warnings == []
     received = {m.headers["event_id"] for m in consume(destination, 101)}
@@ -126,8 +126,10 @@ def test_a_drain_during_a_memory_alarm_gives_up_without_spending_attempts(destin
     assert counts["abandoned"] == 0 and counts["pending"] + counts["failed"] == 30, counts
     with Relay() as relay:  # the alarm cleared: all of it goes out, once due (in 1 s)
         wait_until(
-            lambda: not relay.run(threading.Event(), drain=True).gave_up
-            and status_counts()["published"] == 30,
+            lambda: (
+                not relay.run(threading.Event(), drain=True).gave_up
+                and status_counts()["published"] == 30
+            ),
             timeout=60,
             interval=0.5,
             what="the rows not taken to be published",
@@ -145,8 +147,6 @@ def test_a_claim_whose_turn_comes_after_half_its_lease_keeps_its_attempts(destin
         claimed = db.claim("default", limit=5, lease_seconds=60, worker="t", token=token)
         outcomes = relay._publish(claimed, deadline=time.monotonic() - 1)  # its turn came late
         assert {o.counts for o in outcomes if o is not None} == {False}
-        from django_outbox.relay import _Batch
-
         relay._finalize(_Batch(claimed, outcomes, token))
         assert attempts_spent() == 0
         assert status_counts()["failed"] == 5
