@@ -44,8 +44,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def destination() -> Iterator[str]:
-    name = unique_destination()
-    yield name
+    """A destination (and queue) of the test's own, its queue deleted at the end."""
+    yield (name := unique_destination())
     delete_queue(name)
 
 
