@@ -28,7 +28,7 @@ from django_outbox import db
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import Relay, RunStats, _Batch
 from django_outbox.transports.kombu import AmqpTransport, lease_confirm_timeout
-from tests.integration.test_silent_broker import memory_alarm
+from tests.integration.test_silent_broker import BROKER, FreezableProxy, memory_alarm
 from tests.support import (
     AMQP_URL,
     consume,
@@ -112,6 +112,31 @@ def test_a_memory_alarm_is_an_outage_that_spends_no_attempt(destination, caplog)
     assert relay_warnings == []
     received = {m.headers["event_id"] for m in consume(destination, 101)}
     assert set(staged) <= received
+
+
+@pytest.mark.slow
+def test_confirms_that_stop_coming_are_an_outage_that_spends_no_attempt(destination, caplog):
+    """No connection.blocked this time: the network to the broker goes silent (a TCP
+    proxy of the test's that stops passing bytes; no real part can freeze a connection
+    half-way). The batch's confirm timeout (a third of LEASE_SECONDS: 2 s) passes, the
+    broker is down, checks time out until the network comes back."""
+    caplog.set_level(logging.INFO)
+    proxy = FreezableProxy(BROKER)
+    try:
+        with running_relay(BROKER_URL=proxy.url, MAX_ATTEMPTS=1, LEASE_SECONDS=6):
+            stage_events(1, destination)
+            wait_until(lambda: status_counts()["published"] == 1, timeout=60, what="an event")
+            proxy.freeze()
+            stage_events(60, destination)
+            wait_until(lambda: records(caplog, "outbox.broker_down"), timeout=60, what="the outage")
+            assert attempts_spent() == 0
+            proxy.thaw()
+            wait_until(lambda: status_counts()["published"] == 61, timeout=120, what="the rest")
+    finally:
+        proxy.close()
+    assert attempts_spent() == 0
+    assert len(records(caplog, "outbox.broker_down")) == 1
+    assert "not confirmed" in records(caplog, "outbox.publish_deferred")[0].getMessage()
 
 
 def test_a_drain_during_a_memory_alarm_gives_up_without_spending_attempts(destination):
