@@ -132,12 +132,22 @@ def relay_drain(
     first = results[0]
     return {
         "events_per_s": count / elapsed,
+        "published_by_relay": [r["published"] for r in results],
         "rss_start_mb": first["rss_start_mb"],
         "rss_growth_mb": first["rss_end_mb"] - first["rss_start_mb"],
         "sql_per_event": first["sql"] / first["published"],
         "statements": first["statements"],
         "transactions": first["transactions"],
     }
+
+
+def unfairness(published: Sequence[int]) -> float:
+    """How far the relays' shares of a drain are from even: the largest
+    ``|share - 1/n| / (1/n)`` over the ``n`` relays (0: perfectly even; 1: one relay
+    took twice its share, or none at all)."""
+    even = 1 / len(published)
+    total = sum(published)
+    return max(abs(count / total - even) / even for count in published)
 
 
 def _median_ms(samples: Sequence[float]) -> float:
