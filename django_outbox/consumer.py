@@ -28,7 +28,10 @@ is acknowledged without running the handler again. Per message:
   a message whose handler kills the consumer (SIGKILL, out of memory) is
   counted too, and parked without running once ``max_deliveries`` is reached;
 * when the database itself is unreachable, requeues without counting and
-  backs off, so an outage parks nothing.
+  backs off, so an outage parks nothing;
+* on a quorum queue, takes the broker's ``x-delivery-count`` into the count too,
+  less its own requeues while the database was down, and not at all for an event
+  of an ordered route, whose held-back requeues it counts as well.
 
 The queue of a route with partitions is consumed as its partition queues (all,
 or those given), one kombu consumer each.

@@ -243,11 +243,12 @@ def _queue_arguments(name: str, spec: Mapping[str, object]) -> Arguments:
             continue
         if not spec.get("queue"):
             raise ValueError(f"route {name!r} has {key} but no queue: name the queue it is for")
-        if not spec[key]:
+        value = str(spec[key])  # a string: checked with the route's other names
+        if not value:
             raise ValueError(f"route {name!r} has an empty {key}")
-        if arguments.setdefault(argument, spec[key]) != spec[key]:
+        if arguments.setdefault(argument, value) != value:
             raise ValueError(
-                f"route {name!r} has {key} {spec[key]!r} but queue_arguments[{argument!r}] "
+                f"route {name!r} has {key} {value!r} but queue_arguments[{argument!r}] "
                 f"{arguments[argument]!r}: give one of them"
             )
     queue_type = arguments.get("x-queue-type", "classic")
@@ -258,8 +259,7 @@ def _queue_arguments(name: str, spec: Mapping[str, object]) -> Arguments:
         )
     if queue_type not in QUEUE_TYPES:
         raise ValueError(
-            f"route {name!r} queue type must be one of {', '.join(QUEUE_TYPES)}; "
-            f"got {queue_type!r}"
+            f"route {name!r} queue type must be one of {', '.join(QUEUE_TYPES)}; got {queue_type!r}"
         )
     return tuple(sorted(arguments.items()))
 

@@ -196,9 +196,7 @@ def test_an_ordered_event_held_back_more_than_max_deliveries_times_is_not_parked
     assert max(count for count in counts if isinstance(count, int)) >= 2
 
 
-def test_a_running_relay_waits_its_start_jitter_before_the_first_claim(
-    quorum_route, monkeypatch
-):
+def test_a_running_relay_waits_its_start_jitter_before_the_first_claim(quorum_route, monkeypatch):
     """The jitter is drawn from random.uniform(0, START_JITTER); it is made to draw the
     whole START_JITTER here (the one stand-in of this file), so the wait is certain."""
     draws: list[tuple[float, float]] = []
@@ -213,7 +211,9 @@ def test_a_running_relay_waits_its_start_jitter_before_the_first_claim(
     batches: list[object] = []
     with override_settings(OUTBOX={**outbox_settings.user_settings, "START_JITTER": 600}):
         relay = Relay()
-        runner = threading.Thread(target=relay.run, args=(stop,), kwargs={"on_batch": batches.append})
+        runner = threading.Thread(
+            target=relay.run, args=(stop,), kwargs={"on_batch": batches.append}
+        )
         runner.start()
         wait_until(lambda: (0, 600.0) in draws, timeout=30, what="the jitter drawn")
         time.sleep(0.5)  # a window in which a relay without jitter would have claimed
