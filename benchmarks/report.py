@@ -21,8 +21,10 @@ GOALS: dict[str, tuple[Callable[[float, float], bool], float]] = {
     "ordered_sql_per_event": (operator.le, 0.02),
     "relay_fairness": (operator.le, 0.25),
 }
-#: Goals on counted (not timed) figures: the only ones ``--gate`` fails on.
-GATED = ("sql_per_event", "ordered_sql_per_event")
+#: Goals on counted (not timed) figures: the only ones ``--gate`` fails on. The relays'
+#: shares of a drain are counts too; the scheduler sways them, but well within the goal
+#: (0.02-0.14 in six runs at load averages of 7 to 17: docs/benchmarks.md).
+GATED = ("sql_per_event", "ordered_sql_per_event", "relay_fairness")
 
 #: (figure, label, unit) in table order.
 ROWS = (
