@@ -564,7 +564,7 @@ class InboxConsumer(ConsumerMixin):
         every redelivery in its key's turn before the handler runs."""
         if event.sequence is not None:
             return 0
-        uncounted = self._uncounted.get(message.properties.get("message_id"), 0)
+        uncounted = self._uncounted.get(_message_key(message), 0)
         return max(_broker_deliveries(message.headers) - uncounted, 0)
 
     def _reject(self, message: Any, exc: Exception) -> None:
@@ -648,7 +648,7 @@ class InboxConsumer(ConsumerMixin):
         message.requeue()
         if len(self._uncounted) >= MAX_UNCOUNTED:
             self._uncounted.clear()  # an outage this long: the broker's count may park early
-        self._uncounted[message.properties.get("message_id")] += 1
+        self._uncounted[_message_key(message)] += 1
         self._database.failed(exc)
         connections[self.using].close()
         self.stop.wait(self._database.backoff())
@@ -746,6 +746,12 @@ def _json_body(message: Any) -> Any:
         return json.loads(_text(message))
     except (ValueError, LookupError) as exc:  # LookupError: an unknown content encoding
         raise InvalidMessage(f"the body is not JSON text: {exc}") from None
+
+
+def _message_key(message: Any) -> Any:
+    """What tells a message's deliveries apart from others': its message id (the relay
+    makes it the event id), else its ``event_id`` header."""
+    return message.properties.get("message_id") or (message.headers or {}).get("event_id")
 
 
 def _broker_deliveries(headers: dict[str, Any] | None) -> int:

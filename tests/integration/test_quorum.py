@@ -11,7 +11,9 @@ import threading
 import time
 
 import kombu
+import psycopg
 import pytest
+from django.db import connection
 from django.test import override_settings
 
 from django_outbox import ReceivedEvent
@@ -21,7 +23,7 @@ from django_outbox.models import InboxFailure, OutboxMessage
 from django_outbox.relay import Relay
 from django_outbox.replay import replay_parked
 from django_outbox.transports.kombu import DeclareRefused, declare
-from tests.integration.test_ordered_consumption import Recorder, publish
+from tests.integration.test_ordered_consumption import Recorder, publish, publish_raw
 from tests.support import (
     AMQP_URL,
     broker_connection,
@@ -64,6 +66,19 @@ def test_the_relay_declares_the_route_queue_as_a_quorum_queue_and_the_consumer_r
     stage_events(20, quorum_route)
     drain_relay()
     assert queue_types()[quorum_route] == "quorum"
+    handler = Recorder()
+    stats = InboxConsumer(quorum_route, handler, "quorum").run(idle_timeout=2)
+    assert stats.handled == 20
+    assert stats.failed == stats.parked == 0
+
+
+def test_a_consumer_started_first_declares_the_quorum_queue_the_relay_then_fills(
+    quorum_route,
+):
+    InboxConsumer(quorum_route, Recorder(), "quorum").run(idle_timeout=0.5)
+    assert queue_types()[quorum_route] == "quorum"
+    stage_events(20, quorum_route)
+    drain_relay()
     handler = Recorder()
     stats = InboxConsumer(quorum_route, handler, "quorum").run(idle_timeout=2)
     assert stats.handled == 20
@@ -127,6 +142,49 @@ def test_a_quorum_queue_message_redelivered_max_deliveries_times_is_parked_unrun
     assert stats.parked == 1
     assert handler.runs == [] and handler.failures == 0
     assert InboxFailure.objects.parked().get().attempts == 0  # the broker's count parked it
+
+
+def database_open(allowed: bool) -> None:
+    """Let connections to the test database in, or shut them out and end every one:
+    to the consumer, an outage of its database. (From the server's maintenance
+    database: PostgreSQL will not shut out the database one is connected to.)"""
+    params = connection.get_connection_params()
+    name = connection.settings_dict["NAME"]
+    with psycopg.connect(**{**params, "dbname": "postgres"}, autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(allowed).lower()}')
+        if not allowed:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                [name],
+            )
+
+
+def test_requeues_while_the_database_is_down_do_not_park_a_quorum_queue_message(
+    quorum_route,
+):
+    """The broker's x-delivery-count counts the requeues of a database outage too: the
+    consumer leaves its own out, so the message is handled once the database is back."""
+    stop = threading.Event()
+    handler = Recorder()
+    consumer = InboxConsumer(quorum_route, handler, "quorum", max_deliveries=2, stop=stop)
+    runner = threading.Thread(target=consumer.run)
+    runner.start()
+    try:
+        database_open(False)
+        try:
+            publish_raw(quorum_route, n=1)
+            wait_until(
+                lambda: sum(consumer._uncounted.values()) >= 3, timeout=60, what="3 requeues"
+            )
+        finally:
+            database_open(True)
+            connection.close()  # ended with the others
+        wait_until(lambda: consumer.stats.handled == 1, timeout=60, what="the event handled")
+    finally:
+        stop.set()
+        runner.join(timeout=60)
+    assert consumer.stats.parked == 0
+    assert not InboxFailure.objects.exists()
 
 
 def test_a_parked_message_is_dead_lettered_to_the_route_dead_letter_exchange():
