@@ -124,6 +124,21 @@ def test_a_queue_that_exists_with_another_type_is_refused_naming_route_queue_and
         InboxConsumer(quorum_route, Recorder(), "quorum").run(idle_timeout=2)
 
 
+def test_a_quorum_queue_under_a_route_without_queue_type_is_refused_the_same_way():
+    name = unique_destination("qc")
+    with broker_connection() as connection:
+        arguments = {"x-queue-type": "quorum"}
+        kombu.Queue(name, durable=True, queue_arguments=arguments)(connection.channel()).declare()
+    routes = {name: {"queue": name}}
+    try:
+        with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "ROUTES": routes}):
+            with pytest.raises(DeclareRefused) as refused:
+                InboxConsumer(name, Recorder(), "quorum").run(idle_timeout=2)
+    finally:
+        delete_queue(name)
+    assert f"route {name!r} declares queue {name!r} as a classic queue" in str(refused.value)
+
+
 def test_a_quorum_queue_message_redelivered_max_deliveries_times_is_parked_unrun(
     quorum_route,
 ):
