@@ -29,6 +29,7 @@ from tests.support import (
     broker_connection,
     delete_queue,
     drain_raw,
+    manage,
     rabbitmqctl,
     stage_events,
     unique_destination,
@@ -122,6 +123,15 @@ def test_a_queue_that_exists_with_another_type_is_refused_naming_route_queue_and
     assert "\n" not in row.last_error
     with pytest.raises(DeclareRefused, match="a queue's type cannot change"):
         InboxConsumer(quorum_route, Recorder(), "quorum").run(idle_timeout=2)
+    result = manage(
+        "run_outbox_consumer",
+        *("--queue", quorum_route, "--handler", "tests.testapp.handlers.bill"),
+        *("--idle-timeout", "3"),
+        ROUTES={quorum_route: {"queue": quorum_route, "queue_type": "quorum"}},
+    )
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert f"route {quorum_route!r} declares queue {quorum_route!r} as a quorum queue" in line
 
 
 def test_a_quorum_queue_under_a_route_without_queue_type_is_refused_the_same_way():
