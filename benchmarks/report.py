@@ -23,7 +23,7 @@ GOALS: dict[str, tuple[Callable[[float, float], bool], float]] = {
 }
 #: Goals on counted (not timed) figures: the only ones ``--gate`` fails on. The relays'
 #: shares of a drain are counts too; the scheduler sways them, but well within the goal
-#: (0.02-0.14 in six runs at load averages of 7 to 17: docs/benchmarks.md).
+#: (0.02-0.14 in seven runs at load averages of 7 to 17: docs/benchmarks.md).
 GATED = ("sql_per_event", "ordered_sql_per_event", "relay_fairness")
 
 #: (figure, label, unit) in table order.
