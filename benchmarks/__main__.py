@@ -25,6 +25,8 @@ from .report import GATED, table, verdicts
 from .services import Services, drop_database, recreate_database
 
 DATABASE = "outbox_bench"
+#: The relay processes of the fairness scenario.
+FAIRNESS_RELAYS = 4
 
 
 def worker_env(services: Services) -> dict[str, str]:
@@ -56,6 +58,7 @@ class Profile:
     e2e_seconds: float
     ordered_events: int  # per round: events drained unordered, then ordered over 1,000 keys
     hot_key: int  # events of one key drained by one relay
+    fairness_events: int  # the backlog four relays drain together (relay_fairness)
     batch_size: int = 500
     e2e_rate: float = 200.0
     ordered_keys: int = 1_000
@@ -77,6 +80,7 @@ PROFILES = {
         e2e_seconds=5,
         ordered_events=4_000,
         hot_key=3_000,
+        fairness_events=100_000,
     ),
     "full": Profile(
         rounds=5,
@@ -93,6 +97,7 @@ PROFILES = {
         e2e_seconds=30,
         ordered_events=20_000,
         hot_key=20_000,
+        fairness_events=100_000,
     ),
 }
 
@@ -172,6 +177,7 @@ def _scenarios(
     figures["relay_2proc_ev_per_s"] = drain(amqp, profile.relay_2proc, "rabbitmq2", 2)[
         "events_per_s"
     ]
+    figures.update(_fairness(profile, amqp, drain))
     _step(f"Redis: {profile.rounds} x (kombu ceiling, relay)")
     top, rate, ratios = _rounds(
         profile.rounds,
@@ -198,6 +204,19 @@ def _scenarios(
         scenarios.end_to_end(env, amqp, rate=profile.e2e_rate, seconds=profile.e2e_seconds)
     )
     return figures
+
+
+def _fairness(profile: Profile, amqp: str, drain: Callable[..., Any]) -> dict[str, Any]:
+    """Four relays started together drain one backlog: how evenly they share it."""
+    from . import scenarios
+
+    _step(f"RabbitMQ: four relays drain {profile.fairness_events} events")
+    run = drain(amqp, profile.fairness_events, "fairness", FAIRNESS_RELAYS)
+    return {
+        "relay_fairness": scenarios.unfairness(run["published_by_relay"]),
+        "relay_fairness_published": run["published_by_relay"],
+        "relay_4proc_ev_per_s": run["events_per_s"],
+    }
 
 
 def _ordering(profile: Profile, amqp: str, drain: Callable[..., Any]) -> dict[str, Any]:

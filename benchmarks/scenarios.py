@@ -23,6 +23,7 @@ from django.db import connection, transaction
 from django.db.models import F
 
 from django_outbox import db, stage, stage_many
+from django_outbox.conf import outbox_settings
 from django_outbox.models import OutboxMessage
 
 from .common import EXCHANGE, PAYLOAD
@@ -132,12 +133,22 @@ def relay_drain(
     first = results[0]
     return {
         "events_per_s": count / elapsed,
+        "published_by_relay": [r["published"] for r in results],
         "rss_start_mb": first["rss_start_mb"],
         "rss_growth_mb": first["rss_end_mb"] - first["rss_start_mb"],
         "sql_per_event": first["sql"] / first["published"],
         "statements": first["statements"],
         "transactions": first["transactions"],
     }
+
+
+def unfairness(published: Sequence[int]) -> float:
+    """How far the relays' shares of a drain are from even: the largest
+    ``|share - 1/n| / (1/n)`` over the ``n`` relays (0: perfectly even; 1: one relay
+    took twice its share, or none at all)."""
+    even = 1 / len(published)
+    total = sum(published)
+    return max(abs(count / total - even) / even for count in published)
 
 
 def _median_ms(samples: Sequence[float]) -> float:
@@ -333,7 +344,9 @@ def end_to_end(env: dict[str, str], url: str, *, rate: float, seconds: float) ->
     relay = Worker(env, "relay", "--url", url, "--batch-size", "500")
     consumer.go()
     relay.go()
-    time.sleep(1.0)  # the relay's first (empty) claim, then LISTEN
+    # The relay's start jitter, its first (empty) claim, then LISTEN: latency is measured
+    # on a relay that is settled.
+    time.sleep(1.0 + outbox_settings.START_JITTER)
     committed: dict[int, float] = {}
     started = time.perf_counter()
     for seq in range(count):

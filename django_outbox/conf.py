@@ -60,6 +60,16 @@ def _seconds(value: object) -> float:
     return float(value)
 
 
+def _seconds_or_zero(value: object) -> float:
+    """A number of seconds that may be 0 (a feature turned off)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value == 0:
+        return 0.0
+    try:
+        return _seconds(value)
+    except _Invalid:
+        raise _Invalid("must be 0 or a positive number of seconds") from None
+
+
 def _duration(value: object) -> dt.timedelta:
     return dt.timedelta(seconds=_seconds(value))
 
@@ -199,7 +209,8 @@ SETTINGS: dict[str, Setting] = {
             {},
             None,  # parsed by parse_routes with DEFAULT_EXCHANGE, see _parse()
             "destination -> {exchange, exchange_type, routing_key, queue, queue_arguments, "
-            "exchange_arguments, broker, ordered, partitions} or {celery_task}.",
+            "exchange_arguments, queue_type, dead_letter_exchange, broker, ordered, partitions} "
+            "or {celery_task}.",
         ),
         Setting(
             "DEFAULT_EXCHANGE",
@@ -289,6 +300,13 @@ SETTINGS: dict[str, Setting] = {
             _seconds,
             "seconds the relay sleeps when idle and no NOTIFY wakes it.",
         ),
+        Setting(
+            "START_JITTER",
+            1,
+            _seconds_or_zero,
+            "a running relay (not a drain) waits a random 0 to START_JITTER seconds before its "
+            "first claim, so relays started together do not claim and poll in step; 0: none.",
+        ),
     )
 }
 
@@ -318,6 +336,8 @@ CHECK_IDS = {
     "missing_celery": "django_outbox.E016",
     # Partition queues of an ordered route (routes.shape_problems):
     "partitions_not_rabbitmq": "django_outbox.E017",
+    # A quorum queue on a broker without queue types (routes.shape_problems):
+    "queue_type_not_rabbitmq": "django_outbox.E018",
 }
 
 #: The package a kombu transport needs, by URL scheme: (module to import, what to install).
@@ -740,6 +760,7 @@ _ENV_CASTS: dict[Callable[[Any], Any] | None, tuple[Callable[[str], Any], str]] 
     _positive_int: (int, "a positive integer"),
     _seconds: (float, "a positive number of seconds"),
     _duration: (float, "a positive number of seconds"),
+    _seconds_or_zero: (float, "0 or a positive number of seconds"),
     _fraction: (float, "a number between 0 and 1"),
     _bool: (_env_bool, "true or false (also 1/0, yes/no, on/off)"),
     _optional_str: (str, "a kombu URL such as amqp://user:password@host//"),  # BROKER_URL

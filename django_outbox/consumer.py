@@ -28,7 +28,10 @@ is acknowledged without running the handler again. Per message:
   a message whose handler kills the consumer (SIGKILL, out of memory) is
   counted too, and parked without running once ``max_deliveries`` is reached;
 * when the database itself is unreachable, requeues without counting and
-  backs off, so an outage parks nothing.
+  backs off, so an outage parks nothing;
+* on a quorum queue, takes the broker's ``x-delivery-count`` into the count too,
+  less its own requeues while the database was down, and not at all for an event
+  of an ordered route, whose held-back requeues it counts as well.
 
 The queue of a route with partitions is consumed as its partition queues (all,
 or those given), one kombu consumer each.
@@ -43,6 +46,7 @@ once that long went by without a broker since the last message.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -104,6 +108,8 @@ DRAIN_TIMEOUT = 1.0
 EARLY_MIN_DELAY = 0.1
 #: An event held back this many times (and each further multiple) is logged at WARNING.
 EARLY_WARN_EVERY = 10
+#: The most messages whose requeues during a database outage are remembered.
+MAX_UNCOUNTED = 100_000
 Handler = Callable[[ReceivedEvent], object]
 R = TypeVar("R")
 
@@ -197,6 +203,8 @@ class InboxConsumer(ConsumerMixin):
         self.queues = _queues_to_take(self.route, queue, partitions)
         self._current = queue  # the queue of the message in hand
         self._early: dict[Any, int] = {}  # event id -> times held back for its key
+        #: message id -> requeues while the database was down (see _broker_count)
+        self._uncounted: collections.Counter[Any] = collections.Counter()
         self.stats = ConsumerStats()
         self._transient = transient_errors(kombu.Connection(self.url))
         #: Set it (e.g. from a signal handler) to stop after the message in hand.
@@ -537,7 +545,7 @@ class InboxConsumer(ConsumerMixin):
                 event,
                 queue=self._current,
                 body=_text(message),
-                broker_deliveries=_broker_deliveries(message.headers),
+                broker_deliveries=self._broker_count(message, event),
                 park_after=self.max_deliveries,
                 using=self.using,
             )
@@ -547,6 +555,17 @@ class InboxConsumer(ConsumerMixin):
         if parked:
             self._park(message, event, deliveries, f"not run: {UNACKED_ERROR}")
         return not parked
+
+    def _broker_count(self, message: Any, event: ReceivedEvent) -> int:
+        """The broker's count of deliveries so far (a quorum queue's ``x-delivery-count``),
+        less the requeues this consumer made while the database was down, which are no
+        failed deliveries. 0 for an event of an ordered route: its held-back requeues
+        count there too, so it is parked by the inbox's own count alone, which counts
+        every redelivery in its key's turn before the handler runs."""
+        if event.sequence is not None:
+            return 0
+        uncounted = self._uncounted.get(_message_key(message), 0)
+        return max(_broker_deliveries(message.headers) - uncounted, 0)
 
     def _reject(self, message: Any, exc: Exception) -> None:
         self.stats.rejected += 1
@@ -574,7 +593,7 @@ class InboxConsumer(ConsumerMixin):
                 error=error,
                 queue=self._current,
                 body=_text(message),
-                broker_deliveries=_broker_deliveries(message.headers),
+                broker_deliveries=self._broker_count(message, event),
                 park_after=self.max_deliveries,
                 counted=counted,
                 using=self.using,
@@ -627,6 +646,9 @@ class InboxConsumer(ConsumerMixin):
         """The database is gone: the message goes back uncounted, and the consumer
         waits before taking the next one."""
         message.requeue()
+        if len(self._uncounted) >= MAX_UNCOUNTED:
+            self._uncounted.clear()  # an outage this long: the broker's count may park early
+        self._uncounted[_message_key(message)] += 1
         self._database.failed(exc)
         connections[self.using].close()
         self.stop.wait(self._database.backoff())
@@ -724,6 +746,12 @@ def _json_body(message: Any) -> Any:
         return json.loads(_text(message))
     except (ValueError, LookupError) as exc:  # LookupError: an unknown content encoding
         raise InvalidMessage(f"the body is not JSON text: {exc}") from None
+
+
+def _message_key(message: Any) -> Any:
+    """What tells a message's deliveries apart from others': its message id (the relay
+    makes it the event id), else its ``event_id`` header."""
+    return message.properties.get("message_id") or (message.headers or {}).get("event_id")
 
 
 def _broker_deliveries(headers: dict[str, Any] | None) -> int:

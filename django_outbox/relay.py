@@ -570,6 +570,8 @@ class Relay:
         PROCESSING.
         """
         with self._running(stop, drain, on_batch) as state:
+            if not drain:  # relays started together (a deploy) do not claim and poll in step
+                stop.wait(random.uniform(0, outbox_settings.START_JITTER))
             while state.going():  # until stopped (the claim made ahead published) or drained
                 if not self._broker_ready(state):
                     state.wait_for_broker()  # a drain gives up instead

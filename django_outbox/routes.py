@@ -16,8 +16,11 @@ DESTINATION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,254}")
 
 EXCHANGE_TYPES = ("direct", "topic", "fanout", "headers")
 STRING_KEYS = frozenset({"exchange", "exchange_type", "routing_key", "queue", "broker"})
+#: Keys of a broker route that become arguments of its queue: ``queue_type`` is
+#: ``x-queue-type``, ``dead_letter_exchange`` is ``x-dead-letter-exchange``.
+QUEUE_OPTION_KEYS = {"queue_type": "x-queue-type", "dead_letter_exchange": "x-dead-letter-exchange"}
 ARGUMENT_KEYS = frozenset({"queue_arguments", "exchange_arguments"})
-BROKER_KEYS = STRING_KEYS | ARGUMENT_KEYS
+BROKER_KEYS = STRING_KEYS | ARGUMENT_KEYS | frozenset(QUEUE_OPTION_KEYS)
 CELERY_KEYS = frozenset({"celery_task"})
 #: Keys any broker route may take that are not names: see :attr:`Route.ordered` and
 #: :attr:`Route.partitions`.
@@ -27,6 +30,10 @@ MAX_PARTITIONS = 1024
 #: The exchange type that spreads a partitioned route's events over its partition
 #: queues by ordering key (RabbitMQ's plugin ``rabbitmq_consistent_hash_exchange``).
 PARTITION_EXCHANGE_TYPE = "x-consistent-hash"
+#: The queue types a route may declare (RabbitMQ's ``x-queue-type``). Streams are not
+#: among them: a stream cannot requeue or dead-letter a message, which the consumer's
+#: retries, held-back ordered events and parking need.
+QUEUE_TYPES = ("classic", "quorum")
 #: AMQP names (exchange, queue) and routing keys are short strings: at most 255 bytes.
 MAX_NAME_BYTES = 255
 
@@ -76,6 +83,19 @@ class Route:
     @property
     def is_celery(self) -> bool:
         return self.celery_task is not None
+
+    @property
+    def queue_type(self) -> str:
+        """The type its queue (and partition queues) is declared with: ``"classic"``
+        unless its ``queue_arguments`` (or its ``queue_type`` option) say otherwise."""
+        return str(dict(self.queue_arguments).get("x-queue-type", "classic"))
+
+    @property
+    def dead_letter_exchange(self) -> str | None:
+        """Where the broker sends a message the consumer rejects (a parked or undecodable
+        one); None when the queue has no ``x-dead-letter-exchange``."""
+        value = dict(self.queue_arguments).get("x-dead-letter-exchange")
+        return None if value is None else str(value)
 
     @property
     def partition_exchange(self) -> str:
@@ -132,6 +152,7 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
     for key, val in spec.items():
         if key not in ARGUMENT_KEYS | FLAG_KEYS:
             _check_string(name, key, val)
+    queue_arguments = _queue_arguments(name, spec)
     if spec.get("broker") == "":
         raise ValueError(f"route {name!r} has an empty broker alias")
     if "celery_task" in spec:
@@ -150,7 +171,7 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
         exchange_type=exchange_type,
         routing_key=spec.get("routing_key", name),
         queue=spec.get("queue") or None,
-        queue_arguments=_arguments(name, "queue_arguments", spec.get("queue_arguments", {})),
+        queue_arguments=queue_arguments,
         exchange_arguments=_arguments(
             name, "exchange_arguments", spec.get("exchange_arguments", {})
         ),
@@ -210,6 +231,37 @@ def _partitions(name: str, spec: Mapping[str, object], ordered: bool) -> int:
             "to use OUTBOX['DEFAULT_EXCHANGE']"
         )
     return partitions
+
+
+def _queue_arguments(name: str, spec: Mapping[str, object]) -> Arguments:
+    """A route's ``queue_arguments`` with its ``queue_type`` and ``dead_letter_exchange``
+    options folded in; an option that contradicts the argument it stands for, a queue
+    type RabbitMQ has not (or a stream), or an option without a queue is refused."""
+    arguments = dict(_arguments(name, "queue_arguments", spec.get("queue_arguments", {})))
+    for key, argument in QUEUE_OPTION_KEYS.items():
+        if key not in spec:
+            continue
+        if not spec.get("queue"):
+            raise ValueError(f"route {name!r} has {key} but no queue: name the queue it is for")
+        value = str(spec[key])  # a string: checked with the route's other names
+        if not value:
+            raise ValueError(f"route {name!r} has an empty {key}")
+        if arguments.setdefault(argument, value) != value:
+            raise ValueError(
+                f"route {name!r} has {key} {value!r} but queue_arguments[{argument!r}] "
+                f"{arguments[argument]!r}: give one of them"
+            )
+    queue_type = arguments.get("x-queue-type", "classic")
+    if queue_type == "stream":
+        raise ValueError(
+            f"route {name!r} queue type 'stream' is not supported: a stream cannot requeue or "
+            "dead-letter a message, which retries and parking need; use 'quorum'"
+        )
+    if queue_type not in QUEUE_TYPES:
+        raise ValueError(
+            f"route {name!r} queue type must be one of {', '.join(QUEUE_TYPES)}; got {queue_type!r}"
+        )
+    return tuple(sorted(arguments.items()))
 
 
 def _check_string(name: str, key: str, value: object) -> None:
@@ -338,7 +390,8 @@ def _broker_problems(route: Route, broker_scheme: str) -> list[Shape]:
     """What ``route`` asks of its broker that a broker of ``broker_scheme`` cannot do."""
     name, exchange = route.destination, route.exchange
     found = []
-    if route.partitions and broker_scheme and broker_scheme not in AMQP_SCHEMES:
+    elsewhere = broker_scheme and broker_scheme not in AMQP_SCHEMES  # "": not known
+    if route.partitions and elsewhere:
         found.append(
             Shape(
                 "partitions_not_rabbitmq",
@@ -348,6 +401,16 @@ def _broker_problems(route: Route, broker_scheme: str) -> list[Shape]:
                 "Route it to a RabbitMQ broker (with the plugin "
                 "rabbitmq_consistent_hash_exchange), or drop partitions: an ordered route "
                 "without them is consumed in order on any transport.",
+            )
+        )
+    if route.queue and route.queue_type != "classic" and elsewhere:
+        found.append(
+            Shape(
+                "queue_type_not_rabbitmq",
+                f"Route {name!r} declares a {route.queue_type} queue, but its broker is "
+                f"{broker_scheme}://, which has no queue types: its queue would silently be "
+                "an ordinary one.",
+                "Route it to a RabbitMQ broker, or drop queue_type (and x-queue-type).",
             )
         )
     if exchange and route.exchange_type == "fanout" and broker_scheme in REDIS_SCHEMES:

@@ -180,13 +180,14 @@ def declare(
     routing = binding_key(route) if exchange is not None else route.queue
     return [
         _declare_queue(
-            channel, route.queue, exchange, routing, dict(route.queue_arguments), refused
+            channel, route, route.queue, exchange, routing, dict(route.queue_arguments), refused
         )
     ]
 
 
 def _declare_queue(
     channel: Any,
+    route: Route,
     name: str,
     exchange: kombu.Exchange | None,
     routing: str,
@@ -196,9 +197,22 @@ def _declare_queue(
     queue = kombu.Queue(
         name, exchange, routing_key=routing, durable=True, queue_arguments=dict(arguments) or None
     )(channel)
-    with _refusal("queue", name, refused):
+    try:
         queue.declare()
+    except refused as exc:
+        fix = _queue_type_fix(route, name) if "x-queue-type" in str(exc) else ""
+        raise DeclareRefused("queue", name, exc, fix) from exc
     return queue
+
+
+def _queue_type_fix(route: Route, name: str) -> str:
+    """What to do about a queue that exists with another type than its route declares."""
+    return (
+        f"route {route.destination!r} declares queue {name!r} as a {route.queue_type} queue "
+        "and a queue's type cannot change: set the route's queue_type to the type the queue "
+        f"has, or drain the queue and delete it (rabbitmqctl delete_queue {name}) so it is "
+        "declared afresh"
+    )
 
 
 #: What a broker without the consistent-hash exchange needs to carry partitions.
@@ -231,7 +245,7 @@ def _declare_partitions(
         hashed.bind_to(route.exchange, routing_key=binding_key(route))
     arguments = {**dict(route.queue_arguments), "x-single-active-consumer": True}
     return [
-        _declare_queue(channel, queue, hashed, "1", arguments, refused)
+        _declare_queue(channel, route, queue, hashed, "1", arguments, refused)
         for queue in route.partition_queues
     ]
 
