@@ -26,8 +26,8 @@ from django_outbox.models import OutboxMessage
 from tests.support import (
     REPO,
     consume,
-    start_relay,
     stage_events,
+    start_relay,
     stop,
     unique_destination,
     wait_until,
@@ -65,9 +65,8 @@ def running_nodes() -> list[int]:
 
 def leader(queue: str) -> int:
     """The number (1-3) of the node holding ``queue``'s leader, asked of a running node."""
-    table = cluster(
-        "rabbitmqctl", str(running_nodes()[0]), "list_queues", "name", "leader", "--no-table-headers"
-    )
+    node = str(running_nodes()[0])
+    table = cluster("rabbitmqctl", node, "list_queues", "name", "leader", "--no-table-headers")
     names = dict(line.split() for line in table.splitlines() if line.strip())
     return int(names[queue].split("@")[0].removeprefix("outbox-c"))
 
