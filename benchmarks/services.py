@@ -39,7 +39,7 @@ class Services:
             self.run("start", *self.started)
         for line in self.run("env").splitlines():
             name, _, value = line.removeprefix("export ").partition("=")
-            self.env[name] = value
+            self.env[name] = value.strip("'")  # OUTBOX_CLUSTER_URL is quoted (";")
         return self
 
     def __exit__(self, *exc_info: object) -> None:
