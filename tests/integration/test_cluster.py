@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import os
-import subprocess
 import threading
 
 import kombu
@@ -24,8 +23,8 @@ from django.db import connection
 
 from django_outbox.models import OutboxMessage
 from tests.support import (
-    REPO,
     consume,
+    services_output,
     stage_events,
     start_relay,
     stop,
@@ -48,14 +47,7 @@ pytestmark = [
 
 def cluster(*args: str) -> str:
     """``scripts/services cluster ARGS``; its stdout."""
-    result = subprocess.run(
-        [str(REPO / "scripts" / "services"), "cluster", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    return services_output("cluster", *args, timeout=180)
 
 
 def running_nodes() -> list[int]:
