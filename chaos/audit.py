@@ -312,13 +312,13 @@ def report(
     by_kind: dict[str, list[float]] = {kind: [] for kind in KINDS}
     for fault in faults:
         by_kind[fault.kind].append(fault.recovery)
-    out.append(f"{'fault':<20}{'count':>6}{'recovery min':>14}{'median':>9}{'max':>9}  (s)")
+    out.append(f"{'fault':<25}{'count':>6}{'recovery min':>14}{'median':>9}{'max':>9}  (s)")
     for kind, times in by_kind.items():
         if times:
             out.append(
-                f"{kind:<20}{len(times):>6}{min(times):>14.1f}"
+                f"{kind:<25}{len(times):>6}{min(times):>14.1f}"
                 f"{statistics.median(times):>9.1f}{max(times):>9.1f}"
             )
         else:
-            out.append(f"{kind:<20}{0:>6}")
+            out.append(f"{kind:<25}{0:>6}")
     return "\n".join(out)

@@ -32,7 +32,9 @@ NODES = (1, 2, 3)
 
 
 def tap_route(exchange: str) -> Route:
-    return Route(CLUSTERED, exchange, "topic", CLUSTERED, TAP, tuple(QUORUM.items()))
+    return Route(
+        CLUSTERED, exchange, "topic", CLUSTERED, TAP, queue_arguments=tuple(QUORUM.items())
+    )
 
 
 def reset_queues(url: str, exchange: str) -> None:
@@ -53,7 +55,7 @@ def leader(services: Services) -> int:
             )
         except RuntimeError:  # that node is down; ask the next
             continue
-        names = dict(line.split() for line in table.splitlines() if line.strip())
+        names = dict(line.split() for line in table.splitlines() if len(line.split()) == 2)
         return int(names[CLUSTERED].split("@")[0].removeprefix("outbox-c"))
     raise RuntimeError("no node of the cluster answers")
 

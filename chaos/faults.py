@@ -74,7 +74,7 @@ class Fault:
 
     def line(self) -> str:
         return (
-            f"[{self.at:7.1f}s] {self.kind:<17} {self.target:<9} "
+            f"[{self.at:7.1f}s] {self.kind:<24} {self.target:<9} "
             f"recovered in {self.recovery:5.1f}s: {self.facts}"
         )
 

@@ -24,6 +24,7 @@ from django.db import connection
 from django_outbox.models import OutboxMessage
 from tests.support import (
     consume,
+    delete_queue,
     services_output,
     stage_events,
     start_relay,
@@ -59,7 +60,7 @@ def leader(queue: str) -> int:
     """The number (1-3) of the node holding ``queue``'s leader, asked of a running node."""
     node = str(running_nodes()[0])
     table = cluster("rabbitmqctl", node, "list_queues", "name", "leader", "--no-table-headers")
-    names = dict(line.split() for line in table.splitlines() if line.strip())
+    names = dict(line.split() for line in table.splitlines() if len(line.split()) == 2)
     return int(names[queue].split("@")[0].removeprefix("outbox-c"))
 
 
@@ -105,6 +106,7 @@ def quorum_route():
     }
     yield destination, outbox
     assert sorted(running_nodes()) == [1, 2, 3], "the test left a node stopped"
+    delete_queue(destination, url=CLUSTER_URL)
 
 
 class Producer(threading.Thread):
