@@ -56,14 +56,14 @@ logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' and brokers' 
 
 CONNECT_TIMEOUT = 5.0
 CONFIRM_TIMEOUT = 30.0
+#: How kombu walks a failover list: each address in turn, from the first.
+FAILOVER_STRATEGY = "round-robin"
 #: Seconds until the rows of a route whose queue the broker refused are due again,
 #: and between two ERROR records about the same refusal.
 REFUSED_RETRY_DELAY = 30.0
 #: Errors that mean "the message could not be encoded": retrying cannot help.
 #: (py-amqp raises struct.error for a header int beyond 64 bits or a key over 255 bytes,
 #: while it builds the frame and before it writes a byte.)
-#: How kombu walks a failover list: each address in turn, from the first.
-FAILOVER_STRATEGY = "round-robin"
 ENCODE_ERRORS = (TypeError, ValueError, UnicodeError, struct.error, kombu.exceptions.EncodeError)
 
 
