@@ -26,8 +26,11 @@ NAMES = ("postgres", "rabbitmq", "redis")
 
 
 class Services:
-    def __init__(self, database: str) -> None:
+    def __init__(self, database: str, *, cluster: bool = False) -> None:
         self.database = database
+        #: Whether the three-node RabbitMQ cluster is needed too (the chaos suite's faults).
+        self.cluster = cluster
+        self.cluster_started = False
         self.started: list[str] = []
         self.env: dict[str, str] = {}
 
@@ -37,12 +40,18 @@ class Services:
         if self.started:
             print(f"starting {', '.join(self.started)} with scripts/services", file=sys.stderr)
             self.run("start", *self.started)
+        if self.cluster and "cluster node 1: running" not in self.run("cluster", "status"):
+            print("starting the RabbitMQ cluster with scripts/services", file=sys.stderr)
+            self.cluster_started = True
+            self.run("cluster", "start")
         for line in self.run("env").splitlines():
             name, _, value = line.removeprefix("export ").partition("=")
-            self.env[name] = value
+            self.env[name] = value.strip("'")  # OUTBOX_CLUSTER_URL is quoted (";")
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        if self.cluster_started:
+            self.run("cluster", "stop")
         if self.started:
             self.run("stop", *self.started)
 
@@ -58,6 +67,11 @@ class Services:
     @property
     def amqp_url(self) -> str:
         return self.env["OUTBOX_BROKER_URL"]
+
+    @property
+    def cluster_url(self) -> str:
+        """The cluster's three nodes as kombu's failover list."""
+        return self.env["OUTBOX_CLUSTER_URL"]
 
     @property
     def redis_url(self) -> str:

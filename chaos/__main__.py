@@ -20,8 +20,8 @@ import time
 
 from benchmarks.services import REPO, Services, drop_database, recreate_database
 
-from . import sabotage
-from .destinations import ORDERED_KEYS
+from . import cluster, sabotage
+from .destinations import CLUSTERED, ORDERED, ORDERED_KEYS
 from .processes import HOST, Proc, manage, module, worker_env
 
 DATABASE = "outbox_chaos"
@@ -51,6 +51,8 @@ PROFILES = {
             "rabbitmq_restart",
             *("postgres_restart",) * 2,
             *("consumer_kill",) * 2,
+            "cluster_leader_restart",
+            "cluster_follower_restart",
         ),
         seed=20261121,
     ),
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if seed is None:
         seed = random.SystemRandom().randrange(1, 2**31)
     print(f"chaos: profile {args.profile}, seed {seed}", flush=True)
-    with Services(DATABASE) as services:
+    with Services(DATABASE, cluster=True) as services:
         return Run(args.profile, profile, seed, services, args.sabotage).main()
 
 
@@ -142,44 +144,17 @@ class Run:
         from .faults import KINDS, Fault, Injector, NotRecovered
 
         audit.reset_queues(self.services.amqp_url)
+        cluster.reset_queues(self.services.cluster_url, audit.EXCHANGE)
         p = self.profile
         relays = [
             self._proc(f"relay-{i}", manage("run_outbox_relay")) for i in range(1, p.relays + 1)
         ]
-        consumer = self._proc(
-            "consumer",
-            manage(
-                "run_outbox_consumer",
-                "--queue",
-                audit.DESTINATION,
-                "--handler",
-                "chaos.handlers.record",
-                "--consumer",
-                "chaos-audit",
-                "--prefetch",
-                "50",
-            ),
-        )
+        consumer = self._consumer("consumer", audit.DESTINATION)
+        # The cluster's queue has its own consumer and producer (chaos.cluster).
+        self._consumer("consumer-cluster", CLUSTERED)
         producers = [
-            self._proc(
-                f"producer-{i}",
-                module(
-                    "chaos.producer",
-                    "--index",
-                    str(i),
-                    "--seed",
-                    str(self.seed),
-                    "--rate",
-                    str(p.rate),
-                    "--destination",
-                    audit.DESTINATION,
-                    "--ordered",
-                    audit.ORDERED,
-                    "--keys",
-                    str(ORDERED_KEYS),
-                ),
-            )
-            for i in range(1, p.producers + 1)
+            self._producer(i, audit.DESTINATION if i <= p.producers else CLUSTERED)
+            for i in range(1, p.producers + 2)
         ]
         started = time.monotonic()
         for proc in self.procs:
@@ -231,9 +206,11 @@ class Run:
         if drain:
             self._wait(db.settled, 4 * p.lease + 120, "the relays and the consumer to drain")
         time.sleep(2 * p.lease)  # late duplicates (a zombie's batch) reach the tap
-        exits = {proc.role: proc.stop() for proc in [*relays, consumer]}
+        consumers = [proc for proc in self.procs if proc.role.startswith("consumer")]
+        exits = {proc.role: proc.stop() for proc in [*relays, *consumers]}
         drained = time.monotonic() - drain_started
         read = audit.drain_tap(self.services.amqp_url)
+        read += audit.drain_tap(self.services.cluster_url, cluster.QUORUM)
         counted = audit.totals()
         results = audit.checks(faults, p.relays, p.batch_size)
         print(
@@ -262,6 +239,25 @@ class Run:
             return 1
         print(f"chaos: PASS (logs in {self.logs})", flush=True)
         return 0
+
+    def _consumer(self, role: str, queue: str) -> Proc:
+        argv = ["--queue", queue, "--handler", "chaos.handlers.record", "--consumer", "chaos-audit"]
+        return self._proc(role, manage("run_outbox_consumer", *argv, "--prefetch", "50"))
+
+    def _producer(self, index: int, destination: str) -> Proc:
+        """A producer whose keyless events go to ``destination``, the others to the
+        ordered destination; the cluster's at a quarter of the rate (what its faults
+        need, and little more load on the one consumer of the ordered destination)."""
+        rate = self.profile.rate / (4 if destination == CLUSTERED else 1)
+        return self._proc(
+            f"producer-{index}",
+            module(
+                "chaos.producer",
+                *("--index", str(index), "--seed", str(self.seed)),
+                *("--rate", str(rate), "--keys", str(ORDERED_KEYS)),
+                *("--destination", destination, "--ordered", ORDERED),
+            ),
+        )
 
     def _proc(self, role: str, argv: list[str]) -> Proc:
         proc = Proc(role, argv, self.env, self.logs)

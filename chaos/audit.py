@@ -20,6 +20,7 @@ from django_outbox.routes import Route
 from django_outbox.transports.kombu import declare
 
 from . import database as db
+from .cluster import KINDS as CLUSTER_KINDS
 from .destinations import ORDERED, QUEUE
 from .faults import KINDS, Fault
 from .models import BrokerCopy, OrderedCopy
@@ -45,15 +46,16 @@ def reset_queues(url: str) -> None:
         declare(channel, tap_route())
 
 
-def drain_tap(url: str) -> int:
-    """Read the tap queue to the end into ``BrokerCopy``, and the ordered destination's
-    messages, in tap order, into ``OrderedCopy``; returns the messages read."""
+def drain_tap(url: str, arguments: dict[str, str] | None = None) -> int:
+    """Read the tap queue (declared with ``arguments``: the cluster's is a quorum queue)
+    to the end into ``BrokerCopy``, and the ordered destination's messages, in tap order,
+    into ``OrderedCopy``; returns the messages read."""
     copies: collections.Counter[str] = collections.Counter()
     ordered: list[OrderedCopy] = []
     read = 0
     with kombu.Connection(url, connect_timeout=10) as connection:
         channel = connection.channel()
-        queue = kombu.Queue(TAP, channel=channel)
+        queue = kombu.Queue(TAP, channel=channel, queue_arguments=arguments)
         expected = queue.queue_declare(passive=True).message_count
 
         def count(message: Any) -> None:  # the message id is the event id; no need to decode
@@ -102,7 +104,7 @@ def duplicate_bound(faults: Sequence[Fault], relays: int, batch_size: int) -> in
     for fault in faults:
         if fault.kind in ("relay_kill", "relay_stop"):
             bound += IN_FLIGHT * batch_size
-        elif fault.kind in ("rabbitmq_restart", "postgres_restart"):
+        elif fault.kind in ("rabbitmq_restart", "postgres_restart", *CLUSTER_KINDS):
             bound += relays * IN_FLIGHT * batch_size
     return bound
 
@@ -310,13 +312,13 @@ def report(
     by_kind: dict[str, list[float]] = {kind: [] for kind in KINDS}
     for fault in faults:
         by_kind[fault.kind].append(fault.recovery)
-    out.append(f"{'fault':<20}{'count':>6}{'recovery min':>14}{'median':>9}{'max':>9}  (s)")
+    out.append(f"{'fault':<25}{'count':>6}{'recovery min':>14}{'median':>9}{'max':>9}  (s)")
     for kind, times in by_kind.items():
         if times:
             out.append(
-                f"{kind:<20}{len(times):>6}{min(times):>14.1f}"
+                f"{kind:<25}{len(times):>6}{min(times):>14.1f}"
                 f"{statistics.median(times):>9.1f}{max(times):>9.1f}"
             )
         else:
-            out.append(f"{kind:<20}{0:>6}")
+            out.append(f"{kind:<25}{0:>6}")
     return "\n".join(out)

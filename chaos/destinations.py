@@ -10,3 +10,6 @@ from __future__ import annotations
 QUEUE = "chaos.orders"
 ORDERED = "chaos.accounts"
 ORDERED_KEYS = 20
+#: Keyless, on a quorum queue of the three-node RabbitMQ cluster (broker alias ``cluster``):
+#: what the cluster node faults (chaos.cluster) are aimed at.
+CLUSTERED = "chaos.cluster"

@@ -22,12 +22,20 @@ from typing import TypeVar
 
 from benchmarks.services import Services
 
+from . import cluster
 from . import database as db
 from .logs import lease_lost_rows, lines
 from .processes import Proc
 
 T = TypeVar("T")
-KINDS = ("relay_kill", "relay_stop", "rabbitmq_restart", "postgres_restart", "consumer_kill")
+KINDS = (
+    "relay_kill",
+    "relay_stop",
+    "rabbitmq_restart",
+    "postgres_restart",
+    "consumer_kill",
+    *cluster.KINDS,
+)
 POLL = 0.005  # seconds between looks at the outbox while aiming a relay fault
 MAX_TRIES = 50  # freezes of a process before a fault lands wherever it is
 
@@ -66,7 +74,7 @@ class Fault:
 
     def line(self) -> str:
         return (
-            f"[{self.at:7.1f}s] {self.kind:<17} {self.target:<9} "
+            f"[{self.at:7.1f}s] {self.kind:<24} {self.target:<9} "
             f"recovered in {self.recovery:5.1f}s: {self.facts}"
         )
 
@@ -203,6 +211,12 @@ class Injector:
             f"{self.consumer.pid}"
         )
         return Done(self.consumer.role, time.monotonic(), lambda: facts)
+
+    def cluster_leader_restart(self) -> Done:
+        return Done(*cluster.node_restart(self.services, self.rng, leader_node=True))
+
+    def cluster_follower_restart(self) -> Done:
+        return Done(*cluster.node_restart(self.services, self.rng, leader_node=False))
 
     # -- helpers --------------------------------------------------------------------
 

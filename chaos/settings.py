@@ -14,7 +14,7 @@ import os
 
 import environ
 
-from chaos.destinations import ORDERED, QUEUE
+from chaos.destinations import CLUSTERED, ORDERED, QUEUE
 
 env = environ.Env()
 
@@ -30,6 +30,23 @@ DATABASES = {
         "OPTIONS": {"application_name": f"{os.environ.get('CHAOS_ROLE', 'chaos')} {os.getpid()}"},
     }
 }
+
+
+def _cluster(url: str) -> dict[str, object]:
+    """The three-node cluster (chaos.cluster) as broker "cluster", and CLUSTERED on a
+    quorum queue there; nothing without the cluster's failover URL."""
+    if not url:
+        return {}
+    route = {"queue": CLUSTERED, "routing_key": CLUSTERED, "queue_type": "quorum"}
+    return {
+        "BROKERS": {"cluster": {"URL": url}},
+        "ROUTES": {
+            ORDERED: {"queue": QUEUE, "routing_key": QUEUE, "ordered": True},
+            CLUSTERED: {**route, "broker": "cluster"},
+        },
+    }
+
+
 #: The knobs are the runner's (its profile), passed as JSON: a short lease so that a
 #: killed relay's rows come back within seconds, quick retries, and room for many
 #: failed attempts, so that a long broker outage cannot exhaust MAX_ATTEMPTS.
@@ -37,6 +54,7 @@ OUTBOX = {
     "BROKER_URL": env("OUTBOX_BROKER_URL", default="amqp://guest:guest@127.0.0.1:55672//"),
     "DEFAULT_EXCHANGE": "chaos",
     "ROUTES": {ORDERED: {"queue": QUEUE, "routing_key": QUEUE, "ordered": True}},
+    **_cluster(env("OUTBOX_CLUSTER_URL", default="")),
     **env.json("CHAOS_OUTBOX", default={}),
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

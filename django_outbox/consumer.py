@@ -87,7 +87,9 @@ from .routes import Route
 from .transports.kombu import (
     CONNECT_TIMEOUT,
     bound_socket_waits,
+    connect,
     declare,
+    new_connection,
     refusal_errors,
     transient_errors,
 )
@@ -282,12 +284,10 @@ class InboxConsumer(ConsumerMixin):
     def establish_connection(self) -> Iterator[kombu.Connection]:
         """A connection with bounded waits, made once: :meth:`run` retries (the
         mixin's own would retry through ``ensure_connection`` without end)."""
-        connection = kombu.Connection(
-            self.url, transport_options=self.transport_options, connect_timeout=CONNECT_TIMEOUT
-        )
+        connection = new_connection(self.url, self.transport_options)
         try:
             self._attempt = time.monotonic()
-            connection.connect()
+            connect(connection)
             # A reply the broker never sends (a silent network) fails the wait for it, so
             # neither subscribing, unsubscribing nor closing blocks a stopping consumer.
             bound_socket_waits(connection, CONNECT_TIMEOUT)

@@ -91,7 +91,10 @@ def mask_url(url: str) -> str:
 
 def url_problem(url: str) -> str | None:
     """Why ``url`` cannot be parsed as ``transport://user:password@host:port/vhost``
-    (a phrase that never quotes the URL), or None when it can."""
+    (a phrase that never quotes the URL), or None when it can. A failover list
+    (``amqp://a//;amqp://b//``) must name one transport in every address."""
+    if (reason := _failover_problem(url.split(";"))) is not None:
+        return reason
     for part in url.split(";"):
         parts = _split(part)
         if parts is None:
@@ -108,6 +111,18 @@ def url_problem(url: str) -> str | None:
             urlsplit(part).port  # noqa: B018 (parsing is the point: it raises on what it cannot read)
         except ValueError:
             return "Python's URL parser cannot read it (an unquoted reserved character?)"
+    return None
+
+
+def _failover_problem(parts: list[str]) -> str | None:
+    """Why the addresses of a failover list cannot make one broker, or None."""
+    if len(parts) < 2:
+        return None
+    if any(not part or part != part.strip() for part in parts):
+        return 'its failover list has an empty address or white space around a ";"'
+    schemes = sorted({match[1].lower() for match in map(_SCHEME.fullmatch, parts) if match})
+    if len(schemes) > 1:
+        return f"its failover list mixes transports ({', '.join(schemes)}); a list names one broker"
     return None
 
 

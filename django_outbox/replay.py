@@ -24,7 +24,7 @@ from django.db.models.functions import Now
 from .conf import outbox_settings
 from .envelope import CONTENT_ENCODING, CONTENT_TYPE
 from .exceptions import OutboxError
-from .transports.kombu import CONFIRM_TIMEOUT, CONNECT_TIMEOUT, declare, refusal_errors
+from .transports.kombu import CONFIRM_TIMEOUT, declare, new_connection, refusal_errors
 
 if TYPE_CHECKING:
     from .models import InboxFailure, InboxFailureQuerySet
@@ -75,7 +75,7 @@ def _broker_of(queue: str, url: str | None) -> tuple[str, tuple[tuple[str, Any],
 def _replay(url: str, options: dict[str, Any], parked: list[InboxFailure]) -> None:
     """Replay ``parked`` (messages of queues on one broker) through one connection."""
     options = {**options, "confirm_publish": True}
-    conn = kombu.Connection(url, transport_options=options, connect_timeout=CONNECT_TIMEOUT)
+    conn = new_connection(url, options)
     try:
         channel = conn.channel()
         producer = kombu.Producer(channel)

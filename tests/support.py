@@ -206,16 +206,21 @@ def services(*args: str) -> None:
     subprocess.run([str(REPO / "scripts" / "services"), *args], check=True, timeout=180)
 
 
-def rabbitmqctl(*args: str) -> str:
-    """rabbitmqctl against the test broker (through scripts/services)."""
+def services_output(*args: str, timeout: float = 120) -> str:
+    """``scripts/services ARGS``, which must succeed; its stdout."""
     result = subprocess.run(
-        [str(REPO / "scripts" / "services"), "rabbitmqctl", *args],
+        [str(REPO / "scripts" / "services"), *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+def rabbitmqctl(*args: str) -> str:
+    """rabbitmqctl against the test broker (through scripts/services)."""
+    return services_output("rabbitmqctl", *args)
 
 
 def publish_raw(queue: str, body: bytes | str, url: str = AMQP_URL, **properties: Any) -> None:

@@ -18,6 +18,10 @@ filesystem, memory ...), which would drop it, the relay looks the queues up in
 the exchange's bindings first and does not send a message that would reach none.
 Both fail it with the same :func:`unroutable` text.
 
+A broker URL may be kombu's failover list (``amqp://a//;amqp://b//;amqp://c//``, the
+nodes of a cluster): :func:`connect` tries each address once, in the list's order,
+so a relay or consumer whose node stops is on another node at its next attempt.
+
 A queue or exchange the broker refuses to declare (it exists with other
 arguments: 406 PRECONDITION_FAILED) is a configuration error: its rows fail
 without counting an attempt and are due again in :data:`REFUSED_RETRY_DELAY`,
@@ -57,6 +61,8 @@ CONFIRM_TIMEOUT = 30.0
 #: Where :meth:`KombuTransport.check` sends its probe on RabbitMQ: the default exchange
 #: with a routing key no queue has, so the broker drops the message and confirms it.
 PROBE_ROUTING_KEY = "django_outbox.probe"
+#: How kombu walks a failover list: each address in turn, from the first.
+FAILOVER_STRATEGY = "round-robin"
 #: Seconds until the rows of a route whose queue the broker refused are due again,
 #: and between two ERROR records about the same refusal.
 REFUSED_RETRY_DELAY = 30.0
@@ -265,6 +271,25 @@ def _check_exchange_type(channel: Any, route: Route) -> None:
         )
 
 
+def new_connection(url: str, options: Mapping[str, Any] | None = None) -> kombu.Connection:
+    """A kombu connection to ``url`` (a failover list too), not connected yet."""
+    return kombu.Connection(
+        url,
+        transport_options=dict(options or {}),
+        connect_timeout=CONNECT_TIMEOUT,
+        failover_strategy=FAILOVER_STRATEGY,
+    )
+
+
+def connect(connection: kombu.Connection) -> None:
+    """Connect: one try at each address of a failover list, in its order, without a
+    pause between them; a single URL gets kombu's own ``connect()`` (two tries). The
+    driver's error of the last address is raised; the caller owns the backoff."""
+    connection.ensure_connection(
+        max_retries=max(len(connection.alt) - 1, 1), reraise_as_library_errors=False
+    )
+
+
 def bound_socket_waits(connection: kombu.Connection, seconds: float) -> None:
     """Make py-amqp give up on a broker that does not answer within ``seconds``: it
     waits for the reply to its close without end, so a broker that went silent while
@@ -393,11 +418,9 @@ class KombuTransport(Transport):
 
     def _connect(self) -> kombu.Connection:
         if self._connection is None:
-            connection = kombu.Connection(
-                self._url, transport_options=self._options, connect_timeout=CONNECT_TIMEOUT
-            )
+            connection = new_connection(self._url, self._options)
             try:
-                connection.connect()  # one attempt; the relay owns the backoff
+                connect(connection)  # one attempt per address; the relay owns the backoff
                 channel = connection.channel()
                 confirms = _Confirms(channel) if self.supports_confirms else None
             except BaseException:
