@@ -17,14 +17,18 @@ import os
 import random
 import sys
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 from benchmarks.services import REPO, Services, drop_database, recreate_database
 
 from . import sabotage
 from .destinations import ORDERED_KEYS
+from .disk import Disk
 from .processes import HOST, Proc, manage, module, worker_env
+from .proxy import Proxy
 
 DATABASE = "outbox_chaos"
+DISK_MB = 512  # the outbox table's tmpfs: room for a 30-minute soak's rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +45,9 @@ class Profile:
 
 
 PROFILES = {
-    # About three minutes: each kind of fault at least twice (RabbitMQ, slow to
-    # restart, once), in an order fixed by the seed.
+    # About four minutes: each kind of process fault at least twice (RabbitMQ, slow
+    # to restart, once), each broker, network and disk fault once, in an order fixed
+    # by the seed.
     "ci": Profile(
         seconds=0,
         schedule=(
@@ -51,6 +56,10 @@ PROFILES = {
             "rabbitmq_restart",
             *("postgres_restart",) * 2,
             *("consumer_kill",) * 2,
+            "memory_alarm",
+            "net_delay",
+            "net_partition",
+            "disk_full",
         ),
         seed=20261121,
     ),
@@ -112,10 +121,19 @@ class Run:
         if sabotage:
             self.env["CHAOS_SABOTAGE"] = sabotage
         self.procs: list[Proc] = []
+        self.disk = Disk(services.database_url, DISK_MB)
+        broker = urlsplit(services.amqp_url)
+        self.proxy = Proxy((broker.hostname or "127.0.0.1", broker.port or 5672))
+        # The relays reach RabbitMQ through the proxy, for the network faults.
+        proxied = broker._replace(
+            netloc=broker.netloc.replace(f":{broker.port}", f":{self.proxy.port}")
+        )
+        self.relay_env = {**self.env, "OUTBOX_BROKER_URL": urlunsplit(proxied)}
 
     def main(self) -> int:
         recreate_database(self.services.database_url)
         try:
+            self.disk.create()
             return self._run()
         except Exception as exc:
             print(f"chaos: the run broke: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -124,7 +142,9 @@ class Run:
         finally:
             for proc in self.procs:
                 proc.cleanup()
+            self.proxy.close()
             drop_database(self.services.database_url)
+            self.disk.unmount()
 
     def _setup_django(self) -> None:
         os.environ.update({**self.env, "CHAOS_ROLE": "runner"})
@@ -134,6 +154,9 @@ class Run:
 
         django.setup()
         call_command("migrate", verbosity=0)
+        from .database import OUTBOX
+
+        self.disk.move(OUTBOX)
 
     def _run(self) -> int:
         self._setup_django()
@@ -144,7 +167,8 @@ class Run:
         audit.reset_queues(self.services.amqp_url)
         p = self.profile
         relays = [
-            self._proc(f"relay-{i}", manage("run_outbox_relay")) for i in range(1, p.relays + 1)
+            self._proc(f"relay-{i}", manage("run_outbox_relay"), self.relay_env)
+            for i in range(1, p.relays + 1)
         ]
         consumer = self._proc(
             "consumer",
@@ -181,6 +205,7 @@ class Run:
             )
             for i in range(1, p.producers + 1)
         ]
+        self.disk.producer_logs = [producer.log for producer in producers]
         started = time.monotonic()
         for proc in self.procs:
             proc.start()
@@ -191,6 +216,8 @@ class Run:
             rng=self.rng,
             lease=p.lease,
             started=started,
+            proxy=self.proxy,
+            disk=self.disk,
         )
         self._wait(lambda: db.value(f"SELECT count(*) FROM {db.HANDLED}") > 0, 120, "first event")
         faults: list[Fault] = []
@@ -263,8 +290,8 @@ class Run:
         print(f"chaos: PASS (logs in {self.logs})", flush=True)
         return 0
 
-    def _proc(self, role: str, argv: list[str]) -> Proc:
-        proc = Proc(role, argv, self.env, self.logs)
+    def _proc(self, role: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+        proc = Proc(role, argv, env or self.env, self.logs)
         self.procs.append(proc)
         return proc
 

@@ -21,6 +21,7 @@ from django_outbox.transports.kombu import declare
 
 from . import database as db
 from .destinations import ORDERED, QUEUE
+from .disk import lost_during
 from .faults import KINDS, Fault
 from .models import BrokerCopy, OrderedCopy
 
@@ -30,6 +31,15 @@ TAP = "chaos.tap"
 #: Batches a relay can have between claim and finalize: one finalizing, one
 #: publishing, one claimed ahead.
 IN_FLIGHT = 3
+#: Faults that can make every relay publish again what it had in flight.
+EVERY_RELAY = (
+    "rabbitmq_restart",
+    "postgres_restart",
+    "memory_alarm",
+    "net_delay",
+    "net_partition",
+    "disk_full",
+)
 
 
 def tap_route() -> Route:
@@ -102,7 +112,7 @@ def duplicate_bound(faults: Sequence[Fault], relays: int, batch_size: int) -> in
     for fault in faults:
         if fault.kind in ("relay_kill", "relay_stop"):
             bound += IN_FLIGHT * batch_size
-        elif fault.kind in ("rabbitmq_restart", "postgres_restart"):
+        elif fault.kind in EVERY_RELAY:
             bound += relays * IN_FLIGHT * batch_size
     return bound
 
@@ -173,6 +183,12 @@ def checks(faults: Sequence[Fault], relays: int, batch_size: int) -> list[Check]
             0,
         ),
         Check("events out of order per key", out_of_order(), 0),
+        Check(
+            "attempts spent without a publish (memory alarm, network delay/partition)",
+            sum(fault.done.spent for fault in faults),
+            0,
+        ),
+        Check("orders committed during disk full lost", lost_during(faults), 0),
         Check(
             "ordered rows without a gap-free sequence (keys)",
             db.value(

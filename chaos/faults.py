@@ -18,16 +18,31 @@ import random
 import signal
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from benchmarks.services import Services
 
+from . import broker, disk
 from . import database as db
 from .logs import lease_lost_rows, lines
 from .processes import Proc
+from .proxy import Proxy
+
+if TYPE_CHECKING:
+    from .disk import Disk
 
 T = TypeVar("T")
-KINDS = ("relay_kill", "relay_stop", "rabbitmq_restart", "postgres_restart", "consumer_kill")
+KINDS = (
+    "relay_kill",
+    "relay_stop",
+    "rabbitmq_restart",
+    "postgres_restart",
+    "consumer_kill",
+    "memory_alarm",
+    "net_delay",
+    "net_partition",
+    "disk_full",
+)
 POLL = 0.005  # seconds between looks at the outbox while aiming a relay fault
 MAX_TRIES = 50  # freezes of a process before a fault lands wherever it is
 
@@ -39,14 +54,17 @@ class NotRecovered(Exception):
 @dataclasses.dataclass(frozen=True)
 class Done:
     """What a fault method did: to whom, when it ended, how to describe it once the
-    system recovered, the rows a relay held when signalled, and (a zombie) how many
-    of them it did not report as lease lost."""
+    system recovered, the rows a relay held when signalled, (a zombie) how many
+    of them it did not report as lease lost, the attempts spent on rows while a broker
+    or network fault lasted, and (a full disk) the order ids committed meanwhile."""
 
     target: str
     ended: float
     facts: Callable[[], str]
     held_ids: list[int] = dataclasses.field(default_factory=list)
     unreported: int = 0
+    spent: int = 0
+    orders: tuple[int, int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +99,11 @@ class Injector:
         rng: random.Random,
         lease: float,
         started: float,
+        proxy: Proxy,
+        disk: Disk,
     ) -> None:
+        self.proxy = proxy
+        self.disk = disk
         self.relays = relays
         self.consumer = consumer
         self.services = services
@@ -203,6 +225,18 @@ class Injector:
             f"{self.consumer.pid}"
         )
         return Done(self.consumer.role, time.monotonic(), lambda: facts)
+
+    def memory_alarm(self) -> Done:
+        return broker.memory_alarm(self)
+
+    def net_delay(self) -> Done:
+        return broker.net_delay(self)
+
+    def net_partition(self) -> Done:
+        return broker.net_partition(self)
+
+    def disk_full(self) -> Done:
+        return disk.disk_full(self)
 
     # -- helpers --------------------------------------------------------------------
 

@@ -7,7 +7,11 @@ handler); ``--sabotage parking`` starts a consumer that parks a message at its f
 redelivery, as if a consumer kill were the message's fault; ``--sabotage order`` starts
 relays whose claim has no per-key gate (the named query ``ordered_gate`` replaced with
 ``TRUE``), so any due row of an ordered key can be claimed, by any relay, next to its
-predecessors. A run with any of them must fail its audit. Nothing imports this module
+predecessors. ``--sabotage attempts`` starts relays that count an attempt for every
+row they give back unpublished (``Failure.not_attempted`` made to count), so a memory
+alarm or a partition spends attempts; ``--sabotage staging`` starts producers that treat
+staging as best effort: when it fails (a full disk) they commit the orders anyway,
+without their events. A run with any of them must fail its audit. Nothing imports this module
 unless ``CHAOS_SABOTAGE`` is set.
 """
 
@@ -15,12 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.db import transaction
 
-KINDS = ("lease", "inbox", "parking", "order")
+KINDS = ("lease", "inbox", "parking", "order", "attempts", "staging")
 
 
 def apply(kind: str) -> None:
@@ -34,6 +39,14 @@ def apply(kind: str) -> None:
         consumer.process_once = _no_inbox  # type: ignore[assignment]
     elif kind == "order":
         _without_ordered_gate()
+    elif kind == "attempts":
+        from django_outbox.transports.base import Failure
+
+        Failure.not_attempted = classmethod(_counted)  # type: ignore[method-assign,assignment]
+    elif kind == "staging":
+        from .producer import Producer
+
+        Producer._stage = _best_effort(Producer._stage)  # type: ignore[method-assign]
     elif kind == "parking":
         from django_outbox.consumer import InboxConsumer
 
@@ -69,3 +82,30 @@ def _parking_at_once(init: Callable[..., None]) -> Callable[..., None]:
         init(self, *args, **{**kwargs, "max_deliveries": 1})
 
     return parking
+
+
+def _counted(cls: type[Any], error: str, retry_delay: float) -> Any:
+    """``Failure.not_attempted`` that counts the attempt it did not make."""
+    return cls(error, counts=True, retry_delay=retry_delay)
+
+
+def _best_effort(stage: Callable[..., list[str]]) -> Callable[..., list[str]]:
+    """``Producer._stage`` that, when staging fails, still writes the orders (with event
+    ids no event has) and lets the transaction commit: the dual write the outbox exists
+    to prevent."""
+
+    @functools.wraps(stage)
+    def best_effort(self: Any, size: int, *, ordered: bool) -> list[str]:
+        from django.db import DatabaseError
+
+        from .models import Order
+
+        try:
+            with transaction.atomic():
+                return stage(self, size, ordered=ordered)
+        except DatabaseError:
+            ids = [str(uuid.uuid4()) for _ in range(size)]
+            Order.objects.bulk_create(Order(producer=self.index, event_id=e) for e in ids)
+            return ids
+
+    return best_effort
