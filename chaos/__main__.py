@@ -143,8 +143,10 @@ class Run:
             for proc in self.procs:
                 proc.cleanup()
             self.proxy.close()
-            drop_database(self.services.database_url)
-            self.disk.unmount()
+            try:
+                drop_database(self.services.database_url)
+            finally:
+                self.disk.unmount()
 
     def _setup_django(self) -> None:
         os.environ.update({**self.env, "CHAOS_ROLE": "runner"})

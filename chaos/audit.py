@@ -184,7 +184,7 @@ def checks(faults: Sequence[Fault], relays: int, batch_size: int) -> list[Check]
         ),
         Check("events out of order per key", out_of_order(), 0),
         Check(
-            "attempts spent without a publish (memory alarm, network delay/partition)",
+            "attempts spent without a publish (memory alarm, network delay, partition)",
             sum(fault.done.spent for fault in faults),
             0,
         ),

@@ -12,7 +12,9 @@ None of them is a publish failure of a row: the relay must spend no attempt on t
 Each measures the attempts spent, ``sum(attempts)`` over the outbox from before the
 fault until every row staged before it ended is PUBLISHED (faults come one at a time,
 after the system recovered from the last, so nothing else spends attempts then), and
-the audit's "attempts spent without a publish" adds them up.
+the audit's "attempts spent without a publish" adds them up. The partition's reset
+is the exception: a publish it cuts was sent and failed, a real failure that may
+count; only the attempts spent while the link was silent must be none.
 """
 
 from __future__ import annotations
@@ -69,7 +71,9 @@ def net_partition(injector: Injector) -> Done:
     def heal() -> None:
         reset.append(proxy.heal())
 
-    done = _spell(injector, "network", proxy.partition, heal, hold, f"partition for {hold:.1f}s")
+    done = _spell(
+        injector, "network", proxy.partition, heal, hold, f"partition for {hold:.1f}s", reset=True
+    )
     return _with_facts(done, lambda facts: f"{facts}; {reset[0]} connections reset at the end")
 
 
@@ -80,9 +84,13 @@ def _spell(
     off: Callable[[], None],
     hold: float,
     what: str,
+    *,
+    reset: bool = False,
 ) -> Done:
     """Turn a fault ``on`` for ``hold`` seconds and ``off`` again; then wait until every
-    row staged before it ended is PUBLISHED, and count the attempts spent meanwhile."""
+    row staged before it ended is PUBLISHED, and count the attempts spent meanwhile.
+    With ``reset`` (``off`` cuts the relays' connections), only the attempts spent
+    while it was on count: a publish the reset cut is a real publish failure."""
     from .faults import Done, NotRecovered
 
     watched = injector.relays
@@ -93,6 +101,7 @@ def _spell(
     published_before = db.published()
     time.sleep(hold)
     published_during = db.published() - published_before
+    spent_while_on = db.attempts() - attempts
     off()
     ended = time.monotonic()
     mark = db.last_outbox()
@@ -102,6 +111,7 @@ def _spell(
             raise NotRecovered(f"rows staged before the {target} fault ended still unpublished")
         time.sleep(0.2)
     spent = db.attempts() - attempts
+    counted = spent_while_on if reset else spent
     logged = ", ".join(
         f"{relay.role} {d - before[relay.role][0]}/{u - before[relay.role][1]}"
         for relay in watched
@@ -109,9 +119,10 @@ def _spell(
     )
     facts = (
         f"{what} ({ended - began:.1f}s); {published_during} rows published meanwhile; "
-        f"outbox.broker_down/broker_up lines: {logged}; attempts spent: {spent}"
+        f"outbox.broker_down/broker_up lines: {logged}; attempts spent: {spent_while_on} "
+        f"while it lasted, {spent} until every row staged before its end was published"
     )
-    return Done(target, ended, lambda: facts, spent=spent)
+    return Done(target, ended, lambda: facts, spent=counted)
 
 
 def _with_facts(done: Done, more: Callable[[str], str]) -> Done:

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
-from . import database as db
-
 if TYPE_CHECKING:
     from .faults import Done, Fault, Injector
 
+# The database helpers (chaos.database) need Django set up: imported where used, as
+# the runner builds its Disk before it sets Django up.
 TABLESPACE = "chaos_disk"
 #: What a producer logs when staging meets the full disk.
 DISK_FULL = re.compile(r"No space left on device|could not extend file")
@@ -67,23 +67,26 @@ class Disk:
 
     def move(self, table: str) -> None:
         """Put ``table`` (its heap; its indexes stay) on the tablespace."""
+        from . import database as db
+
         db.rows(f'ALTER TABLE "{table}" SET TABLESPACE {TABLESPACE}')
 
     def fill(self) -> int:
         """Write a file until the tmpfs is full; returns the bytes written."""
         written = 0
-        with self.filler.open("ab") as out:
-            block = b"\0" * BLOCK
-            while True:
+        block = b"\0" * BLOCK
+        fd = os.open(self.filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            while len(block) >= 4096:
                 try:
-                    written += out.write(block)
-                    out.flush()
+                    written += os.write(fd, block)
                 except OSError as exc:
                     if exc.errno != errno.ENOSPC:
                         raise
-                    if len(block) == 4096:
-                        return written
                     block = block[: len(block) // 16]  # the last few pages too
+        finally:
+            os.close(fd)
+        return written
 
     def free(self) -> None:
         self.filler.unlink(missing_ok=True)
@@ -93,9 +96,11 @@ class Disk:
         first) and unmount; each step only if there is something to undo."""
         with contextlib.suppress(FileNotFoundError):
             self.free()
-        self._server(f"DROP TABLESPACE IF EXISTS {TABLESPACE}")
-        if os.path.ismount(self.mount):
-            subprocess.run(["umount", "--lazy", self.mount], check=True, capture_output=True)
+        try:
+            self._server(f"DROP TABLESPACE IF EXISTS {TABLESPACE}")
+        finally:
+            if os.path.ismount(self.mount):
+                subprocess.run(["umount", "--lazy", self.mount], check=True, capture_output=True)
 
     def failures(self) -> int:
         """Disk-full errors the producers have logged."""
@@ -115,6 +120,7 @@ class Disk:
 
 def disk_full(injector: Injector) -> Done:
     """Fill the outbox table's tmpfs until staging fails, hold it a few seconds, free it."""
+    from . import database as db
     from .faults import Done
 
     disk = injector.disk
@@ -151,6 +157,8 @@ def disk_full(injector: Injector) -> Done:
 
 def lost_during(faults: Sequence[Fault]) -> int:
     """Orders committed while a disk was full whose event was never handled."""
+    from . import database as db
+
     return sum(
         db.unhandled(fault.done.orders[1], fault.done.orders[0])
         for fault in faults

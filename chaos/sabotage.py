@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -103,7 +104,8 @@ def _best_effort(stage: Callable[..., list[str]]) -> Callable[..., list[str]]:
         try:
             with transaction.atomic():
                 return stage(self, size, ordered=ordered)
-        except DatabaseError:
+        except DatabaseError as exc:
+            print(f"staging failed, orders kept: {exc}".splitlines()[0], file=sys.stderr)
             ids = [str(uuid.uuid4()) for _ in range(size)]
             Order.objects.bulk_create(Order(producer=self.index, event_id=e) for e in ids)
             return ids
