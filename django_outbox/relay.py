@@ -115,12 +115,13 @@ class _Batch:
 
     @property
     def transient_failures(self) -> list[ClaimedMessage]:
-        """The messages whose publish was tried and failed transiently: their broker
-        may be down."""
+        """The messages whose publish was tried and failed transiently, or whose broker
+        did not take them (an outage failure): their broker may be down."""
         return [
             message
             for message, outcome in zip(self.messages, self.outcomes, strict=True)
-            if outcome is not None and outcome.counts and not outcome.permanent
+            if outcome is not None
+            and (outcome.outage or (outcome.counts and not outcome.permanent))
         ]
 
     @property
@@ -335,24 +336,33 @@ class Relay:
                 )
                 results = [unknown] * len(batch)
             else:
-                # No broker for the route raises OutboxConfigurationError: the relay
-                # cannot run as configured.
-                transport = self.transport(route)
-                try:
-                    results = transport.publish(route, batch)
-                except Exception as exc:  # a bug or an error no transport classified
-                    logger.exception(
-                        "publishing to %r failed unexpectedly",
-                        destination,
-                        extra={"action": "outbox.publish_error", "destination": destination},
-                    )
-                    results = [Failure.from_exception(exc)] * len(batch)
+                results = self._publish_route(route, batch)
             outcomes.update(zip((m.id for m in batch), results, strict=True))
         return [outcomes[m.id] for m in messages]
 
+    def _publish_route(self, route: Route, batch: list[ClaimedMessage]) -> list[Outcome]:
+        """Publish ``batch`` through ``route``'s transport. When its broker did not take
+        them (an outage), the batch's later destinations on that broker are not
+        attempted: each would wait its confirm timeout in turn."""
+        # No broker for the route raises OutboxConfigurationError: the relay
+        # cannot run as configured.
+        transport = self.transport(route)
+        try:
+            results = transport.publish(route, batch)
+        except Exception as exc:  # a bug or an error no transport classified
+            logger.exception(
+                "publishing to %r failed unexpectedly",
+                route.destination,
+                extra={"action": "outbox.publish_error", "destination": route.destination},
+            )
+            results = [Failure.from_exception(exc)] * len(batch)
+        if any(result is not None and result.outage for result in results):
+            self._paused.setdefault(_kind(route), 0.0)  # until _broker_ready checks it
+        return results
+
     def _not_attempted(self, kind: str) -> Failure:
         """The outcome of a row whose broker is down: due again when it is tried next."""
-        return Failure.not_attempted(
+        return Failure.broker_down(
             f"not attempted: {self._describe(kind)} is down",
             retry_delay=max(self._paused[kind], 1.0),
         )
@@ -496,7 +506,16 @@ class Relay:
             "count": len(ids),
             "error": reason.error,
         }
-        if reason.abandoned:
+        if all(part.failure.outage for part in parts):
+            # The broker is down: the outage's own WARNING (outbox.broker_down) says so.
+            logger.info(
+                "%d row(s) to %r not taken by the broker, attempts unchanged: %s",
+                len(ids),
+                reason.destination,
+                error,
+                extra={"action": "outbox.publish_deferred", **extra},
+            )
+        elif reason.abandoned:
             logger.error(
                 "abandoned %d row(s) to %r (%s): %s",
                 len(ids),
@@ -654,9 +673,10 @@ class Relay:
         """Whether to go on publishing: yes with a claim made ahead (it is published
         whatever the brokers' state), or while a broker is up. Brokers that are down
         and due are tried again; the rows of those still down are not attempted."""
-        if state.ahead is not None:
-            return True
         now = time.monotonic()
+        if state.ahead is not None:  # its rows on brokers that are down are not attempted
+            self._paused = {k: state.retry_at.get(k, now) - now for k in state.brokers_down()}
+            return True
         for kind in state.brokers_down():
             if now >= state.retry_at.get(kind, 0.0):
                 self._try_broker(state, kind)

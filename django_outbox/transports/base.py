@@ -19,6 +19,9 @@ from ..routes import Route
 
 #: Longest error text kept on a row (``last_error``).
 MAX_ERROR_LENGTH = 2000
+#: Seconds until a row is due again after its broker failed to take it (an outage):
+#: the relay does not publish through a broker that is down before it answers again.
+OUTAGE_RETRY_DELAY = 1.0
 #: The error of a message the broker nacked (publisher confirms): retried.
 NACKED = "the broker refused the message (basic.nack)"
 
@@ -35,12 +38,17 @@ class Failure:
     configuration error such as a queue the broker refuses to declare, or a
     batch out of time). The row's attempts are unchanged and it is due again
     in ``retry_delay`` seconds (DESIGN guarantee 8: no attempt without a publish).
+
+    An ``outage`` failure does not count either: the broker could not be reached,
+    or took the messages and never confirmed them (a resource alarm, a silent
+    network): the relay treats its broker as down, as when a connection fails.
     """
 
     error: str
     permanent: bool = False
     counts: bool = True
     retry_delay: float = 0.0
+    outage: bool = False
 
     @classmethod
     def from_exception(cls, exc: BaseException, *, permanent: bool = False) -> Failure:
@@ -52,6 +60,18 @@ class Failure:
     def not_attempted(cls, error: str, retry_delay: float) -> Failure:
         """Nothing was sent: no attempt counted, due again in ``retry_delay`` seconds."""
         return cls(error[:MAX_ERROR_LENGTH], counts=False, retry_delay=retry_delay)
+
+    @classmethod
+    def broker_down(cls, error: str, retry_delay: float = OUTAGE_RETRY_DELAY) -> Failure:
+        """The broker did not take the message: unreachable, or it never confirmed (a
+        resource alarm, a silent network), or known to be down. No attempt counted;
+        the relay backs off from the broker and the row is due again in ``retry_delay``."""
+        return cls(
+            outbox_settings.redact(error)[:MAX_ERROR_LENGTH],
+            counts=False,
+            retry_delay=retry_delay,
+            outage=True,
+        )
 
 
 #: One outcome per message: None when the broker has it.

@@ -21,7 +21,7 @@ import kombu.exceptions
 from ..envelope import ClaimedMessage
 from ..routes import CELERY_FIELDS, Route, celery_header_clash
 from .base import NACKED, Failure, Outcome, Transport
-from .kombu import CONFIRM_TIMEOUT
+from .kombu import lease_confirm_timeout
 
 TRANSIENT = (kombu.exceptions.OperationalError, OSError)
 #: Celery's producers come from kombu's process-wide pool, keyed by broker URL, so a
@@ -49,7 +49,7 @@ class CeleryTransport(Transport):
                     task_id=str(message.event_id),
                     headers=_headers(message),
                     serializer="json",
-                    confirm_timeout=CONFIRM_TIMEOUT,  # with confirm_publish: bound the wait
+                    confirm_timeout=lease_confirm_timeout(),  # with confirm_publish: within the lease
                     retry=True,
                     retry_policy=RECONNECT_ONCE,
                 )

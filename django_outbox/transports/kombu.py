@@ -51,7 +51,12 @@ logger = logging.getLogger(__name__)
 logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' and brokers' texts
 
 CONNECT_TIMEOUT = 5.0
+#: The longest a batch waits for its confirms; shorter under a short lease, see
+#: :func:`lease_confirm_timeout`.
 CONFIRM_TIMEOUT = 30.0
+#: Where :meth:`KombuTransport.check` sends its probe on RabbitMQ: the default exchange
+#: with a routing key no queue has, so the broker drops the message and confirms it.
+PROBE_ROUTING_KEY = "django_outbox.probe"
 #: Seconds until the rows of a route whose queue the broker refused are due again,
 #: and between two ERROR records about the same refusal.
 REFUSED_RETRY_DELAY = 30.0
@@ -59,6 +64,30 @@ REFUSED_RETRY_DELAY = 30.0
 #: (py-amqp raises struct.error for a header int beyond 64 bits or a key over 255 bytes,
 #: while it builds the frame and before it writes a byte.)
 ENCODE_ERRORS = (TypeError, ValueError, UnicodeError, struct.error, kombu.exceptions.EncodeError)
+
+
+def lease_confirm_timeout() -> float:
+    """Seconds a relay's batch waits for the confirms of one destination:
+    :data:`CONFIRM_TIMEOUT`, but at most a third of ``LEASE_SECONDS``. The relay starts
+    a destination only in the first half of a claim's lease, so its confirms are in
+    (or given up) with a sixth of the lease left to record the outcomes before another
+    relay may take the rows over."""
+    return min(CONFIRM_TIMEOUT, outbox_settings.LEASE_SECONDS / 3)
+
+
+class BrokerStalled(ConnectionError):
+    """The broker took messages and did not confirm them: it blocked the connection
+    (a resource alarm) or said nothing within the confirm timeout. Its messages may
+    still arrive; the relay treats the broker as down (no attempt counted)."""
+
+
+def _stalled(exc: BaseException) -> bool:
+    """Whether ``exc`` says the broker stopped answering (not that the message or the
+    connection failed): no confirm in time, a blocked connection, or a write that
+    timed out because the broker stopped reading (py-amqp wraps the socket timeout)."""
+    return isinstance(exc, (BrokerStalled, TimeoutError)) or isinstance(
+        exc.__context__, TimeoutError
+    )
 
 
 def routing_key(route: Route, message: ClaimedMessage) -> str:
@@ -307,7 +336,7 @@ class KombuTransport(Transport):
         transport_options: Mapping[str, Any] | None = None,
         *,
         alias: str | None = None,
-        confirm_timeout: float = CONFIRM_TIMEOUT,
+        confirm_timeout: float | None = None,
         refused_retry_delay: float = REFUSED_RETRY_DELAY,
     ) -> None:
         self._url = url
@@ -326,7 +355,13 @@ class KombuTransport(Transport):
             for key, value in (transport_options or {}).items()
             if key != "confirm_publish"
         }
-        self._confirm_timeout = confirm_timeout
+        #: Default: derived from LEASE_SECONDS (:func:`lease_confirm_timeout`).
+        self._confirm_timeout = (
+            lease_confirm_timeout() if confirm_timeout is None else confirm_timeout
+        )
+        #: Why the broker blocked the connection (RabbitMQ's ``connection.blocked``, sent
+        #: under a resource alarm once the connection publishes); None while it is not.
+        self._blocked: str | None = None
         self._refused_retry_delay = refused_retry_delay
         #: refusal text -> when (monotonic) it may be logged again
         self._refusals_logged: dict[str, float] = {}
@@ -355,14 +390,27 @@ class KombuTransport(Transport):
                 connection.release()
                 raise
             self._connection, self._channel, self._confirms = connection, channel, confirms
+            self._blocked = None
+            if confirms is not None:  # py-amqp: hear connection.blocked and .unblocked
+                connection.connection.on_blocked = self._on_blocked
+                connection.connection.on_unblocked = self._on_unblocked
             self._producer = kombu.Producer(channel, auto_declare=False)
         return self._connection
 
+    def _on_blocked(self, reason: str) -> None:
+        self._blocked = reason or "connection.blocked"
+
+    def _on_unblocked(self) -> None:
+        self._blocked = None
+
     def check(self) -> None:
-        """Connect (once); an error names the broker's alias when it has one."""
+        """Connect (once) and, with publisher confirms, have a probe message confirmed
+        (a broker that takes connections but blocks publishers is down too); an error
+        names the broker's alias when it has one."""
         try:
             self._connect()
             self._check_ready()
+            self._probe()
         except Exception as exc:
             if self.alias is None:
                 raise
@@ -372,6 +420,24 @@ class KombuTransport(Transport):
 
     def _check_ready(self) -> None:
         """What else the broker needs, once connected (a subclass's own check)."""
+
+    def _probe(self) -> None:
+        """With confirms: publish one empty message to no queue (:data:`PROBE_ROUTING_KEY`,
+        not mandatory: dropped) and wait for its confirm, at most ``CONNECT_TIMEOUT``;
+        raises :class:`BrokerStalled` (the connection dropped) when it does not come."""
+        confirms, channel = self._confirms, self._channel
+        if confirms is None:
+            return
+        confirms.start([_UNSETTLED])
+        confirms.sent(0, "")
+        try:
+            channel.basic_publish(
+                channel.prepare_message(b""), exchange="", routing_key=PROBE_ROUTING_KEY
+            )
+            self._await_confirms(confirms, 1, min(self._confirm_timeout, CONNECT_TIMEOUT))
+        except self._transient:
+            self.close(graceful=False)
+            raise
 
     def close(self, *, graceful: bool = True) -> None:
         """Drop the connection. ``graceful=False`` closes the socket without AMQP's
@@ -397,8 +463,12 @@ class KombuTransport(Transport):
         try:
             self._connect()
             refusal = self._declare(route)
-            if refusal is not None:
-                return [refusal] * len(messages)
+        except self._transient as exc:  # nothing sent: no attempt, the broker is down
+            self.close(graceful=False)
+            return [Failure.broker_down(f"not sent: {type(exc).__name__}: {exc}")] * len(messages)
+        if refusal is not None:
+            return [refusal] * len(messages)
+        try:
             if self._confirms is not None:
                 self._publish_confirmed(route, messages, outcomes)
             else:
@@ -407,9 +477,17 @@ class KombuTransport(Transport):
             # Whatever was not confirmed may or may not have reached the broker:
             # it is retried (at-least-once), and the channel starts afresh.
             self.close(graceful=False)
-            failure = Failure.from_exception(exc)
+            failure = self._failure(exc)
             outcomes = [failure if outcome is _UNSETTLED else outcome for outcome in outcomes]
         return outcomes
+
+    def _failure(self, exc: BaseException) -> Failure:
+        """The outcome of the messages a transient error left unsettled: a broker that
+        stopped answering (see :func:`_stalled`) is down, no attempt counted; any other
+        error (a connection reset, a channel closed) counts one."""
+        if _stalled(exc):
+            return Failure.broker_down(f"{type(exc).__name__}: {exc}")
+        return Failure.from_exception(exc)
 
     def _declare(self, route: Route) -> Failure | None:
         """Declare the route's topology once per connection; the failure of all its
@@ -520,10 +598,12 @@ class KombuTransport(Transport):
     def _publish_confirmed(
         self, route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
     ) -> None:
-        channel, confirms, connection = self._channel, self._confirms, self._connection
-        assert confirms is not None and connection is not None
+        channel, confirms = self._channel, self._confirms
+        assert confirms is not None
         confirms.start(outcomes)
         for index, message in enumerate(messages):
+            if self._blocked is not None:  # heard while publishing: send no more
+                raise self._blocked_error(confirms, len(messages))
             try:
                 headers = message.wire_headers()
                 event_id = headers["event_id"]
@@ -545,18 +625,33 @@ class KombuTransport(Transport):
             except ENCODE_ERRORS as exc:
                 confirms.unsent(index)
                 outcomes[index] = Failure.from_exception(exc, permanent=True)
-        deadline = time.monotonic() + self._confirm_timeout
+        self._await_confirms(confirms, len(messages), self._confirm_timeout)
+
+    def _blocked_error(self, confirms: _Confirms, total: int) -> BrokerStalled:
+        unconfirmed = sum(outcome is _UNSETTLED for outcome in confirms.outcomes)
+        return BrokerStalled(
+            f"the broker blocked publishing ({self._blocked}): "
+            f"{unconfirmed} of {total} messages not confirmed"
+        )
+
+    def _await_confirms(self, confirms: _Confirms, total: int, timeout: float) -> None:
+        """Collect the confirms of the ``total`` messages sent; :class:`BrokerStalled`
+        when the broker blocks the connection or ``timeout`` passes first (the
+        messages never sent, after a block, count among those unconfirmed)."""
+        connection = self._connection
+        assert connection is not None
+        deadline = time.monotonic() + timeout
         while confirms.pending:
+            if self._blocked is not None:
+                raise self._blocked_error(confirms, total)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(
-                    f"{len(confirms.pending)} of {len(messages)} messages were not confirmed "
-                    f"by the broker within {self._confirm_timeout:g}s"
+                raise BrokerStalled(
+                    f"{len(confirms.pending)} of {total} messages were not confirmed "
+                    f"by the broker within {timeout:g}s"
                 )
-            try:
+            with contextlib.suppress(TimeoutError):
                 connection.drain_events(timeout=remaining)
-            except TimeoutError:
-                continue
 
 
 class AmqpTransport(KombuTransport):
