@@ -272,7 +272,7 @@ class Run:
             flush=True,
         )
         workers = {f"{HOST}:{pid}": f"{r.role} (pid {pid})" for r in relays for pid in r.pids}
-        for line in audit.relay_fault_copies(faults, workers):
+        for line in [*audit.relay_fault_copies(faults, workers), *audit.violations()]:
             print(f"chaos: {line}")
         text = audit.report(
             profile=self.name,

@@ -289,6 +289,20 @@ def relay_fault_copies(faults: Sequence[Fault], workers: dict[str, str]) -> list
     return found
 
 
+def violations() -> list[str]:
+    """The rule-breaking writes the triggers recorded, grouped: who wrote over whose
+    lease, from which state to which, how many rows and when (to find the fault)."""
+    found = db.rows(
+        f"SELECT kind, writer, locked_by, old_status, new_status, count(*), min(at), max(at) "
+        f"FROM {db.VIOLATION} GROUP BY 1, 2, 3, 4, 5 ORDER BY 7"
+    )
+    return [
+        f"{kind}: {n} rows {old} -> {new} written by {writer!r} under the lease of "
+        f"{holder!r}, {first:%H:%M:%S.%f} to {last:%H:%M:%S.%f}"
+        for kind, writer, holder, old, new, n, first, last in found
+    ]
+
+
 def report(
     *,
     profile: str,

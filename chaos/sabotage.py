@@ -8,7 +8,8 @@ redelivery, as if a consumer kill were the message's fault; ``--sabotage order``
 relays whose claim has no per-key gate (the named query ``ordered_gate`` replaced with
 ``TRUE``), so any due row of an ordered key can be claimed, by any relay, next to its
 predecessors. ``--sabotage attempts`` starts relays that count an attempt for every
-row they give back unpublished (``Failure.not_attempted`` made to count), so a memory
+row they give back unpublished (``Failure.not_attempted`` and ``Failure.broker_down``
+made to count), so a memory
 alarm or a partition spends attempts; ``--sabotage staging`` starts producers that treat
 staging as best effort: when it fails (a full disk) they commit the orders anyway,
 without their events. A run with any of them must fail its audit. Nothing imports this module
@@ -18,6 +19,7 @@ unless ``CHAOS_SABOTAGE`` is set.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import sys
 import uuid
@@ -43,7 +45,8 @@ def apply(kind: str) -> None:
     elif kind == "attempts":
         from django_outbox.transports.base import Failure
 
-        Failure.not_attempted = classmethod(_counted)  # type: ignore[method-assign,assignment]
+        for name in ("not_attempted", "broker_down"):
+            setattr(Failure, name, _counted(getattr(Failure, name)))
     elif kind == "staging":
         from .producer import Producer
 
@@ -85,9 +88,14 @@ def _parking_at_once(init: Callable[..., None]) -> Callable[..., None]:
     return parking
 
 
-def _counted(cls: type[Any], error: str, retry_delay: float) -> Any:
-    """``Failure.not_attempted`` that counts the attempt it did not make."""
-    return cls(error, counts=True, retry_delay=retry_delay)
+def _counted(make: Callable[..., Any]) -> classmethod[Any, ..., Any]:
+    """A ``Failure`` constructor for rows not attempted that counts an attempt anyway."""
+
+    @functools.wraps(make)
+    def counted(cls: type[Any], *args: Any, **kwargs: Any) -> Any:
+        return dataclasses.replace(make(*args, **kwargs), counts=True)
+
+    return classmethod(counted)
 
 
 def _best_effort(stage: Callable[..., list[str]]) -> Callable[..., list[str]]:
