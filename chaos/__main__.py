@@ -78,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sabotage",
         choices=sabotage.KINDS,
-        help="break a guarantee on purpose (relays ignore the lease token or claim without "
-        "the per-key gate, or the consumer runs without the inbox): the audit must then fail",
+        help="break a guarantee on purpose (relays ignore the lease token, claim without "
+        "the per-key gate or count attempts they did not make; the consumer runs without the "
+        "inbox; producers commit orders whose staging failed): the audit must then fail",
     )
     args = parser.parse_args(argv)
     profile = PROFILES[args.profile]
