@@ -76,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         "--seconds", type=float, help="inject faults for this long (default: the profile's)"
     )
     parser.add_argument(
+        "--rate",
+        type=float,
+        help="events per second per producer (default: the profile's); lower it on a machine "
+        "so busy that the consumer cannot keep up, or every recovery waits for its backlog",
+    )
+    parser.add_argument(
         "--sabotage",
         choices=sabotage.KINDS,
         help="break a guarantee on purpose (relays ignore the lease token, claim without "
@@ -86,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     profile = PROFILES[args.profile]
     if args.seconds is not None:
         profile = dataclasses.replace(profile, seconds=args.seconds)
+    if args.rate is not None:
+        profile = dataclasses.replace(profile, rate=args.rate)
     seed = args.seed if args.seed is not None else profile.seed
     if seed is None:
         seed = random.SystemRandom().randrange(1, 2**31)
