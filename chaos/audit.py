@@ -184,12 +184,6 @@ def checks(faults: Sequence[Fault], relays: int, batch_size: int) -> list[Check]
         ),
         Check("events out of order per key", out_of_order(), 0),
         Check(
-            "attempts spent without a publish (memory alarm, network delay, partition)",
-            sum(fault.done.spent for fault in faults),
-            0,
-        ),
-        Check("orders committed during disk full lost", lost_during(faults), 0),
-        Check(
             "ordered rows without a gap-free sequence (keys)",
             db.value(
                 f"SELECT count(*) FROM (SELECT 1 FROM {outbox} WHERE sequence IS NOT NULL "
@@ -198,12 +192,25 @@ def checks(faults: Sequence[Fault], relays: int, batch_size: int) -> list[Check]
             ),
             0,
         ),
+        *fault_checks(faults),
         Check(
             "duplicates at the broker",
             duplicates,
             duplicate_bound(faults, relays, batch_size),
             "bound: in-flight batches x batch size x faults",
         ),
+    ]
+
+
+def fault_checks(faults: Sequence[Fault]) -> list[Check]:
+    """The broker, network and disk faults' own guarantees."""
+    return [
+        Check(
+            "attempts spent without a publish (memory alarm, network delay, partition)",
+            sum(fault.done.spent for fault in faults),
+            0,
+        ),
+        Check("orders committed during disk full lost", lost_during(faults), 0),
     ]
 
 
