@@ -48,9 +48,7 @@ def apply(kind: str) -> None:
         for name in ("not_attempted", "broker_down"):
             setattr(Failure, name, _counted(getattr(Failure, name)))
     elif kind == "staging":
-        from .producer import Producer
-
-        Producer._stage = _best_effort(Producer._stage)  # type: ignore[method-assign]
+        _best_effort()
     elif kind == "parking":
         from django_outbox.consumer import InboxConsumer
 
@@ -98,24 +96,33 @@ def _counted(make: Callable[..., Any]) -> classmethod[Any, ..., Any]:
     return classmethod(counted)
 
 
-def _best_effort(stage: Callable[..., list[str]]) -> Callable[..., list[str]]:
-    """``Producer._stage`` that, when staging fails, still writes the orders (with event
-    ids no event has) and lets the transaction commit: the dual write the outbox exists
-    to prevent."""
+def _best_effort() -> None:
+    """``stage`` and ``stage_many`` that, when staging fails, let the transaction go on
+    and commit: the producer writes its orders with event ids no event has (the dual
+    write the outbox exists to prevent). Patched on the package, where the producer
+    looks them up (the producer runs as ``__main__``: its own class cannot be patched)."""
+    import django_outbox
 
-    @functools.wraps(stage)
-    def best_effort(self: Any, size: int, *, ordered: bool) -> list[str]:
-        from django.db import DatabaseError
+    stage, stage_many = django_outbox.stage, django_outbox.stage_many
 
-        from .models import Order
+    def one(*args: Any, **kwargs: Any) -> Any:
+        return _kept(lambda: [stage(*args, **kwargs)], 1)[0]
 
-        try:
-            with transaction.atomic():
-                return stage(self, size, ordered=ordered)
-        except DatabaseError as exc:
-            print(f"staging failed, orders kept: {exc}".splitlines()[0], file=sys.stderr)
-            ids = [str(uuid.uuid4()) for _ in range(size)]
-            Order.objects.bulk_create(Order(producer=self.index, event_id=e) for e in ids)
-            return ids
+    def many(events: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        events = list(events)  # a failed call must not have used them up
+        return _kept(lambda: stage_many(events, *args, **kwargs), len(events))
 
-    return best_effort
+    django_outbox.stage, django_outbox.stage_many = one, many  # type: ignore[assignment]
+
+
+def _kept(call: Callable[[], list[Any]], size: int) -> list[Any]:
+    from django.db import DatabaseError
+
+    from django_outbox.models import OutboxMessage
+
+    try:
+        with transaction.atomic():
+            return call()
+    except DatabaseError as exc:
+        print(f"staging failed, orders kept: {exc}".splitlines()[0], file=sys.stderr, flush=True)
+        return [OutboxMessage(event_id=uuid.uuid4()) for _ in range(size)]
