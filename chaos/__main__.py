@@ -246,6 +246,8 @@ class Run:
                 facts.flush()
         except NotRecovered as exc:
             print(f"chaos: FAIL: {exc}; the audit shows what is missing", flush=True)
+            if exc.fault is not None:
+                faults.append(exc.fault)
             self._finish(producers, relays, consumer, faults, started, drain=False)
             return 1
         finally:

@@ -48,7 +48,10 @@ MAX_TRIES = 50  # freezes of a process before a fault lands wherever it is
 
 
 class NotRecovered(Exception):
-    """The system did not recover from a fault in time: the run fails."""
+    """The system did not recover from a fault in time: the run fails. ``fault`` is
+    the fault, when it was injected (not when a fault method itself gave up)."""
+
+    fault: Fault | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +121,11 @@ class Injector:
         method: Callable[[], Done] = getattr(self, kind)
         at = time.monotonic()
         done = method()
-        recovery = self._recovered(at, done.ended)
+        try:
+            recovery = self._recovered(at, done.ended)
+        except NotRecovered as exc:  # the audit still needs what the fault did
+            exc.fault = Fault(kind, at - self.started, time.monotonic() - at, str(exc), done)
+            raise
         return Fault(kind, at - self.started, recovery, done.facts(), done)
 
     def _recovered(self, at: float, ended: float) -> float:
