@@ -239,7 +239,8 @@ SETTINGS: dict[str, Setting] = {
             "LEASE_SECONDS",
             60,
             _seconds,
-            "how long a claim holds before another relay may take the row over.",
+            "how long a claim holds before another relay may take the row over; a RabbitMQ "
+            "batch waits for its confirms at most a third of it (30 s at most).",
         ),
         Setting(
             "MAX_ATTEMPTS",

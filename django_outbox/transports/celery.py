@@ -49,7 +49,7 @@ class CeleryTransport(Transport):
                     task_id=str(message.event_id),
                     headers=_headers(message),
                     serializer="json",
-                    confirm_timeout=lease_confirm_timeout(),  # with confirm_publish: within the lease
+                    confirm_timeout=lease_confirm_timeout(),  # confirm_publish: within the lease
                     retry=True,
                     retry_policy=RECONNECT_ONCE,
                 )

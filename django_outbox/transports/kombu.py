@@ -463,9 +463,9 @@ class KombuTransport(Transport):
         try:
             self._connect()
             refusal = self._declare(route)
-        except self._transient as exc:  # nothing sent: no attempt, the broker is down
+        except self._transient as exc:  # nothing sent (a broker that stopped answering: no attempt)
             self.close(graceful=False)
-            return [Failure.broker_down(f"not sent: {type(exc).__name__}: {exc}")] * len(messages)
+            return [self._failure(exc)] * len(messages)
         if refusal is not None:
             return [refusal] * len(messages)
         try:
@@ -484,7 +484,8 @@ class KombuTransport(Transport):
     def _failure(self, exc: BaseException) -> Failure:
         """The outcome of the messages a transient error left unsettled: a broker that
         stopped answering (see :func:`_stalled`) is down, no attempt counted; any other
-        error (a connection reset, a channel closed) counts one."""
+        error (a connection refused or reset, a channel closed) counts one, and the
+        relay then backs off from the broker, its rows not attempted meanwhile."""
         if _stalled(exc):
             return Failure.broker_down(f"{type(exc).__name__}: {exc}")
         return Failure.from_exception(exc)

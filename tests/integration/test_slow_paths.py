@@ -26,9 +26,9 @@ from django.test.utils import override_settings
 
 from django_outbox import db
 from django_outbox.models import OutboxMessage
-from django_outbox.relay import Relay, RunStats
+from django_outbox.relay import Relay, RunStats, _Batch
 from django_outbox.transports.kombu import AmqpTransport, lease_confirm_timeout
-from tests.integration.test_silent_broker import memory_alarm
+from tests.integration.test_silent_broker import BROKER, FreezableProxy, memory_alarm
 from tests.support import (
     AMQP_URL,
     consume,
@@ -44,8 +44,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def destination() -> Iterator[str]:
-    name = unique_destination()
-    yield name
+    """A destination (and queue) of the test's own, its queue deleted at the end."""
+    yield (name := unique_destination())
     delete_queue(name)
 
 
@@ -92,9 +92,7 @@ def test_a_memory_alarm_is_an_outage_that_spends_no_attempt(destination, caplog)
         wait_until(lambda: status_counts()["published"] == 1, timeout=60, what="a first event")
         with memory_alarm():
             staged = stage_events(100, destination)
-            wait_until(
-                lambda: records(caplog, "outbox.broker_down"), timeout=60, what="the outage"
-            )
+            wait_until(lambda: records(caplog, "outbox.broker_down"), timeout=60, what="the outage")
             # The alarm lasts through several backoffs (1, 2, 4 s): each is a probe
             # the broker leaves unconfirmed, and no attempt.
             time.sleep(8)
@@ -107,11 +105,38 @@ def test_a_memory_alarm_is_an_outage_that_spends_no_attempt(destination, caplog)
     assert "blocked" in down.getMessage(), down.getMessage()
     assert records(caplog, "outbox.broker_up")
     relay_warnings = [
-        r for r in caplog.records if r.name == "django_outbox.relay" and r.levelno >= logging.WARNING
+        r
+        for r in caplog.records
+        if r.name == "django_outbox.relay" and r.levelno >= logging.WARNING
     ]
     assert relay_warnings == []
     received = {m.headers["event_id"] for m in consume(destination, 101)}
     assert set(staged) <= received
+
+
+@pytest.mark.slow
+def test_confirms_that_stop_coming_are_an_outage_that_spends_no_attempt(destination, caplog):
+    """No connection.blocked this time: the network to the broker goes silent (a TCP
+    proxy of the test's that stops passing bytes; no real part can freeze a connection
+    half-way). The batch's confirm timeout (a third of LEASE_SECONDS: 2 s) passes, the
+    broker is down, checks time out until the network comes back."""
+    caplog.set_level(logging.INFO)
+    proxy = FreezableProxy(BROKER)
+    try:
+        with running_relay(BROKER_URL=proxy.url, MAX_ATTEMPTS=1, LEASE_SECONDS=6):
+            stage_events(1, destination)
+            wait_until(lambda: status_counts()["published"] == 1, timeout=60, what="an event")
+            proxy.freeze()
+            stage_events(60, destination)
+            wait_until(lambda: records(caplog, "outbox.broker_down"), timeout=60, what="the outage")
+            assert attempts_spent() == 0
+            proxy.thaw()
+            wait_until(lambda: status_counts()["published"] == 61, timeout=120, what="the rest")
+    finally:
+        proxy.close()
+    assert attempts_spent() == 0
+    assert len(records(caplog, "outbox.broker_down")) == 1
+    assert "not confirmed" in records(caplog, "outbox.publish_deferred")[0].getMessage()
 
 
 def test_a_drain_during_a_memory_alarm_gives_up_without_spending_attempts(destination):
@@ -126,8 +151,10 @@ def test_a_drain_during_a_memory_alarm_gives_up_without_spending_attempts(destin
     assert counts["abandoned"] == 0 and counts["pending"] + counts["failed"] == 30, counts
     with Relay() as relay:  # the alarm cleared: all of it goes out, once due (in 1 s)
         wait_until(
-            lambda: not relay.run(threading.Event(), drain=True).gave_up
-            and status_counts()["published"] == 30,
+            lambda: (
+                not relay.run(threading.Event(), drain=True).gave_up
+                and status_counts()["published"] == 30
+            ),
             timeout=60,
             interval=0.5,
             what="the rows not taken to be published",
@@ -145,8 +172,6 @@ def test_a_claim_whose_turn_comes_after_half_its_lease_keeps_its_attempts(destin
         claimed = db.claim("default", limit=5, lease_seconds=60, worker="t", token=token)
         outcomes = relay._publish(claimed, deadline=time.monotonic() - 1)  # its turn came late
         assert {o.counts for o in outcomes if o is not None} == {False}
-        from django_outbox.relay import _Batch
-
         relay._finalize(_Batch(claimed, outcomes, token))
         assert attempts_spent() == 0
         assert status_counts()["failed"] == 5
