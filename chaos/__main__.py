@@ -17,14 +17,18 @@ import os
 import random
 import sys
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 from benchmarks.services import REPO, Services, drop_database, recreate_database
 
 from . import cluster, sabotage
 from .destinations import CLUSTERED, ORDERED, ORDERED_KEYS
+from .disk import Disk
 from .processes import HOST, Proc, manage, module, worker_env
+from .proxy import Proxy
 
 DATABASE = "outbox_chaos"
+DISK_MB = 512  # the outbox table's tmpfs: room for a 30-minute soak's rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +45,9 @@ class Profile:
 
 
 PROFILES = {
-    # About three minutes: each kind of fault at least twice (RabbitMQ, slow to
-    # restart, once), in an order fixed by the seed.
+    # About four minutes: each kind of process fault at least twice (RabbitMQ, slow
+    # to restart, once), each broker, network and disk fault once, in an order fixed
+    # by the seed.
     "ci": Profile(
         seconds=0,
         schedule=(
@@ -53,6 +58,10 @@ PROFILES = {
             *("consumer_kill",) * 2,
             "cluster_leader_restart",
             "cluster_follower_restart",
+            "memory_alarm",
+            "net_delay",
+            "net_partition",
+            "disk_full",
         ),
         seed=20261121,
     ),
@@ -69,15 +78,24 @@ def main(argv: list[str] | None = None) -> int:
         "--seconds", type=float, help="inject faults for this long (default: the profile's)"
     )
     parser.add_argument(
+        "--rate",
+        type=float,
+        help="events per second per producer (default: the profile's); lower it on a machine "
+        "so busy that the consumer cannot keep up, or every recovery waits for its backlog",
+    )
+    parser.add_argument(
         "--sabotage",
         choices=sabotage.KINDS,
-        help="break a guarantee on purpose (relays ignore the lease token or claim without "
-        "the per-key gate, or the consumer runs without the inbox): the audit must then fail",
+        help="break a guarantee on purpose (relays ignore the lease token, claim without "
+        "the per-key gate or count attempts they did not make; the consumer runs without the "
+        "inbox; producers commit orders whose staging failed): the audit must then fail",
     )
     args = parser.parse_args(argv)
     profile = PROFILES[args.profile]
     if args.seconds is not None:
         profile = dataclasses.replace(profile, seconds=args.seconds)
+    if args.rate is not None:
+        profile = dataclasses.replace(profile, rate=args.rate)
     seed = args.seed if args.seed is not None else profile.seed
     if seed is None:
         seed = random.SystemRandom().randrange(1, 2**31)
@@ -114,10 +132,19 @@ class Run:
         if sabotage:
             self.env["CHAOS_SABOTAGE"] = sabotage
         self.procs: list[Proc] = []
+        self.disk = Disk(services.database_url, DISK_MB)
+        broker = urlsplit(services.amqp_url)
+        self.proxy = Proxy((broker.hostname or "127.0.0.1", broker.port or 5672))
+        # The relays reach RabbitMQ through the proxy, for the network faults.
+        proxied = broker._replace(
+            netloc=broker.netloc.replace(f":{broker.port}", f":{self.proxy.port}")
+        )
+        self.relay_env = {**self.env, "OUTBOX_BROKER_URL": urlunsplit(proxied)}
 
     def main(self) -> int:
         recreate_database(self.services.database_url)
         try:
+            self.disk.create()
             return self._run()
         except Exception as exc:
             print(f"chaos: the run broke: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -126,7 +153,11 @@ class Run:
         finally:
             for proc in self.procs:
                 proc.cleanup()
-            drop_database(self.services.database_url)
+            self.proxy.close()
+            try:
+                drop_database(self.services.database_url)
+            finally:
+                self.disk.unmount()
 
     def _setup_django(self) -> None:
         os.environ.update({**self.env, "CHAOS_ROLE": "runner"})
@@ -136,6 +167,9 @@ class Run:
 
         django.setup()
         call_command("migrate", verbosity=0)
+        from .database import OUTBOX
+
+        self.disk.move(OUTBOX)
 
     def _run(self) -> int:
         self._setup_django()
@@ -147,7 +181,8 @@ class Run:
         cluster.reset_queues(self.services.cluster_url, audit.EXCHANGE)
         p = self.profile
         relays = [
-            self._proc(f"relay-{i}", manage("run_outbox_relay")) for i in range(1, p.relays + 1)
+            self._proc(f"relay-{i}", manage("run_outbox_relay"), self.relay_env)
+            for i in range(1, p.relays + 1)
         ]
         consumer = self._consumer("consumer", audit.DESTINATION)
         # The cluster's queue has its own consumer and producer (chaos.cluster).
@@ -156,6 +191,7 @@ class Run:
             self._producer(i, audit.DESTINATION if i <= p.producers else CLUSTERED)
             for i in range(1, p.producers + 2)
         ]
+        self.disk.producer_logs = [producer.log for producer in producers]
         started = time.monotonic()
         for proc in self.procs:
             proc.start()
@@ -166,6 +202,8 @@ class Run:
             rng=self.rng,
             lease=p.lease,
             started=started,
+            proxy=self.proxy,
+            disk=self.disk,
         )
         self._wait(lambda: db.value(f"SELECT count(*) FROM {db.HANDLED}") > 0, 120, "first event")
         faults: list[Fault] = []
@@ -183,6 +221,8 @@ class Run:
                 facts.flush()
         except NotRecovered as exc:
             print(f"chaos: FAIL: {exc}; the audit shows what is missing", flush=True)
+            if exc.fault is not None:
+                faults.append(exc.fault)
             self._finish(producers, relays, consumer, faults, started, drain=False)
             return 1
         finally:
@@ -220,7 +260,7 @@ class Run:
             flush=True,
         )
         workers = {f"{HOST}:{pid}": f"{r.role} (pid {pid})" for r in relays for pid in r.pids}
-        for line in audit.relay_fault_copies(faults, workers):
+        for line in [*audit.relay_fault_copies(faults, workers), *audit.violations()]:
             print(f"chaos: {line}")
         text = audit.report(
             profile=self.name,
@@ -259,8 +299,8 @@ class Run:
             ),
         )
 
-    def _proc(self, role: str, argv: list[str]) -> Proc:
-        proc = Proc(role, argv, self.env, self.logs)
+    def _proc(self, role: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+        proc = Proc(role, argv, env or self.env, self.logs)
         self.procs.append(proc)
         return proc
 

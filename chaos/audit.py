@@ -22,6 +22,7 @@ from django_outbox.transports.kombu import declare
 from . import database as db
 from .cluster import KINDS as CLUSTER_KINDS
 from .destinations import ORDERED, QUEUE
+from .disk import lost_during
 from .faults import KINDS, Fault
 from .models import BrokerCopy, OrderedCopy
 
@@ -31,6 +32,16 @@ TAP = "chaos.tap"
 #: Batches a relay can have between claim and finalize: one finalizing, one
 #: publishing, one claimed ahead.
 IN_FLIGHT = 3
+#: Faults that can make every relay publish again what it had in flight.
+EVERY_RELAY = (
+    "rabbitmq_restart",
+    "postgres_restart",
+    "memory_alarm",
+    "net_delay",
+    "net_partition",
+    "disk_full",
+    *CLUSTER_KINDS,
+)
 
 
 def tap_route() -> Route:
@@ -104,7 +115,7 @@ def duplicate_bound(faults: Sequence[Fault], relays: int, batch_size: int) -> in
     for fault in faults:
         if fault.kind in ("relay_kill", "relay_stop"):
             bound += IN_FLIGHT * batch_size
-        elif fault.kind in ("rabbitmq_restart", "postgres_restart", *CLUSTER_KINDS):
+        elif fault.kind in EVERY_RELAY:
             bound += relays * IN_FLIGHT * batch_size
     return bound
 
@@ -184,12 +195,25 @@ def checks(faults: Sequence[Fault], relays: int, batch_size: int) -> list[Check]
             ),
             0,
         ),
+        *fault_checks(faults),
         Check(
             "duplicates at the broker",
             duplicates,
             duplicate_bound(faults, relays, batch_size),
             "bound: in-flight batches x batch size x faults",
         ),
+    ]
+
+
+def fault_checks(faults: Sequence[Fault]) -> list[Check]:
+    """The broker, network and disk faults' own guarantees."""
+    return [
+        Check(
+            "attempts spent without a publish (memory alarm, network delay, partition)",
+            sum(fault.done.spent for fault in faults),
+            0,
+        ),
+        Check("orders committed during disk full lost", lost_during(faults), 0),
     ]
 
 
@@ -273,6 +297,20 @@ def relay_fault_copies(faults: Sequence[Fault], workers: dict[str, str]) -> list
             f"rows were published: {published_by}; {again} reached RabbitMQ twice or more"
         )
     return found
+
+
+def violations() -> list[str]:
+    """The rule-breaking writes the triggers recorded, grouped: who wrote over whose
+    lease, from which state to which, how many rows and when (to find the fault)."""
+    found = db.rows(
+        f"SELECT kind, writer, locked_by, old_status, new_status, count(*), min(at), max(at) "
+        f"FROM {db.VIOLATION} GROUP BY 1, 2, 3, 4, 5 ORDER BY 7"
+    )
+    return [
+        f"{kind}: {n} rows {old} -> {new} written by {writer!r} under the lease of "
+        f"{holder!r}, {first:%H:%M:%S.%f} to {last:%H:%M:%S.%f}"
+        for kind, writer, holder, old, new, n, first, last in found
+    ]
 
 
 def report(

@@ -96,3 +96,23 @@ def settled() -> bool:
     """Every outbox row PUBLISHED and every committed order handled."""
     open_rows = value(f"SELECT count(*) FROM {OUTBOX} WHERE status <> 'published'")
     return open_rows == 0 and unhandled(last_order()) == 0
+
+
+def attempts() -> int:
+    """Publish attempts spent so far, over every outbox row."""
+    return int(value(f"SELECT coalesce(sum(attempts), 0) FROM {OUTBOX}"))
+
+
+def published() -> int:
+    return int(value(f"SELECT count(*) FROM {OUTBOX} WHERE status = 'published'"))
+
+
+def last_outbox() -> int:
+    return int(value(f"SELECT coalesce(max(id), 0) FROM {OUTBOX}"))
+
+
+def unpublished(up_to: int) -> int:
+    """Outbox rows with ids up to ``up_to`` not PUBLISHED yet."""
+    return int(
+        value(f"SELECT count(*) FROM {OUTBOX} WHERE id <= %s AND status <> 'published'", [up_to])
+    )

@@ -18,14 +18,18 @@ import random
 import signal
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from benchmarks.services import Services
 
-from . import cluster
+from . import broker, cluster, disk
 from . import database as db
 from .logs import lease_lost_rows, lines
 from .processes import Proc
+from .proxy import Proxy
+
+if TYPE_CHECKING:
+    from .disk import Disk
 
 T = TypeVar("T")
 KINDS = (
@@ -34,6 +38,10 @@ KINDS = (
     "rabbitmq_restart",
     "postgres_restart",
     "consumer_kill",
+    "memory_alarm",
+    "net_delay",
+    "net_partition",
+    "disk_full",
     *cluster.KINDS,
 )
 POLL = 0.005  # seconds between looks at the outbox while aiming a relay fault
@@ -41,20 +49,26 @@ MAX_TRIES = 50  # freezes of a process before a fault lands wherever it is
 
 
 class NotRecovered(Exception):
-    """The system did not recover from a fault in time: the run fails."""
+    """The system did not recover from a fault in time: the run fails. ``fault`` is
+    the fault, when it was injected (not when a fault method itself gave up)."""
+
+    fault: Fault | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Done:
     """What a fault method did: to whom, when it ended, how to describe it once the
-    system recovered, the rows a relay held when signalled, and (a zombie) how many
-    of them it did not report as lease lost."""
+    system recovered, the rows a relay held when signalled, (a zombie) how many
+    of them it did not report as lease lost, the attempts spent on rows while a broker
+    or network fault lasted, and (a full disk) the order ids committed meanwhile."""
 
     target: str
     ended: float
     facts: Callable[[], str]
     held_ids: list[int] = dataclasses.field(default_factory=list)
     unreported: int = 0
+    spent: int = 0
+    orders: tuple[int, int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +103,11 @@ class Injector:
         rng: random.Random,
         lease: float,
         started: float,
+        proxy: Proxy,
+        disk: Disk,
     ) -> None:
+        self.proxy = proxy
+        self.disk = disk
         self.relays = relays
         self.consumer = consumer
         self.services = services
@@ -104,7 +122,11 @@ class Injector:
         method: Callable[[], Done] = getattr(self, kind)
         at = time.monotonic()
         done = method()
-        recovery = self._recovered(at, done.ended)
+        try:
+            recovery = self._recovered(at, done.ended)
+        except NotRecovered as exc:  # the audit still needs what the fault did
+            exc.fault = Fault(kind, at - self.started, time.monotonic() - at, str(exc), done)
+            raise
         return Fault(kind, at - self.started, recovery, done.facts(), done)
 
     def _recovered(self, at: float, ended: float) -> float:
@@ -217,6 +239,18 @@ class Injector:
 
     def cluster_follower_restart(self) -> Done:
         return Done(*cluster.node_restart(self.services, self.rng, leader_node=False))
+
+    def memory_alarm(self) -> Done:
+        return broker.memory_alarm(self)
+
+    def net_delay(self) -> Done:
+        return broker.net_delay(self)
+
+    def net_partition(self) -> Done:
+        return broker.net_partition(self)
+
+    def disk_full(self) -> Done:
+        return disk.disk_full(self)
 
     # -- helpers --------------------------------------------------------------------
 

@@ -7,20 +7,28 @@ handler); ``--sabotage parking`` starts a consumer that parks a message at its f
 redelivery, as if a consumer kill were the message's fault; ``--sabotage order`` starts
 relays whose claim has no per-key gate (the named query ``ordered_gate`` replaced with
 ``TRUE``), so any due row of an ordered key can be claimed, by any relay, next to its
-predecessors. A run with any of them must fail its audit. Nothing imports this module
+predecessors. ``--sabotage attempts`` starts relays that count an attempt for every
+row they give back unpublished (``Failure.not_attempted`` and ``Failure.broker_down``
+made to count), so a memory
+alarm or a partition spends attempts; ``--sabotage staging`` starts producers that treat
+staging as best effort: when it fails (a full disk) they commit the orders anyway,
+without their events. A run with any of them must fail its audit. Nothing imports this module
 unless ``CHAOS_SABOTAGE`` is set.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import sys
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.db import transaction
 
-KINDS = ("lease", "inbox", "parking", "order")
+KINDS = ("lease", "inbox", "parking", "order", "attempts", "staging")
 
 
 def apply(kind: str) -> None:
@@ -34,6 +42,13 @@ def apply(kind: str) -> None:
         consumer.process_once = _no_inbox  # type: ignore[assignment]
     elif kind == "order":
         _without_ordered_gate()
+    elif kind == "attempts":
+        from django_outbox.transports.base import Failure
+
+        for name in ("not_attempted", "broker_down"):
+            setattr(Failure, name, _counted(getattr(Failure, name)))
+    elif kind == "staging":
+        _best_effort()
     elif kind == "parking":
         from django_outbox.consumer import InboxConsumer
 
@@ -69,3 +84,45 @@ def _parking_at_once(init: Callable[..., None]) -> Callable[..., None]:
         init(self, *args, **{**kwargs, "max_deliveries": 1})
 
     return parking
+
+
+def _counted(make: Callable[..., Any]) -> classmethod[Any, ..., Any]:
+    """A ``Failure`` constructor for rows not attempted that counts an attempt anyway."""
+
+    @functools.wraps(make)
+    def counted(cls: type[Any], *args: Any, **kwargs: Any) -> Any:
+        return dataclasses.replace(make(*args, **kwargs), counts=True)
+
+    return classmethod(counted)
+
+
+def _best_effort() -> None:
+    """``stage`` and ``stage_many`` that, when staging fails, let the transaction go on
+    and commit: the producer writes its orders with event ids no event has (the dual
+    write the outbox exists to prevent). Patched on the package, where the producer
+    looks them up (the producer runs as ``__main__``: its own class cannot be patched)."""
+    import django_outbox
+
+    stage, stage_many = django_outbox.stage, django_outbox.stage_many
+
+    def one(*args: Any, **kwargs: Any) -> Any:
+        return _kept(lambda: [stage(*args, **kwargs)], 1)[0]
+
+    def many(events: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        events = list(events)  # a failed call must not have used them up
+        return _kept(lambda: stage_many(events, *args, **kwargs), len(events))
+
+    django_outbox.stage, django_outbox.stage_many = one, many  # type: ignore[assignment]
+
+
+def _kept(call: Callable[[], list[Any]], size: int) -> list[Any]:
+    from django.db import DatabaseError
+
+    from django_outbox.models import OutboxMessage
+
+    try:
+        with transaction.atomic():
+            return call()
+    except DatabaseError as exc:
+        print(f"staging failed, orders kept: {exc}".splitlines()[0], file=sys.stderr, flush=True)
+        return [OutboxMessage(event_id=uuid.uuid4()) for _ in range(size)]

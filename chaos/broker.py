@@ -1,0 +1,134 @@
+"""Faults of a broker that stays up: a memory alarm, and a slow or partitioned network.
+
+* ``memory_alarm``: ``rabbitmqctl set_vm_memory_high_watermark 0.0001`` for a few
+  seconds, then ``0.4`` again. RabbitMQ keeps accepting connections but blocks every
+  publishing connection: nothing is confirmed while it lasts.
+* ``net_delay``: the relays' proxy (:mod:`chaos.proxy`) adds latency to every chunk
+  for a few seconds.
+* ``net_partition``: the proxy stops forwarding for a few seconds, sockets open, then
+  resets the relays' connections.
+
+None of them is a publish failure of a row: the relay must spend no attempt on them.
+Each measures the attempts spent, ``sum(attempts)`` over the outbox from before the
+fault until every row staged before it ended is PUBLISHED (faults come one at a time,
+after the system recovered from the last, so nothing else spends attempts then), and
+the audit's "attempts spent without a publish" adds them up. The partition's reset
+is the exception: a publish it cuts was sent and failed, a real failure that may
+count; only the attempts spent while the link was silent must be none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import database as db
+from .logs import lines
+
+if TYPE_CHECKING:
+    from .faults import Done, Injector
+
+ALARM = "0.0001"  # vm_memory_high_watermark: every node is over it
+NORMAL = "0.4"  # RabbitMQ's default
+HOLD = (5.0, 10.0)  # seconds a fault lasts
+DELAY = (0.05, 0.4)  # seconds of latency per chunk
+
+
+def memory_alarm(injector: Injector) -> Done:
+    """Set RabbitMQ's memory alarm for a few seconds, then clear it."""
+    services = injector.services
+    hold = injector.rng.uniform(*HOLD)
+
+    def on() -> None:
+        services.run("rabbitmqctl", "set_vm_memory_high_watermark", ALARM)
+
+    def off() -> None:
+        services.run("rabbitmqctl", "set_vm_memory_high_watermark", NORMAL)
+
+    return _spell(injector, "rabbitmq", on, off, hold, f"memory alarm for {hold:.1f}s")
+
+
+def net_delay(injector: Injector) -> Done:
+    """Add latency between the relays and RabbitMQ for a few seconds."""
+    proxy = injector.proxy
+    hold = injector.rng.uniform(*HOLD)
+    delay = injector.rng.uniform(*DELAY)
+    what = f"{delay * 1000:.0f} ms per chunk for {hold:.1f}s"
+    return _spell(
+        injector, "network", lambda: proxy.delay(delay), lambda: proxy.delay(0), hold, what
+    )
+
+
+def net_partition(injector: Injector) -> Done:
+    """Blackhole the relays' connections for a few seconds, then reset them."""
+    proxy = injector.proxy
+    hold = injector.rng.uniform(*HOLD)
+    reset: list[int] = []
+
+    def heal() -> None:
+        reset.append(proxy.heal())
+
+    done = _spell(
+        injector, "network", proxy.partition, heal, hold, f"partition for {hold:.1f}s", reset=True
+    )
+    return _with_facts(done, lambda facts: f"{facts}; {reset[0]} connections reset at the end")
+
+
+def _spell(
+    injector: Injector,
+    target: str,
+    on: Callable[[], None],
+    off: Callable[[], None],
+    hold: float,
+    what: str,
+    *,
+    reset: bool = False,
+) -> Done:
+    """Turn a fault ``on`` for ``hold`` seconds and ``off`` again; then wait until every
+    row staged before it ended is PUBLISHED, and count the attempts spent meanwhile.
+    With ``reset`` (``off`` cuts the relays' connections), only the attempts spent
+    while it was on count: a publish the reset cut is a real publish failure."""
+    from .faults import Done, NotRecovered
+
+    watched = injector.relays
+    before = {relay.role: _outage_lines(relay.log) for relay in watched}
+    attempts = db.attempts()
+    on()
+    began = time.monotonic()
+    published_before = db.published()
+    time.sleep(hold)
+    published_during = db.published() - published_before
+    spent_while_on = db.attempts() - attempts
+    off()
+    ended = time.monotonic()
+    mark = db.last_outbox()
+    deadline = ended + injector.recovery_timeout
+    while db.unpublished(mark):
+        if time.monotonic() > deadline:
+            raise NotRecovered(f"rows staged before the {target} fault ended still unpublished")
+        time.sleep(0.2)
+    spent = db.attempts() - attempts
+    counted = spent_while_on if reset else spent
+    logged = ", ".join(
+        f"{relay.role} {d - before[relay.role][0]}/{u - before[relay.role][1]}"
+        for relay in watched
+        for d, u in [_outage_lines(relay.log)]
+    )
+    facts = (
+        f"{what} ({ended - began:.1f}s); {published_during} rows published meanwhile; "
+        f"outbox.broker_down/broker_up lines: {logged}; attempts spent: {spent_while_on} "
+        f"while it lasted, {spent} until every row staged before its end was published"
+    )
+    return Done(target, ended, lambda: facts, spent=counted)
+
+
+def _with_facts(done: Done, more: Callable[[str], str]) -> Done:
+    facts = more(done.facts())
+    return dataclasses.replace(done, facts=lambda: facts)
+
+
+def _outage_lines(log: Path) -> tuple[int, int]:
+    return len(lines(log, "outbox.broker_down")), len(lines(log, "outbox.broker_up"))
