@@ -17,6 +17,7 @@ import os
 import random
 import sys
 import time
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 from benchmarks.services import REPO, Services, drop_database, recreate_database
@@ -26,6 +27,9 @@ from .destinations import CLUSTERED, ORDERED, ORDERED_KEYS
 from .disk import Disk
 from .processes import HOST, Proc, manage, module, worker_env
 from .proxy import Proxy
+
+if TYPE_CHECKING:  # imported once Django is set up
+    from .faults import Fault, Injector
 
 DATABASE = "outbox_chaos"
 DISK_MB = 512  # the outbox table's tmpfs: room for a 30-minute soak's rows
@@ -175,7 +179,7 @@ class Run:
         self._setup_django()
         from . import audit
         from . import database as db
-        from .faults import KINDS, Fault, Injector, NotRecovered
+        from .faults import Injector, NotRecovered
 
         audit.reset_queues(self.services.amqp_url)
         cluster.reset_queues(self.services.cluster_url, audit.EXCHANGE)
@@ -207,10 +211,25 @@ class Run:
         )
         self._wait(lambda: db.value(f"SELECT count(*) FROM {db.HANDLED}") > 0, 120, "first event")
         faults: list[Fault] = []
+        try:
+            self._inject(injector, started, faults)
+        except NotRecovered as exc:
+            print(f"chaos: FAIL: {exc}; the audit shows what is missing", flush=True)
+            if exc.fault is not None:
+                faults.append(exc.fault)
+            self._finish(producers, relays, consumer, faults, started, drain=False)
+            return 1
+        return self._finish(producers, relays, consumer, faults, started, drain=True)
+
+    def _inject(self, injector: Injector, started: float, faults: list[Fault]) -> None:
+        """Inject the profile's schedule, then faults drawn at random until its time is
+        up; each one printed and written to faults.log as it recovers."""
+        from .faults import KINDS
+
+        p = self.profile
         schedule = list(p.schedule)
         self.rng.shuffle(schedule)
-        facts = (self.logs / "faults.log").open("w")
-        try:
+        with (self.logs / "faults.log").open("w") as facts:
             while schedule or time.monotonic() - started < p.seconds:
                 time.sleep(self.rng.uniform(*p.gap))
                 kind = schedule.pop(0) if schedule else self.rng.choice(KINDS)
@@ -219,15 +238,6 @@ class Run:
                 print(fault.line(), flush=True)
                 facts.write(fault.line() + "\n")
                 facts.flush()
-        except NotRecovered as exc:
-            print(f"chaos: FAIL: {exc}; the audit shows what is missing", flush=True)
-            if exc.fault is not None:
-                faults.append(exc.fault)
-            self._finish(producers, relays, consumer, faults, started, drain=False)
-            return 1
-        finally:
-            facts.close()
-        return self._finish(producers, relays, consumer, faults, started, drain=True)
 
     def _finish(  # type: ignore[no-untyped-def]
         self, producers, relays, consumer, faults, started: float, *, drain: bool

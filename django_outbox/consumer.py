@@ -194,19 +194,13 @@ class InboxConsumer(ConsumerMixin):
         self.using = using
         self.prefetch = prefetch
         self.max_deliveries = max_deliveries
-        self.retry = RetryPolicy(
-            base_delay=retry_delay,
-            max_delay=retry_max_delay,
-            jitter=RETRY_JITTER,
-            max_attempts=max_deliveries or 0,
-        )
+        self.retry = _retry_policy(retry_delay, retry_max_delay, max_deliveries)
         self.url, self.transport_options = _broker_for(queue, url, broker, transport_options)
         self.route = outbox_settings.route_for_queue(queue)
         self.queues = _queues_to_take(self.route, queue, partitions)
         self._current = queue  # the queue of the message in hand
         self._early: dict[Any, int] = {}  # event id -> times held back for its key
-        #: message id -> requeues while the database was down (see _broker_count)
-        self._uncounted: collections.Counter[Any] = collections.Counter()
+        self._uncounted: collections.Counter[Any] = collections.Counter()  # see _broker_count
         self.stats = ConsumerStats()
         self._transient = transient_errors(kombu.Connection(self.url))
         #: Set it (e.g. from a signal handler) to stop after the message in hand.
@@ -702,6 +696,13 @@ class _Held:
 
     def forget(self) -> None:
         self._heap.clear()
+
+
+def _retry_policy(base: float, longest: float, max_deliveries: int | None) -> RetryPolicy:
+    """The delays between a failing handler's deliveries (``max_deliveries`` of them)."""
+    return RetryPolicy(
+        base_delay=base, max_delay=longest, jitter=RETRY_JITTER, max_attempts=max_deliveries or 0
+    )
 
 
 def _queues_to_take(route: Route, queue: str, partitions: Sequence[int] | None) -> tuple[str, ...]:
