@@ -125,6 +125,15 @@ class _Batch:
         ]
 
     @property
+    def outages(self) -> list[ClaimedMessage]:
+        """The messages whose broker did not take them (it stalled or was down)."""
+        return [
+            message
+            for message, outcome in zip(self.messages, self.outcomes, strict=True)
+            if outcome is not None and outcome.outage
+        ]
+
+    @property
     def transport_failed(self) -> bool:
         """A publish was tried and failed transiently: the broker may be down."""
         return bool(self.transient_failures)
@@ -271,7 +280,9 @@ class Relay:
     # -- one batch ------------------------------------------------------------------
 
     def run_once(self) -> BatchStats:
-        """Claim, publish and finalize one batch; returns what happened."""
+        """Claim, publish and finalize one batch; returns what happened. A broker that
+        stalled in an earlier call is tried again (only :meth:`run` backs off from it)."""
+        self._paused = {}
         claim = self._claim()
         if claim is None:
             return BatchStats()
@@ -631,6 +642,8 @@ class Relay:
         if batch is not None:
             for kind in _kinds_of(batch.transient_failures):
                 state.broker(kind).suspect()
+            for kind in _kinds_of(batch.outages):  # down, not only suspected: check it next
+                state.retry_at.setdefault(kind, time.monotonic())
         return batch is not None
 
     def _next_batch(self, state: _Run) -> _Batch | None:
@@ -676,8 +689,11 @@ class Relay:
         whatever the brokers' state), or while a broker is up. Brokers that are down
         and due are tried again; the rows of those still down are not attempted."""
         now = time.monotonic()
-        if state.ahead is not None:  # its rows on brokers that are down are not attempted
-            self._paused = {k: state.retry_at.get(k, now) - now for k in state.brokers_down()}
+        if state.ahead is not None:
+            # Its rows are not attempted on a broker known to be down (that stalled, or
+            # failed its check), but are on one only suspected (a message refused).
+            down = [kind for kind in state.brokers_down() if kind in state.retry_at]
+            self._paused = {kind: state.retry_at[kind] - now for kind in down}
             return True
         for kind in state.brokers_down():
             if now >= state.retry_at.get(kind, 0.0):

@@ -421,6 +421,9 @@ class KombuTransport(Transport):
             connection = new_connection(self._url, self._options)
             try:
                 connect(connection)  # one attempt per address; the relay owns the backoff
+                # A broker that stops reading (a resource alarm, a silent network) fails a
+                # write or a reply's wait instead of blocking the relay without end.
+                bound_socket_waits(connection, max(self._confirm_timeout, CONNECT_TIMEOUT))
                 channel = connection.channel()
                 confirms = _Confirms(channel) if self.supports_confirms else None
             except BaseException:
@@ -461,7 +464,9 @@ class KombuTransport(Transport):
     def _probe(self) -> None:
         """With confirms: publish one empty message to no queue (:data:`PROBE_ROUTING_KEY`,
         not mandatory: dropped) and wait for its confirm, at most ``CONNECT_TIMEOUT``;
-        raises :class:`BrokerStalled` (the connection dropped) when it does not come."""
+        raises :class:`BrokerStalled` (the connection dropped) when it does not come. A
+        broker that answers at all (a confirm, a nack, or a refusal of the probe, such as
+        a user without write permission on the default exchange) is up."""
         confirms, channel = self._confirms, self._channel
         if confirms is None:
             return
@@ -472,6 +477,8 @@ class KombuTransport(Transport):
                 channel.prepare_message(b""), exchange="", routing_key=PROBE_ROUTING_KEY
             )
             self._await_confirms(confirms, 1, min(self._confirm_timeout, CONNECT_TIMEOUT))
+        except self._refused:  # it answered: up; the refused channel is opened afresh
+            self.close(graceful=False)
         except self._transient:
             self.close(graceful=False)
             raise
