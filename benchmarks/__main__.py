@@ -59,6 +59,7 @@ class Profile:
     ordered_events: int  # per round: events drained unordered, then ordered over 1,000 keys
     hot_key: int  # events of one key drained by one relay
     fairness_events: int  # the backlog four relays drain together (relay_fairness)
+    fairness_batch: int  # their batch size: shares move by whole batches
     batch_size: int = 500
     e2e_rate: float = 200.0
     ordered_keys: int = 1_000
@@ -80,7 +81,8 @@ PROFILES = {
         e2e_seconds=5,
         ordered_events=4_000,
         hot_key=3_000,
-        fairness_events=100_000,
+        fairness_events=30_000,
+        fairness_batch=100,
     ),
     "full": Profile(
         rounds=5,
@@ -98,6 +100,7 @@ PROFILES = {
         ordered_events=20_000,
         hot_key=20_000,
         fairness_events=100_000,
+        fairness_batch=500,
     ),
 }
 
@@ -148,9 +151,8 @@ def _scenarios(
     figures: dict[str, Any] = {}
 
     def drain(url: str, count: int, tag: str, processes: int = 1, **kwargs: Any) -> Any:
-        return scenarios.relay_drain(
-            env, url, count, processes=processes, batch_size=batch, tag=tag, **kwargs
-        )
+        kwargs.setdefault("batch_size", batch)
+        return scenarios.relay_drain(env, url, count, processes=processes, tag=tag, **kwargs)
 
     _step("RabbitMQ: a confirm per message; no confirms")
     figures["raw_confirm_each_msgs_per_s"] = raw.confirm_each(amqp, profile.raw_each)
@@ -218,8 +220,9 @@ def _fairness(profile: Profile, amqp: str, drain: Callable[..., Any]) -> dict[st
     """Four relays started together drain one backlog: how evenly they share it."""
     from . import scenarios
 
-    _step(f"RabbitMQ: four relays drain {profile.fairness_events} events")
-    run = drain(amqp, profile.fairness_events, "fairness", FAIRNESS_RELAYS)
+    events, batch = profile.fairness_events, profile.fairness_batch
+    _step(f"RabbitMQ: four relays drain {events} events in batches of {batch}")
+    run = drain(amqp, events, "fairness", FAIRNESS_RELAYS, batch_size=batch)
     return {
         "relay_fairness": scenarios.unfairness(run["published_by_relay"]),
         "relay_fairness_published": run["published_by_relay"],

@@ -49,17 +49,16 @@ class Profile:
 
 
 PROFILES = {
-    # About four minutes: each kind of process fault at least twice (RabbitMQ, slow
-    # to restart, once), each broker, network and disk fault once, in an order fixed
-    # by the seed.
+    # About four minutes: relay kills and zombies twice, every other kind of fault
+    # once, in an order fixed by the seed (the soak repeats them all).
     "ci": Profile(
         seconds=0,
         schedule=(
-            *("relay_kill",) * 3,
+            *("relay_kill",) * 2,
             *("relay_stop",) * 2,
             "rabbitmq_restart",
-            *("postgres_restart",) * 2,
-            *("consumer_kill",) * 2,
+            "postgres_restart",
+            "consumer_kill",
             "cluster_leader_restart",
             "cluster_follower_restart",
             "memory_alarm",
