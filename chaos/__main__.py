@@ -49,24 +49,26 @@ class Profile:
 
 
 PROFILES = {
-    # About four minutes: relay kills and zombies twice, every other kind of fault
-    # once, in an order fixed by the seed (the soak repeats them all).
+    # About four minutes: relay kills twice, every other kind of fault once (of the
+    # cluster's, the leader's node), in an order fixed by the seed (the soak repeats
+    # them all). At 20 events/s per producer, so that the one consumer keeps up on a
+    # busy 2-core machine and each recovery is the fault's, not a backlog's.
     "ci": Profile(
         seconds=0,
         schedule=(
             *("relay_kill",) * 2,
-            *("relay_stop",) * 2,
+            "relay_stop",
             "rabbitmq_restart",
             "postgres_restart",
             "consumer_kill",
             "cluster_leader_restart",
-            "cluster_follower_restart",
             "memory_alarm",
             "net_delay",
             "net_partition",
             "disk_full",
         ),
         seed=20261121,
+        rate=20.0,
     ),
     # Thirty minutes: the schedule once, then faults drawn at random until time is up.
     "soak": Profile(seconds=1800, schedule=(), seed=None, rate=50.0, gap=(3.0, 15.0)),
