@@ -92,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         "--sabotage",
         choices=sabotage.KINDS,
         help="break a guarantee on purpose (relays ignore the lease token, claim without "
-        "the per-key gate or count attempts they did not make; the consumer runs without the "
-        "inbox; producers commit orders whose staging failed): the audit must then fail",
+        "the per-key gate, count attempts they did not make or use only the first address "
+        "of a failover list; the consumer runs without the inbox; producers commit orders "
+        "whose staging failed): the audit must then fail",
     )
     args = parser.parse_args(argv)
     profile = PROFILES[args.profile]

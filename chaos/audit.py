@@ -180,7 +180,7 @@ def _must_be_zero(faults: Sequence[Fault]) -> list[tuple[str, float]]:
 
 
 def fault_checks(faults: Sequence[Fault]) -> list[Check]:
-    """The broker, network and disk faults' own guarantees."""
+    """The broker, network, disk and cluster faults' own guarantees."""
     return [
         Check(
             "attempts spent without a publish (memory alarm, network delay, partition)",
@@ -188,6 +188,11 @@ def fault_checks(faults: Sequence[Fault]) -> list[Check]:
             0,
         ),
         Check("orders committed during disk full lost", lost_during(faults), 0),
+        Check(
+            "cluster node restarts with nothing published through the other nodes",
+            sum(fault.done.stranded for fault in faults),
+            0,
+        ),
     ]
 
 

@@ -60,7 +60,8 @@ class Done:
     """What a fault method did: to whom, when it ended, how to describe it once the
     system recovered, the rows a relay held when signalled, (a zombie) how many
     of them it did not report as lease lost, the attempts spent on rows while a broker
-    or network fault lasted, and (a full disk) the order ids committed meanwhile."""
+    or network fault lasted, (a full disk) the order ids committed meanwhile, and (a
+    cluster node's restart) 1 when nothing was published while the node was down."""
 
     target: str
     ended: float
@@ -69,6 +70,7 @@ class Done:
     unreported: int = 0
     spent: int = 0
     orders: tuple[int, int] | None = None
+    stranded: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,10 +237,16 @@ class Injector:
         return Done(self.consumer.role, time.monotonic(), lambda: facts)
 
     def cluster_leader_restart(self) -> Done:
-        return Done(*cluster.node_restart(self.services, self.rng, leader_node=True))
+        return self._node_restart(leader_node=True)
 
     def cluster_follower_restart(self) -> Done:
-        return Done(*cluster.node_restart(self.services, self.rng, leader_node=False))
+        return self._node_restart(leader_node=False)
+
+    def _node_restart(self, *, leader_node: bool) -> Done:
+        target, ended, facts, through = cluster.node_restart(
+            self.services, self.rng, leader_node=leader_node
+        )
+        return Done(target, ended, facts, stranded=int(through == 0))
 
     def memory_alarm(self) -> Done:
         return broker.memory_alarm(self)

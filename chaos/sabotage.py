@@ -12,8 +12,10 @@ row they give back unpublished (``Failure.not_attempted`` and ``Failure.broker_d
 made to count), so a memory
 alarm or a partition spends attempts; ``--sabotage staging`` starts producers that treat
 staging as best effort: when it fails (a full disk) they commit the orders anyway,
-without their events. A run with any of them must fail its audit. Nothing imports this module
-unless ``CHAOS_SABOTAGE`` is set.
+without their events; ``--sabotage failover`` starts relays that connect to the first
+address of a failover list only, so that they cannot go on while the cluster's first
+node (where the runner put the queue's leader) is down. A run with any of them must fail
+its audit. Nothing imports this module unless ``CHAOS_SABOTAGE`` is set.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 
 from django.db import transaction
 
-KINDS = ("lease", "inbox", "parking", "order", "attempts", "staging")
+KINDS = ("lease", "inbox", "parking", "order", "attempts", "staging", "failover")
 
 
 def apply(kind: str) -> None:
@@ -49,6 +51,8 @@ def apply(kind: str) -> None:
             setattr(Failure, name, _counted(getattr(Failure, name)))
     elif kind == "staging":
         _best_effort()
+    elif kind == "failover":
+        _first_address_only()
     elif kind == "parking":
         from django_outbox.consumer import InboxConsumer
 
@@ -126,3 +130,14 @@ def _kept(call: Callable[[], list[Any]], size: int) -> list[Any]:
     except DatabaseError as exc:
         print(f"staging failed, orders kept: {exc}".splitlines()[0], file=sys.stderr, flush=True)
         return [OutboxMessage(event_id=uuid.uuid4()) for _ in range(size)]
+
+
+def _first_address_only() -> None:
+    from django_outbox.transports import kombu as transport
+
+    connect = transport.new_connection
+
+    def first_only(url: str, options: Any = None) -> Any:
+        return connect(url.split(";")[0], options)
+
+    transport.new_connection = first_only  # type: ignore[assignment]
