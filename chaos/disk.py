@@ -4,7 +4,11 @@
 outbox table onto it, so that filling the tmpfs makes every staging fail the way a
 full disk does: ``could not extend file ...: No space left on device``. The fault
 ``disk_full`` fills the tmpfs with a file of the runner's until a producer's staging
-fails, keeps it full a few seconds, then deletes the file. Staging must fail cleanly
+fails, keeps it full a few seconds, then deletes the file. Meanwhile the table's
+``fillfactor`` is 10, so that a new row needs an empty page, as in a table whose
+pages are all full: without it, staging goes on in the space the relays' updates
+freed in existing pages (a minute and more on a busy machine), and fails only once
+that is used up. Updates keep their page's room. Staging must fail cleanly
 (the producer's transaction rolls back: its orders are not committed) and resume
 when there is space again; an order committed meanwhile must not lose its event (the
 audit's "orders committed during disk full lost"). :meth:`Disk.unmount` drops the
@@ -128,6 +132,7 @@ def disk_full(injector: Injector) -> Done:
     first_order = db.last_order()
     began = time.monotonic()
     written = disk.fill()
+    db.rows(f'ALTER TABLE "{db.OUTBOX}" SET (fillfactor = 10)')
     try:
         while disk.failures() == failed_before:
             if time.monotonic() - began > FIRST_FAILURE:
@@ -140,6 +145,7 @@ def disk_full(injector: Injector) -> Done:
         time.sleep(injector.rng.uniform(*HOLD))
     finally:
         disk.free()
+        db.rows(f'ALTER TABLE "{db.OUTBOX}" RESET (fillfactor)')
     ended = time.monotonic()
     orders = (first_order, db.last_order())
     failed = disk.failures() - failed_before

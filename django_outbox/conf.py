@@ -336,7 +336,8 @@ CHECK_IDS = {
     "missing_celery": "django_outbox.E016",
     # Partition queues of an ordered route (routes.shape_problems):
     "partitions_not_rabbitmq": "django_outbox.E017",
-    # A quorum queue on a broker without queue types (routes.shape_problems):
+    # A quorum queue or a dead-letter exchange on a broker without queue arguments
+    # (routes.shape_problems):
     "queue_type_not_rabbitmq": "django_outbox.E018",
 }
 

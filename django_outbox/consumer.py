@@ -387,6 +387,7 @@ class InboxConsumer(ConsumerMixin):
         if new is None:
             return
         message.ack()
+        self._uncounted.pop(_message_key(message), None)  # settled: never delivered again
         if new:
             self.stats.handled += 1
         else:
@@ -628,6 +629,7 @@ class InboxConsumer(ConsumerMixin):
             extra={"action": "inbox.parked", "deliveries": deliveries, **self._log_fields(event)},
         )
         message.reject(requeue=False)
+        self._uncounted.pop(_message_key(message), None)
 
     def _log_fields(self, event: ReceivedEvent) -> dict[str, str]:
         return {"queue": self._current, "consumer": self.consumer, "event_id": str(event.event_id)}

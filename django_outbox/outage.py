@@ -118,3 +118,14 @@ def broker_outage(alias: str | None = None, **options: Any) -> OutageTracker:
 def database_outage(using: str, **options: Any) -> OutageTracker:
     """The tracker of database ``using``'s outages."""
     return OutageTracker("database", f"database {using!r}", extra={"using": using}, **options)
+
+
+def queue_outage(destination: str, **options: Any) -> OutageTracker:
+    """The tracker of a destination whose queue stopped confirming while its broker
+    answered (``outbox.queue_down`` / ``outbox.queue_up``)."""
+    return OutageTracker(
+        "queue",
+        f"queue of destination {destination!r}",
+        extra={"destination": destination},
+        **options,
+    )

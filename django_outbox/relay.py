@@ -39,7 +39,7 @@ from .envelope import ClaimedMessage
 from .exceptions import BrokerUnreachable, OutboxConfigurationError
 from .failures import FailureCounts, Reason
 from .models import OutboxMessage
-from .outage import OutageTracker, broker_outage, database_outage
+from .outage import OutageTracker, broker_outage, database_outage, queue_outage
 from .pipeline import Pipeline
 from .redact import SecretFilter, mask_url
 from .retry import RetryPolicy
@@ -107,31 +107,45 @@ class _Claim:
 
 @dataclasses.dataclass(frozen=True)
 class _Batch:
-    """A claimed batch, published: each message's outcome, and the claim's lease token."""
+    """A claimed batch, published: each message's outcome, the claim's lease token, and
+    the destinations handed to a transport (the others' rows were not attempted: their
+    outcomes say nothing about a broker)."""
 
     messages: Sequence[ClaimedMessage]
     outcomes: Sequence[Outcome]
     token: uuid.UUID
+    tried: frozenset[str] = frozenset()
+
+    def _tried_and(self, failed: Callable[[Failure], bool]) -> list[ClaimedMessage]:
+        """The messages of the tried destinations whose outcome is a ``failed`` failure."""
+        return [
+            message
+            for message, outcome in zip(self.messages, self.outcomes, strict=True)
+            if outcome is not None and message.destination in self.tried and failed(outcome)
+        ]
 
     @property
     def transient_failures(self) -> list[ClaimedMessage]:
         """The messages whose publish was tried and failed transiently, or whose broker
         did not take them (an outage failure): their broker may be down."""
-        return [
-            message
-            for message, outcome in zip(self.messages, self.outcomes, strict=True)
-            if outcome is not None
-            and (outcome.outage or (outcome.counts and not outcome.permanent))
-        ]
+        return self._tried_and(lambda out: out.outage or (out.counts and not out.permanent))
 
     @property
-    def outages(self) -> list[ClaimedMessage]:
-        """The messages whose broker did not take them (it stalled or was down)."""
-        return [
-            message
-            for message, outcome in zip(self.messages, self.outcomes, strict=True)
-            if outcome is not None and outcome.outage
-        ]
+    def stalled(self) -> dict[str, set[str]]:
+        """The destinations whose broker took their messages without confirming them
+        (or was not reached), by transport key: the broker, or their queue, stalled."""
+        found: dict[str, set[str]] = {}
+        for message in self._tried_and(lambda out: out.outage):
+            route = outbox_settings.route_for(message.destination)
+            if route is not None:
+                found.setdefault(_kind(route), set()).add(message.destination)
+        return found
+
+    @property
+    def confirmed(self) -> set[str]:
+        """The destinations of which the broker took a message."""
+        pairs = zip(self.messages, self.outcomes, strict=True)
+        return {message.destination for message, outcome in pairs if outcome is None}
 
     @property
     def transport_failed(self) -> bool:
@@ -176,6 +190,13 @@ class _Run:
     #: when each broker that is down is to be tried again (monotonic clock).
     brokers: dict[str, OutageTracker] = dataclasses.field(default_factory=dict)
     retry_at: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: By transport key, the destinations that stalled since its broker was last
+    #: checked: if the broker answers its check, it is their queue that stalled.
+    stalled: dict[str, set[str]] = dataclasses.field(default_factory=dict)
+    #: Destinations whose queue stalled while its broker answered (a quorum queue
+    #: without a majority): a tracker each, and when each is to be tried again.
+    queues: dict[str, OutageTracker] = dataclasses.field(default_factory=dict)
+    queue_retry_at: dict[str, float] = dataclasses.field(default_factory=dict)
     pipeline: Pipeline[_Claim, _Batch, _Finalized] = dataclasses.field(init=False)
     retention_thread: retention.RetentionThread | None = None
     totals: RunStats = dataclasses.field(default_factory=RunStats)
@@ -196,6 +217,27 @@ class _Run:
 
     def brokers_down(self) -> list[str]:
         return [kind for kind, tracker in self.brokers.items() if tracker.down]
+
+    def queue_stalled(self, destination: str) -> None:
+        """The broker of ``destination`` answers, but its queue took messages without
+        confirming them: log it once, back off from that destination alone."""
+        if destination not in self.queues:
+            self.queues[destination] = queue_outage(destination)
+        tracker = self.queues[destination]
+        tracker.failed(
+            ConnectionError("its messages were not confirmed while its broker answered a probe")
+        )
+        self.queue_retry_at[destination] = time.monotonic() + tracker.backoff()
+
+    def queues_confirmed(self, destinations: set[str]) -> None:
+        """Stalled destinations of which the broker took a message again: recovered."""
+        for destination in destinations & set(self.queues):
+            self.queues.pop(destination).recovered()
+            self.queue_retry_at.pop(destination, None)
+
+    def queues_waiting(self, now: float) -> dict[str, float]:
+        """Stalled destinations not to be attempted yet, with the seconds left."""
+        return {name: at - now for name, at in self.queue_retry_at.items() if at > now}
 
     def wait_for_broker(self) -> None:
         """Back off until the next broker that is down is due to be tried again; a
@@ -252,6 +294,8 @@ class Relay:
         #: The transports whose broker is down in a run, with the seconds until it is
         #: tried again: their rows are not attempted meanwhile (no attempt spent).
         self._paused: dict[str, float] = {}
+        #: Likewise the destinations whose queue stalled while their broker answered.
+        self._waiting: dict[str, float] = {}
         #: The brokers to build transports for, checked here: a malformed URL, a
         #: missing driver package, a route naming no broker, Celery routes without
         #: celery are said now (OutboxConfigurationError), not per batch.
@@ -282,7 +326,7 @@ class Relay:
     def run_once(self) -> BatchStats:
         """Claim, publish and finalize one batch; returns what happened. A broker that
         stalled in an earlier call is tried again (only :meth:`run` backs off from it)."""
-        self._paused = {}
+        self._paused, self._waiting = {}, {}
         claim = self._claim()
         if claim is None:
             return BatchStats()
@@ -303,8 +347,8 @@ class Relay:
         return _Claim(messages, token, time.monotonic() + self.lease_seconds / 2)
 
     def _publish_claim(self, claim: _Claim) -> _Batch:
-        outcomes = self._publish(claim.messages, deadline=claim.deadline)
-        return _Batch(claim.messages, outcomes, claim.token)
+        outcomes, tried = self._publish(claim.messages, deadline=claim.deadline)
+        return _Batch(claim.messages, outcomes, claim.token, tried)
 
     def transport(self, route: Route) -> Transport:
         """The transport of ``route``: its broker alias's (by the URL's scheme, see
@@ -319,11 +363,15 @@ class Relay:
                 self._transports[kind] = for_broker(broker)
         return self._transports[kind]
 
-    def _publish(self, messages: Sequence[ClaimedMessage], *, deadline: float) -> list[Outcome]:
-        """Publish by destination. Destinations whose turn comes after half the lease
-        are not attempted (they fail, to be retried), so that no other relay can
-        take over rows this one is still publishing."""
+    def _publish(
+        self, messages: Sequence[ClaimedMessage], *, deadline: float
+    ) -> tuple[list[Outcome], frozenset[str]]:
+        """Publish by destination; returns the outcomes and the destinations tried.
+        Destinations whose turn comes after half the lease are not attempted (they
+        fail, to be retried), so that no other relay can take over rows this one is
+        still publishing; nor are those whose broker or queue is known to be down."""
         outcomes: dict[int, Outcome] = {}
+        tried: set[str] = set()
         by_destination = itertools.groupby(
             sorted(messages, key=_publish_order), key=lambda m: m.destination
         )
@@ -339,6 +387,12 @@ class Relay:
                 results: list[Outcome] = [late] * len(batch)
             elif route is not None and _kind(route) in self._paused:
                 results = [self._not_attempted(_kind(route))] * len(batch)
+            elif destination in self._waiting:
+                waiting = Failure.broker_down(
+                    f"not attempted: the queue of {destination!r} is not confirming",
+                    retry_delay=max(self._waiting[destination], 1.0),
+                )
+                results = [waiting] * len(batch)
             elif route is None:
                 unknown = Failure(
                     f"destination {destination!r} has no route: it is not in OUTBOX['ROUTES'] "
@@ -348,8 +402,9 @@ class Relay:
                 results = [unknown] * len(batch)
             else:
                 results = self._publish_route(route, batch)
+                tried.add(destination)
             outcomes.update(zip((m.id for m in batch), results, strict=True))
-        return [outcomes[m.id] for m in messages]
+        return [outcomes[m.id] for m in messages], frozenset(tried)
 
     def _publish_route(self, route: Route, batch: list[ClaimedMessage]) -> list[Outcome]:
         """Publish ``batch`` through ``route``'s transport. When its broker did not take
@@ -629,7 +684,7 @@ class Relay:
             if state.retention_thread is not None:
                 state.retention_thread.stop()
             state.wakeup.close()
-            self._paused = {}
+            self._paused, self._waiting = {}, {}
             self.close()
 
     def _turn(self, state: _Run) -> bool:
@@ -642,8 +697,10 @@ class Relay:
         if batch is not None:
             for kind in _kinds_of(batch.transient_failures):
                 state.broker(kind).suspect()
-            for kind in _kinds_of(batch.outages):  # down, not only suspected: check it next
-                state.retry_at.setdefault(kind, time.monotonic())
+            for kind, destinations in batch.stalled.items():  # down, not only suspected
+                state.retry_at.setdefault(kind, time.monotonic())  # check it next
+                state.stalled.setdefault(kind, set()).update(destinations)
+            state.queues_confirmed(batch.confirmed)
         return batch is not None
 
     def _next_batch(self, state: _Run) -> _Batch | None:
@@ -694,12 +751,14 @@ class Relay:
             # failed its check), but are on one only suspected (a message refused).
             down = [kind for kind in state.brokers_down() if kind in state.retry_at]
             self._paused = {kind: state.retry_at[kind] - now for kind in down}
+            self._waiting = state.queues_waiting(now)
             return True
         for kind in state.brokers_down():
             if now >= state.retry_at.get(kind, 0.0):
                 self._try_broker(state, kind)
         down = state.brokers_down()
         self._paused = {kind: state.retry_at[kind] - now for kind in down}
+        self._waiting = state.queues_waiting(now)
         if state.totals.gave_up:
             return False  # a drain gives up on a broker that is down
         kinds = {*self._transports, *self._brokers, *(["celery"] if self._celery_routes else [])}
@@ -707,11 +766,14 @@ class Relay:
 
     def _try_broker(self, state: _Run, kind: str) -> None:
         """Check the broker of transport ``kind`` again. When it is still down, a relay
-        logs the outage (once) and sets when to try next; a drain records why it gives up."""
+        logs the outage (once) and sets when to try next; a drain records why it gives up.
+        When it answers, the destinations that stalled on it since the last check had a
+        queue that stalled, not their broker: each is backed off on its own."""
         tracker = state.broker(kind)
         try:
             self._transports[kind].check()
         except Exception as exc:  # any connect error: still down
+            state.stalled.pop(kind, None)  # the broker's outage explains their stall
             if state.drain:
                 state.totals.gave_up = self._unreachable(kind, exc)
             else:
@@ -720,6 +782,8 @@ class Relay:
             return
         tracker.recovered()
         state.retry_at.pop(kind, None)
+        for destination in sorted(state.stalled.pop(kind, ())):
+            state.queue_stalled(destination)
 
     def _unreachable(self, kind: str, exc: Exception) -> str:
         """Why the broker of transport ``kind`` (a broker alias, or "celery") cannot be

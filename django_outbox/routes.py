@@ -413,6 +413,17 @@ def _broker_problems(route: Route, broker_scheme: str) -> list[Shape]:
                 "Route it to a RabbitMQ broker, or drop queue_type (and x-queue-type).",
             )
         )
+    if route.queue and route.dead_letter_exchange is not None and elsewhere:
+        found.append(
+            Shape(
+                "queue_type_not_rabbitmq",
+                f"Route {name!r} gives its queue the dead-letter exchange "
+                f"{route.dead_letter_exchange!r}, but its broker is {broker_scheme}://, which "
+                "ignores queue arguments: a parked message would be dropped, not dead-lettered.",
+                "Route it to a RabbitMQ broker, or drop dead_letter_exchange (parked events "
+                "stay in InboxFailure, replayable, either way).",
+            )
+        )
     if exchange and route.exchange_type == "fanout" and broker_scheme in REDIS_SCHEMES:
         found.append(
             Shape(

@@ -210,6 +210,7 @@ def test_requeues_while_the_database_is_down_do_not_park_a_quorum_queue_message(
         runner.join(timeout=60)
     assert consumer.stats.parked == 0
     assert not InboxFailure.objects.exists()
+    assert not consumer._uncounted  # forgotten once the message was acked
 
 
 def test_a_parked_message_is_dead_lettered_to_the_route_dead_letter_exchange():

@@ -33,6 +33,7 @@ from tests.support import (
     AMQP_URL,
     consume,
     delete_queue,
+    rabbitmqctl,
     stage_events,
     status_counts,
     unique_destination,
@@ -139,6 +140,57 @@ def test_confirms_that_stop_coming_are_an_outage_that_spends_no_attempt(destinat
     assert "not confirmed" in records(caplog, "outbox.publish_deferred")[0].getMessage()
 
 
+@contextlib.contextmanager
+def suspended(queue: str) -> Iterator[None]:
+    """RabbitMQ's process of ``queue`` suspended (Erlang's ``sys:suspend``): the queue
+    takes no message and confirms none, while the broker and its other queues answer,
+    as a quorum queue without a majority does on a cluster."""
+    pid = (
+        "amqqueue:get_pid(element(2, rabbit_amqqueue:lookup("
+        f'rabbit_misc:r(<<"/">>, queue, <<"{queue}">>))))'
+    )
+    rabbitmqctl("eval", f"sys:suspend({pid}).")
+    try:
+        yield
+    finally:
+        rabbitmqctl("eval", f"sys:resume({pid}).")
+
+
+def published_to(destination: str) -> int:
+    return OutboxMessage.objects.filter(destination=destination, status="published").count()
+
+
+@pytest.mark.slow
+def test_a_queue_that_stops_confirming_holds_back_its_destination_alone(caplog):
+    """Two destinations on one broker; the queue of the first (it is published first
+    in a batch) stops confirming. The second's events go on being published; the
+    first's wait, attempts unchanged, with one WARNING naming it (not the broker),
+    and go out once the queue is back."""
+    caplog.set_level(logging.INFO)
+    stalled, healthy = unique_destination("a"), unique_destination("b")
+    try:
+        with running_relay(MAX_ATTEMPTS=1, LEASE_SECONDS=6):  # confirm timeout 2 s
+            stage_events(1, stalled)  # the relay declares the queue
+            wait_until(lambda: published_to(stalled) == 1, timeout=60, what="a first event")
+            with suspended(stalled):
+                stage_events(10, stalled) + stage_events(10, healthy)
+                wait_until(lambda: published_to(healthy) == 10, timeout=60, what="the others")
+                wait_until(lambda: records(caplog, "outbox.queue_down"), timeout=60, what="a stall")
+                stage_events(10, healthy)  # while the queue still stalls
+                wait_until(lambda: published_to(healthy) == 20, timeout=60, what="more others")
+                assert published_to(stalled) == 1
+                assert attempts_spent() == 0
+            wait_until(lambda: published_to(stalled) == 11, timeout=90, what="the held events")
+    finally:
+        delete_queue(stalled)
+        delete_queue(healthy)
+    assert attempts_spent() == 0
+    (down,) = records(caplog, "outbox.queue_down")
+    assert down.destination == stalled and "not confirmed" in down.getMessage()
+    assert records(caplog, "outbox.queue_up")
+    assert records(caplog, "outbox.broker_down") == []
+
+
 def test_a_drain_during_a_memory_alarm_gives_up_without_spending_attempts(destination):
     stage_events(30, destination)
     with memory_alarm(), override_settings(OUTBOX={**settings.OUTBOX, "MAX_ATTEMPTS": 1}):
@@ -170,8 +222,9 @@ def test_a_claim_whose_turn_comes_after_half_its_lease_keeps_its_attempts(destin
     with override_settings(OUTBOX={**settings.OUTBOX, "MAX_ATTEMPTS": 1}), Relay() as relay:
         token = uuid.uuid4()
         claimed = db.claim("default", limit=5, lease_seconds=60, worker="t", token=token)
-        outcomes = relay._publish(claimed, deadline=time.monotonic() - 1)  # its turn came late
+        outcomes, tried = relay._publish(claimed, deadline=time.monotonic() - 1)  # came late
         assert {o.counts for o in outcomes if o is not None} == {False}
+        assert tried == frozenset()  # nothing handed to the broker
         relay._finalize(_Batch(claimed, outcomes, token))
         assert attempts_spent() == 0
         assert status_counts()["failed"] == 5

@@ -100,6 +100,20 @@ def test_a_quorum_queue_on_a_broker_without_queue_types_is_e018():
         )
 
 
+def test_a_dead_letter_exchange_on_a_broker_without_queue_arguments_is_e018():
+    routes = {"orders": {"queue": "orders", "dead_letter_exchange": "orders.dead"}}
+    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "ROUTES": routes}):
+        assert check_routes() == []
+    with override_settings(OUTBOX={"BROKER_URL": REDIS_URL, "ROUTES": routes}):
+        [error] = check_routes()
+    assert error.id == "django_outbox.E018"
+    assert error.msg == (
+        "Route 'orders' gives its queue the dead-letter exchange 'orders.dead', but its broker "
+        "is redis://, which ignores queue arguments: a parked message would be dropped, not "
+        "dead-lettered."
+    )
+
+
 @pytest.mark.parametrize(("value", "seconds"), [(0, 0.0), (2.5, 2.5), ("1", 1.0)])
 def test_start_jitter_is_zero_or_seconds(value, seconds):
     if isinstance(value, str):
