@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 
 from django_outbox.models import InboxFailure, InboxMessage, OutboxMessage
 
@@ -55,6 +55,35 @@ def unhandled(up_to: int, after: int = 0) -> int:
             [after, up_to],
         )
     )
+
+
+def stage_order(destination: str) -> str:
+    """Commit an order of the runner's own (producer 0) with its event to
+    ``destination``, as a producer does; returns the event id. Retried like :func:`rows`."""
+    from django_outbox import stage
+
+    deadline = time.monotonic() + RETRY_FOR
+    while True:
+        try:
+            with transaction.atomic():
+                row = stage("chaos.order", payload={"producer": 0}, destination=destination)
+                Order.objects.create(producer=0, event_id=row.event_id)
+            return str(row.event_id)
+        except DatabaseError:
+            connection.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def published_within(event_id: str, seconds: float) -> float | None:
+    """The seconds until the event's row was PUBLISHED; None if not within ``seconds``."""
+    began = time.monotonic()
+    while time.monotonic() - began < seconds:
+        if value(f"SELECT status FROM {OUTBOX} WHERE event_id = %s", (event_id,)) == "published":
+            return time.monotonic() - began
+        time.sleep(0.1)
+    return None
 
 
 def last_order() -> int:

@@ -61,7 +61,8 @@ class Done:
     system recovered, the rows a relay held when signalled, (a zombie) how many
     of them it did not report as lease lost, the attempts spent on rows while a broker
     or network fault lasted, (a full disk) the order ids committed meanwhile, and (a
-    cluster node's restart) 1 when nothing was published while the node was down."""
+    cluster node's restart) 1 when the runner's event was not published while the node
+    was down."""
 
     target: str
     ended: float
@@ -243,10 +244,10 @@ class Injector:
         return self._node_restart(leader_node=False)
 
     def _node_restart(self, *, leader_node: bool) -> Done:
-        target, ended, facts, through = cluster.node_restart(
+        target, ended, facts, failover = cluster.node_restart(
             self.services, self.rng, leader_node=leader_node
         )
-        return Done(target, ended, facts, stranded=int(through == 0))
+        return Done(target, ended, facts, stranded=int(failover is None))
 
     def memory_alarm(self) -> Done:
         return broker.memory_alarm(self)
