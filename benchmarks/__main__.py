@@ -81,7 +81,7 @@ PROFILES = {
         e2e_seconds=5,
         ordered_events=4_000,
         hot_key=3_000,
-        fairness_events=30_000,
+        fairness_events=20_000,
         fairness_batch=100,
     ),
     "full": Profile(

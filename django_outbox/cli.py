@@ -32,6 +32,7 @@ from .consumer import (
 from .exceptions import OutboxConfigurationError, OutboxError
 from .models import InboxFailure, InboxMessage
 from .reporting import CommandResult
+from .transports.kombu import CONFIRM_TIMEOUT
 
 
 def _number(value: str, parse: type[int] | type[float], minimum: float, what: str) -> float:
@@ -231,6 +232,14 @@ def add_replay_options(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="EVENT_ID",
         help="only these events; each must be parked (matching the other filters)",
+    )
+    parser.add_argument(
+        "--confirm-timeout",
+        type=positive_seconds,
+        default=CONFIRM_TIMEOUT,
+        metavar="SECONDS",
+        help="give up when the broker has not confirmed a message within this long "
+        f"(default {CONFIRM_TIMEOUT:g})",
     )
     add_database_option(parser, "inbox failures")
 

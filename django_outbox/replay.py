@@ -38,11 +38,17 @@ BROKER_HEADERS = frozenset({"x-delivery-count", "x-death", "x-received-from", "r
 BROKER_HEADER_PREFIXES = ("x-first-death-", "x-last-death-")
 
 
-def replay_parked(failures: InboxFailureQuerySet, *, url: str | None = None) -> list[InboxFailure]:
+def replay_parked(
+    failures: InboxFailureQuerySet,
+    *,
+    url: str | None = None,
+    confirm_timeout: float | None = None,
+) -> list[InboxFailure]:
     """Publish each parked message of ``failures`` to its queue again and unpark it.
 
     Each message goes to the broker its queue's route names (``OUTBOX["BROKERS"]``;
-    ``url`` sends them all to that broker instead). Returns the records replayed,
+    ``url`` sends them all to that broker instead), and must be confirmed within
+    ``confirm_timeout`` seconds (default 30) on RabbitMQ. Returns the records replayed,
     oldest first. Raises
     :class:`~django_outbox.exceptions.OutboxConfigurationError` without a usable
     broker URL or when the broker refuses to declare a queue,
@@ -57,8 +63,9 @@ def replay_parked(failures: InboxFailureQuerySet, *, url: str | None = None) -> 
     by_broker: dict[tuple[str, tuple[tuple[str, Any], ...]], list[InboxFailure]] = {}
     for failure in parked:
         by_broker.setdefault(_broker_of(failure.queue, url), []).append(failure)
+    timeout = CONFIRM_TIMEOUT if confirm_timeout is None else confirm_timeout
     for (broker_url, options), group in by_broker.items():
-        _replay(broker_url, dict(options), group)
+        _replay(broker_url, dict(options), group, timeout)
     return parked
 
 
@@ -72,7 +79,7 @@ def _broker_of(queue: str, url: str | None) -> tuple[str, tuple[tuple[str, Any],
     return broker.url, tuple(broker.options.items())
 
 
-def _replay(url: str, options: dict[str, Any], parked: list[InboxFailure]) -> None:
+def _replay(url: str, options: dict[str, Any], parked: list[InboxFailure], timeout: float) -> None:
     """Replay ``parked`` (messages of queues on one broker) through one connection."""
     options = {**options, "confirm_publish": True}
     conn = new_connection(url, options)
@@ -86,7 +93,7 @@ def _replay(url: str, options: dict[str, Any], parked: list[InboxFailure]) -> No
                 route = outbox_settings.route_for_queue(failure.queue)
                 declare(channel, route, refused=refusal_errors(conn))
                 declared.add(failure.queue)
-            _publish(producer, failure)
+            _publish(producer, failure, timeout)
             _unpark(failure)
     except BaseException:
         # No close handshake: a broker that blocked or stopped answering (a resource
@@ -96,7 +103,7 @@ def _replay(url: str, options: dict[str, Any], parked: list[InboxFailure]) -> No
     conn.release()
 
 
-def _publish(producer: kombu.Producer, failure: InboxFailure) -> None:
+def _publish(producer: kombu.Producer, failure: InboxFailure, timeout: float) -> None:
     try:
         producer.publish(
             failure.body.encode(CONTENT_ENCODING),
@@ -107,7 +114,7 @@ def _publish(producer: kombu.Producer, failure: InboxFailure) -> None:
             headers=replay_headers(failure.headers),
             message_id=str(failure.event_id),
             delivery_mode=2,
-            confirm_timeout=CONFIRM_TIMEOUT,  # a broker that never confirms (blocked, silent)
+            confirm_timeout=timeout,  # a broker that never confirms (blocked, silent)
         )
     except amqp.exceptions.MessageNacked:  # e.g. a full queue with x-overflow reject-publish
         raise OutboxError(

@@ -177,10 +177,11 @@ def replay_result(
     queue: str | None = None,
     event_ids: Sequence[uuid.UUID] = (),
     dry_run: bool = False,
+    confirm_timeout: float | None = None,
 ) -> CommandResult:
     """``outbox_replay_parked``: replay (or with ``dry_run`` list) the parked messages
     that match, one line each and a count. Every event id given must match a parked
-    message, or nothing is replayed (exit 1)."""
+    message, or nothing is replayed (exit 1). ``confirm_timeout``: see :func:`replay_parked`."""
     parked = InboxFailure.objects.using(using).parked()
     parked = parked.filter(**{k: v for k, v in (("consumer", consumer), ("queue", queue)) if v})
     if event_ids:
@@ -193,7 +194,8 @@ def replay_result(
     if dry_run:
         return CommandResult(_replay_lines("would replay", list(parked.order_by("id"))))
     try:
-        return CommandResult(_replay_lines("replayed", replay_parked(parked)))
+        replayed = replay_parked(parked, confirm_timeout=confirm_timeout)
+        return CommandResult(_replay_lines("replayed", replayed))
     except OutboxError as exc:
         return CommandResult([], str(exc))
     except (kombu.exceptions.OperationalError, OSError) as exc:

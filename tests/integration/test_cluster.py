@@ -39,6 +39,7 @@ DUPLICATES_BOUND = 4 * BATCH_SIZE
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
+    pytest.mark.disrupts,
     pytest.mark.skipif(
         not CLUSTER_URL,
         reason="no RabbitMQ cluster: run scripts/services cluster start (scripts/test does)",

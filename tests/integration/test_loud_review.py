@@ -30,7 +30,7 @@ from tests.support import (
     unreachable_broker_url,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.disrupts]
 
 PASSWORD = "s3cret-Passw0rd"
 

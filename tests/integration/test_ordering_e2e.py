@@ -41,7 +41,7 @@ from tests.support import (
 )
 from tests.testapp.models import Order
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.disrupts]
 
 KEYS = [f"key-{n:02d}" for n in range(12)]
 PRODUCERS = 4

@@ -36,7 +36,7 @@ from tests.support import (
     wait_until,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.disrupts]
 
 
 def queue_types() -> dict[str, str]:

@@ -40,7 +40,10 @@ from tests.support import (
     wait_until,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
+pytestmark = [
+    pytest.mark.django_db(transaction=True, databases=["default", "other"]),
+    pytest.mark.disrupts,
+]
 
 Status = OutboxMessage.Status
 

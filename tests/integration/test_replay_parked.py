@@ -22,7 +22,7 @@ from tests.support import (
 )
 from tests.testapp.models import Delivery
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.disrupts]
 
 FLAKY = ("--handler", "tests.testapp.handlers.flaky", "--consumer", "audit")
 
@@ -168,10 +168,11 @@ def test_a_replay_the_broker_refuses_is_a_one_line_error_and_stays_parked(destin
 @pytest.mark.slow
 def test_a_replay_whose_confirm_never_comes_fails_instead_of_hanging(destination):
     """RabbitMQ's memory alarm blocks publishers: the confirm never comes. The replay
-    gives up after the confirm timeout with a one-line error, the record stays parked."""
+    gives up after the confirm timeout (3 s here, 30 by default) with a one-line error,
+    the record stays parked."""
     park(destination)
     with memory_alarm():
-        result = manage("outbox_replay_parked", timeout=120)
+        result = manage("outbox_replay_parked", "--confirm-timeout", "3", timeout=120)
     assert result.returncode == 1, result.stderr
     assert result.stderr.startswith("CommandError: cannot reach the broker: "), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1

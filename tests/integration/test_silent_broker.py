@@ -45,7 +45,7 @@ from tests.support import (
     wait_until,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.disrupts]
 
 BROKER = (urlsplit(AMQP_URL).hostname or "127.0.0.1", urlsplit(AMQP_URL).port or 5672)
 #: A generous bound on "at once": the relay would wait 30 s for confirms (CONFIRM_TIMEOUT).

@@ -40,7 +40,7 @@ from tests.support import (
     wait_until,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.disrupts]
 
 
 @pytest.fixture

@@ -26,5 +26,6 @@ class Command(BaseCommand):
             queue=options["queue"],
             event_ids=options["event_ids"],
             dry_run=options["dry_run"],
+            confirm_timeout=options["confirm_timeout"],
         )
         finish(self.stdout, result)
