@@ -241,7 +241,14 @@ def totals() -> dict[str, int]:
         f"SELECT count(*), count(DISTINCT ordering_key) FROM {db.OUTBOX} WHERE destination = %s",
         [ORDERED],
     )[0]
+    tried, attempts, most = db.rows(
+        f"SELECT count(*) FILTER (WHERE attempts > 0), coalesce(sum(attempts), 0), "
+        f"coalesce(max(attempts), 0) FROM {db.OUTBOX}"
+    )[0]
     return {
+        "rows_with_attempts": tried,
+        "attempts": attempts,
+        "most_attempts": most,
         "ordered": ordered,
         "ordered_keys": keys,
         "committed": committed,
@@ -319,6 +326,11 @@ def report(
         ),
         row("events delivered (handled by the consumer)", counted["delivered"]),
         row("messages RabbitMQ received", counted["broker_messages"]),
+        row(
+            "attempts spent in all (rows / attempts / most on one row)",
+            f"{counted['rows_with_attempts']:,} / {counted['attempts']:,} / "
+            f"{counted['most_attempts']:,}",
+        ),
     ]
     for check in results:
         if check.limit:
@@ -326,10 +338,15 @@ def report(
         else:
             verdict = "ok" if check.ok else "FAIL (must be 0)"
         out.append(row(check.name, check.value, verdict))
+    return "\n".join(out + recovery_table(faults))
+
+
+def recovery_table(faults: Sequence[Fault]) -> list[str]:
+    """Per kind of fault: how many, and their recovery times' min, median and max."""
     by_kind: dict[str, list[float]] = {kind: [] for kind in KINDS}
     for fault in faults:
         by_kind[fault.kind].append(fault.recovery)
-    out.append(f"{'fault':<25}{'count':>6}{'recovery min':>14}{'median':>9}{'max':>9}  (s)")
+    out = [f"{'fault':<25}{'count':>6}{'recovery min':>14}{'median':>9}{'max':>9}  (s)"]
     for kind, times in by_kind.items():
         if times:
             out.append(
@@ -338,4 +355,4 @@ def report(
             )
         else:
             out.append(f"{kind:<25}{0:>6}")
-    return "\n".join(out)
+    return out

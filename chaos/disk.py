@@ -132,8 +132,8 @@ def disk_full(injector: Injector) -> Done:
     first_order = db.last_order()
     began = time.monotonic()
     written = disk.fill()
-    db.rows(f'ALTER TABLE "{db.OUTBOX}" SET (fillfactor = 10)')
     try:
+        db.rows(f'ALTER TABLE "{db.OUTBOX}" SET (fillfactor = 10)')
         while disk.failures() == failed_before:
             if time.monotonic() - began > FIRST_FAILURE:
                 raise RuntimeError(

@@ -239,7 +239,7 @@ def add_replay_options(parser: argparse.ArgumentParser) -> None:
         default=CONFIRM_TIMEOUT,
         metavar="SECONDS",
         help="give up when the broker has not confirmed a message within this long "
-        f"(default {CONFIRM_TIMEOUT:g})",
+        "(default: %(default)r)",
     )
     add_database_option(parser, "inbox failures")
 

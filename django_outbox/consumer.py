@@ -407,7 +407,7 @@ class InboxConsumer(ConsumerMixin):
             result = work()
         except DatabaseError as exc:
             if self._database_unusable():
-                self._database_down(message, exc)
+                self._database_down(message, event, exc)
             else:
                 self._failed(message, event, exc, counted)
             return None
@@ -442,7 +442,7 @@ class InboxConsumer(ConsumerMixin):
             self._reject(message, exc)
             return
         except DatabaseError as exc:
-            self._database_down(message, exc)
+            self._database_down(message, event, exc)
             return
         counted = redelivered and turn is Turn.DUE
         if counted and not self._count_redelivery(message, event):
@@ -545,7 +545,7 @@ class InboxConsumer(ConsumerMixin):
                 using=self.using,
             )
         except DatabaseError as exc:
-            self._database_down(message, exc)
+            self._database_down(message, event, exc)
             return False
         if parked:
             self._park(message, event, deliveries, f"not run: {UNACKED_ERROR}")
@@ -594,7 +594,7 @@ class InboxConsumer(ConsumerMixin):
                 using=self.using,
             )
         except DatabaseError as db_exc:
-            self._database_down(message, db_exc)
+            self._database_down(message, event, db_exc)
             return
         if parked:
             self._park(message, event, deliveries, error)
@@ -638,13 +638,15 @@ class InboxConsumer(ConsumerMixin):
         connection = connections[self.using]
         return connection.connection is None or not connection.is_usable()
 
-    def _database_down(self, message: Any, exc: Exception) -> None:
+    def _database_down(self, message: Any, event: ReceivedEvent, exc: Exception) -> None:
         """The database is gone: the message goes back uncounted, and the consumer
-        waits before taking the next one."""
+        waits before taking the next one. (An ordered event's broker count is never
+        read: see :meth:`_broker_count`.)"""
         message.requeue()
-        if len(self._uncounted) >= MAX_UNCOUNTED:
-            self._uncounted.clear()  # an outage this long: the broker's count may park early
-        self._uncounted[_message_key(message)] += 1
+        if event.sequence is None:
+            if len(self._uncounted) >= MAX_UNCOUNTED:
+                self._uncounted.clear()  # an outage this long: the broker's count may park early
+            self._uncounted[_message_key(message)] += 1
         self._database.failed(exc)
         connections[self.using].close()
         self.stop.wait(self._database.backoff())

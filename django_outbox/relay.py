@@ -114,7 +114,7 @@ class _Batch:
     messages: Sequence[ClaimedMessage]
     outcomes: Sequence[Outcome]
     token: uuid.UUID
-    tried: frozenset[str] = frozenset()
+    tried: frozenset[str]
 
     def _tried_and(self, failed: Callable[[Failure], bool]) -> list[ClaimedMessage]:
         """The messages of the tried destinations whose outcome is a ``failed`` failure."""
@@ -236,8 +236,9 @@ class _Run:
             self.queue_retry_at.pop(destination, None)
 
     def queues_waiting(self, now: float) -> dict[str, float]:
-        """Stalled destinations not to be attempted yet, with the seconds left."""
-        return {name: at - now for name, at in self.queue_retry_at.items() if at > now}
+        """Stalled destinations, with the seconds left until they are tried again (0 or
+        less: due, to be tried after the batch's other destinations)."""
+        return {name: at - now for name, at in self.queue_retry_at.items()}
 
     def wait_for_broker(self) -> None:
         """Back off until the next broker that is down is due to be tried again; a
@@ -294,7 +295,8 @@ class Relay:
         #: The transports whose broker is down in a run, with the seconds until it is
         #: tried again: their rows are not attempted meanwhile (no attempt spent).
         self._paused: dict[str, float] = {}
-        #: Likewise the destinations whose queue stalled while their broker answered.
+        #: Likewise the destinations whose queue stalled while their broker answered
+        #: (those with no time left are tried, after the batch's other destinations).
         self._waiting: dict[str, float] = {}
         #: The brokers to build transports for, checked here: a malformed URL, a
         #: missing driver package, a route naming no broker, Celery routes without
@@ -372,8 +374,11 @@ class Relay:
         still publishing; nor are those whose broker or queue is known to be down."""
         outcomes: dict[int, Outcome] = {}
         tried: set[str] = set()
+        # A destination back from a stall goes last: its confirm timeout, if it stalls
+        # again, then delays no other destination of the batch.
         by_destination = itertools.groupby(
-            sorted(messages, key=_publish_order), key=lambda m: m.destination
+            sorted(messages, key=lambda m: (m.destination in self._waiting, _publish_order(m))),
+            key=lambda m: m.destination,
         )
         for destination, group in by_destination:
             batch = list(group)
@@ -387,7 +392,7 @@ class Relay:
                 results: list[Outcome] = [late] * len(batch)
             elif route is not None and _kind(route) in self._paused:
                 results = [self._not_attempted(_kind(route))] * len(batch)
-            elif destination in self._waiting:
+            elif self._waiting.get(destination, 0.0) > 0:
                 waiting = Failure.broker_down(
                     f"not attempted: the queue of {destination!r} is not confirming",
                     retry_delay=max(self._waiting[destination], 1.0),
@@ -767,8 +772,9 @@ class Relay:
     def _try_broker(self, state: _Run, kind: str) -> None:
         """Check the broker of transport ``kind`` again. When it is still down, a relay
         logs the outage (once) and sets when to try next; a drain records why it gives up.
-        When it answers, the destinations that stalled on it since the last check had a
-        queue that stalled, not their broker: each is backed off on its own."""
+        When it answers (with confirms: it confirmed a probe), the destinations that
+        stalled on it since the last check had a queue that stalled, not their broker:
+        each is backed off on its own."""
         tracker = state.broker(kind)
         try:
             self._transports[kind].check()
@@ -782,8 +788,10 @@ class Relay:
             return
         tracker.recovered()
         state.retry_at.pop(kind, None)
-        for destination in sorted(state.stalled.pop(kind, ())):
-            state.queue_stalled(destination)
+        stalled = state.stalled.pop(kind, set())
+        if self._transports[kind].supports_confirms:  # its check had a probe confirmed
+            for destination in sorted(stalled):
+                state.queue_stalled(destination)
 
     def _unreachable(self, kind: str, exc: Exception) -> str:
         """Why the broker of transport ``kind`` (a broker alias, or "celery") cannot be

@@ -403,7 +403,26 @@ def _broker_problems(route: Route, broker_scheme: str) -> list[Shape]:
                 "without them is consumed in order on any transport.",
             )
         )
-    if route.queue and route.queue_type != "classic" and elsewhere:
+    # A test's memory:// stands in for the real broker: its queue arguments are moot.
+    if elsewhere and broker_scheme != "memory":
+        found += _queue_argument_problems(route, broker_scheme)
+    if exchange and route.exchange_type == "fanout" and broker_scheme in REDIS_SCHEMES:
+        found.append(
+            Shape(
+                "redis_fanout",
+                f"Route {name!r} uses fanout exchange {exchange!r} on Redis, where kombu delivers "
+                "fanout by PUB/SUB: an event reaches only the consumers connected at that "
+                "moment and is lost, though PUBLISHED, when none is.",
+                'Use a "topic" or "direct" exchange with a queue per consumer group, or RabbitMQ.',
+            )
+        )
+    return found
+
+
+def _queue_argument_problems(route: Route, broker_scheme: str) -> list[Shape]:
+    """The queue arguments of ``route`` that a broker without them would silently drop."""
+    name, found = route.destination, []
+    if route.queue and route.queue_type != "classic":
         found.append(
             Shape(
                 "queue_type_not_rabbitmq",
@@ -413,7 +432,7 @@ def _broker_problems(route: Route, broker_scheme: str) -> list[Shape]:
                 "Route it to a RabbitMQ broker, or drop queue_type (and x-queue-type).",
             )
         )
-    if route.queue and route.dead_letter_exchange is not None and elsewhere:
+    if route.queue and route.dead_letter_exchange is not None:
         found.append(
             Shape(
                 "queue_type_not_rabbitmq",
@@ -422,16 +441,6 @@ def _broker_problems(route: Route, broker_scheme: str) -> list[Shape]:
                 "ignores queue arguments: a parked message would be dropped, not dead-lettered.",
                 "Route it to a RabbitMQ broker, or drop dead_letter_exchange (parked events "
                 "stay in InboxFailure, replayable, either way).",
-            )
-        )
-    if exchange and route.exchange_type == "fanout" and broker_scheme in REDIS_SCHEMES:
-        found.append(
-            Shape(
-                "redis_fanout",
-                f"Route {name!r} uses fanout exchange {exchange!r} on Redis, where kombu delivers "
-                "fanout by PUB/SUB: an event reaches only the consumers connected at that "
-                "moment and is lost, though PUBLISHED, when none is.",
-                'Use a "topic" or "direct" exchange with a queue per consumer group, or RabbitMQ.',
             )
         )
     return found

@@ -30,7 +30,7 @@ from tests.support import (
     unreachable_broker_url,
 )
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.disrupts]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 PASSWORD = "s3cret-Passw0rd"
 

@@ -278,7 +278,8 @@ def test_a_relay_whose_lease_was_taken_over_changes_nothing(destination, caplog)
     claimed = db.claim("default", limit=10, lease_seconds=60, worker="zombie", token=token)
     # Another relay takes the rows over (as after the zombie's lease expired).
     OutboxMessage.objects.update(lease_token=uuid.uuid4(), locked_by="rescuer")
-    stats = relay._report(relay._finalize(_Batch(claimed, [None, None, None], token)))
+    batch = _Batch(claimed, [None, None, None], token, frozenset({destination}))
+    stats = relay._report(relay._finalize(batch))
 
     assert (stats.published, stats.lost) == (0, 3)
     assert set(OutboxMessage.objects.values_list("status", "locked_by")) == {

@@ -225,7 +225,7 @@ def test_a_claim_whose_turn_comes_after_half_its_lease_keeps_its_attempts(destin
         outcomes, tried = relay._publish(claimed, deadline=time.monotonic() - 1)  # came late
         assert {o.counts for o in outcomes if o is not None} == {False}
         assert tried == frozenset()  # nothing handed to the broker
-        relay._finalize(_Batch(claimed, outcomes, token))
+        relay._finalize(_Batch(claimed, outcomes, token, tried))
         assert attempts_spent() == 0
         assert status_counts()["failed"] == 5
         assert relay.run(threading.Event(), drain=True).published == 5  # due again at once

@@ -90,19 +90,23 @@ def test_a_quorum_queue_on_a_broker_without_queue_types_is_e018():
     routes = {"orders": {"queue": "orders", "queue_type": "quorum"}}
     with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "ROUTES": routes}):
         assert check_routes() == []
-    for url, scheme in ((REDIS_URL, "redis"), ("memory://", "memory")):
-        with override_settings(OUTBOX={"BROKER_URL": url, "ROUTES": routes}):
-            [error] = check_routes()
-        assert error.id == "django_outbox.E018"
-        assert error.msg == (
-            f"Route 'orders' declares a quorum queue, but its broker is {scheme}://, which "
-            "has no queue types: its queue would silently be an ordinary one."
-        )
+    with override_settings(OUTBOX={"BROKER_URL": REDIS_URL, "ROUTES": routes}):
+        [error] = check_routes()
+    assert error.id == "django_outbox.E018"
+    assert error.msg == (
+        "Route 'orders' declares a quorum queue, but its broker is redis://, which "
+        "has no queue types: its queue would silently be an ordinary one."
+    )
+    # memory:// is a test's stand-in for the real broker (docs/testing.md): no error.
+    with override_settings(OUTBOX={"BROKER_URL": "memory://", "ROUTES": routes}):
+        assert check_routes() == []
 
 
 def test_a_dead_letter_exchange_on_a_broker_without_queue_arguments_is_e018():
     routes = {"orders": {"queue": "orders", "dead_letter_exchange": "orders.dead"}}
     with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "ROUTES": routes}):
+        assert check_routes() == []
+    with override_settings(OUTBOX={"BROKER_URL": "memory://", "ROUTES": routes}):
         assert check_routes() == []
     with override_settings(OUTBOX={"BROKER_URL": REDIS_URL, "ROUTES": routes}):
         [error] = check_routes()
