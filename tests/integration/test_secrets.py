@@ -54,7 +54,9 @@ REDIS = REDIS_URL.split("://", 1)[1]
 
 def outbox_errors(**settings: object) -> list[checks.CheckMessage]:
     with override_settings(**settings):
-        return [m for m in checks.run_checks() if m.id and m.id.startswith("django_outbox")]
+        # No database: Django 6.1 would ask each alias whether it supports JSONField.
+        found = checks.run_checks(databases=[])
+        return [m for m in found if m.id and m.id.startswith("django_outbox")]
 
 
 def assert_hidden(*texts: str) -> None:

@@ -279,4 +279,4 @@ def test_manage_py_check_refuses_a_missing_filesystem_folder(tmp_path):
         OUTBOX={"BROKER_URL": "filesystem://", "BROKER_TRANSPORT_OPTIONS": missing}
     ):
         with pytest.raises(SystemCheckError, match=r"django_outbox\.E012"):
-            call_command("check")
+            call_command("check", databases=[])  # Django 6.1 checks every alias's JSON support
