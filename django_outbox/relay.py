@@ -375,10 +375,12 @@ class Relay:
         outcomes: dict[int, Outcome] = {}
         tried: set[str] = set()
         # A destination back from a stall goes last: its confirm timeout, if it stalls
-        # again, then delays no other destination of the batch.
+        # again, then delays no other destination of the batch. (The plain order when
+        # none stalled: this sort runs for every message of every batch.)
+        stalls = self._waiting
+        order = (lambda m: (m.destination in stalls, _publish_order(m))) if stalls else None
         by_destination = itertools.groupby(
-            sorted(messages, key=lambda m: (m.destination in self._waiting, _publish_order(m))),
-            key=lambda m: m.destination,
+            sorted(messages, key=order or _publish_order), key=lambda m: m.destination
         )
         for destination, group in by_destination:
             batch = list(group)
@@ -705,7 +707,8 @@ class Relay:
             for kind, destinations in batch.stalled.items():  # down, not only suspected
                 state.retry_at.setdefault(kind, time.monotonic())  # check it next
                 state.stalled.setdefault(kind, set()).update(destinations)
-            state.queues_confirmed(batch.confirmed)
+            if state.queues:  # only while a queue stalled: a pass over every message
+                state.queues_confirmed(batch.confirmed)
         return batch is not None
 
     def _next_batch(self, state: _Run) -> _Batch | None:
