@@ -30,7 +30,7 @@ from collections.abc import Collection
 from typing import Any
 
 try:
-    from celery import Task  # type: ignore[import-untyped]
+    from celery import Task, shared_task  # type: ignore[import-untyped]
 except ImportError as exc:  # the [celery] extra is not installed
     raise ImportError(
         "django_outbox.celery requires the celery package: "
@@ -38,6 +38,13 @@ except ImportError as exc:  # the [celery] extra is not installed
     ) from exc
 
 from .inbox import handled_types, handles, run_once
+from .routes import TASK_RUNNER
+
+logger = logging.getLogger(__name__)
+
+#: How long a worker that cannot run a Django task yet (its code or its TASKS backend
+#: is not deployed here) waits before the task's message is tried again.
+UNAVAILABLE_RETRY_SECONDS = 30
 
 
 class InboxTask(Task):
@@ -80,3 +87,25 @@ class InboxTask(Task):
             call,
             log_level=logging.INFO,
         )
+
+
+@shared_task(
+    name=TASK_RUNNER, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None
+)
+def run_django_task(self: Task, **payload: Any) -> None:
+    """The Celery task that runs Django tasks (``django.tasks``) enqueued through
+    :class:`django_outbox.tasks.OutboxTaskBackend`, once in effect: see
+    :mod:`django_outbox.taskrunner`. Registered with every Celery app that imports
+    ``django_outbox.tasks`` (``app.autodiscover_tasks()`` does)."""
+    from .taskrunner import TaskUnavailable, run
+
+    try:
+        run(payload, str(self.request.id), str(self.request.hostname))
+    except TaskUnavailable as exc:
+        logger.error(
+            "%s; retried in %ds",
+            exc,
+            UNAVAILABLE_RETRY_SECONDS,
+            extra={"action": "tasks.unavailable", "result_id": str(self.request.id)},
+        )
+        raise self.retry(exc=exc, countdown=UNAVAILABLE_RETRY_SECONDS) from exc

@@ -339,6 +339,9 @@ CHECK_IDS = {
     # A quorum queue or a dead-letter exchange on a broker without queue arguments
     # (routes.shape_problems):
     "queue_type_not_rabbitmq": "django_outbox.E018",
+    # The Django tasks backend (taskbackend.OutboxTaskBackend.check):
+    "bad_tasks": "django_outbox.E019",
+    "tasks_no_skip_locked": "django_outbox.W006",
 }
 
 #: The package a kombu transport needs, by URL scheme: (module to import, what to install).
@@ -505,8 +508,9 @@ class OutboxSettings:
         return aliases | ({DEFAULT_BROKER} if self.DEFAULT_ROUTE else set())
 
     def route_for(self, destination: str) -> Route | None:
-        """The route of ``destination``; None when it is unknown and DEFAULT_ROUTE is off."""
-        route = self.ROUTES.get(destination)
+        """The route of ``destination``; None when it is unknown and DEFAULT_ROUTE is off.
+        A Django task queue's destination (``django.tasks:<queue>``) has its own route."""
+        route = self.ROUTES.get(destination) or Route.for_tasks(destination)
         if route is None and self.DEFAULT_ROUTE:
             route = Route.default(destination, self.DEFAULT_EXCHANGE, ordered=self.DEFAULT_ORDERED)
         return route

@@ -316,3 +316,65 @@ class InboxSequence(models.Model):
 
     def __str__(self) -> str:
         return f"{self.consumer}: {self.destination} {self.ordering_key} at {self.last_sequence}"
+
+
+class TaskStatus(models.TextChoices):
+    """Where a task of :class:`django_outbox.tasks.OutboxTaskBackend` is; the values
+    are those of Django's ``django.tasks.TaskResultStatus``."""
+
+    READY = "READY", _("Ready")
+    """Enqueued (its outbox row committed) and not yet started by a worker."""
+    RUNNING = "RUNNING", _("Running")
+    """A worker started it; its outcome is not committed yet."""
+    FAILED = "FAILED", _("Failed")
+    """It raised: ``errors`` holds the exception class and traceback. Final."""
+    SUCCESSFUL = "SUCCESSFUL", _("Successful")
+    """It returned: ``return_value`` holds the value as JSON. Final."""
+
+
+#: The states a task ends in; retention deletes these once ``TASK_RESULT_RETENTION`` passed.
+TASK_FINISHED = (TaskStatus.SUCCESSFUL, TaskStatus.FAILED)
+
+
+class TaskResultRecord(models.Model):
+    """The stored result of one Django task enqueued through the outbox.
+
+    Written by :class:`~django_outbox.tasks.OutboxTaskBackend` in the caller's
+    transaction (READY, beside the task's outbox row: ``id`` is the event id), and
+    by the worker that runs it (RUNNING, then SUCCESSFUL or FAILED, the outcome in
+    the same transaction as the task's own writes). ``get_result()`` reads it.
+    """
+
+    id = models.UUIDField(_("id"), primary_key=True, editable=False)
+    task_path = models.CharField(_("task"), max_length=255)
+    backend = models.CharField(_("backend"), max_length=100)
+    queue_name = models.CharField(_("queue"), max_length=255)
+    priority = models.SmallIntegerField(_("priority"), default=0)
+    run_after = models.DateTimeField(_("run after"), null=True, blank=True)
+    args = models.JSONField(_("arguments"), default=list, blank=True)
+    kwargs = models.JSONField(_("keyword arguments"), default=dict, blank=True)
+    status = models.CharField(
+        _("status"), max_length=10, choices=TaskStatus.choices, default=TaskStatus.READY
+    )
+    enqueued_at = models.DateTimeField(_("enqueued at"), db_default=Now(), editable=False)
+    started_at = models.DateTimeField(_("started at"), null=True, blank=True)
+    last_attempted_at = models.DateTimeField(_("last attempted at"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+    return_value = models.JSONField(_("return value"), null=True, blank=True)
+    errors = models.JSONField(_("errors"), default=list, blank=True)
+    worker_ids = models.JSONField(_("worker ids"), default=list, blank=True)
+
+    class Meta:
+        verbose_name = _("task result")
+        verbose_name_plural = _("task results")
+        db_table = "django_outbox_taskresult"
+        indexes = [
+            models.Index(
+                fields=["finished_at"],
+                name="outbox_task_finished_idx",
+                condition=models.Q(finished_at__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} {self.id} [{self.status}]"

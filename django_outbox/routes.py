@@ -45,6 +45,13 @@ Arguments = tuple[tuple[str, "str | int | float | bool"], ...]
 #: The broker alias of a route that names none, and of the default route.
 DEFAULT_BROKER = "default"
 
+#: The Celery task that runs Django tasks (``django.tasks``) enqueued through
+#: :class:`django_outbox.tasks.OutboxTaskBackend`: every one is sent as this task.
+TASK_RUNNER = "django_outbox.run_task"
+#: A Django task's outbox row goes to the destination ``django.tasks:<queue_name>``,
+#: whose route is made here (:meth:`Route.for_tasks`), never named in ``ROUTES``.
+TASKS_PREFIX = "django.tasks:"
+
 
 def is_valid_destination(value: object) -> bool:
     return isinstance(value, str) and DESTINATION_RE.fullmatch(value) is not None
@@ -113,6 +120,16 @@ class Route:
         return self.routing_key.replace("{key}", key)
 
     @classmethod
+    def for_tasks(cls, destination: str) -> Route | None:
+        """The route of a Django task queue's destination (``django.tasks:<queue>``): the
+        task runner, sent to the Celery queue named like the task's ``queue_name``. None
+        for any other destination."""
+        queue = destination.removeprefix(TASKS_PREFIX)
+        if queue == destination or not queue:
+            return None
+        return cls(destination, celery_task=TASK_RUNNER, queue=queue)
+
+    @classmethod
     def default(cls, destination: str, exchange: str, *, ordered: bool = False) -> Route:
         """The route of a destination not named in ``ROUTES``: nothing is dropped
         before a consumer exists, because the queue is declared with the exchange."""
@@ -136,6 +153,11 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
             f"(1-255 characters of letters, digits and ._:/-)"
         )
     assert isinstance(name, str)
+    if name.startswith(TASKS_PREFIX):
+        raise ValueError(
+            f"route name {name!r} starts with {TASKS_PREFIX!r}, which is kept for the queues "
+            "of the Django tasks backend (their route is made for them)"
+        )
     if not isinstance(spec, Mapping):
         raise ValueError(f"route {name!r} must be a dict; got {type(spec).__name__}")
     keys = set(spec)

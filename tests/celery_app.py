@@ -18,5 +18,10 @@ from django.conf import settings  # noqa: E402
 
 app = Celery("outbox-tests", broker=settings.OUTBOX["BROKER_URL"], set_as_current=True)
 app.conf.task_default_queue = os.environ.get("TEST_CELERY_QUEUE", "celery")
+if os.environ.get("TEST_CELERY_PRIORITY"):  # the queue takes message priorities 0-9
+    from tests.support import priority_queue  # noqa: E402
+
+    app.conf.task_queues = [priority_queue(app.conf.task_default_queue)]
+    app.conf.worker_prefetch_multiplier = 1  # so the worker takes the highest first
 app.conf.worker_hijack_root_logger = False
-app.autodiscover_tasks(["tests.testapp"])
+app.autodiscover_tasks()  # every installed app: tests.testapp, django_outbox (its runner)

@@ -82,5 +82,12 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"django_outbox": {"handlers": ["console"], "level": "INFO"}},
+    "loggers": {
+        "django_outbox": {"handlers": ["console"], "level": "INFO"},
+        # Django's receivers of task_started and task_finished log there (Django 6).
+        "django.tasks": {"handlers": ["console"], "level": "INFO"},
+    },
 }
+# Django 6's tasks framework (django.tasks; Django 5.2 ignores the setting): the outbox's
+# backend, any queue name (each test sends to a queue of its own).
+TASKS = {"default": {"BACKEND": "django_outbox.tasks.OutboxTaskBackend", "QUEUES": []}}

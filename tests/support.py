@@ -275,3 +275,56 @@ def unreachable_broker_url(password: str = "guest") -> str:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     return f"amqp://guest:{password}@127.0.0.1:{port}//"
+
+
+def queue_settled(queue: str) -> bool:
+    """No message waiting in RabbitMQ's ``queue`` and none delivered but unacked (tasks
+    ack late)."""
+    for line in rabbitmqctl(
+        "list_queues", "name", "messages", "messages_unacknowledged"
+    ).splitlines():
+        name, *counts = line.split()
+        if name == queue:
+            return counts == ["0", "0"]
+    return False
+
+
+def start_worker(queue: str, log: Path, **env: str) -> subprocess.Popen[str]:
+    """A real solo worker of tests.celery_app on ``queue``, logging to ``log`` (a file, not
+    a pipe: a full pipe would stall the worker); ``env`` joins its environment."""
+    with log.open("w") as log_file:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tests.celery_app",
+                "worker",
+                "--pool",
+                "solo",
+                "--queues",
+                queue,
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "--loglevel",
+                "INFO",
+            ],
+            cwd=REPO,
+            env={**relay_env(), "TEST_CELERY_QUEUE": queue, **env},
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+
+def priority_queue(name: str) -> kombu.Queue:
+    """A Celery queue ``name`` that orders messages by priority, as docs/tasks.md declares
+    it (``x-max-priority`` 10: the broker priorities the Django tasks backend sends)."""
+    return kombu.Queue(
+        name,
+        kombu.Exchange(name, type="direct"),
+        routing_key=name,
+        queue_arguments={"x-max-priority": 10},
+    )

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import amqp.exceptions  # type: ignore[import-untyped]
 import kombu.exceptions
 
 from ..envelope import ClaimedMessage
-from ..routes import CELERY_FIELDS, Route, celery_header_clash
+from ..routes import CELERY_FIELDS, TASK_RUNNER, Route, celery_header_clash
 from .base import NACKED, Failure, Outcome, Transport
 from .kombu import lease_confirm_timeout
 
@@ -30,7 +31,28 @@ TRANSIENT = (kombu.exceptions.OperationalError, OSError)
 RECONNECT_ONCE = {"max_retries": 1, "interval_start": 0, "interval_step": 0, "interval_max": 0}
 
 
+#: Django task priorities (-100 to 100) fall into this many broker priorities, 0 to 9:
+#: RabbitMQ's for a queue declared with ``x-max-priority`` 10 (higher first), Redis's with
+#: kombu's ``priority_steps`` (lower first). See docs/tasks.md.
+BROKER_PRIORITIES = 10
+
+
+def broker_priority(priority: object, *, lowest_first: bool) -> int:
+    """The broker priority of a Django task's ``priority``: bands of 20 (-100 to -81 is
+    the lowest, 80 to 100 the highest), 0 to 9, reversed where the broker takes the
+    lowest number first. A value that is not a whole number -100..100 counts as 0."""
+    if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > 100:
+        priority = 0
+    band = min(BROKER_PRIORITIES - 1, (priority + 100) // 20)
+    return BROKER_PRIORITIES - 1 - band if lowest_first else band
+
+
 class CeleryTransport(Transport):
+    def __init__(self) -> None:
+        #: Whether the Celery app's broker takes the lowest priority number first
+        #: (Redis); read once, when the first Django task is sent.
+        self._lowest_first: bool | None = None
+
     def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
         from celery import current_app  # type: ignore[import-untyped]
 
@@ -52,6 +74,7 @@ class CeleryTransport(Transport):
                     confirm_timeout=lease_confirm_timeout(),  # confirm_publish: within the lease
                     retry=True,
                     retry_policy=RECONNECT_ONCE,
+                    **self._task_options(route, kwargs),
                 )
             except TRANSIENT as exc:
                 if _nacked(exc):  # the broker is up and refused this one: go on
@@ -64,6 +87,16 @@ class CeleryTransport(Transport):
             else:
                 outcomes.append(None)
         return outcomes
+
+    def _task_options(self, route: Route, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``send_task``'s queue and priority for a Django task's message (the route of a
+        task queue); none for any other route, which goes to the app's default queue."""
+        if route.celery_task != TASK_RUNNER:
+            return {}
+        if self._lowest_first is None:
+            self._lowest_first = _driver_type() == "redis"
+        priority = broker_priority(kwargs.get("priority"), lowest_first=self._lowest_first)
+        return {"queue": route.queue, "priority": priority}
 
     def close(self) -> None:
         """The Celery app owns its connection pool."""
@@ -82,8 +115,15 @@ def publishes_unconfirmed() -> bool:
 
     if (current_app.conf.broker_transport_options or {}).get("confirm_publish"):
         return False
+    return _driver_type() == "amqp"
+
+
+def _driver_type() -> str:
+    """The kind of the current Celery app's broker: "amqp", "redis" ... Connects nowhere."""
+    from celery import current_app
+
     with current_app.connection_for_write() as connection:
-        return bool(connection.transport.driver_type == "amqp")
+        return str(connection.transport.driver_type)
 
 
 def _refusal(route: Route, message: ClaimedMessage, kwargs: object) -> Failure | None:

@@ -28,8 +28,10 @@ from tests.support import (
     delete_queue,
     drain_raw,
     rabbitmqctl,
+    queue_settled,
     relay_env,
     services,
+    start_worker,
     stage_events,
     stop,
     unique_destination,
@@ -64,47 +66,6 @@ def relay_until_done():  # type: ignore[no-untyped-def]
     """Relay every due row to the Celery route of "payments"; the totals."""
     with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "ROUTES": ROUTES}):
         return Relay().run(threading.Event(), drain=True)
-
-
-def queue_settled(queue: str) -> bool:
-    """No message waiting and none delivered but unacked (tasks ack late)."""
-    for line in rabbitmqctl(
-        "list_queues", "name", "messages", "messages_unacknowledged"
-    ).splitlines():
-        name, *counts = line.split()
-        if name == queue:
-            return counts == ["0", "0"]
-    return False
-
-
-def start_worker(queue: str, log: Path) -> subprocess.Popen[str]:
-    """A real solo worker of tests.celery_app on ``queue``, logging to ``log`` (a file, not
-    a pipe: a full pipe would stall the worker)."""
-    with log.open("w") as log_file:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tests.celery_app",
-                "worker",
-                "--pool",
-                "solo",
-                "--queues",
-                queue,
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "--loglevel",
-                "INFO",
-            ],
-            cwd=REPO,
-            env={**relay_env(), "TEST_CELERY_QUEUE": queue},
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
 
 
 #: Tasks relayed twice to one worker: several batches of the relay and prefetches of the

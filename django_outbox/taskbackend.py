@@ -1,0 +1,205 @@
+"""The ``django.tasks`` backend (Django 6.0+) whose ``enqueue()`` commits with the caller.
+
+``enqueue()`` writes the task as an outbox row, with its result record, in the
+caller's transaction on the backend's database: the task exists if and only if
+that transaction commits, which ``transaction.on_commit(task.enqueue)`` cannot
+promise (a crash after the commit loses it). A relay publishes the row as a
+Celery message of :data:`~django_outbox.routes.TASK_RUNNER` to the Celery queue
+named like the task's ``queue_name``, and a Celery worker runs the task once in
+effect through the inbox (:mod:`django_outbox.taskrunner`). See docs/tasks.md.
+
+Import it as ``django_outbox.tasks.OutboxTaskBackend``: this module needs
+``django.tasks``, which Django 5.2 lacks.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import ValidationError
+from django.db import connections, transaction
+from django.tasks import Task, TaskResult, TaskResultStatus
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import TaskError
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
+from django.utils.json import normalize_json
+from django.utils.module_loading import import_string
+
+from . import db
+from .conf import CHECK_IDS, celery_problem
+from .exceptions import NotInTransaction
+from .models import TaskResultRecord
+from .routes import MAX_NAME_BYTES, TASKS_PREFIX, is_valid_destination
+from .staging import stage
+
+#: The backend's ``OPTIONS`` and their defaults.
+DEFAULT_OPTIONS = {"DATABASE": "default"}
+
+
+class OutboxTaskBackend(BaseTaskBackend):
+    """Django tasks staged in the caller's transaction, run by Celery workers.
+
+    ``OPTIONS``: ``DATABASE``, the alias the tasks' outbox rows and results are
+    written to (default ``"default"``); a task's own writes commit with its
+    outcome only on that database. ``QUEUES``: the task queues, each a Celery
+    queue (``queue_name`` is the queue the task is sent to).
+    """
+
+    supports_defer = True  # run_after: the row's available_at
+    supports_priority = True  # the broker's message priority: see docs/tasks.md
+    supports_get_result = True  # the TaskResultRecord table
+    supports_async_task = True  # the runner calls coroutines through async_to_sync
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        options = self.options if isinstance(self.options, dict) else {}
+        self.using: str = options.get("DATABASE", DEFAULT_OPTIONS["DATABASE"])
+
+    def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
+        """Stage ``task`` in the transaction in hand on the backend's database; raises
+        :class:`~django_outbox.NotInTransaction` outside ``transaction.atomic()``."""
+        self.validate_task(task)
+        json_args, json_kwargs = normalize_json(args), normalize_json(kwargs)  # not JSON: TypeError
+        if not transaction.get_connection(self.using).in_atomic_block:
+            raise NotInTransaction(
+                f"{task.name}.enqueue() on the outbox task backend must run inside "
+                f"transaction.atomic(using={self.using!r}), with the writes the task belongs to"
+            )
+        row = stage(
+            task.module_path,
+            {"backend": self.alias, "task": task.module_path, "priority": task.priority},
+            destination=TASKS_PREFIX + task.queue_name,
+            using=self.using,
+            available_at=task.run_after,
+        )
+        record = TaskResultRecord.objects.using(self.using).create(
+            id=row.event_id,
+            task_path=task.module_path,
+            backend=self.alias,
+            queue_name=task.queue_name,
+            priority=task.priority,
+            run_after=task.run_after,
+            args=json_args,
+            kwargs=json_kwargs,
+        )
+        result = self.result_of(record, task)
+        send = functools.partial(task_enqueued.send, type(self), task_result=result)
+        transaction.on_commit(send, using=self.using, robust=True)
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        """The task's result as last written; :class:`TaskResultDoesNotExist` for an id
+        that is not a committed task of this database."""
+        try:
+            record = TaskResultRecord.objects.using(self.using).get(id=result_id)
+        except (TaskResultRecord.DoesNotExist, ValidationError, ValueError):
+            raise TaskResultDoesNotExist(result_id) from None
+        return self.result_of(record)
+
+    def result_of(self, record: TaskResultRecord, task: Task | None = None) -> TaskResult:
+        """``record`` as Django's :class:`TaskResult` (its task imported by path unless
+        given)."""
+        task = (task or load_task(record.task_path)).using(
+            priority=record.priority,
+            queue_name=record.queue_name,
+            run_after=record.run_after,
+            backend=record.backend,
+        )
+        result: TaskResult = TaskResult(
+            task=task,
+            id=str(record.id),
+            status=TaskResultStatus(record.status),
+            enqueued_at=record.enqueued_at,
+            started_at=record.started_at,
+            finished_at=record.finished_at,
+            last_attempted_at=record.last_attempted_at,
+            args=record.args,
+            kwargs=record.kwargs,
+            backend=record.backend,
+            errors=[TaskError(**error) for error in record.errors],
+            worker_ids=list(record.worker_ids),
+        )
+        object.__setattr__(result, "_return_value", record.return_value)
+        return result
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """What the backend needs: its options right, queue names that can be Celery
+        queues, the celery package, and a database where relays can share the rows."""
+        found = _option_problems(self.alias, self.options)
+        found += [_bad_queue(self.alias, q) for q in sorted(self.queues) if not is_task_queue(q)]
+        problem = celery_problem([f"{TASKS_PREFIX}{queue}" for queue in sorted(self.queues)])
+        if problem is not None:
+            found.append(checks.Error(problem.msg, hint=problem.hint, id=problem.id))
+        if self.using in settings.DATABASES and not db.supports_skip_locked(
+            connections[self.using]
+        ):
+            found.append(_no_skip_locked(self.alias, self.using))
+        return found
+
+
+def load_task(path: str) -> Task:
+    """The task (a :func:`django.tasks.task`-decorated function) at ``path``; raises
+    :class:`InvalidTask` if ``path`` imports no task."""
+    try:
+        task = import_string(path)
+    except ImportError as exc:
+        raise InvalidTask(f"cannot import the task {path!r}: {exc}") from exc
+    if not isinstance(task, Task):
+        raise InvalidTask(f"{path!r} is a {type(task).__name__}, not a task (use @task)")
+    return task
+
+
+def is_task_queue(queue: object) -> bool:
+    """Whether ``queue`` can be a task queue: its destination ``django.tasks:<queue>``
+    and its Celery queue must be valid names."""
+    return (
+        isinstance(queue, str)
+        and is_valid_destination(TASKS_PREFIX + queue)
+        and queue[:1].isalnum()
+        and len(queue.encode()) <= MAX_NAME_BYTES
+    )
+
+
+def _option_problems(alias: str, options: object) -> list[checks.CheckMessage]:
+    where = f'TASKS["{alias}"]["OPTIONS"]'
+    hint = 'OPTIONS takes "DATABASE": a database alias (default "default"); see docs/tasks.md.'
+    if not isinstance(options, dict):
+        return [checks.Error(f"{where} must be a dict.", hint=hint, id=CHECK_IDS["bad_tasks"])]
+    found: list[checks.CheckMessage] = [
+        checks.Error(f"{where} has no option {key!r}.", hint=hint, id=CHECK_IDS["bad_tasks"])
+        for key in sorted(map(str, set(options) - set(DEFAULT_OPTIONS)))
+    ]
+    database = options.get("DATABASE", DEFAULT_OPTIONS["DATABASE"])
+    if database not in settings.DATABASES:
+        found.append(
+            checks.Error(
+                f'{where}["DATABASE"] is {database!r}, which is not in DATABASES.',
+                hint=f"Name one of: {', '.join(map(repr, settings.DATABASES))}.",
+                id=CHECK_IDS["bad_tasks"],
+            )
+        )
+    return found
+
+
+def _bad_queue(alias: str, queue: object) -> checks.CheckMessage:
+    return checks.Error(
+        f'TASKS["{alias}"]["QUEUES"] has {queue!r}, which cannot name a Celery queue here.',
+        hint=f"A queue name is 1-{255 - len(TASKS_PREFIX)} characters of letters, digits and "
+        "._:/-, starting with a letter or digit.",
+        id=CHECK_IDS["bad_tasks"],
+    )
+
+
+def _no_skip_locked(alias: str, using: str) -> checks.CheckMessage:
+    vendor = connections[using].vendor
+    return checks.Warning(
+        f'TASKS["{alias}"] writes its tasks to database {using!r} ({vendor}), which cannot '
+        "SELECT ... FOR UPDATE SKIP LOCKED: one relay only, and concurrent workers wait on it.",
+        hint="Run one run_outbox_relay and few workers, or use PostgreSQL.",
+        id=CHECK_IDS["tasks_no_skip_locked"],
+    )

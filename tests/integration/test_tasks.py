@@ -1,0 +1,294 @@
+"""Django tasks (``django.tasks``, Django 6) through the outbox, run by a real Celery worker
+process on the real RabbitMQ: enqueue commits with the caller, the task's effects happen
+once though its message arrives twice or its worker dies mid-task, results are readable.
+
+Skipped where ``django.tasks`` does not exist (Django 5.2)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("django.tasks", reason="django.tasks is Django 6.0+")
+
+from celery import Celery  # noqa: E402
+from django.db import connection, transaction  # noqa: E402
+from django.tasks import TaskResultStatus  # noqa: E402
+from django.tasks.exceptions import TaskResultDoesNotExist  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from django_outbox import stage  # noqa: E402
+from django_outbox.models import OutboxMessage, TaskResultRecord  # noqa: E402
+from django_outbox.relay import Relay  # noqa: E402
+from django_outbox.routes import TASKS_PREFIX  # noqa: E402
+from tests.support import (  # noqa: E402
+    AMQP_URL,
+    REPO,
+    delete_queue,
+    priority_queue,
+    queue_settled,
+    rabbitmqctl,
+    relay_env,
+    start_worker,
+    stop,
+    unique_destination,
+    wait_until,
+)
+from tests.testapp import djtasks  # noqa: E402
+from tests.testapp.models import Delivery  # noqa: E402
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture
+def queue() -> Iterator[str]:
+    """A task queue of its own, sent to through a current Celery app as a project's is
+    (with publisher confirms); deleted after."""
+    name = unique_destination("tasks")
+    app = Celery("outbox-tests-tasks", broker=AMQP_URL, set_as_current=True)
+    app.conf.broker_transport_options = {"confirm_publish": True}
+    yield name
+    app.close()
+    delete_queue(name)
+
+
+@pytest.fixture
+def worker(queue: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """A real Celery worker on ``queue`` and its log; stopped with SIGQUIT (Celery's cold
+    shutdown: SIGTERM's warm one waits about 10 s for nothing here)."""
+    log = tmp_path / "worker.log"
+    process = start_worker(queue, log)
+    yield process, log
+    if process.poll() is None:
+        stop(process, signal.SIGQUIT)
+
+
+def relay_all() -> int:
+    """Relay every due row through the current Celery app; the number published."""
+    return Relay().run(threading.Event(), drain=True).published
+
+
+def finished(result_id: str) -> bool:
+    return TaskResultRecord.objects.filter(id=result_id, status__in=["SUCCESSFUL", "FAILED"]).exists()
+
+
+def wait_finished(*results, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
+    for result in results:
+        wait_until(lambda: finished(result.id), timeout=timeout, what=f"task {result.id} to finish")
+        result.refresh()
+
+
+def test_a_rolled_back_enqueue_never_runs_and_a_committed_one_runs_once(queue, worker):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        rolled_back = djtasks.add.using(queue_name=queue).enqueue(40, 2)
+        raise RuntimeError("the caller's transaction rolls back")
+    with transaction.atomic():
+        committed = djtasks.add.using(queue_name=queue).enqueue(1, 2)
+    assert committed.status == TaskResultStatus.READY
+    assert committed.id == str(OutboxMessage.objects.get().event_id)
+
+    assert relay_all() == 1
+    wait_finished(committed)
+
+    assert committed.status == TaskResultStatus.SUCCESSFUL
+    assert committed.return_value == 3
+    assert committed.started_at is not None and committed.finished_at is not None
+    assert len(committed.worker_ids) == 1 and committed.attempts == 1
+    assert list(Delivery.objects.values_list("consumer", "n")) == [("add", 3)]
+    with pytest.raises(TaskResultDoesNotExist):
+        djtasks.add.get_result(rolled_back.id)
+    process, log = worker
+    stop(process, signal.SIGQUIT)
+    output = log.read_text()
+    # Django's own receivers of task_started and task_finished, in the worker.
+    assert f"Task id={committed.id} path=tests.testapp.djtasks.add state=RUNNING" in output
+    assert f"Task id={committed.id} path=tests.testapp.djtasks.add state=SUCCESSFUL" in output
+
+
+def test_a_failing_task_is_failed_with_its_error_and_its_writes_rolled_back(queue, worker):
+    with transaction.atomic():
+        result = djtasks.explode.using(queue_name=queue).enqueue("out of stock")
+    relay_all()
+    wait_finished(result)
+
+    assert result.status == TaskResultStatus.FAILED
+    (error,) = result.errors
+    assert error.exception_class is ValueError
+    assert "ValueError: out of stock" in error.traceback
+    with pytest.raises(ValueError, match="Task failed"):
+        result.return_value  # noqa: B018
+    assert not Delivery.objects.filter(consumer="explode").exists()
+
+
+def test_an_async_task_runs_in_the_worker(queue, worker):
+    with transaction.atomic():
+        result = djtasks.add_async.using(queue_name=queue).enqueue(20, 22)
+    relay_all()
+    wait_finished(result)
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 42)
+    assert list(Delivery.objects.values_list("consumer", "n")) == [("add_async", 42)]
+
+
+def test_a_task_waits_for_run_after_and_a_queue_for_its_own_worker(queue, worker):
+    run_after = timezone.now() + dt.timedelta(seconds=3)
+    other = unique_destination("tasks")
+    try:
+        with transaction.atomic():
+            later = djtasks.label.using(queue_name=queue, run_after=run_after).enqueue("later")
+            elsewhere = djtasks.label.using(queue_name=other).enqueue("elsewhere")
+        assert relay_all() == 1  # the task for the other queue; the later one is not due
+        assert OutboxMessage.objects.get(event_id=later.id).status == "pending"
+
+        wait_until(lambda: timezone.now() > run_after, timeout=10, what="run_after to pass")
+        assert relay_all() == 1
+        wait_finished(later)
+        assert later.status == TaskResultStatus.SUCCESSFUL
+        assert later.started_at >= run_after
+        # Nothing consumes the other queue: its task waits there, READY.
+        assert queue_depth(other) == 1
+        elsewhere.refresh()
+        assert elsewhere.status == TaskResultStatus.READY
+    finally:
+        delete_queue(other)
+
+
+def queue_depth(name: str) -> int:
+    for line in rabbitmqctl("list_queues", "name", "messages").splitlines():
+        queue, _, count = line.partition("\t")
+        if queue == name:
+            return int(count)
+    raise AssertionError(f"no queue {name}")
+
+
+def test_a_higher_priority_task_runs_first_on_a_priority_queue(queue, tmp_path):
+    from celery import current_app
+
+    current_app.conf.task_queues = [priority_queue(queue)]
+    with transaction.atomic():
+        for name in ("low-1", "low-2", "low-3"):
+            djtasks.label.using(queue_name=queue, priority=-100).enqueue(name)
+        djtasks.label.using(queue_name=queue, priority=0).enqueue("middle")
+        last = djtasks.label.using(queue_name=queue, priority=100).enqueue("high")
+    assert relay_all() == 5
+    assert queue_depth(queue) == 5  # all waiting before a worker takes the first
+    worker = start_worker(queue, tmp_path / "worker.log", TEST_CELERY_PRIORITY="1")
+    try:
+        wait_until(lambda: Delivery.objects.count() == 5, timeout=60, what="5 tasks to run")
+    finally:
+        stop(worker, signal.SIGQUIT)
+    ran = list(Delivery.objects.order_by("id").values_list("consumer", flat=True))
+    assert ran == ["label:high", "label:middle", "label:low-1", "label:low-2", "label:low-3"]
+    last.refresh()
+    assert last.return_value == "high"
+
+
+def test_a_worker_killed_mid_task_leaves_no_effect_and_the_next_attempt_runs_it(queue, tmp_path):
+    with transaction.atomic():
+        result = djtasks.stalls_on_first_attempt.using(queue_name=queue).enqueue(60)
+    relay_all()
+    first = start_worker(queue, tmp_path / "first.log")
+    try:
+        wait_until(
+            lambda: TaskResultRecord.objects.filter(id=result.id, status="RUNNING").exists(),
+            timeout=60,
+            what="the first attempt to start",
+        )
+    finally:
+        first.kill()  # SIGKILL mid-task: its transaction never commits
+        first.wait(timeout=30)
+    assert not Delivery.objects.exists()  # the first attempt's write is gone with it
+    second = start_worker(queue, tmp_path / "second.log")  # RabbitMQ redelivers the task
+    try:
+        wait_finished(result)
+        wait_until(lambda: queue_settled(queue), timeout=30, what="the queue to settle")
+    finally:
+        stop(second, signal.SIGQUIT)
+    assert (result.status, result.return_value, result.attempts) == ("SUCCESSFUL", 2, 2)
+    assert list(Delivery.objects.values_list("consumer", "n")) == [("stalls", 2)]
+
+
+@pytest.fixture
+def stuck_finalize() -> Iterator[None]:
+    """Every UPDATE that marks an outbox row PUBLISHED sleeps in the database: a relay has
+    published its batch and hangs before marking it, the worst moment to die."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION test_stall() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN PERFORM pg_sleep(120); RETURN NEW; END $$"
+        )
+        cursor.execute(
+            "CREATE TRIGGER test_stall BEFORE UPDATE ON django_outbox_outboxmessage "
+            "FOR EACH ROW WHEN (NEW.status = 'published') EXECUTE FUNCTION test_stall()"
+        )
+    try:
+        yield
+    finally:
+        unstall()
+
+
+def unstall() -> None:
+    """End :func:`stuck_finalize`: the killed relay's session, still asleep in its UPDATE
+    (holding the row), is ended first; the trigger then goes (its lock is free)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE wait_event = 'PgSleep' AND datname = current_database()"
+        )
+        cursor.execute("DROP TRIGGER IF EXISTS test_stall ON django_outbox_outboxmessage")
+        cursor.execute("DROP FUNCTION IF EXISTS test_stall()")
+
+
+def test_a_relay_killed_after_publishing_before_marking_runs_the_task_once(
+    queue, worker, stuck_finalize
+):
+    with transaction.atomic():
+        result = djtasks.add.using(queue_name=queue).enqueue(2, 2)
+    lease = {"LEASE_SECONDS": 2}
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "tests.celery_relay"],
+        cwd=REPO,
+        env={**relay_env(**lease), "TEST_CELERY_QUEUE": queue},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_finished(result)  # published and run, while the relay sleeps in its finalize
+    finally:
+        relay.kill()
+        relay.wait(timeout=30)
+    assert OutboxMessage.objects.get().status == "processing"  # never marked
+    unstall()
+    wait_until(lambda: relay_all() == 1, timeout=30, what="the lease to expire, the task resent")
+    wait_until(lambda: queue_settled(queue), timeout=30, what="the duplicate to be consumed")
+    process, log = worker
+    stop(process, signal.SIGQUIT)
+    assert list(Delivery.objects.values_list("consumer", "n")) == [("add", 4)]
+    assert f"task {result.id} is SUCCESSFUL; not run" in log.read_text()
+
+
+def test_a_message_naming_a_function_that_is_not_a_task_runs_nothing(queue, worker):
+    path = "tests.testapp.djtasks.not_a_task"
+    with transaction.atomic():
+        row = stage(
+            path,
+            {"backend": "default", "task": path, "priority": 0},
+            destination=TASKS_PREFIX + queue,
+        )
+        TaskResultRecord.objects.create(
+            id=row.event_id, task_path=path, backend="default", queue_name=queue
+        )
+    relay_all()
+    process, log = worker
+    wait_until(
+        lambda: "cannot run on this worker" in log.read_text(), timeout=60, what="the refusal"
+    )
+    stop(process, signal.SIGQUIT)
+    assert f"{path!r} is a function, not a task" in log.read_text()
+    assert not Delivery.objects.exists()
