@@ -36,7 +36,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.functional import SimpleLazyObject
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.timesince import timesince
@@ -46,7 +46,14 @@ from django.utils.translation import ngettext
 from . import store
 from .db import RowCount, count_rows, write_first
 from .exceptions import SkipRefused
-from .models import InboxFailure, InboxMessage, OutboxMessage, OutboxQuerySet, OutboxStatus
+from .models import (
+    InboxFailure,
+    InboxMessage,
+    OutboxMessage,
+    OutboxQuerySet,
+    OutboxStatus,
+    TaskResultRecord,
+)
 from .status import blocked_keys, summary
 
 logger = logging.getLogger(__name__)
@@ -116,12 +123,14 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     """No add, no change, delete for superusers only (see the module docstring),
     newest rows first, no full counts, no facet counts. ``search_fields`` cover
     the text columns; a search term that is a UUID finds the row with that event
-    id instead (exact match on its index)."""
+    id (``uuid_field``) instead (exact match on its index)."""
 
     paginator = EstimatingPaginator
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER  # facet counts are COUNT(*)s over the whole table
     ordering = ("-id",)
+    #: The column a UUID search term is looked up in.
+    uuid_field = "event_id"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -141,7 +150,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
             event_id = uuid.UUID(search_term.strip())
         except ValueError:
             return super().get_search_results(request, queryset, search_term)
-        return queryset.filter(event_id=event_id), False
+        return queryset.filter(**{self.uuid_field: event_id}), False
 
 
 class DeliveryAdmin(ReadOnlyAdmin):
@@ -473,3 +482,51 @@ class InboxFailureAdmin(DeliveryAdmin):
             return pretty_json(json.loads(obj.body))
         except ValueError:
             return format_html('<pre class="outbox-json">{}</pre>', obj.body)
+
+
+@admin.register(TaskResultRecord)
+class TaskResultAdmin(ReadOnlyAdmin):
+    """The results of Django tasks enqueued through the outbox (docs/tasks.md)."""
+
+    list_display = ("id", "task_path", "status", "queue_name", "enqueued_at", "finished_at")
+    list_filter = ("status", ("queue_name", RecentValuesFilter))
+    search_fields = ("^task_path",)
+    search_help_text = _("A task id (exact) or the start of a task's path.")
+    sortable_by = ()
+    ordering = ("-enqueued_at",)
+    uuid_field = "id"
+    fields = (
+        "id",
+        "task_path",
+        "status",
+        "backend",
+        "queue_name",
+        "priority",
+        "run_after",
+        "enqueued_at",
+        "started_at",
+        "last_attempted_at",
+        "finished_at",
+        "worker_ids",
+        "arguments_json",
+        "return_value_json",
+        "errors_text",
+    )
+    readonly_fields = ("arguments_json", "return_value_json", "errors_text")
+
+    @admin.display(description=_("arguments"))
+    def arguments_json(self, obj: TaskResultRecord) -> SafeString:
+        return pretty_json({"args": obj.args, "kwargs": obj.kwargs})
+
+    @admin.display(description=_("return value"))
+    def return_value_json(self, obj: TaskResultRecord) -> SafeString:
+        return pretty_json(obj.return_value)
+
+    @admin.display(description=_("errors"))
+    def errors_text(self, obj: TaskResultRecord) -> SafeString:
+        """Each error's exception class and traceback, oldest first."""
+        return format_html_join(
+            "",
+            '<pre class="outbox-error">{}\n{}</pre>',
+            ((e.get("exception_class_path", ""), e.get("traceback", "")) for e in obj.errors),
+        )

@@ -289,6 +289,13 @@ SETTINGS: dict[str, Setting] = {
             "the longest time a message can be redelivered after it was handled.",
         ),
         Setting(
+            "TASK_RESULT_RETENTION",
+            dt.timedelta(days=7),
+            _duration,
+            "how long the results of finished Django tasks (SUCCESSFUL or FAILED, by their "
+            "finished time) are kept for get_result() and the admin (timedelta or seconds).",
+        ),
+        Setting(
             "CLEANUP_INTERVAL",
             300,
             _seconds,

@@ -369,11 +369,13 @@ class TaskResultRecord(models.Model):
         verbose_name_plural = _("task results")
         db_table = "django_outbox_taskresult"
         indexes = [
+            # Retention deletes finished results by age; the admin lists the newest first.
             models.Index(
                 fields=["finished_at"],
                 name="outbox_task_finished_idx",
                 condition=models.Q(finished_at__isnull=False),
             ),
+            models.Index(fields=["enqueued_at"], name="outbox_task_enqueued_idx"),
         ]
 
     def __str__(self) -> str:

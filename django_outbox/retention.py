@@ -13,6 +13,8 @@ kind           rows                                         kept for
 ``inbox``      inbox marks, by ``processed_at``            ``INBOX_RETENTION``
 ``failures``   unparked inbox failures, by last failure    ``INBOX_RETENTION``
 ``parked``     parked inbox failures, by ``parked_at``     ``ABANDONED_RETENTION``
+``tasks``      finished Django task results, by            ``TASK_RESULT_RETENTION``
+               ``finished_at``
 =============  ==========================================  =======================
 
 An ABANDONED **ordered** row (one with a ``sequence``) is never deleted: it is its
@@ -35,7 +37,7 @@ from django.db.models import QuerySet
 from . import store
 from .conf import outbox_settings
 from .expressions import now_minus
-from .models import InboxFailure, InboxMessage, OutboxMessage
+from .models import InboxFailure, InboxMessage, OutboxMessage, TaskResultRecord
 from .redact import SecretFilter
 
 logger = logging.getLogger(__name__)
@@ -64,6 +66,9 @@ def expired(using: str = "default") -> dict[str, QuerySet[Any]]:
         ),
         "parked": failures.parked().filter(
             parked_at__lt=now_minus(outbox_settings.ABANDONED_RETENTION)
+        ),
+        "tasks": TaskResultRecord.objects.using(using).filter(
+            finished_at__lt=now_minus(outbox_settings.TASK_RESULT_RETENTION)
         ),
     }
 

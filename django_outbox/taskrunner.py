@@ -57,9 +57,10 @@ def run(payload: dict[str, Any], result_id: str, worker_id: str) -> None:
     ``result_id``, once in effect; ``worker_id`` joins its ``worker_ids``."""
     backend = _backend(payload.get("backend"))
     try:
-        if not _start(backend.using, result_id, worker_id):
+        record = _start(backend.using, result_id, worker_id)
+        if record is None:
             return
-        result = backend.get_result(result_id)
+        result = backend.result_of(record)
     except Exception as exc:  # the task's module or function is not importable here
         raise TaskUnavailable(f"task {result_id} cannot run on this worker: {exc}") from exc
     task_started.send(type(backend), task_result=result)
@@ -69,12 +70,12 @@ def run(payload: dict[str, Any], result_id: str, worker_id: str) -> None:
                 logger.info("task %s already ran; skipped", result_id, extra=_extra(result))
                 return
             value = normalize_json(_call(result))
-            _finish(backend.using, result_id, TaskStatus.SUCCESSFUL, return_value=value)
+            _finish(record, backend.using, TaskStatus.SUCCESSFUL, return_value=value)
     except Exception as exc:
-        if _fail(backend.using, result_id, exc):
-            task_finished.send(type(backend), task_result=backend.get_result(result_id))
+        if _fail(record, backend.using, exc):
+            task_finished.send(type(backend), task_result=backend.result_of(record))
         return
-    task_finished.send(type(backend), task_result=backend.get_result(result_id))
+    task_finished.send(type(backend), task_result=backend.result_of(record))
 
 
 def _backend(alias: object) -> OutboxTaskBackend:
@@ -91,9 +92,9 @@ def _backend(alias: object) -> OutboxTaskBackend:
     return backend
 
 
-def _start(using: str, result_id: str, worker_id: str) -> bool:
-    """Mark the task RUNNING by ``worker_id``; False when it has finished already, or
-    was never committed (nothing to run)."""
+def _start(using: str, result_id: str, worker_id: str) -> TaskResultRecord | None:
+    """Mark the task RUNNING by ``worker_id`` and return its record; None when it has
+    finished already, or was never committed (nothing to run)."""
     now = timezone.now()
     with transaction.atomic(using=using):
         record = (
@@ -107,13 +108,13 @@ def _start(using: str, result_id: str, worker_id: str) -> bool:
                 why,
                 extra={"action": "tasks.skipped", "result_id": result_id},
             )
-            return False
+            return None
         record.status = TaskStatus.RUNNING
         record.started_at = record.started_at or now
         record.last_attempted_at = now
         record.worker_ids = [*record.worker_ids, worker_id]
         record.save(update_fields=["status", "started_at", "last_attempted_at", "worker_ids"])
-    return True
+    return record
 
 
 def _call(result: TaskResult) -> Any:
@@ -123,13 +124,15 @@ def _call(result: TaskResult) -> Any:
     return task.call(*result.args, **result.kwargs)
 
 
-def _finish(using: str, result_id: str, status: TaskStatus, **values: Any) -> None:
-    TaskResultRecord.objects.using(using).filter(id=result_id).update(
-        status=status, finished_at=timezone.now(), **values
-    )
+def _finish(record: TaskResultRecord, using: str, status: TaskStatus, **values: Any) -> None:
+    """Write the outcome ``status`` (and ``values``) of ``record``'s task."""
+    record.status, record.finished_at = status, timezone.now()
+    for name, value in values.items():
+        setattr(record, name, value)
+    record.save(using=using, update_fields=["status", "finished_at", *values])
 
 
-def _fail(using: str, result_id: str, exc: Exception) -> bool:
+def _fail(record: TaskResultRecord, using: str, exc: Exception) -> bool:
     """Commit the FAILED outcome of ``exc`` with the inbox mark; False when another
     delivery committed an outcome first (this one's failure is then not recorded)."""
     kind = type(exc)
@@ -137,18 +140,17 @@ def _fail(using: str, result_id: str, exc: Exception) -> bool:
         "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
         "traceback": outbox_settings.redact("".join(traceback.format_exception(exc))),
     }
-    with process_once(CONSUMER, result_id, using) as new:
+    with process_once(CONSUMER, record.id, using) as new:
         if new:
-            record = TaskResultRecord.objects.using(using).get(id=result_id)
-            _finish(using, result_id, TaskStatus.FAILED, errors=[*record.errors, error])
+            _finish(record, using, TaskStatus.FAILED, errors=[*record.errors, error])
     logger.log(
         logging.WARNING if new else logging.INFO,
         "task %s failed: %s: %s%s",
-        result_id,
+        record.id,
         error["exception_class_path"],
         exc,
         "" if new else " (another delivery had committed its outcome)",
-        extra={"action": "tasks.failed", "result_id": result_id},
+        extra={"action": "tasks.failed", "result_id": str(record.id)},
     )
     return new
 

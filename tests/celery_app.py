@@ -19,7 +19,7 @@ from django.conf import settings  # noqa: E402
 app = Celery("outbox-tests", broker=settings.OUTBOX["BROKER_URL"], set_as_current=True)
 app.conf.task_default_queue = os.environ.get("TEST_CELERY_QUEUE", "celery")
 if os.environ.get("TEST_CELERY_PRIORITY"):  # the queue takes message priorities 0-9
-    from tests.support import priority_queue  # noqa: E402
+    from tests.support import priority_queue
 
     app.conf.task_queues = [priority_queue(app.conf.task_default_queue)]
     app.conf.worker_prefetch_multiplier = 1  # so the worker takes the highest first

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import sys
 
-import tests.celery_app  # noqa: F401  (sets up Django and makes its app current)
 from django.core.management import execute_from_command_line
+
+import tests.celery_app  # noqa: F401  (sets up Django and makes its app current)
 
 if __name__ == "__main__":
     execute_from_command_line(["manage.py", "run_outbox_relay", *sys.argv[1:]])

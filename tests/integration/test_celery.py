@@ -5,10 +5,7 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 from django.db import transaction
@@ -23,16 +20,13 @@ from django_outbox.staging import RESERVED_HEADERS
 from tests.support import (
     AMQP_URL,
     REDIS_URL,
-    REPO,
     confirming_celery_queue,
     delete_queue,
     drain_raw,
-    rabbitmqctl,
     queue_settled,
-    relay_env,
     services,
-    start_worker,
     stage_events,
+    start_worker,
     stop,
     unique_destination,
     wait_until,

@@ -18,17 +18,17 @@ import pytest
 
 pytest.importorskip("django.tasks", reason="django.tasks is Django 6.0+")
 
-from celery import Celery  # noqa: E402
-from django.db import connection, transaction  # noqa: E402
-from django.tasks import TaskResultStatus  # noqa: E402
-from django.tasks.exceptions import TaskResultDoesNotExist  # noqa: E402
-from django.utils import timezone  # noqa: E402
+from celery import Celery
+from django.db import connection, transaction
+from django.tasks import TaskResultStatus
+from django.tasks.exceptions import TaskResultDoesNotExist
+from django.utils import timezone
 
-from django_outbox import stage  # noqa: E402
-from django_outbox.models import OutboxMessage, TaskResultRecord  # noqa: E402
-from django_outbox.relay import Relay  # noqa: E402
-from django_outbox.routes import TASKS_PREFIX  # noqa: E402
-from tests.support import (  # noqa: E402
+from django_outbox import stage
+from django_outbox.models import OutboxMessage, TaskResultRecord
+from django_outbox.relay import Relay
+from django_outbox.routes import TASKS_PREFIX
+from tests.support import (
     AMQP_URL,
     REPO,
     delete_queue,
@@ -41,8 +41,8 @@ from tests.support import (  # noqa: E402
     unique_destination,
     wait_until,
 )
-from tests.testapp import djtasks  # noqa: E402
-from tests.testapp.models import Delivery  # noqa: E402
+from tests.testapp import djtasks
+from tests.testapp.models import Delivery
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -76,13 +76,14 @@ def relay_all() -> int:
 
 
 def finished(result_id: str) -> bool:
-    return TaskResultRecord.objects.filter(id=result_id, status__in=["SUCCESSFUL", "FAILED"]).exists()
+    done = ["SUCCESSFUL", "FAILED"]
+    return TaskResultRecord.objects.filter(id=result_id, status__in=done).exists()
 
 
-def wait_finished(*results, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
-    for result in results:
-        wait_until(lambda: finished(result.id), timeout=timeout, what=f"task {result.id} to finish")
-        result.refresh()
+def wait_finished(result, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
+    """Wait until the task of ``result`` (a TaskResult) has finished; refresh it."""
+    wait_until(lambda: finished(result.id), timeout=timeout, what=f"task {result.id} to finish")
+    result.refresh()
 
 
 def test_a_rolled_back_enqueue_never_runs_and_a_committed_one_runs_once(queue, worker):
