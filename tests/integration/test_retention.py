@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_outbox import retention
-from django_outbox.models import InboxMessage, OutboxMessage
+from django_outbox.models import InboxMessage, OutboxMessage, TaskResultRecord, TaskStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,6 +33,21 @@ def _inbox_marks(count: int, processed_at: dt.datetime) -> None:
     InboxMessage.objects.filter(processed_at__gt=processed_at).update(processed_at=processed_at)
 
 
+def _task_results(count: int, status: str, finished_at: dt.datetime | None) -> set[uuid.UUID]:
+    rows = TaskResultRecord.objects.bulk_create(
+        TaskResultRecord(
+            id=uuid.uuid4(),
+            task_path="t.t",
+            backend="default",
+            queue_name="default",
+            status=status,
+            finished_at=finished_at,
+        )
+        for _ in range(count)
+    )
+    return {row.id for row in rows}
+
+
 def _deletes(queries: CaptureQueriesContext, table: str) -> int:
     return sum(q["sql"].startswith(f'DELETE FROM "{table}"') for q in queries.captured_queries)
 
@@ -50,6 +65,11 @@ def test_cleanup_deletes_every_expired_row_over_several_batches_and_keeps_the_re
     )
     waiting = _outbox_rows(20, available_at=month_ago)  # PENDING however old: never deleted
     _inbox_marks(1_000, week_ago)  # exactly one batch: the next select finds none
+    _task_results(1_100, TaskStatus.SUCCESSFUL, week_ago)
+    _task_results(50, TaskStatus.FAILED, week_ago)
+    young_results = _task_results(10, TaskStatus.FAILED, now - dt.timedelta(days=6))
+    unfinished = _task_results(5, TaskStatus.RUNNING, None)  # however old: never deleted
+    unfinished |= _task_results(5, TaskStatus.READY, None)
 
     assert retention.cleanup(dry_run=True) == {
         "published": 2_345,
@@ -57,6 +77,7 @@ def test_cleanup_deletes_every_expired_row_over_several_batches_and_keeps_the_re
         "inbox": 1_000,
         "failures": 0,
         "parked": 0,
+        "tasks": 1_150,
     }
     assert OutboxMessage.objects.count() == 2_345 + 40 + 1_001 + 30 + 20
 
@@ -69,11 +90,14 @@ def test_cleanup_deletes_every_expired_row_over_several_batches_and_keeps_the_re
         "inbox": 1_000,
         "failures": 0,
         "parked": 0,
+        "tasks": 1_150,
     }
     # Batches of DELETE_BATCH (1000) rows: 3 for the published rows, 2 for the abandoned.
     assert retention.DELETE_BATCH == 1000
     assert _deletes(queries, OutboxMessage._meta.db_table) == 3 + 2
     assert _deletes(queries, InboxMessage._meta.db_table) == 1
+    assert _deletes(queries, TaskResultRecord._meta.db_table) == 2
+    assert set(TaskResultRecord.objects.values_list("id", flat=True)) == young_results | unfinished
     left = set(OutboxMessage.objects.values_list("pk", flat=True))
     assert left == young_published | young_abandoned | waiting
     assert not left & old_published
