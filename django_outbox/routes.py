@@ -146,7 +146,8 @@ def parse_routes(value: object, default_exchange: str) -> dict[str, Route]:
     return {name: _parse_route(name, spec, default_exchange) for name, spec in value.items()}
 
 
-def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
+def _check_route_name(name: object) -> str:
+    """``name`` if it can name a route: a valid destination the tasks backend does not own."""
     if not is_valid_destination(name):
         raise ValueError(
             f"route name {name!r} is not a valid destination "
@@ -158,6 +159,11 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
             f"route name {name!r} starts with {TASKS_PREFIX!r}, which is kept for the queues "
             "of the Django tasks backend (their route is made for them)"
         )
+    return name
+
+
+def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
+    name = _check_route_name(name)
     if not isinstance(spec, Mapping):
         raise ValueError(f"route {name!r} must be a dict; got {type(spec).__name__}")
     keys = set(spec)
