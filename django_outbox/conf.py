@@ -349,6 +349,7 @@ CHECK_IDS = {
     # The Django tasks backend (taskbackend.OutboxTaskBackend.check):
     "bad_tasks": "django_outbox.E019",
     "tasks_no_skip_locked": "django_outbox.W006",
+    "tasks_no_celery_app": "django_outbox.W007",
 }
 
 #: The package a kombu transport needs, by URL scheme: (module to import, what to install).

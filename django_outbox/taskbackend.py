@@ -129,12 +129,15 @@ class OutboxTaskBackend(BaseTaskBackend):
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         """What the backend needs: its options right, queue names that can be Celery
-        queues, the celery package, and a database where relays can share the rows."""
+        queues, the celery package and a Celery app with a broker, and a database where
+        relays can share the rows."""
         found = _option_problems(self.alias, self.options)
         found += [_bad_queue(self.alias, q) for q in sorted(self.queues) if not is_task_queue(q)]
         problem = celery_problem([f"{TASKS_PREFIX}{queue}" for queue in sorted(self.queues)])
         if problem is not None:
             found.append(checks.Error(problem.msg, hint=problem.hint, id=problem.id))
+        elif not _celery_broker():
+            found.append(_no_celery_broker(self.alias))
         if self.using in settings.DATABASES and not db.supports_skip_locked(
             connections[self.using]
         ):
@@ -192,6 +195,24 @@ def _bad_queue(alias: str, queue: object) -> checks.CheckMessage:
         hint=f"A queue name is 1-{255 - len(TASKS_PREFIX)} characters of letters, digits and "
         "._:/-, starting with a letter or digit.",
         id=CHECK_IDS["bad_tasks"],
+    )
+
+
+def _celery_broker() -> str | None:
+    """The broker URL of the current Celery app, through which the relay sends the tasks
+    (None when it has none: Celery would use amqp://guest@localhost//). Connects nowhere."""
+    from celery import current_app  # type: ignore[import-untyped]
+
+    return current_app.conf.broker_write_url or current_app.conf.broker_url or None
+
+
+def _no_celery_broker(alias: str) -> checks.CheckMessage:
+    return checks.Warning(
+        f'TASKS["{alias}"] is sent through the current Celery app, which has no broker URL: '
+        "the relay would send the tasks to Celery's default, amqp://guest@localhost//.",
+        hint="Create the Celery app in your project's package (mysite/__init__.py imports "
+        "mysite/celery.py) with its broker (CELERY_BROKER_URL); see docs/tasks.md.",
+        id=CHECK_IDS["tasks_no_celery_app"],
     )
 
 

@@ -91,3 +91,10 @@ LOGGING = {
 # Django 6's tasks framework (django.tasks; Django 5.2 ignores the setting): the outbox's
 # backend, any queue name (each test sends to a queue of its own).
 TASKS = {"default": {"BACKEND": "django_outbox.tasks.OutboxTaskBackend", "QUEUES": []}}
+
+# The project's Celery app, made current as a project's package makes its own
+# (mysite/__init__.py imports mysite/celery.py): the relay sends Celery routes and Django
+# tasks through the current app (docs/tasks.md). Tests that need another make it current.
+from celery import Celery  # type: ignore[import-untyped]  # noqa: E402
+
+CELERY_APP = Celery("outbox-tests-settings", broker=OUTBOX["BROKER_URL"], set_as_current=True)

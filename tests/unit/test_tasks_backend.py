@@ -151,3 +151,20 @@ def test_a_queue_the_backend_does_not_list_is_refused_by_django():
     configured = {"default": {"BACKEND": "django_outbox.tasks.OutboxTaskBackend"}}
     with override_settings(TASKS=configured), pytest.raises(InvalidTask, match="emails"):
         djtasks.add.using(queue_name="emails")
+
+
+@needs_tasks
+def test_a_current_celery_app_without_a_broker_is_warned_about_by_w007():
+    from celery import Celery
+
+    from tests.settings import CELERY_APP
+
+    bare = Celery("no-broker", set_as_current=True)
+    try:
+        (warning,) = backend().check()
+    finally:
+        bare.close()
+        CELERY_APP.set_current()
+    assert warning.id == "django_outbox.W007"
+    assert "has no broker URL" in warning.msg
+    assert backend().check() == []
