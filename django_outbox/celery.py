@@ -37,10 +37,13 @@ except ImportError as exc:  # the [celery] extra is not installed
         'pip install "django-transactional-outbox[celery]"'
     ) from exc
 
+from .conf import outbox_settings
 from .inbox import handled_types, handles, run_once
+from .redact import SecretFilter
 from .routes import TASK_RUNNER
 
 logger = logging.getLogger(__name__)
+logger.addFilter(SecretFilter(outbox_settings.redact))  # the runner's error texts
 
 #: How long a worker that cannot run a Django task yet (its code or its TASKS backend
 #: is not deployed here) waits before the task's message is tried again.
@@ -96,14 +99,21 @@ def run_django_task(self: Task, **payload: Any) -> None:
     """The Celery task that runs Django tasks (``django.tasks``) enqueued through
     :class:`django_outbox.tasks.OutboxTaskBackend`, once in effect: see
     :mod:`django_outbox.taskrunner`. Registered with every Celery app that imports
-    ``django_outbox.tasks`` (``app.autodiscover_tasks()`` does)."""
-    from .taskrunner import TaskUnavailable, run
+    ``django_outbox.tasks`` (``app.autodiscover_tasks()`` does).
 
+    A task it cannot run yet (:class:`~django_outbox.taskrunner.TaskUnavailable`) and
+    an error of the runner itself (the database gone mid-run) are sent again after
+    ``UNAVAILABLE_RETRY_SECONDS``, never acked away: the task's own errors never get
+    here (they are its FAILED outcome)."""
     try:
+        from .taskrunner import run  # needs django.tasks: Django 6.0+
+
         run(payload, str(self.request.id), str(self.request.hostname))
-    except TaskUnavailable as exc:
+    except Exception as exc:
         logger.error(
-            "%s; retried in %ds",
+            "task %s: %s: %s; sent again in %ds",
+            self.request.id,
+            type(exc).__name__,
             exc,
             UNAVAILABLE_RETRY_SECONDS,
             extra={"action": "tasks.unavailable", "result_id": str(self.request.id)},

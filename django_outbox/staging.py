@@ -273,9 +273,9 @@ def _build(
     fields: dict[str, Any] = {
         "event_type": event_type,
         "destination": destination,
-        "payload": _to_json(payload, "payload", event_type),
+        "payload": to_json(payload, "payload", event_type),
         "headers": _check_header_values(
-            _to_json(_check_headers(headers, event_type, route), "headers", event_type), event_type
+            to_json(_check_headers(headers, event_type, route), "headers", event_type), event_type
         ),
         "ordering_key": key or "",
     }
@@ -326,7 +326,7 @@ def _committed(rows: list[OutboxMessage], using: str) -> None:
             )
 
 
-def _to_json(value: Any, what: str, event_type: str) -> Any:
+def to_json(value: Any, what: str, event_type: str) -> Any:
     """Encode once with DjangoJSONEncoder (strict: no NaN) and keep the decoded form,
     which is exactly what the row stores and the relay sends.
 

@@ -15,6 +15,7 @@ Import it as ``django_outbox.tasks.OutboxTaskBackend``: this module needs
 from __future__ import annotations
 
 import functools
+import importlib.util
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,11 +32,12 @@ from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 from . import db
-from .conf import CHECK_IDS, celery_problem
+from .conf import CELERY_EXTRA, CHECK_IDS
 from .exceptions import NotInTransaction
 from .models import TaskResultRecord
 from .routes import MAX_NAME_BYTES, TASKS_PREFIX, is_valid_destination
-from .staging import stage
+from .staging import stage, to_json
+from .transports.celery import publishes_unconfirmed
 
 #: The backend's ``OPTIONS`` and their defaults.
 DEFAULT_OPTIONS = {"DATABASE": "default"}
@@ -64,7 +66,10 @@ class OutboxTaskBackend(BaseTaskBackend):
         """Stage ``task`` in the transaction in hand on the backend's database; raises
         :class:`~django_outbox.NotInTransaction` outside ``transaction.atomic()``."""
         self.validate_task(task)
-        json_args, json_kwargs = normalize_json(args), normalize_json(kwargs)  # not JSON: TypeError
+        # Django's own normalization (TypeError for what JSON cannot hold), then the
+        # outbox's: no NaN, nothing PostgreSQL cannot store, within MAX_PAYLOAD_BYTES.
+        arguments = {"args": normalize_json(args), "kwargs": normalize_json(kwargs)}
+        arguments = to_json(arguments, "arguments", task.module_path)
         if not transaction.get_connection(self.using).in_atomic_block:
             raise NotInTransaction(
                 f"{task.name}.enqueue() on the outbox task backend must run inside "
@@ -84,13 +89,22 @@ class OutboxTaskBackend(BaseTaskBackend):
             queue_name=task.queue_name,
             priority=task.priority,
             run_after=task.run_after,
-            args=json_args,
-            kwargs=json_kwargs,
+            args=arguments["args"],
+            kwargs=arguments["kwargs"],
         )
         result = self.result_of(record, task)
         send = functools.partial(task_enqueued.send, type(self), task_result=result)
         transaction.on_commit(send, using=self.using, robust=True)
         return result
+
+    async def aenqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
+        """Refused: Django has no asynchronous ``atomic()``, so an enqueue from async code
+        cannot join the transaction of the writes it belongs to."""
+        raise NotInTransaction(
+            f"{task.name}.aenqueue() cannot join a transaction (Django has no async atomic): "
+            "put the writes and task.enqueue() in one function under transaction.atomic() "
+            "and call it through sync_to_async"
+        )
 
     def get_result(self, result_id: str) -> TaskResult:
         """The task's result as last written; :class:`TaskResultDoesNotExist` for an id
@@ -133,11 +147,7 @@ class OutboxTaskBackend(BaseTaskBackend):
         relays can share the rows."""
         found = _option_problems(self.alias, self.options)
         found += [_bad_queue(self.alias, q) for q in sorted(self.queues) if not is_task_queue(q)]
-        problem = celery_problem([f"{TASKS_PREFIX}{queue}" for queue in sorted(self.queues)])
-        if problem is not None:
-            found.append(checks.Error(problem.msg, hint=problem.hint, id=problem.id))
-        elif not _celery_broker():
-            found.append(_no_celery_broker(self.alias))
+        found += _celery_problems(self.alias)
         if self.using in settings.DATABASES and not db.supports_skip_locked(
             connections[self.using]
         ):
@@ -198,22 +208,43 @@ def _bad_queue(alias: str, queue: object) -> checks.CheckMessage:
     )
 
 
-def _celery_broker() -> str | None:
-    """The broker URL of the current Celery app, through which the relay sends the tasks
-    (None when it has none: Celery would use amqp://guest@localhost//). Connects nowhere."""
+def _celery_problems(alias: str) -> list[checks.CheckMessage]:
+    """What the relay needs to send the tasks through the current Celery app: celery
+    installed (E016), a broker URL (W007), publisher confirms on RabbitMQ (W004).
+    Connects nowhere."""
+    where = f'TASKS["{alias}"]'
+    if importlib.util.find_spec("celery") is None:
+        return [
+            checks.Error(
+                f"{where} runs its tasks with Celery workers, which requires the celery "
+                f"package: pip install {CELERY_EXTRA}",
+                hint="Install it where the relay and the workers run.",
+                id=CHECK_IDS["missing_celery"],
+            )
+        ]
     from celery import current_app  # type: ignore[import-untyped]
 
-    return current_app.conf.broker_write_url or current_app.conf.broker_url or None
-
-
-def _no_celery_broker(alias: str) -> checks.CheckMessage:
-    return checks.Warning(
-        f'TASKS["{alias}"] is sent through the current Celery app, which has no broker URL: '
-        "the relay would send the tasks to Celery's default, amqp://guest@localhost//.",
-        hint="Create the Celery app in your project's package (mysite/__init__.py imports "
-        "mysite/celery.py) with its broker (CELERY_BROKER_URL); see docs/tasks.md.",
-        id=CHECK_IDS["tasks_no_celery_app"],
-    )
+    if not (current_app.conf.broker_write_url or current_app.conf.broker_url):
+        return [
+            checks.Warning(
+                f"{where} is sent through the current Celery app, which has no broker URL: "
+                "the relay would send the tasks to Celery's default, amqp://guest@localhost//.",
+                hint="Create the Celery app in your project's package (mysite/__init__.py "
+                "imports mysite/celery.py) with its broker (CELERY_BROKER_URL); see docs/tasks.md.",
+                id=CHECK_IDS["tasks_no_celery_app"],
+            )
+        ]
+    if publishes_unconfirmed():
+        return [
+            checks.Warning(
+                f"{where} is sent to RabbitMQ without publisher confirms: a task the broker "
+                "refuses or loses is marked PUBLISHED all the same.",
+                hint='Set CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True} (the '
+                "Celery app's broker_transport_options); see docs/tasks.md.",
+                id=CHECK_IDS["celery_no_confirms"],
+            )
+        ]
+    return []
 
 
 def _no_skip_locked(alias: str, using: str) -> checks.CheckMessage:

@@ -4,40 +4,52 @@ The relay sends each task enqueued through
 :class:`~django_outbox.tasks.OutboxTaskBackend` as a message of the Celery task
 :data:`~django_outbox.routes.TASK_RUNNER`, whose body is :func:`run`:
 
-1. the task's result record becomes RUNNING (its own short transaction, so it is
-   seen while the task runs; the worker's id is added), and ``task_started`` is sent;
-2. the task runs inside the inbox transaction of consumer ``django.tasks`` on the
-   backend's database, and its SUCCESSFUL outcome (the return value) is written in
-   that same transaction: the task's writes, the inbox mark and the outcome commit
-   together or not at all. A delivery of a task whose mark is there (a relay's
-   second publish, a broker's redelivery) finds it and runs nothing;
-3. an exception rolls all of that back; the FAILED outcome (the exception class
+1. the task's result record is read and its task imported; a worker that cannot
+   (the code or the backend is not deployed here) raises :class:`TaskUnavailable`
+   and Celery sends the message again later, the record untouched;
+2. the record becomes RUNNING (its own short transaction, so it is seen while the
+   task runs; the worker's id is added), and ``task_started`` is sent. A record
+   another delivery holds locked is being run: this delivery runs nothing;
+3. the task runs inside the inbox transaction of consumer ``django.tasks`` on the
+   backend's database, holding its record, and its SUCCESSFUL outcome (the return
+   value) is written in that same transaction: the task's writes, the inbox mark
+   and the outcome commit together or not at all. A delivery of a task whose mark
+   is there (a relay's second publish, a broker's redelivery) runs nothing;
+4. an exception rolls all of that back; the FAILED outcome (the exception class
    and traceback) is then written with the inbox mark in a transaction of its
    own, so the failure is final, as Django's tasks are never retried by the
    backend. ``task_finished`` is sent once the outcome is committed.
 
-A worker killed mid-task commits nothing of step 2: the broker redelivers the
-message (the runner acks late) and the task runs again, a second attempt.
+A worker killed mid-task commits nothing of step 3: the broker redelivers the
+message (the runner acks late) and the task runs again, a second attempt. A task
+started :data:`MAX_STARTS` times without an outcome (its worker died each time: out
+of memory, a hard time limit) is FAILED with :class:`WorkerLost` instead of a
+sixth start. Any other error (the database gone mid-run) reaches Celery, which
+sends the message again: a committed task is never dropped.
 """
 
 from __future__ import annotations
 
 import logging
 import traceback
+import uuid
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.tasks import TaskContext, TaskResult, task_backends
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 from django.utils.json import normalize_json
 
+from . import db
 from .conf import outbox_settings
 from .inbox import process_once
 from .models import TASK_FINISHED, TaskResultRecord, TaskStatus
 from .redact import SecretFilter
 
 if TYPE_CHECKING:
+    from django.dispatch import Signal
+
     from .taskbackend import OutboxTaskBackend
 
 logger = logging.getLogger(__name__)
@@ -45,6 +57,9 @@ logger.addFilter(SecretFilter(outbox_settings.redact))  # the tasks' error texts
 
 #: The inbox consumer whose marks say a task's outcome is committed.
 CONSUMER = "django.tasks"
+#: How many times a task may start without an outcome before it is FAILED: each start
+#: is a worker that died running it (Celery requeues the message of a lost worker).
+MAX_STARTS = 5
 
 
 class TaskUnavailable(Exception):
@@ -52,30 +67,47 @@ class TaskUnavailable(Exception):
     here (a deploy in progress, settings that differ). Retried later, never lost."""
 
 
+class WorkerLost(Exception):
+    """The outcome of a task whose workers died :data:`MAX_STARTS` times running it."""
+
+
 def run(payload: dict[str, Any], result_id: str, worker_id: str) -> None:
     """Run the task of ``payload`` (the message the backend staged) whose result id is
     ``result_id``, once in effect; ``worker_id`` joins its ``worker_ids``."""
     backend = _backend(payload.get("backend"))
-    try:
-        record = _start(backend.using, result_id, worker_id)
-        if record is None:
-            return
-        result = backend.result_of(record)
-    except Exception as exc:  # the task's module or function is not importable here
-        raise TaskUnavailable(f"task {result_id} cannot run on this worker: {exc}") from exc
-    task_started.send(type(backend), task_result=result)
-    try:
-        with process_once(CONSUMER, result_id, backend.using) as new:
-            if not new:
-                logger.info("task %s already ran; skipped", result_id, extra=_extra(result))
-                return
-            value = normalize_json(_call(result))
-            _finish(record, backend.using, TaskStatus.SUCCESSFUL, return_value=value)
-    except Exception as exc:
-        if _fail(record, backend.using, exc):
-            task_finished.send(type(backend), task_result=backend.result_of(record))
+    record = _pending(backend.using, result_id)
+    if record is None:
         return
-    task_finished.send(type(backend), task_result=backend.result_of(record))
+    try:
+        backend.result_of(record)  # the task imports and is valid here
+    except Exception as exc:
+        raise TaskUnavailable(f"task {result_id} cannot run on this worker: {exc}") from exc
+    record = _start(backend, record.id, worker_id)
+    if record is None:
+        return
+    _send(task_started, backend, record)
+    try:
+        finished = _run_once(backend, record)
+    except Exception as exc:
+        finished = _fail(record, backend.using, exc)
+    if finished:
+        _send(task_finished, backend, record)
+
+
+def _run_once(backend: OutboxTaskBackend, record: TaskResultRecord) -> bool:
+    """Run the task in one transaction with its inbox mark and SUCCESSFUL outcome,
+    holding its record; False when another delivery holds it or the mark is there
+    (this one ran nothing)."""
+    with transaction.atomic(using=backend.using):
+        if not _hold(backend.using, record.id):
+            return False
+        with process_once(CONSUMER, record.id, backend.using) as new:
+            if not new:
+                logger.info("task %s already ran; skipped", record.id, extra=_extra(record))
+                return False
+            value = normalize_json(_call(backend.result_of(record)))
+            _finish(record, backend.using, TaskStatus.SUCCESSFUL, return_value=value)
+    return True
 
 
 def _backend(alias: object) -> OutboxTaskBackend:
@@ -92,29 +124,85 @@ def _backend(alias: object) -> OutboxTaskBackend:
     return backend
 
 
-def _start(using: str, result_id: str, worker_id: str) -> TaskResultRecord | None:
-    """Mark the task RUNNING by ``worker_id`` and return its record; None when it has
-    finished already, or was never committed (nothing to run)."""
-    now = timezone.now()
-    with transaction.atomic(using=using):
-        record = (
-            TaskResultRecord.objects.using(using).select_for_update().filter(id=result_id).first()
-        )
-        if record is None or record.status in TASK_FINISHED:
-            why = "has no result record" if record is None else f"is {record.status}"
-            logger.info(
-                "task %s %s; not run",
-                result_id,
-                why,
-                extra={"action": "tasks.skipped", "result_id": result_id},
-            )
-            return None
-        record.status = TaskStatus.RUNNING
-        record.started_at = record.started_at or now
-        record.last_attempted_at = now
-        record.worker_ids = [*record.worker_ids, worker_id]
-        record.save(update_fields=["status", "started_at", "last_attempted_at", "worker_ids"])
+def _pending(using: str, result_id: str) -> TaskResultRecord | None:
+    """The record of a task still to run; None (logged) when there is nothing to run:
+    it has finished, or no committed enqueue made it."""
+    try:
+        record = TaskResultRecord.objects.using(using).filter(id=uuid.UUID(result_id)).first()
+    except ValueError:
+        record = None
+    if record is None or record.status in TASK_FINISHED:
+        why = "has no result record" if record is None else f"is {record.status}"
+        _skipped(result_id, why)
+        return None
     return record
+
+
+def _skipped(result_id: object, why: str) -> None:
+    logger.info(
+        "task %s %s; not run",
+        result_id,
+        why,
+        extra={"action": "tasks.skipped", "result_id": str(result_id)},
+    )
+
+
+def _locked(using: str, result_id: uuid.UUID) -> TaskResultRecord | None:
+    """The record, locked for the transaction in hand; None when another transaction
+    holds it (another delivery is running the task), where SKIP LOCKED exists."""
+    rows = TaskResultRecord.objects.using(using)
+    skip = db.supports_skip_locked(connections[using])
+    return rows.select_for_update(skip_locked=skip).filter(id=result_id).first()
+
+
+def _start(
+    backend: OutboxTaskBackend, result_id: uuid.UUID, worker_id: str
+) -> TaskResultRecord | None:
+    """Mark the task RUNNING by ``worker_id`` and return its record; None when another
+    delivery is running it or it has an outcome (then nothing is to run), or when it
+    started :data:`MAX_STARTS` times already (then it is FAILED: :class:`WorkerLost`)."""
+    now = timezone.now()
+    with transaction.atomic(using=backend.using):
+        record = _locked(backend.using, result_id)
+        if record is None or record.status in TASK_FINISHED:
+            _skipped(result_id, "is being run by another delivery or has finished")
+            return None
+        if len(record.worker_ids) < MAX_STARTS:
+            record.status = TaskStatus.RUNNING
+            record.started_at = record.started_at or now
+            record.last_attempted_at = now
+            record.worker_ids = [*record.worker_ids, worker_id]
+            fields = ["status", "started_at", "last_attempted_at", "worker_ids"]
+            record.save(using=backend.using, update_fields=fields)
+            return record
+    lost = WorkerLost(f"started {len(record.worker_ids)} times, its worker died each time")
+    if _fail(record, backend.using, lost):
+        _send(task_finished, backend, record)
+    return None
+
+
+def _hold(using: str, result_id: uuid.UUID) -> bool:
+    """Lock the task's record for the run transaction: False when another delivery
+    started it meanwhile and holds it (this one runs nothing)."""
+    if _locked(using, result_id) is not None:
+        return True
+    _skipped(result_id, "is being run by another delivery")
+    return False
+
+
+def _send(signal: Signal, backend: OutboxTaskBackend, record: TaskResultRecord) -> None:
+    """Send ``signal`` for ``record``'s task; a receiver's error is logged, never raised
+    (the outcome is committed: a receiver must not make Celery run the task again)."""
+    result = backend.result_of(record)
+    for receiver, error in signal.send_robust(type(backend), task_result=result):
+        if isinstance(error, Exception):
+            logger.error(
+                "a receiver of %s failed for task %s: %r",
+                "task_started" if signal is task_started else "task_finished",
+                record.id,
+                error,
+                extra={"action": "tasks.signal_failed", "receiver": repr(receiver)},
+            )
 
 
 def _call(result: TaskResult) -> Any:
@@ -143,17 +231,21 @@ def _fail(record: TaskResultRecord, using: str, exc: Exception) -> bool:
     with process_once(CONSUMER, record.id, using) as new:
         if new:
             _finish(record, using, TaskStatus.FAILED, errors=[*record.errors, error])
-    logger.log(
-        logging.WARNING if new else logging.INFO,
-        "task %s failed: %s: %s%s",
-        record.id,
-        error["exception_class_path"],
-        exc,
-        "" if new else " (another delivery had committed its outcome)",
-        extra={"action": "tasks.failed", "result_id": str(record.id)},
-    )
+    if new:
+        logger.warning(
+            "task %s failed: %s: %s",
+            record.id,
+            error["exception_class_path"],
+            exc,
+            exc_info=exc,
+            extra={"action": "tasks.failed", "result_id": str(record.id)},
+        )
+    else:
+        logger.info(
+            "task %s failed, another delivery had finished it", record.id, extra=_extra(record)
+        )
     return new
 
 
-def _extra(result: TaskResult) -> dict[str, Any]:
-    return {"action": "tasks.duplicate", "result_id": result.id, "task": result.task.module_path}
+def _extra(record: TaskResultRecord) -> dict[str, Any]:
+    return {"action": "tasks.duplicate", "result_id": str(record.id), "task": record.task_path}

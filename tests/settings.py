@@ -98,3 +98,4 @@ TASKS = {"default": {"BACKEND": "django_outbox.tasks.OutboxTaskBackend", "QUEUES
 from celery import Celery  # type: ignore[import-untyped]  # noqa: E402
 
 CELERY_APP = Celery("outbox-tests-settings", broker=OUTBOX["BROKER_URL"], set_as_current=True)
+CELERY_APP.conf.broker_transport_options = {"confirm_publish": True}  # as docs/tasks.md says

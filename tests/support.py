@@ -289,9 +289,10 @@ def queue_settled(queue: str) -> bool:
     return False
 
 
-def start_worker(queue: str, log: Path, **env: str) -> subprocess.Popen[str]:
-    """A real solo worker of tests.celery_app on ``queue``, logging to ``log`` (a file, not
-    a pipe: a full pipe would stall the worker); ``env`` joins its environment."""
+def start_worker(queue: str, log: Path, pool: str = "solo", **env: str) -> subprocess.Popen[str]:
+    """A real worker of tests.celery_app on ``queue`` (its ``pool``: one process, or with
+    "prefork" a parent and one child), logging to ``log`` (a file, not a pipe: a full pipe
+    would stall the worker); ``env`` joins its environment."""
     with log.open("w") as log_file:
         return subprocess.Popen(
             [
@@ -302,7 +303,9 @@ def start_worker(queue: str, log: Path, **env: str) -> subprocess.Popen[str]:
                 "tests.celery_app",
                 "worker",
                 "--pool",
-                "solo",
+                pool,
+                "--concurrency",
+                "1",
                 "--queues",
                 queue,
                 "--without-gossip",

@@ -7,6 +7,7 @@ Skipped where ``django.tasks`` does not exist (Django 5.2)."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 import signal
 import subprocess
 import sys
@@ -292,4 +293,71 @@ def test_a_message_naming_a_function_that_is_not_a_task_runs_nothing(queue, work
     )
     stop(process, signal.SIGQUIT)
     assert f"{path!r} is a function, not a task" in log.read_text()
+    assert "sent again in 30s" in log.read_text()  # Celery's retry: the message is kept
+    assert not Delivery.objects.exists()
+    record = TaskResultRecord.objects.get(id=row.event_id)
+    assert (record.status, record.worker_ids) == ("READY", [])  # never started
+
+
+def test_task_enqueued_is_sent_on_commit_only():
+    from django.tasks.signals import task_enqueued
+
+    sent = []
+
+    def receiver(sender, task_result, **kwargs):  # type: ignore[no-untyped-def]
+        sent.append(
+            (task_result.id, OutboxMessage.objects.filter(event_id=task_result.id).exists())
+        )
+
+    task_enqueued.connect(receiver)
+    try:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            djtasks.add.enqueue(1, 1)
+            assert sent == []  # not inside the transaction
+            raise RuntimeError("rolled back")
+        with transaction.atomic():
+            result = djtasks.add.enqueue(2, 2)
+            assert sent == []
+    finally:
+        task_enqueued.disconnect(receiver)
+    assert sent == [(result.id, True)]  # once, after the commit, for the committed task
+
+
+def test_a_prefork_child_killed_mid_task_is_requeued_by_its_parent_and_run_again(queue, tmp_path):
+    """reject_on_worker_lost: the parent of a child that died mid-task requeues the
+    message (Celery would ack it otherwise, and the task would be lost)."""
+    with transaction.atomic():
+        result = djtasks.stalls_on_first_attempt.using(queue_name=queue).enqueue(60)
+    relay_all()
+    worker = start_worker(queue, tmp_path / "worker.log", pool="prefork")
+    try:
+        wait_until(
+            lambda: TaskResultRecord.objects.filter(id=result.id, status="RUNNING").exists(),
+            timeout=60,
+            what="the first attempt to start",
+        )
+        children = subprocess.run(
+            ["pgrep", "-P", str(worker.pid)], capture_output=True, text=True, check=True
+        ).stdout.split()
+        assert len(children) == 1, children
+        os.kill(int(children[0]), signal.SIGKILL)
+        wait_finished(result)
+    finally:
+        stop(worker, signal.SIGQUIT)
+    assert (result.status, result.return_value, result.attempts) == ("SUCCESSFUL", 2, 2)
+    assert list(Delivery.objects.values_list("consumer", "n")) == [("stalls", 2)]
+
+
+def test_a_task_whose_workers_died_five_times_is_failed_not_started_again(queue, worker):
+    """As if five workers had died running it (each start adds a worker id)."""
+    with transaction.atomic():
+        result = djtasks.add.using(queue_name=queue).enqueue(3, 3)
+    lost = [f"lost-{n}" for n in range(5)]
+    TaskResultRecord.objects.filter(id=result.id).update(status="RUNNING", worker_ids=lost)
+    relay_all()
+    wait_finished(result)
+    assert result.status == TaskResultStatus.FAILED
+    (error,) = result.errors
+    assert error.exception_class_path == "django_outbox.taskrunner.WorkerLost"
+    assert "started 5 times" in error.traceback
     assert not Delivery.objects.exists()

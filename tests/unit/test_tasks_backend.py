@@ -168,3 +168,53 @@ def test_a_current_celery_app_without_a_broker_is_warned_about_by_w007():
     assert warning.id == "django_outbox.W007"
     assert "has no broker URL" in warning.msg
     assert backend().check() == []
+
+
+@needs_tasks
+def test_a_current_celery_app_on_rabbitmq_without_confirms_is_warned_about_by_w004():
+    from celery import Celery
+
+    from tests.settings import CELERY_APP
+
+    unconfirmed = Celery("unconfirmed", broker="amqp://guest@127.0.0.1:1//", set_as_current=True)
+    try:
+        (warning,) = backend().check()
+    finally:
+        unconfirmed.close()
+        CELERY_APP.set_current()
+    assert warning.id == "django_outbox.W004"
+    assert "without publisher confirms" in warning.msg
+
+
+@needs_tasks
+def test_aenqueue_says_why_it_cannot_join_a_transaction():
+    from asgiref.sync import async_to_sync
+
+    from django_outbox import NotInTransaction
+    from tests.testapp import djtasks
+
+    with pytest.raises(NotInTransaction, match=r"add\.aenqueue\(\) cannot join a transaction"):
+        async_to_sync(djtasks.add.aenqueue)(1, 2)
+
+
+@needs_tasks
+@pytest.mark.parametrize(
+    ("argument", "refusal"),
+    [
+        (float("nan"), "not JSON-serialisable"),
+        ("a\x00b", "NUL"),
+        ("x" * 70_000, "bytes, more than"),
+    ],
+)
+def test_arguments_the_database_cannot_store_are_refused_before_anything_else(argument, refusal):
+    """Refused even before the transaction is looked at (this layer has no database)."""
+    from django_outbox import StagingError
+    from tests.testapp import djtasks
+
+    with override_settings(OUTBOX={"BROKER_URL": "memory://", "MAX_PAYLOAD_BYTES": 65_536}):
+        outbox_settings.reload()
+        try:
+            with pytest.raises(StagingError, match=refusal):
+                djtasks.add.enqueue(1, argument)
+        finally:
+            outbox_settings.reload()
