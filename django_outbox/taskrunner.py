@@ -24,8 +24,10 @@ A worker killed mid-task commits nothing of step 3: the broker redelivers the
 message (the runner acks late) and the task runs again, a second attempt. A task
 started :data:`MAX_STARTS` times without an outcome (its worker died each time: out
 of memory, a hard time limit) is FAILED with :class:`WorkerLost` instead of a
-sixth start. Any other error (the database gone mid-run) reaches Celery, which
-sends the message again: a committed task is never dropped.
+sixth start. The database failing mid-task (``OperationalError``,
+``InterfaceError``: a restart) is not the task's failure: nothing of the attempt
+is committed, and the error, as any other of the runner's own, reaches Celery,
+which sends the message again: a committed task is never dropped.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import traceback
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, transaction
+from django.db import InterfaceError, OperationalError, connections, transaction
 from django.tasks import TaskContext, TaskResult, task_backends
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
@@ -88,6 +90,8 @@ def run(payload: dict[str, Any], result_id: str, worker_id: str) -> None:
     _send(task_started, backend, record)
     try:
         finished = _run_once(backend, record)
+    except (OperationalError, InterfaceError):
+        raise  # the database failed, not the task: nothing committed; Celery sends it again
     except Exception as exc:
         finished = _fail(record, backend.using, exc)
     if finished:

@@ -20,13 +20,13 @@ import pytest
 pytest.importorskip("django.tasks", reason="django.tasks is Django 6.0+")
 
 from celery import Celery
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.tasks import TaskResultStatus
 from django.tasks.exceptions import TaskResultDoesNotExist
 from django.utils import timezone
 
-from django_outbox import stage
-from django_outbox.models import OutboxMessage, TaskResultRecord
+from django_outbox import stage, taskrunner
+from django_outbox.models import InboxMessage, OutboxMessage, TaskResultRecord
 from django_outbox.relay import Relay
 from django_outbox.routes import TASKS_PREFIX
 from tests.support import (
@@ -363,3 +363,27 @@ def test_a_task_whose_workers_died_five_times_is_failed_not_started_again(queue,
     assert error.exception_class_path == "django_outbox.taskrunner.WorkerLost"
     assert "started 5 times" in error.traceback
     assert not Delivery.objects.exists()
+
+
+def test_a_task_whose_database_fails_mid_task_is_not_failed_and_runs_again(monkeypatch):
+    """The database goes away while the worker writes the outcome (a PostgreSQL restart
+    mid-task, found by the chaos suite; the error is injected here, on the real database):
+    nothing of the attempt commits, the task is not FAILED for it, and the error reaches
+    Celery, which sends the task again (run_django_task retries any error of the runner)."""
+    with transaction.atomic():
+        result = djtasks.add.enqueue(1, 2)
+
+    def database_gone(*args: object, **kwargs: object) -> None:
+        raise OperationalError("terminating connection due to administrator command")
+
+    monkeypatch.setattr(taskrunner, "_finish", database_gone)
+    with pytest.raises(OperationalError):
+        taskrunner.run({"backend": "default"}, result.id, "worker-1")
+    result.refresh()
+    assert result.status == TaskResultStatus.RUNNING
+    assert not Delivery.objects.exists() and not InboxMessage.objects.exists()
+    monkeypatch.undo()
+    taskrunner.run({"backend": "default"}, result.id, "worker-2")  # Celery's next delivery
+    result.refresh()
+    assert (result.status, result.return_value, result.attempts) == ("SUCCESSFUL", 3, 2)
+    assert list(Delivery.objects.values_list("consumer", "n")) == [("add", 3)]
