@@ -22,7 +22,7 @@ import kombu.exceptions
 from ..envelope import ClaimedMessage
 from ..routes import CELERY_FIELDS, TASK_RUNNER, Route, celery_header_clash
 from .base import NACKED, Failure, Outcome, Transport
-from .kombu import lease_confirm_timeout
+from .kombu import lease_confirm_timeout, transient_failure
 
 TRANSIENT = (kombu.exceptions.OperationalError, OSError)
 #: Celery's producers come from kombu's process-wide pool, keyed by broker URL, so a
@@ -80,7 +80,7 @@ class CeleryTransport(Transport):
                 if _nacked(exc):  # the broker is up and refused this one: go on
                     outcomes.append(Failure(NACKED))
                     continue
-                failure = Failure.from_exception(exc)
+                failure = transient_failure(exc)  # a stalled broker is down: no attempt
                 return outcomes + [failure] * (len(messages) - len(outcomes))
             except (TypeError, ValueError, kombu.exceptions.EncodeError) as exc:
                 outcomes.append(Failure.from_exception(exc, permanent=True))

@@ -96,6 +96,17 @@ def _stalled(exc: BaseException) -> bool:
     )
 
 
+def transient_failure(exc: BaseException) -> Failure:
+    """The outcome of the messages a transient error left unsettled: a broker that
+    stopped answering (see :func:`_stalled`) is down, no attempt counted; any other
+    error (a connection refused or reset, a channel closed) counts one, and the
+    relay then backs off from the broker, its rows not attempted meanwhile. Shared
+    with the Celery transport, whose sends meet the same errors."""
+    if _stalled(exc):
+        return Failure.broker_down(f"{type(exc).__name__}: {exc}")
+    return Failure.from_exception(exc)
+
+
 def routing_key(route: Route, message: ClaimedMessage) -> str:
     """The route's routing key, with ``{key}`` replaced by the message's ordering key."""
     return route.routing_key_for(message.ordering_key)
@@ -509,7 +520,7 @@ class KombuTransport(Transport):
             refusal = self._declare(route)
         except self._transient as exc:  # nothing sent (a broker that stopped answering: no attempt)
             self.close(graceful=False)
-            return [self._failure(exc)] * len(messages)
+            return [transient_failure(exc)] * len(messages)
         if refusal is not None:
             return [refusal] * len(messages)
         try:
@@ -521,18 +532,9 @@ class KombuTransport(Transport):
             # Whatever was not confirmed may or may not have reached the broker:
             # it is retried (at-least-once), and the channel starts afresh.
             self.close(graceful=False)
-            failure = self._failure(exc)
+            failure = transient_failure(exc)
             outcomes = [failure if outcome is _UNSETTLED else outcome for outcome in outcomes]
         return outcomes
-
-    def _failure(self, exc: BaseException) -> Failure:
-        """The outcome of the messages a transient error left unsettled: a broker that
-        stopped answering (see :func:`_stalled`) is down, no attempt counted; any other
-        error (a connection refused or reset, a channel closed) counts one, and the
-        relay then backs off from the broker, its rows not attempted meanwhile."""
-        if _stalled(exc):
-            return Failure.broker_down(f"{type(exc).__name__}: {exc}")
-        return Failure.from_exception(exc)
 
     def _declare(self, route: Route) -> Failure | None:
         """Declare the route's topology once per connection; the failure of all its

@@ -17,6 +17,7 @@ from django_outbox.models import InboxMessage, OutboxMessage
 from django_outbox.relay import Relay
 from django_outbox.routes import CELERY_FIELDS
 from django_outbox.staging import RESERVED_HEADERS
+from tests.integration.test_silent_broker import memory_alarm
 from tests.support import (
     AMQP_URL,
     REDIS_URL,
@@ -24,6 +25,7 @@ from tests.support import (
     delete_queue,
     drain_raw,
     queue_settled,
+    rabbitmqctl,
     services,
     stage_events,
     start_worker,
@@ -188,6 +190,29 @@ def test_the_first_task_after_a_broker_restart_is_sent_at_once(celery_queue):
         with Relay() as relay:
             stats = relay.run_once()
     assert (stats.published, stats.failed) == (1, 0)
+
+
+@pytest.mark.slow
+def test_a_task_the_broker_never_confirms_spends_no_attempt():
+    """A memory alarm: RabbitMQ takes the task and confirms nothing. The broker stalled,
+    the task is not at fault (no attempt without a publish), as on a broker route; found
+    by the chaos suite's memory alarm once it sent Django tasks. (The alarm is lifted
+    after 3 s: until then the send hangs closing its blocked connection.)"""
+    stage_events(1, "payments")
+    short = {"BROKER_URL": AMQP_URL, "ROUTES": ROUTES, "LEASE_SECONDS": 3}  # 1 s confirms
+    with confirming_celery_queue(), override_settings(OUTBOX=short):
+        with memory_alarm():
+            lift = threading.Timer(3, rabbitmqctl, ["set_vm_memory_high_watermark", "0.4"])
+            lift.start()
+            with Relay() as relay:
+                stalled = relay.run_once()
+            lift.join()
+        row = OutboxMessage.objects.get()
+        assert (stalled.published, row.attempts) == (0, 0), row.last_error
+        OutboxMessage.objects.update(available_at=Now())
+        assert Relay().run(threading.Event(), drain=True).published == 1
+    row.refresh_from_db()
+    assert (row.status, row.attempts) == ("published", 0)
 
 
 # -- hostile input: headers, serializer, nacks ----------------------------------------
