@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 from benchmarks.services import REPO, Services, drop_database, recreate_database
 
 from . import cluster, sabotage
-from .destinations import CLUSTERED, ORDERED, ORDERED_KEYS
+from .destinations import CLUSTERED, ORDERED, ORDERED_KEYS, TASK_QUEUE, TASKS_UNAVAILABLE
 from .disk import Disk
 from .processes import HOST, Proc, manage, module, worker_env
 from .proxy import Proxy
@@ -33,6 +33,16 @@ if TYPE_CHECKING:  # imported once Django is set up
 
 DATABASE = "outbox_chaos"
 DISK_MB = 512  # the outbox table's tmpfs: room for a 30-minute soak's rows
+#: The Celery worker that runs the Django tasks (Django 6): one process (solo pool) on
+#: their queue; the runner task acks late, so RabbitMQ redelivers what a killed one held.
+TASK_WORKER = module(
+    "celery",
+    *("-A", "chaos.celery_app", "worker", "--pool", "solo", "--queues", TASK_QUEUE),
+    *("--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "INFO"),
+)
+#: Seconds the drain waits for one more Django task to finish: more than the 30 s after
+#: which a worker tries again a task it could not start (its database was restarting).
+TASK_PATIENCE = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,9 +60,10 @@ class Profile:
 
 PROFILES = {
     # About four minutes: relay kills twice, every other kind of fault once (of the
-    # cluster's, the leader's node), in an order fixed by the seed (the soak repeats
-    # them all). At 20 events/s per producer, so that the one consumer keeps up on a
-    # busy 2-core machine and each recovery is the fault's, not a backlog's.
+    # cluster's, the leader's node; the task worker's on Django 6 only), in an order fixed
+    # by the seed (the soak repeats them all). At 20 events/s per producer, so that the
+    # one consumer keeps up on a busy 2-core machine and each recovery is the fault's,
+    # not a backlog's.
     "ci": Profile(
         seconds=0,
         schedule=(
@@ -66,6 +77,7 @@ PROFILES = {
             "net_delay",
             "net_partition",
             "disk_full",
+            "task_worker_kill",  # left out without Django's tasks (Django 5.2)
         ),
         seed=20261121,
         rate=20.0,
@@ -97,9 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         help="break a guarantee on purpose (relays ignore the lease token, claim without "
         "the per-key gate, count attempts they did not make or use only the first address "
         "of a failover list; the consumer runs without the inbox; producers commit orders "
-        "whose staging failed): the audit must then fail",
+        "whose staging failed; the task worker runs Django tasks without the inbox): the "
+        "audit must then fail",
     )
     args = parser.parse_args(argv)
+    if args.sabotage == "tasks" and TASKS_UNAVAILABLE is not None:
+        parser.error(f"--sabotage tasks needs Django's tasks: {TASKS_UNAVAILABLE}")
     profile = PROFILES[args.profile]
     if args.seconds is not None:
         profile = dataclasses.replace(profile, seconds=args.seconds)
@@ -141,6 +156,10 @@ class Run:
         if sabotage:
             self.env["CHAOS_SABOTAGE"] = sabotage
         self.procs: list[Proc] = []
+        self.relays: list[Proc] = []
+        self.producers: list[Proc] = []
+        self.consumer: Proc  # of chaos.orders: made by _create_processes
+        self.task_worker: Proc | None = None  # Django 6: the Celery worker of the tasks
         self.disk = Disk(services.database_url, DISK_MB)
         broker = urlsplit(services.amqp_url)
         self.proxy = Proxy((broker.hostname or "127.0.0.1", broker.port or 5672))
@@ -188,31 +207,20 @@ class Run:
 
         audit.reset_queues(self.services.amqp_url)
         cluster.reset_queues(self.services.cluster_url, audit.EXCHANGE)
-        p = self.profile
-        relays = [
-            self._proc(f"relay-{i}", manage("run_outbox_relay"), self.relay_env)
-            for i in range(1, p.relays + 1)
-        ]
-        consumer = self._consumer("consumer", audit.DESTINATION)
-        # The cluster's queue has its own consumer and producer (chaos.cluster).
-        self._consumer("consumer-cluster", CLUSTERED)
-        producers = [
-            self._producer(i, audit.DESTINATION if i <= p.producers else CLUSTERED)
-            for i in range(1, p.producers + 2)
-        ]
-        self.disk.producer_logs = [producer.log for producer in producers]
+        self._create_processes()
         started = time.monotonic()
         for proc in self.procs:
             proc.start()
         injector = Injector(
-            relays=relays,
-            consumer=consumer,
+            relays=self.relays,
+            consumer=self.consumer,
             services=self.services,
             rng=self.rng,
-            lease=p.lease,
+            lease=self.profile.lease,
             started=started,
             proxy=self.proxy,
             disk=self.disk,
+            task_worker=self.task_worker,
         )
         self._wait(lambda: db.value(f"SELECT count(*) FROM {db.HANDLED}") > 0, 120, "first event")
         faults: list[Fault] = []
@@ -222,17 +230,38 @@ class Run:
             print(f"chaos: FAIL: {exc}; the audit shows what is missing", flush=True)
             if exc.fault is not None:
                 faults.append(exc.fault)
-            self._finish(producers, relays, consumer, faults, started, drain=False)
+            self._finish(faults, started, drain=False)
             return 1
-        return self._finish(producers, relays, consumer, faults, started, drain=True)
+        return self._finish(faults, started, drain=True)
+
+    def _create_processes(self) -> None:
+        """The relays, the consumers, the producers and (Django 6) the task worker."""
+        from .audit import DESTINATION
+
+        p = self.profile
+        self.relays = [
+            self._proc(f"relay-{i}", manage("run_outbox_relay"), self.relay_env)
+            for i in range(1, p.relays + 1)
+        ]
+        self.consumer = self._consumer("consumer", DESTINATION)
+        # The cluster's queue has its own consumer and producer (chaos.cluster).
+        self._consumer("consumer-cluster", CLUSTERED)
+        self.producers = [
+            self._producer(i, DESTINATION if i <= p.producers else CLUSTERED)
+            for i in range(1, p.producers + 2)
+        ]
+        self.disk.producer_logs = [producer.log for producer in self.producers]
+        if TASKS_UNAVAILABLE is None:
+            self.task_worker = self._proc("task-worker", TASK_WORKER)
 
     def _inject(self, injector: Injector, started: float, faults: list[Fault]) -> None:
         """Inject the profile's schedule, then faults drawn at random until its time is
-        up; each one printed and written to faults.log as it recovers."""
+        up; each one printed and written to faults.log as it recovers. A kind this run
+        cannot have (the task worker's, without Django's tasks) is left out."""
         from .faults import KINDS
 
         p = self.profile
-        schedule = list(p.schedule)
+        schedule = [kind for kind in p.schedule if kind in KINDS]
         self.rng.shuffle(schedule)
         with (self.logs / "faults.log").open("w") as facts:
             while schedule or time.monotonic() - started < p.seconds:
@@ -244,37 +273,27 @@ class Run:
                 facts.write(fault.line() + "\n")
                 facts.flush()
 
-    def _finish(  # type: ignore[no-untyped-def]
-        self, producers, relays, consumer, faults, started: float, *, drain: bool
-    ) -> int:
-        """Stop the producers, wait for the relays and the consumer to drain (not after a
-        fault that never recovered: nothing would), then audit and report; 0 on a pass."""
+    def _finish(self, faults: list[Fault], started: float, *, drain: bool) -> int:
+        """Stop the producers, let the relays, the consumers and the task worker drain
+        (not after a fault that never recovered: nothing would), stop them, then audit
+        and report; 0 on a pass."""
         from . import audit
-        from . import database as db
 
-        p = self.profile
         faulting = time.monotonic() - started
-        for producer in producers:
-            if producer.stop() != 0:
-                raise RuntimeError(f"{producer.role} exited {producer.exits[-1]}")
         drain_started = time.monotonic()
-        if drain:
-            self._wait(db.settled, 4 * p.lease + 120, "the relays and the consumer to drain")
-        time.sleep(2 * p.lease)  # late duplicates (a zombie's batch) reach the tap
-        consumers = [proc for proc in self.procs if proc.role.startswith("consumer")]
-        exits = {proc.role: proc.stop() for proc in [*relays, *consumers]}
+        exits = self._drain_and_stop(drain=drain)
         drained = time.monotonic() - drain_started
         read = audit.drain_tap(self.services.amqp_url)
         read += audit.drain_tap(self.services.cluster_url, cluster.QUORUM)
-        counted = audit.totals()
-        results = audit.checks(faults, p.relays, p.batch_size)
+        counted = audit.totals(self.task_worker.log if self.task_worker else None)
+        results = audit.checks(faults, self.profile.relays, self.profile.batch_size)
         print(
             f"chaos: faults for {faulting:.0f}s, drained in {drained:.0f}s, {read:,} messages "
             f"read from the tap; SIGTERM exit codes: "
             + ", ".join(f"{role} {code}" for role, code in exits.items()),
             flush=True,
         )
-        workers = {f"{HOST}:{pid}": f"{r.role} (pid {pid})" for r in relays for pid in r.pids}
+        workers = {f"{HOST}:{pid}": f"{r.role} (pid {pid})" for r in self.relays for pid in r.pids}
         for line in [*audit.relay_fault_copies(faults, workers), *audit.violations()]:
             print(f"chaos: {line}")
         text = audit.report(
@@ -295,6 +314,32 @@ class Run:
         print(f"chaos: PASS (logs in {self.logs})", flush=True)
         return 0
 
+    def _drain_and_stop(self, *, drain: bool) -> dict[str, int]:
+        """Stop the producers; with ``drain``, wait until every event is handled and every
+        Django task finished; wait for late duplicates; stop the relays, the consumers and
+        the task worker with SIGTERM. Returns the exit codes of the latter."""
+        from . import database as db
+        from .faults import wait_down
+
+        for producer in self.producers:
+            if producer.stop() != 0:
+                raise RuntimeError(f"{producer.role} exited {producer.exits[-1]}")
+        if drain:
+            timeout = 4 * self.profile.lease + 120
+            self._wait(db.settled, timeout, "the relays and the consumer to drain")
+        if drain and self.task_worker is not None:
+            left = wait_down(db.unfinished_tasks, TASK_PATIENCE)
+            if left:
+                print(
+                    f"chaos: {left} Django tasks unfinished, none finished for "
+                    f"{TASK_PATIENCE:.0f}s; the audit counts them",
+                    flush=True,
+                )
+        time.sleep(2 * self.profile.lease)  # late duplicates (a zombie's batch) reach the tap
+        consumers = [proc for proc in self.procs if proc.role.startswith("consumer")]
+        workers = [self.task_worker] if self.task_worker is not None else []
+        return {proc.role: proc.stop() for proc in [*self.relays, *consumers, *workers]}
+
     def _consumer(self, role: str, queue: str) -> Proc:
         argv = ["--queue", queue, "--handler", "chaos.handlers.record", "--consumer", "chaos-audit"]
         return self._proc(role, manage("run_outbox_consumer", *argv, "--prefetch", "50"))
@@ -302,7 +347,8 @@ class Run:
     def _producer(self, index: int, destination: str) -> Proc:
         """A producer whose keyless events go to ``destination``, the others to the
         ordered destination; the cluster's at a quarter of the rate (what its faults
-        need, and little more load on the one consumer of the ordered destination)."""
+        need, and little more load on the one consumer of the ordered destination).
+        With Django's tasks, each of its transactions enqueues one."""
         rate = self.profile.rate / (4 if destination == CLUSTERED else 1)
         return self._proc(
             f"producer-{index}",
@@ -311,6 +357,7 @@ class Run:
                 *("--index", str(index), "--seed", str(self.seed)),
                 *("--rate", str(rate), "--keys", str(ORDERED_KEYS)),
                 *("--destination", destination, "--ordered", ORDERED),
+                *(["--tasks"] if TASKS_UNAVAILABLE is None else []),
             ),
         )
 

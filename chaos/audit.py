@@ -3,7 +3,9 @@
 The tap queue is bound to the chaos exchange beside the consumer's queue and read
 by no one during the run, so after the relays have stopped it holds one message
 per publish RabbitMQ accepted: ``BrokerCopy`` gets the number of copies of each
-event. Every check is one SQL statement over the suite's tables.
+event. Every check is one SQL statement over the suite's tables. The Django tasks'
+checks (Django 6 only; on 5.2 the report says they were not run, and why) read the
+tasks' results and the ``TaskEffect`` rows their runs wrote.
 """
 
 from __future__ import annotations
@@ -12,18 +14,20 @@ import collections
 import dataclasses
 import statistics
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import kombu
 
-from django_outbox.routes import Route
+from django_outbox.routes import TASKS_PREFIX, Route
 from django_outbox.transports.kombu import declare
 
 from . import database as db
 from .cluster import KINDS as CLUSTER_KINDS
-from .destinations import ORDERED, QUEUE
+from .destinations import ORDERED, QUEUE, TASK_QUEUE, TASKS_UNAVAILABLE
 from .disk import lost_during
 from .faults import KINDS, Fault
+from .logs import lines
 from .models import BrokerCopy, OrderedCopy
 
 EXCHANGE = "chaos"
@@ -32,6 +36,14 @@ TAP = "chaos.tap"
 #: Batches a relay can have between claim and finalize: one finalizing, one
 #: publishing, one claimed ahead.
 IN_FLIGHT = 3
+#: The informative line of the Django tasks, and the ``totals()`` keys it shows.
+TASK_TOTALS = "tasks enqueued / run / started twice or more / deliveries not run again"
+TASK_TOTAL_KEYS = (
+    "tasks_enqueued",
+    "tasks_run",
+    "tasks_attempted_again",
+    "task_deliveries_skipped",
+)
 #: Faults that can make every relay publish again what it had in flight.
 EVERY_RELAY = (
     "rabbitmq_restart",
@@ -52,7 +64,7 @@ def reset_queues(url: str) -> None:
     """Delete what an earlier run left in the queues, and bind a fresh tap."""
     with kombu.Connection(url, connect_timeout=10) as connection:
         channel = connection.channel()
-        for name in (DESTINATION, TAP):
+        for name in (DESTINATION, TAP, TASK_QUEUE):
             kombu.Queue(name, channel=channel).delete()
         declare(channel, tap_route())
 
@@ -121,6 +133,7 @@ def duplicate_bound(faults: Sequence[Fault], relays: int, batch_size: int) -> in
 
 
 def checks(faults: Sequence[Fault], relays: int, batch_size: int) -> list[Check]:
+    """Every check of the run (the Django tasks' only where Django has them)."""
     duplicates = int(db.value(f"SELECT coalesce(sum(copies - 1), 0) FROM {db.BROKER}"))
     return [
         *(Check(name, value, 0) for name, value in _must_be_zero(faults)),
@@ -130,6 +143,37 @@ def checks(faults: Sequence[Fault], relays: int, batch_size: int) -> list[Check]
             duplicates,
             duplicate_bound(faults, relays, batch_size),
             "bound: in-flight batches x batch size x faults",
+        ),
+        *(
+            Check(name, int(db.value(sql)), 0)
+            for name, sql in (task_checks() if TASKS_UNAVAILABLE is None else [])
+        ),
+    ]
+
+
+def task_checks() -> list[tuple[str, str]]:
+    """The Django tasks' guarantees, each a label and the SQL of its value (0 when it
+    holds): a task enqueued in a committed transaction runs to completion, its effects
+    once; one enqueued in a rolled-back transaction never runs."""
+    r, e = db.TASK_RESULT, db.TASK_EFFECT
+    return [
+        (
+            "tasks committed and not SUCCESSFUL (ready, running, failed)",
+            f"SELECT count(*) FROM {r} WHERE status <> 'SUCCESSFUL'",
+        ),
+        (
+            "tasks whose effects ran more than once",
+            f"SELECT count(*) FROM (SELECT 1 FROM {e} GROUP BY result_id HAVING count(*) > 1) x",
+        ),
+        (
+            "tasks SUCCESSFUL without their effect",
+            f"SELECT count(*) FROM {r} t WHERE status = 'SUCCESSFUL' AND NOT EXISTS "
+            f"(SELECT 1 FROM {e} x WHERE x.result_id = t.id)",
+        ),
+        (
+            "tasks run with no committed enqueue",
+            f"SELECT count(DISTINCT result_id) FROM {e} t WHERE NOT EXISTS "
+            f"(SELECT 1 FROM {r} x WHERE x.id = t.result_id)",
         ),
     ]
 
@@ -156,7 +200,7 @@ def _must_be_zero(faults: Sequence[Fault]) -> list[tuple[str, float]]:
             db.value(f"SELECT count(*) FROM {r} JOIN {outbox} USING (event_id)"),
         ),
         ("committed events never at the broker", _without(o, b)),
-        ("outbox rows without their order", _without(outbox, o)),
+        ("outbox rows without their order", _without(_events(), o)),
         (
             "outbox rows not PUBLISHED (processing, due, abandoned)",
             db.value(f"SELECT count(*) FROM {outbox} WHERE status <> 'published'"),
@@ -220,6 +264,12 @@ def out_of_order() -> int:
     )
 
 
+def _events() -> str:
+    """The outbox's rows of events, without the Django tasks' (whose id is their result's,
+    not an order's: the tasks' checks look at them)."""
+    return f"(SELECT * FROM {db.OUTBOX} WHERE NOT starts_with(destination, '{TASKS_PREFIX}'))"
+
+
 def _without(table: str, other: str, *, count: str = "count(*)") -> int:
     """Rows of ``table`` whose event id is nowhere in ``other``."""
     return int(
@@ -230,7 +280,8 @@ def _without(table: str, other: str, *, count: str = "count(*)") -> int:
     )
 
 
-def totals() -> dict[str, int]:
+def totals(task_log: Path | None = None) -> dict[str, int]:
+    """The report's figures; ``task_log`` is the task worker's log (Django 6)."""
     o, h, r, b = db.ORDER, db.HANDLED, db.ROLLED_BACK, db.BROKER
     committed, handled = db.rows(
         f"SELECT (SELECT count(*) FROM {o}), (SELECT count(DISTINCT event_id) FROM {h})"
@@ -246,6 +297,7 @@ def totals() -> dict[str, int]:
         f"coalesce(max(attempts), 0) FROM {db.OUTBOX}"
     )[0]
     return {
+        **task_totals(task_log),
         "rows_with_attempts": tried,
         "attempts": attempts,
         "most_attempts": most,
@@ -256,6 +308,26 @@ def totals() -> dict[str, int]:
         "rolled_back_savepoint": kinds.get("savepoint", 0),
         "delivered": handled,
         "broker_messages": published,
+    }
+
+
+def task_totals(log: Path | None) -> dict[str, int]:
+    """The Django tasks enqueued (committed), run (with an effect), started by more than
+    one worker (a worker killed mid-task), and the deliveries the task worker's ``log``
+    says it did not run (a second copy of a finished task); none without the tasks."""
+    if TASKS_UNAVAILABLE is not None or log is None:
+        return {}
+    enqueued, again = db.rows(
+        f"SELECT count(*), count(*) FILTER (WHERE jsonb_array_length(worker_ids) > 1) "
+        f"FROM {db.TASK_RESULT}"
+    )[0]
+    ran = db.value(f"SELECT count(DISTINCT result_id) FROM {db.TASK_EFFECT}")
+    skipped = sum(len(lines(log, action)) for action in ("tasks.skipped", "tasks.duplicate"))
+    return {
+        "tasks_enqueued": enqueued,
+        "tasks_run": ran,
+        "tasks_attempted_again": again,
+        "task_deliveries_skipped": skipped,
     }
 
 
@@ -308,37 +380,57 @@ def report(
     counted: dict[str, int],
     results: list[Check],
 ) -> str:
-    def row(label: str, value: Any, note: str = "") -> str:
-        """``label: value``, the verdict aligned after it (a line to grep for)."""
-        number = f"{value:,}" if isinstance(value, int) else str(value)
-        return f"{f'{label}: {number}':<72}   {note}".rstrip()
+    head = f"chaos profile {profile}, seed {seed}: {seconds:.0f}s, {len(faults)} faults"
+    return "\n".join(
+        [head, *_counted_rows(counted), *_check_rows(results), *recovery_table(faults)]
+    )
 
-    out = [
-        f"chaos profile {profile}, seed {seed}: {seconds:.0f}s, {len(faults)} faults",
-        row("events committed", counted["committed"]),
-        row(
+
+def _row(label: str, value: Any, note: str = "") -> str:
+    """``label: value``, the verdict aligned after it (a line to grep for)."""
+    number = f"{value:,}" if isinstance(value, int) else str(value)
+    return f"{f'{label}: {number}':<72}   {note}".rstrip()
+
+
+def _counted_rows(counted: dict[str, int]) -> list[str]:
+    """The report's figures that are no check."""
+    if TASKS_UNAVAILABLE is None:
+        tasks = _row(TASK_TOTALS, " / ".join(f"{counted[key]:,}" for key in TASK_TOTAL_KEYS))
+    else:
+        tasks = _row(TASK_TOTALS, "not run", f"({TASKS_UNAVAILABLE})")
+    return [
+        _row("events committed", counted["committed"]),
+        _row(
             f"  of them to the ordered destination {ORDERED} (keys)",
             f"{counted['ordered']:,} ({counted['ordered_keys']})",
         ),
-        row(
+        _row(
             "events rolled back (transaction / savepoint)",
             f"{counted['rolled_back_transaction']:,} / {counted['rolled_back_savepoint']:,}",
         ),
-        row("events delivered (handled by the consumer)", counted["delivered"]),
-        row("messages RabbitMQ received", counted["broker_messages"]),
-        row(
+        _row("events delivered (handled by the consumer)", counted["delivered"]),
+        _row("messages RabbitMQ received", counted["broker_messages"]),
+        _row(
             "attempts spent in all (rows / attempts / most on one row)",
             f"{counted['rows_with_attempts']:,} / {counted['attempts']:,} / "
             f"{counted['most_attempts']:,}",
         ),
+        tasks,
     ]
+
+
+def _check_rows(results: list[Check]) -> list[str]:
+    """Each check with its verdict; the Django tasks' as not run (and why) without them."""
+    out = []
     for check in results:
         if check.limit:
             verdict = f"{'ok' if check.ok else 'FAIL'} (<= {check.limit:,}; {check.note})"
         else:
             verdict = "ok" if check.ok else "FAIL (must be 0)"
-        out.append(row(check.name, check.value, verdict))
-    return "\n".join(out + recovery_table(faults))
+        out.append(_row(check.name, check.value, verdict))
+    if TASKS_UNAVAILABLE is not None:
+        out += [_row(name, "not run", f"({TASKS_UNAVAILABLE})") for name, _ in task_checks()]
+    return out
 
 
 def recovery_table(faults: Sequence[Fault]) -> list[str]:

@@ -7,9 +7,9 @@ from typing import Any
 
 from django.db import DatabaseError, connection, transaction
 
-from django_outbox.models import InboxFailure, InboxMessage, OutboxMessage
+from django_outbox.models import InboxFailure, InboxMessage, OutboxMessage, TaskResultRecord
 
-from .models import BrokerCopy, Handled, Order, OrderedCopy, RolledBack, Violation
+from .models import BrokerCopy, Handled, Order, OrderedCopy, RolledBack, TaskEffect, Violation
 
 OUTBOX = OutboxMessage._meta.db_table
 INBOX = InboxMessage._meta.db_table
@@ -20,6 +20,8 @@ BROKER = BrokerCopy._meta.db_table
 VIOLATION = Violation._meta.db_table
 ORDERED_COPY = OrderedCopy._meta.db_table
 INBOX_FAILURE = InboxFailure._meta.db_table
+TASK_RESULT = TaskResultRecord._meta.db_table
+TASK_EFFECT = TaskEffect._meta.db_table
 RETRY_FOR = 120.0
 
 
@@ -92,9 +94,10 @@ def last_order() -> int:
 
 def held(worker: str) -> tuple[list[int], int]:
     """The rows ``worker`` holds PROCESSING, and how many of them the consumer has
-    already handled (published, not yet finalized)."""
+    already handled, or the task worker run (published, not yet finalized)."""
     found = rows(
         f"SELECT o.id, EXISTS (SELECT 1 FROM {HANDLED} h WHERE h.event_id = o.event_id) "
+        f"OR EXISTS (SELECT 1 FROM {TASK_EFFECT} t WHERE t.result_id = o.event_id) "
         f"FROM {OUTBOX} o WHERE o.status = 'processing' AND o.locked_by = %s",
         [worker],
     )
@@ -145,3 +148,37 @@ def unpublished(up_to: int) -> int:
     return int(
         value(f"SELECT count(*) FROM {OUTBOX} WHERE id <= %s AND status <> 'published'", [up_to])
     )
+
+
+def now() -> Any:
+    """The database's clock (the tasks' ``enqueued_at`` is written by it)."""
+    return value("SELECT clock_timestamp()")
+
+
+def unfinished_tasks(before: Any = None) -> int:
+    """Committed Django tasks not finished (READY or RUNNING); with ``before``, only those
+    enqueued before that time (of the database's clock)."""
+    return int(
+        value(
+            f"SELECT count(*) FROM {TASK_RESULT} WHERE status IN ('READY', 'RUNNING') "
+            "AND (%s::timestamptz IS NULL OR enqueued_at < %s)",
+            [before, before],
+        )
+    )
+
+
+def running_tasks() -> list[str]:
+    """The ids of the Django tasks RUNNING now."""
+    return [str(row[0]) for row in rows(f"SELECT id FROM {TASK_RESULT} WHERE status = 'RUNNING'")]
+
+
+def task_attempts(ids: list[str]) -> list[tuple[str, int]]:
+    """The status of each of the tasks ``ids`` and how many workers started it."""
+    return [
+        (status, int(workers))
+        for status, workers in rows(
+            f"SELECT status, jsonb_array_length(worker_ids) FROM {TASK_RESULT} "
+            "WHERE id = ANY(%s::uuid[])",
+            [ids],
+        )
+    ]

@@ -7,9 +7,22 @@ tap beside it): ``QUEUE`` itself (``chaos.orders``: keyless, the default route) 
 
 from __future__ import annotations
 
+import importlib.util
+
+import django
+
 QUEUE = "chaos.orders"
 ORDERED = "chaos.accounts"
 ORDERED_KEYS = 20
 #: Keyless, on a quorum queue of the three-node RabbitMQ cluster (broker alias ``cluster``):
 #: what the cluster node faults (chaos.cluster) are aimed at.
 CLUSTERED = "chaos.cluster"
+#: The task queue of the Django tasks (:mod:`chaos.djtasks`), and the Celery queue the
+#: task worker consumes.
+TASK_QUEUE = "chaos.tasks"
+#: Why this run has no Django tasks (None: it has them): ``django.tasks`` is Django 6.0+.
+TASKS_UNAVAILABLE = (
+    None
+    if importlib.util.find_spec("django.tasks") is not None
+    else f"Django {django.get_version()} has no django.tasks (Django 6.0+)"
+)

@@ -6,9 +6,9 @@ it ended has been handled by the consumer. A fault after which no such order is
 handled for ``recovery_timeout`` seconds fails the run.
 
 Kills are aimed. The injector freezes the process (SIGSTOP), looks at what it
-holds (outbox rows under its lease; for the consumer, its transaction in
-``pg_stat_activity``), and either kills it there or lets it go on (SIGCONT) and
-tries again. So the facts logged are what the process held when it died.
+holds (outbox rows under its lease; for the consumer and the task worker, its
+transaction in ``pg_stat_activity``), and either kills it there or lets it go on
+(SIGCONT) and tries again. So the facts logged are what the process held when it died.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from benchmarks.services import Services
 
 from . import broker, cluster, disk
 from . import database as db
+from .destinations import TASKS_UNAVAILABLE
 from .logs import lease_lost_rows, lines
 from .processes import Proc
 from .proxy import Proxy
@@ -43,6 +44,7 @@ KINDS = (
     "net_partition",
     "disk_full",
     *cluster.KINDS,
+    *(("task_worker_kill",) if TASKS_UNAVAILABLE is None else ()),
 )
 POLL = 0.005  # seconds between looks at the outbox while aiming a relay fault
 MAX_TRIES = 50  # freezes of a process before a fault lands wherever it is
@@ -108,8 +110,10 @@ class Injector:
         started: float,
         proxy: Proxy,
         disk: Disk,
+        task_worker: Proc | None = None,
     ) -> None:
         self.proxy = proxy
+        self.task_worker = task_worker
         self.disk = disk
         self.relays = relays
         self.consumer = consumer
@@ -137,19 +141,14 @@ class Injector:
         machine the consumer may have a backlog to work through, so what fails the
         run is no progress: ``recovery_timeout`` seconds without one more handled."""
         mark = db.last_order()
-        left = db.unhandled(mark, self._handled_up_to)
-        deadline = ended + self.recovery_timeout
-        while left:
-            time.sleep(0.2)
-            now_left = db.unhandled(mark, self._handled_up_to)
-            if now_left < left:
-                deadline = time.monotonic() + self.recovery_timeout
-            elif time.monotonic() > deadline:
-                raise NotRecovered(
-                    f"{now_left} orders committed before the fault still unhandled, and "
-                    f"none handled for {self.recovery_timeout:.0f}s"
-                )
-            left = now_left
+        left = wait_down(
+            lambda: db.unhandled(mark, self._handled_up_to), self.recovery_timeout, since=ended
+        )
+        if left:
+            raise NotRecovered(
+                f"{left} orders committed before the fault still unhandled, and "
+                f"none handled for {self.recovery_timeout:.0f}s"
+            )
         # An order committed later with a lower id (its transaction was longer) is
         # still checked by the audit at the end; here it only matters for timing.
         self._handled_up_to = mark
@@ -159,7 +158,8 @@ class Injector:
 
     def relay_kill(self) -> Done:
         """SIGKILL a relay holding a claim: every other kill while it holds rows it has
-        published (the consumer handled them) but not yet finalized."""
+        published (the consumer handled them, or the task worker ran them) but not yet
+        finalized."""
         relay = self.rng.choice(self.relays)
         pid = relay.pid
         self._kills += 1
@@ -169,7 +169,7 @@ class Injector:
         if handled:
             moment = (
                 f"between publish and finalize: it held {len(ids)} rows, {handled} of them "
-                "already handled by the consumer"
+                "already handled by the consumer (or run by the task worker)"
             )
         elif ids:
             moment = f"while it held a claim of {len(ids)} rows the consumer had not seen"
@@ -222,12 +222,7 @@ class Injector:
         """SIGKILL the consumer while its handler's transaction is open: it is frozen
         (SIGSTOP) until ``pg_stat_activity`` shows its connection in a transaction."""
         pid = self.consumer.pid
-        tries, state = self._freeze(
-            self.consumer,
-            lambda: db.backend_state(self.consumer.application_name),
-            lambda seen: seen in ("idle in transaction", "active"),
-            before=lambda: time.sleep(self.rng.uniform(0, 0.05)),
-        )
+        tries, state, _ = self._freeze_mid_transaction(self.consumer)
         self.consumer.kill()
         self.consumer.start()
         facts = (
@@ -236,6 +231,34 @@ class Injector:
             f"{self.consumer.pid}"
         )
         return Done(self.consumer.role, time.monotonic(), lambda: facts)
+
+    def task_worker_kill(self) -> Done:
+        """SIGKILL the Celery task worker while it runs a Django task (frozen until its
+        connection is in a transaction, as the consumer's), then restart it. It has
+        recovered once every task enqueued before the kill has finished: RabbitMQ
+        redelivers the messages it held (the runner acks late), so the task it was
+        running runs again, a second attempt."""
+        worker = self.task_worker
+        assert worker is not None, "task_worker_kill needs Django's tasks (Django 6)"
+        pid, began = worker.pid, time.monotonic()
+        tries, state, running = self._freeze_mid_transaction(worker, running=db.running_tasks)
+        worker.kill()
+        mark = db.now()
+        worker.start()
+        left = wait_down(lambda: db.unfinished_tasks(mark), self.recovery_timeout)
+        if left:
+            raise NotRecovered(
+                f"{left} tasks enqueued before the kill not finished, and none finished "
+                f"for {self.recovery_timeout:.0f}s"
+            )
+        finished = time.monotonic() - began
+        outcome = ", ".join(f"{s} ({n} attempts)" for s, n in db.task_attempts(running))
+        facts = (
+            f"SIGKILL pid {pid} frozen with its database connection {state!r} (try {tries}); "
+            f"restarted as pid {worker.pid}; the task it was running: {outcome or 'none'}; "
+            f"every task enqueued before the kill finished after {finished:.1f}s"
+        )
+        return Done(worker.role, time.monotonic(), lambda: facts)
 
     def cluster_leader_restart(self) -> Done:
         return self._node_restart(leader_node=True)
@@ -287,10 +310,30 @@ class Injector:
                 return tries, seen
             proc.signal(signal.SIGCONT)
 
+    def _freeze_mid_transaction(
+        self, proc: Proc, *, running: Callable[[], list[str]] | None = None
+    ) -> tuple[int, str | None, list[str]]:
+        """Freeze ``proc`` while ``pg_stat_activity`` shows its connection in a
+        transaction (its handler or task running) and, with ``running``, while that names
+        something (the task worker's RUNNING tasks: not in the transaction that starts
+        one). Returns the tries, the state seen last and what ``running`` named."""
+
+        def look() -> tuple[str | None, list[str]]:
+            return db.backend_state(proc.application_name), running() if running else []
+
+        def wanted(seen: tuple[str | None, list[str]]) -> bool:
+            state, names = seen
+            return state in ("idle in transaction", "active") and (running is None or bool(names))
+
+        tries, (state, names) = self._freeze(
+            proc, look, wanted, before=lambda: time.sleep(self.rng.uniform(0, 0.05))
+        )
+        return tries, state, names
+
     def _freeze_relay(self, relay: Proc, *, published: bool) -> tuple[int, list[int], int]:
         """Freeze ``relay`` while it holds a claim (with ``published``: rows the consumer
-        has already handled). Returns the tries, the rows it holds and how many of them
-        were handled."""
+        has already handled, or the task worker run). Returns the tries, the rows it holds
+        and how many of them were handled."""
         worker = relay.worker
 
         def until_it_holds_rows() -> None:
@@ -340,3 +383,21 @@ class Injector:
             )
 
         return ended, facts
+
+
+def wait_down(count: Callable[[], int], patience: float, *, since: float | None = None) -> int:
+    """Wait until ``count()`` is 0; on a busy machine there may be a backlog to work
+    through, so what ends the wait early is no progress: ``patience`` seconds (the first
+    counted from ``since``, default now) without ``count()`` going down. Returns what is
+    left (0: all done)."""
+    left = count()
+    deadline = (time.monotonic() if since is None else since) + patience
+    while left:
+        time.sleep(0.2)
+        now_left = count()
+        if now_left < left:
+            deadline = time.monotonic() + patience
+        elif time.monotonic() > deadline:
+            return now_left
+        left = now_left
+    return 0

@@ -1,6 +1,7 @@
-"""The chaos suite's tables: the business rows, what the consumer handled, and the
-events rolled back on purpose. None has a unique constraint on ``event_id``, so
-that a duplicate shows up in the audit instead of being stopped by an index."""
+"""The chaos suite's tables: the business rows, what the consumer handled, the
+events rolled back on purpose, and what the Django tasks did. None has a unique
+constraint on ``event_id`` (or a task's ``result_id``), so that a duplicate shows up in
+the audit instead of being stopped by an index."""
 
 from __future__ import annotations
 
@@ -90,3 +91,17 @@ class OrderedCopy(models.Model):
 
     def __str__(self) -> str:
         return f"{self.ordering_key} #{self.sequence} at {self.position}"
+
+
+class TaskEffect(models.Model):
+    """One row per run of the Django task (:mod:`chaos.djtasks`) that committed: written
+    in the task's transaction, with its outcome."""
+
+    result_id = models.UUIDField(db_index=True)  # the task's TaskResultRecord id
+    order = models.UUIDField()  # the event id of the order it was enqueued with
+    attempt = models.PositiveSmallIntegerField()
+    pid = models.IntegerField()
+    ran_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"task {self.result_id} attempt {self.attempt}"

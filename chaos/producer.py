@@ -1,7 +1,7 @@
 """A chaos producer: commits business rows with their events until SIGTERM.
 
     python -m chaos.producer --index N --seed S --rate EVENTS_PER_S --destination D \
-        --ordered D2 --keys K
+        --ordered D2 --keys K [--tasks]
 
 Each transaction stages one event (``stage``), a few, or a burst (``stage_many``),
 with one ``Order`` per event. Half of the transactions stage to ``D``, keyless; the
@@ -9,7 +9,9 @@ other half to the ordered destination ``D2``, each event with one of ``K`` keys 
 at random (so one transaction may hold several events of a key). About 10% of
 transactions roll back after staging, and about 5% roll back a savepoint holding one
 more order and event (to the same destination); the ids of
-rolled-back events are written to ``RolledBack`` after the rollback. A database
+rolled-back events are written to ``RolledBack`` after the rollback. With ``--tasks``
+(Django 6), each transaction also enqueues one Django task (:mod:`chaos.djtasks`) for
+its first order, rolled back with it or committed with it. A database
 outage (the fault injector restarts PostgreSQL) is waited out: the transaction in
 hand is simply lost or committed, and the business table says which.
 """
@@ -44,6 +46,7 @@ def main() -> int:
     parser.add_argument("--destination", required=True)
     parser.add_argument("--ordered", required=True, help="the ordered destination")
     parser.add_argument("--keys", type=int, required=True, help="its ordering keys")
+    parser.add_argument("--tasks", action="store_true", help="a Django task per transaction")
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chaos.settings")
     django.setup()
@@ -56,6 +59,7 @@ def main() -> int:
         random.Random(args.seed * 1000 + args.index),
         args.destination,
         ordered=(args.ordered, args.keys),
+        tasks=args.tasks,
     )
     started = time.monotonic()
     while not stop.is_set():
@@ -69,13 +73,21 @@ def main() -> int:
 
 class Producer:
     def __init__(
-        self, index: int, rng: random.Random, destination: str, *, ordered: tuple[str, int]
+        self,
+        index: int,
+        rng: random.Random,
+        destination: str,
+        *,
+        ordered: tuple[str, int],
+        tasks: bool = False,
     ) -> None:
         self.index = index
         self.rng = rng
         self.destination = destination
         self.ordered, self.keys = ordered
+        self.tasks = tasks
         self.events = self.committed = self.rolled_back = self.outages = 0
+        self.tasks_committed = self.tasks_rolled_back = 0
 
     def run_one(self) -> bool:
         """One transaction; False when the database was unreachable."""
@@ -112,6 +124,8 @@ class Producer:
         try:
             with transaction.atomic():
                 staged = self._stage(size, ordered=ordered)
+                if self.tasks:
+                    self._enqueue(staged[0])
                 if savepoint:
                     try:
                         with transaction.atomic():
@@ -128,6 +142,7 @@ class Producer:
                 RolledBack(event_id=e, kind=kind) for e, kind in undone_kinds
             )
             self.rolled_back += len(undone_kinds)
+            self.tasks_rolled_back += int(self.tasks)
         else:
             if undone:
                 RolledBack.objects.bulk_create(
@@ -135,7 +150,15 @@ class Producer:
                 )
                 self.rolled_back += len(undone)
             self.committed += len(staged)
+            self.tasks_committed += int(self.tasks)
         self.events += size
+
+    @staticmethod
+    def _enqueue(order: str) -> None:
+        """Enqueue the Django task of ``order`` in the transaction in hand."""
+        from . import djtasks  # Django 6 only
+
+        djtasks.enqueue(order)
 
     def _stage(self, size: int, *, ordered: bool) -> list[str]:
         """Stage ``size`` events and their orders in the current transaction: to the
@@ -161,7 +184,8 @@ class Producer:
     def summary(self) -> str:
         return (
             f"producer {self.index}: committed {self.committed} events, rolled back "
-            f"{self.rolled_back}, database outages {self.outages}"
+            f"{self.rolled_back}, database outages {self.outages}; Django tasks committed "
+            f"{self.tasks_committed}, rolled back {self.tasks_rolled_back}"
         )
 
 

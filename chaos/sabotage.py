@@ -14,8 +14,11 @@ alarm or a partition spends attempts; ``--sabotage staging`` starts producers th
 staging as best effort: when it fails (a full disk) they commit the orders anyway,
 without their events; ``--sabotage failover`` starts relays that connect to the first
 address of a failover list only, so that they cannot go on while the cluster's first
-node (where the runner put the queue's leader) is down. A run with any of them must fail
-its audit. Nothing imports this module unless ``CHAOS_SABOTAGE`` is set.
+node (where the runner put the queue's leader) is down; ``--sabotage tasks`` (Django 6)
+starts a task worker whose runner has neither guard: no inbox transaction (every delivery
+of a task counts as new) and no skip of a task whose result is finished already, so a
+task whose message arrives twice runs twice. A run with any of them must fail its audit.
+Nothing imports this module unless ``CHAOS_SABOTAGE`` is set.
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ import functools
 import sys
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import transaction
 
-KINDS = ("lease", "inbox", "parking", "order", "attempts", "staging", "failover")
+T = TypeVar("T")
+KINDS = ("lease", "inbox", "parking", "order", "attempts", "staging", "failover", "tasks")
 
 
 def apply(kind: str) -> None:
@@ -53,6 +57,8 @@ def apply(kind: str) -> None:
         _best_effort()
     elif kind == "failover":
         _first_address_only()
+    elif kind == "tasks":
+        _unguarded_task_runner()
     elif kind == "parking":
         from django_outbox.consumer import InboxConsumer
 
@@ -77,6 +83,15 @@ def _no_inbox(consumer: str, event_id: object, using: str = "default") -> Iterat
     """``process_once`` without the mark: every delivery counts as new."""
     with transaction.atomic(using=using):
         yield True
+
+
+def _unguarded_task_runner() -> None:
+    """The Django task runner without its guards: ``process_once`` a plain transaction
+    that always runs the task, and no finished result skipped at the start."""
+    from django_outbox import taskrunner
+
+    taskrunner.process_once = _no_inbox  # type: ignore[assignment]
+    taskrunner.TASK_FINISHED = ()  # type: ignore[assignment]
 
 
 def _parking_at_once(init: Callable[..., None]) -> Callable[..., None]:
@@ -104,32 +119,47 @@ def _best_effort() -> None:
     """``stage`` and ``stage_many`` that, when staging fails, let the transaction go on
     and commit: the producer writes its orders with event ids no event has (the dual
     write the outbox exists to prevent). Patched on the package, where the producer
-    looks them up (the producer runs as ``__main__``: its own class cannot be patched)."""
+    looks them up (the producer runs as ``__main__``: its own class cannot be patched);
+    the Django task's enqueue, which stages too, likewise on :mod:`chaos.djtasks`."""
     import django_outbox
+
+    from .destinations import TASKS_UNAVAILABLE
 
     stage, stage_many = django_outbox.stage, django_outbox.stage_many
 
     def one(*args: Any, **kwargs: Any) -> Any:
-        return _kept(lambda: [stage(*args, **kwargs)], 1)[0]
+        return _kept(lambda: stage(*args, **kwargs), lambda: _unsent(1)[0])
 
     def many(events: Any, *args: Any, **kwargs: Any) -> list[Any]:
         events = list(events)  # a failed call must not have used them up
-        return _kept(lambda: stage_many(events, *args, **kwargs), len(events))
+        return _kept(lambda: stage_many(events, *args, **kwargs), lambda: _unsent(len(events)))
 
     django_outbox.stage, django_outbox.stage_many = one, many  # type: ignore[assignment]
+    if TASKS_UNAVAILABLE is None:
+        from . import djtasks
+
+        enqueue = djtasks.enqueue
+        djtasks.enqueue = lambda order: _kept(lambda: enqueue(order), lambda: "")
 
 
-def _kept(call: Callable[[], list[Any]], size: int) -> list[Any]:
+def _kept(call: Callable[[], T], fallback: Callable[[], T]) -> T:
+    """``call()`` in a savepoint; when the database fails it, its rollback and
+    ``fallback()``, the transaction going on."""
     from django.db import DatabaseError
-
-    from django_outbox.models import OutboxMessage
 
     try:
         with transaction.atomic():
             return call()
     except DatabaseError as exc:
         print(f"staging failed, orders kept: {exc}".splitlines()[0], file=sys.stderr, flush=True)
-        return [OutboxMessage(event_id=uuid.uuid4()) for _ in range(size)]
+        return fallback()
+
+
+def _unsent(size: int) -> list[Any]:
+    """Rows as staging returns them, with event ids no event has."""
+    from django_outbox.models import OutboxMessage
+
+    return [OutboxMessage(event_id=uuid.uuid4()) for _ in range(size)]
 
 
 def _first_address_only() -> None:

@@ -1,4 +1,5 @@
-"""Django settings of every chaos process: the runner, producers, relays, the consumer.
+"""Django settings of every chaos process: the runner, producers, relays, the consumers,
+the task worker.
 
 ``CHAOS_DATABASE_URL`` is the suite's own database (created afresh by the runner),
 ``OUTBOX_BROKER_URL`` its RabbitMQ. ``CHAOS_ROLE`` names the process (``relay-1``,
@@ -6,6 +7,10 @@
 ``application_name`` (``relay-1 4242``), so the fault injector sees in
 ``pg_stat_activity`` what a process is doing, and the outbox triggers know which
 process wrote a row.
+
+On Django 6 (``django.tasks``), ``TASKS`` is the outbox's backend, and the ``CELERY_``
+settings configure :mod:`chaos.celery_app`: each process's ``OUTBOX_BROKER_URL`` (the
+relays', the proxy's), with publisher confirms.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import os
 
 import environ
 
-from chaos.destinations import CLUSTERED, ORDERED, QUEUE
+from chaos.destinations import CLUSTERED, ORDERED, QUEUE, TASK_QUEUE, TASKS_UNAVAILABLE
 
 env = environ.Env()
 
@@ -57,6 +62,14 @@ OUTBOX = {
     **_cluster(env("OUTBOX_CLUSTER_URL", default="")),
     **env.json("CHAOS_OUTBOX", default={}),
 }
+if TASKS_UNAVAILABLE is None:
+    TASKS = {
+        "default": {"BACKEND": "django_outbox.tasks.OutboxTaskBackend", "QUEUES": [TASK_QUEUE]}
+    }
+    CELERY_BROKER_URL = OUTBOX["BROKER_URL"]
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
+    CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+    CELERY_WORKER_HIJACK_ROOT_LOGGER = False  # LOGGING below, as every chaos process's
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGGING = {
     "version": 1,
@@ -70,5 +83,9 @@ LOGGING = {
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "line", "filters": ["action"]}
     },
-    "loggers": {"django_outbox": {"handlers": ["console"], "level": "INFO"}},
+    # Not propagated: the task worker's Celery puts a handler of its own on the root logger.
+    "loggers": {
+        name: {"handlers": ["console"], "level": "INFO", "propagate": False}
+        for name in ("django_outbox", "django.tasks", "celery")
+    },
 }
