@@ -130,7 +130,8 @@ class Producer(threading.Thread):
 
     def stop(self) -> list[str]:
         self.done.set()
-        self.join(timeout=60)
+        if self.is_alive():
+            self.join(timeout=60)
         return self.ids
 
 
@@ -157,7 +158,9 @@ def test_the_leader_node_stops_and_starts_while_the_relay_publishes(quorum_route
         ids = first + producer.stop()
         wait_until(lambda: published() == len(ids), timeout=180, what="every event published")
     finally:
+        producer.stop()  # a failure above must not leave it staging under the next tests
         code, _out, err = stop(relay)
+        print(err)  # shown if the test fails
     assert code == 0, err
     assert new_leader != stopped
 
@@ -183,6 +186,7 @@ def test_the_relay_starts_with_the_first_node_down(quorum_route):
             wait_until(lambda: published() == len(ids), timeout=60, what="every event published")
         finally:
             code, _out, err = stop(relay)
+            print(err)  # shown if the test fails
     finally:
         cluster("start-node", "1")
     assert code == 0, err

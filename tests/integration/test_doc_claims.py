@@ -3,7 +3,8 @@
 - "one INSERT for N events": on PostgreSQL one statement writes up to
   ``INSERT_MAX_ROWS`` (9,362) rows, the most PostgreSQL's limit of 65,535 parameters
   allows with server-side binding; elsewhere ``bulk_create`` splits the rows by the
-  database's own limit (SQLite: 999 parameters), and the docs say so.
+  database's own limit (SQLite: 999 parameters on Django 5.2, the connection's limit on
+  Django 6), and the docs say so.
 - "any kombu transport (memory ...)": a relay on ``memory://`` publishes, and a kombu
   consumer of the same in-process transport reads what the relay sent.
 """
@@ -11,7 +12,9 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 
+import django
 import kombu
 import pytest
 from django.conf import settings
@@ -84,14 +87,45 @@ def test_stage_many_past_postgresqls_parameter_limit_with_server_side_binding(
     assert len({row.pk for row in rows}) == INSERT_MAX_ROWS + 1
 
 
+@pytest.fixture
+def sqlite_limit_999():
+    """The "lite" connection's limit of parameters a statement lowered to 999, as in SQLite
+    before 3.32, and restored after. Django 5.2 assumes 999 on SQLite whatever the
+    connection allows; Django 6 reads the connection's limit, so at 999 both split alike."""
+    connection = connections["lite"]
+    connection.ensure_connection()
+    limit = sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER
+    before = connection.connection.setlimit(limit, 999)  # returns the old limit
+    try:
+        yield
+    finally:
+        connection.connection.setlimit(limit, before)
+
+
 @pytest.mark.django_db(transaction=True, databases=["lite"])
-def test_on_sqlite_stage_many_splits_the_rows_by_the_parameter_limit():
+def test_on_sqlite_stage_many_splits_the_rows_by_the_parameter_limit(sqlite_limit_999):
     inserts, rows = _staged_with("lite", 1000)
-    # SQLite takes 999 parameters a statement (Django's max_query_params), and each row
-    # sends one per column: about 60 rows an INSERT.
+    # 999 parameters a statement (Django's max_query_params), and each row sends one per
+    # column: about 60 rows an INSERT.
     assert connections["lite"].features.max_query_params == 999
     assert 10 < inserts < 1000
     assert OutboxMessage.objects.using("lite").count() == 1000
+    assert len({row.pk for row in rows}) == 1000
+
+
+@pytest.mark.skipif(
+    django.VERSION < (6, 0),
+    reason="Django 5.2 assumes 999 parameters on SQLite whatever the connection allows",
+)
+@pytest.mark.django_db(transaction=True, databases=["lite"])
+def test_on_sqlite_django_6_takes_the_connections_own_parameter_limit():
+    connection = connections["lite"]
+    connection.ensure_connection()
+    limit = connection.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    assert connection.features.max_query_params == limit
+    assert limit >= 32766  # SQLite's default since 3.32 (Debian builds it with 250,000)
+    inserts, rows = _staged_with("lite", 1000)
+    assert inserts == 1
     assert len({row.pk for row in rows}) == 1000
 
 

@@ -63,7 +63,8 @@ def test_the_bound_counts_utf8_bytes_and_applies_to_headers_too():
 )
 def test_the_byte_settings_are_checked(name, value):
     with outbox(**{name: value}):
-        errors = [m for m in checks.run_checks() if m.id == "django_outbox.E003"]
+        found = checks.run_checks(databases=[])  # Django 6.1 asks each database otherwise
+        errors = [m for m in found if m.id == "django_outbox.E003"]
     assert [e.msg for e in errors] == [
         f'OUTBOX["{name}"] must be a positive integer; got {value!r}.'
     ]
