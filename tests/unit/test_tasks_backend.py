@@ -153,18 +153,24 @@ def test_a_queue_the_backend_does_not_list_is_refused_by_django():
         djtasks.add.using(queue_name="emails")
 
 
-@needs_tasks
-def test_a_current_celery_app_without_a_broker_is_warned_about_by_w007():
+def checked_under(**app_options):  # type: ignore[no-untyped-def]
+    """The backend's check() with a Celery app of ``app_options`` current; the test
+    settings' app current again after."""
     from celery import Celery
 
     from tests.settings import CELERY_APP
 
-    bare = Celery("no-broker", set_as_current=True)
+    app = Celery("under-test", set_as_current=True, **app_options)
     try:
-        (warning,) = backend().check()
+        return backend().check()
     finally:
-        bare.close()
+        app.close()
         CELERY_APP.set_current()
+
+
+@needs_tasks
+def test_a_current_celery_app_without_a_broker_is_warned_about_by_w007():
+    (warning,) = checked_under()
     assert warning.id == "django_outbox.W007"
     assert "has no broker URL" in warning.msg
     assert backend().check() == []
@@ -172,16 +178,7 @@ def test_a_current_celery_app_without_a_broker_is_warned_about_by_w007():
 
 @needs_tasks
 def test_a_current_celery_app_on_rabbitmq_without_confirms_is_warned_about_by_w004():
-    from celery import Celery
-
-    from tests.settings import CELERY_APP
-
-    unconfirmed = Celery("unconfirmed", broker="amqp://guest@127.0.0.1:1//", set_as_current=True)
-    try:
-        (warning,) = backend().check()
-    finally:
-        unconfirmed.close()
-        CELERY_APP.set_current()
+    (warning,) = checked_under(broker="amqp://guest@127.0.0.1:1//")
     assert warning.id == "django_outbox.W004"
     assert "without publisher confirms" in warning.msg
 
