@@ -316,6 +316,13 @@ def bound_socket_waits(connection: kombu.Connection, seconds: float) -> None:
 _UNSETTLED: Any = object()
 
 
+def _nacked_whole(outcomes: Sequence[Outcome]) -> bool:
+    """Whether the broker nacked every message of a batch."""
+    return bool(outcomes) and all(
+        isinstance(outcome, Failure) and outcome.error == NACKED for outcome in outcomes
+    )
+
+
 class _Confirms:
     """Delivery tags of one confirm-mode channel and the batch they belong to."""
 
@@ -534,6 +541,11 @@ class KombuTransport(Transport):
             self.close(graceful=False)
             failure = transient_failure(exc)
             outcomes = [failure if outcome is _UNSETTLED else outcome for outcome in outcomes]
+        if self._confirms is not None and _nacked_whole(outcomes):
+            # RabbitMQ 3.10 can leave a channel opened while a quorum queue elects a new
+            # leader (the relay failing over to another node of a cluster) nacking every
+            # publish to that queue for minutes: the retry goes through a new connection.
+            self.close()
         return outcomes
 
     def _declare(self, route: Route) -> Failure | None:

@@ -11,6 +11,7 @@ import time
 import uuid
 from collections import Counter
 
+import kombu
 import pytest
 from django.conf import settings
 from django.db import transaction
@@ -18,9 +19,12 @@ from django.test.utils import override_settings
 from django.utils import timezone
 
 from django_outbox import db, stage
+from django_outbox.conf import outbox_settings
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import Relay, _Batch
 from django_outbox.signals import event_abandoned, event_failed, event_published
+from django_outbox.transports.base import NACKED, Failure
+from django_outbox.transports.kombu import AmqpTransport
 from tests.factories import OutboxMessageFactory
 from tests.support import (
     AMQP_URL,
@@ -537,6 +541,33 @@ def test_an_unroutable_message_is_not_marked_published(destination):
     row = OutboxMessage.objects.get()
     assert (stats.published, stats.failed, row.status) == (0, 1, Status.FAILED)
     assert row.last_error.startswith(f"unroutable: no queue is bound to exchange '{destination}-x'")
+
+
+def test_a_batch_the_broker_nacks_whole_is_retried_on_a_new_connection(destination):
+    """RabbitMQ 3.10 can leave a channel opened while a quorum queue elects a new leader
+    nacking every publish to that queue for minutes (test_cluster.py's relay, failing over
+    to another node, saw it): a batch nacked whole closes the connection, so that the
+    retry opens a new one. Here a queue that holds one message nacks the rest."""
+    limit = {"x-max-length": 1, "x-overflow": "reject-publish"}
+    routes = {destination: {"queue": destination, "queue_arguments": limit}}
+    stage_events(3, destination)
+    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "ROUTES": routes}):
+        route = outbox_settings.route_for(destination)
+        assert route is not None
+        messages = db.claim("default", limit=3, lease_seconds=60, worker="t", token=uuid.uuid4())
+        transport = AmqpTransport(AMQP_URL)
+        try:
+            assert transport.publish(route, messages[:1]) == [None]
+            connection = transport._connection
+            assert transport.publish(route, messages[1:]) == [Failure(NACKED)] * 2
+            assert transport._connection is None  # closed: the next publish reconnects
+            assert transport.publish(route, messages[2:]) == [Failure(NACKED)]
+            assert transport._connection is None
+            assert connection is not None
+        finally:
+            transport.close()
+    queue = kombu.Queue(destination, routing_key=destination, queue_arguments=limit)
+    assert ids_of(consume(queue, 1)) == [str(messages[0].event_id)]
 
 
 def test_confirm_publish_in_transport_options_does_not_break_the_confirm_pipeline(destination):
