@@ -9,9 +9,11 @@
   resets the relays' connections.
 
 None of them is a publish failure of a row: the relay must spend no attempt on them.
-Each measures the attempts spent, ``sum(attempts)`` over the outbox from before the
-fault until every row staged before it ended is PUBLISHED (faults come one at a time,
-after the system recovered from the last, so nothing else spends attempts then), and
+Each measures the attempts spent, ``sum(attempts)`` over the outbox rows of the single
+broker (not the cluster's, whose connections these faults do not touch, and one of which
+a node restart earlier may leave to reset later) from before the fault until every row
+staged before it ended is PUBLISHED (faults come one at a time, after the system
+recovered from the last, so nothing else spends attempts then), and
 the audit's "attempts spent without a publish" adds them up. The partition's reset
 is the exception: a publish it cuts was sent and failed, a real failure that may
 count; only the attempts spent while the link was silent must be none.

@@ -9,6 +9,7 @@ from django.db import DatabaseError, connection, transaction
 
 from django_outbox.models import InboxFailure, InboxMessage, OutboxMessage, TaskResultRecord
 
+from .destinations import CLUSTERED
 from .models import BrokerCopy, Handled, Order, OrderedCopy, RolledBack, TaskEffect, Violation
 
 OUTBOX = OutboxMessage._meta.db_table
@@ -131,8 +132,15 @@ def settled() -> bool:
 
 
 def attempts() -> int:
-    """Publish attempts spent so far, over every outbox row."""
-    return int(value(f"SELECT coalesce(sum(attempts), 0) FROM {OUTBOX}"))
+    """Publish attempts spent so far on the rows published through the single broker
+    (every destination but the cluster's: the broker faults act on that broker only, and
+    a cluster connection a node restart left stale may reset at any time)."""
+    return int(
+        value(
+            f"SELECT coalesce(sum(attempts), 0) FROM {OUTBOX} WHERE destination <> %s",
+            (CLUSTERED,),
+        )
+    )
 
 
 def published() -> int:
