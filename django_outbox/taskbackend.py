@@ -115,15 +115,22 @@ class OutboxTaskBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(result_id) from None
         return self.result_of(record)
 
-    def result_of(self, record: TaskResultRecord, task: Task | None = None) -> TaskResult:
-        """``record`` as Django's :class:`TaskResult` (its task imported by path unless
-        given)."""
-        task = (task or load_task(record.task_path)).using(
+    def task_of(self, record: TaskResultRecord) -> Task:
+        """The task of ``record``: imported by its path, with the options it was enqueued
+        with; :class:`InvalidTask` when the path imports no task (or the options are not
+        valid here)."""
+        return load_task(record.task_path).using(
             priority=record.priority,
             queue_name=record.queue_name,
             run_after=record.run_after,
             backend=record.backend,
         )
+
+    def result_of(self, record: TaskResultRecord, task: Task | None = None) -> TaskResult:
+        """``record`` as Django's :class:`TaskResult`; ``task`` is its task when the
+        caller has it already (else :meth:`task_of`)."""
+        if task is None:
+            task = self.task_of(record)
         result: TaskResult = TaskResult(
             task=task,
             id=str(record.id),

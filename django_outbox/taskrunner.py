@@ -4,12 +4,13 @@ The relay sends each task enqueued through
 :class:`~django_outbox.tasks.OutboxTaskBackend` as a message of the Celery task
 :data:`~django_outbox.routes.TASK_RUNNER`, whose body is :func:`run`:
 
-1. the task's result record is read and its task imported; a worker that cannot
-   (the code or the backend is not deployed here) raises :class:`TaskUnavailable`
-   and Celery sends the message again later, the record untouched;
-2. the record becomes RUNNING (its own short transaction, so it is seen while the
-   task runs; the worker's id is added), and ``task_started`` is sent. A record
-   another delivery holds locked is being run: this delivery runs nothing;
+1. the task's result record is locked (SKIP LOCKED: one held by another delivery
+   means that one is running it, and this one runs nothing) and its task imported; a
+   worker that cannot import it (the code or the backend is not deployed here) raises
+   :class:`TaskUnavailable` and Celery sends the message again later, the record
+   untouched;
+2. in that same short transaction the record becomes RUNNING (so it is seen while
+   the task runs; the worker's id is added), and ``task_started`` is sent;
 3. the task runs inside the inbox transaction of consumer ``django.tasks`` on the
    backend's database, holding its record, and its SUCCESSFUL outcome (the return
    value) is written in that same transaction: the task's writes, the inbox mark
@@ -38,7 +39,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from django.db import InterfaceError, OperationalError, connections, transaction
-from django.tasks import TaskContext, TaskResult, task_backends
+from django.tasks import Task, TaskContext, TaskResult, task_backends
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 from django.utils.json import normalize_json
@@ -77,28 +78,26 @@ def run(payload: dict[str, Any], result_id: str, worker_id: str) -> None:
     """Run the task of ``payload`` (the message the backend staged) whose result id is
     ``result_id``, once in effect; ``worker_id`` joins its ``worker_ids``."""
     backend = _backend(payload.get("backend"))
-    record = _pending(backend.using, result_id)
-    if record is None:
-        return
     try:
-        backend.result_of(record)  # the task imports and is valid here
-    except Exception as exc:
-        raise TaskUnavailable(f"task {result_id} cannot run on this worker: {exc}") from exc
-    record = _start(backend, record.id, worker_id)
-    if record is None:
+        started = _start(backend, uuid.UUID(result_id), worker_id)
+    except ValueError:  # not an id the backend made: no task to run
+        _skipped(result_id, "is not a task's id")
         return
-    _send(task_started, backend, record)
+    if started is None:
+        return
+    record, task = started
+    _send(task_started, backend, record, task)
     try:
-        finished = _run_once(backend, record)
+        finished = _run_once(backend, record, task)
     except (OperationalError, InterfaceError):
         raise  # the database failed, not the task: nothing committed; Celery sends it again
     except Exception as exc:
         finished = _fail(record, backend.using, exc)
     if finished:
-        _send(task_finished, backend, record)
+        _send(task_finished, backend, record, task)
 
 
-def _run_once(backend: OutboxTaskBackend, record: TaskResultRecord) -> bool:
+def _run_once(backend: OutboxTaskBackend, record: TaskResultRecord, task: Task) -> bool:
     """Run the task in one transaction with its inbox mark and SUCCESSFUL outcome,
     holding its record; False when another delivery holds it or the mark is there
     (this one ran nothing)."""
@@ -109,7 +108,7 @@ def _run_once(backend: OutboxTaskBackend, record: TaskResultRecord) -> bool:
             if not new:
                 logger.info("task %s already ran; skipped", record.id, extra=_extra(record))
                 return False
-            value = normalize_json(_call(backend.result_of(record)))
+            value = normalize_json(_call(backend.result_of(record, task)))
             _finish(record, backend.using, TaskStatus.SUCCESSFUL, return_value=value)
     return True
 
@@ -126,20 +125,6 @@ def _backend(alias: object) -> OutboxTaskBackend:
             f"TASKS[{alias!r}] is a {type(backend).__name__} in this worker, not the outbox's"
         )
     return backend
-
-
-def _pending(using: str, result_id: str) -> TaskResultRecord | None:
-    """The record of a task still to run; None (logged) when there is nothing to run:
-    it has finished, or no committed enqueue made it."""
-    try:
-        record = TaskResultRecord.objects.using(using).filter(id=uuid.UUID(result_id)).first()
-    except ValueError:
-        record = None
-    if record is None or record.status in TASK_FINISHED:
-        why = "has no result record" if record is None else f"is {record.status}"
-        _skipped(result_id, why)
-        return None
-    return record
 
 
 def _skipped(result_id: object, why: str) -> None:
@@ -161,16 +146,23 @@ def _locked(using: str, result_id: uuid.UUID) -> TaskResultRecord | None:
 
 def _start(
     backend: OutboxTaskBackend, result_id: uuid.UUID, worker_id: str
-) -> TaskResultRecord | None:
-    """Mark the task RUNNING by ``worker_id`` and return its record; None when another
-    delivery is running it or it has an outcome (then nothing is to run), or when it
-    started :data:`MAX_STARTS` times already (then it is FAILED: :class:`WorkerLost`)."""
+) -> tuple[TaskResultRecord, Task] | None:
+    """Mark the task RUNNING by ``worker_id``; its record and its task. None when there
+    is nothing to run: no committed enqueue made it, another delivery is running it, it
+    has an outcome, or it started :data:`MAX_STARTS` times already (then it is FAILED:
+    :class:`WorkerLost`). Raises :class:`TaskUnavailable`, the record untouched, when the
+    task cannot be imported here."""
     now = timezone.now()
     with transaction.atomic(using=backend.using):
         record = _locked(backend.using, result_id)
         if record is None or record.status in TASK_FINISHED:
-            _skipped(result_id, "is being run by another delivery or has finished")
+            why = "has no result record, or another delivery is running it"
+            _skipped(result_id, why if record is None else f"is {record.status}")
             return None
+        try:
+            task = backend.task_of(record)
+        except Exception as exc:  # its module or function is not importable here
+            raise TaskUnavailable(f"task {result_id} cannot run on this worker: {exc}") from exc
         if len(record.worker_ids) < MAX_STARTS:
             record.status = TaskStatus.RUNNING
             record.started_at = record.started_at or now
@@ -178,10 +170,10 @@ def _start(
             record.worker_ids = [*record.worker_ids, worker_id]
             fields = ["status", "started_at", "last_attempted_at", "worker_ids"]
             record.save(using=backend.using, update_fields=fields)
-            return record
+            return record, task
     lost = WorkerLost(f"started {len(record.worker_ids)} times, its worker died each time")
     if _fail(record, backend.using, lost):
-        _send(task_finished, backend, record)
+        _send(task_finished, backend, record, task)
     return None
 
 
@@ -194,10 +186,10 @@ def _hold(using: str, result_id: uuid.UUID) -> bool:
     return False
 
 
-def _send(signal: Signal, backend: OutboxTaskBackend, record: TaskResultRecord) -> None:
+def _send(signal: Signal, backend: OutboxTaskBackend, record: TaskResultRecord, task: Task) -> None:
     """Send ``signal`` for ``record``'s task; a receiver's error is logged, never raised
     (the outcome is committed: a receiver must not make Celery run the task again)."""
-    result = backend.result_of(record)
+    result = backend.result_of(record, task)
     for receiver, error in signal.send_robust(type(backend), task_result=result):
         if isinstance(error, Exception):
             logger.error(
