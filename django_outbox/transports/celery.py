@@ -89,14 +89,16 @@ class CeleryTransport(Transport):
         return outcomes
 
     def _task_options(self, route: Route, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """``send_task``'s queue and priority for a Django task's message (the route of a
-        task queue); none for any other route, which goes to the app's default queue."""
-        if route.celery_task != TASK_RUNNER:
-            return {}
-        if self._lowest_first is None:
-            self._lowest_first = _driver_type() == "redis"
-        priority = broker_priority(kwargs.get("priority"), lowest_first=self._lowest_first)
-        return {"queue": route.queue, "priority": priority}
+        """``send_task``'s queue (a route with a ``queue``: a Django task queue's) and, for
+        a Django task, its broker priority, which rides in the payload; none for a plain
+        Celery route, which goes to the app's default queue."""
+        options: dict[str, Any] = {} if route.queue is None else {"queue": route.queue}
+        if route.celery_task == TASK_RUNNER:
+            if self._lowest_first is None:
+                self._lowest_first = _driver_type() == "redis"
+            priority = kwargs.get("priority")
+            options["priority"] = broker_priority(priority, lowest_first=self._lowest_first)
+        return options
 
     def close(self) -> None:
         """The Celery app owns its connection pool."""
