@@ -380,3 +380,80 @@ class TaskResultRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_path} {self.id} [{self.status}]"
+
+
+class WorkerKind(models.TextChoices):
+    """What a :class:`WorkerHeartbeat` row is the heartbeat of."""
+
+    RELAY = "relay", _("Relay")
+    """A relay (``run_outbox_relay``) of the database the row is in."""
+    CONSUMER = "consumer", _("Consumer")
+    """An inbox consumer (``run_outbox_consumer``) whose inbox is in that database."""
+
+
+class WorkerHeartbeat(models.Model):
+    """The last sign of life of one relay or consumer process, written by the process
+    itself every ``HEARTBEAT_INTERVAL`` seconds (:mod:`django_outbox.heartbeat`), and
+    once more when it stops cleanly. Read by ``outbox_status``, ``outbox_health``, the
+    health view and the admin, which judge a row live, stale or dead by the age of its
+    last beat counted in its own ``interval``.
+    """
+
+    Kind = WorkerKind
+
+    id = models.BigAutoField(primary_key=True)
+    kind = models.CharField(_("kind"), max_length=16, choices=WorkerKind.choices)
+    #: ``host:pid`` of the process (a relay's ``worker``, as written into claimed rows).
+    worker = models.CharField(_("worker"), max_length=255)
+    #: The alias of the database it serves, as the process names it.
+    database = models.CharField(_("database"), max_length=100)
+    #: A consumer's name and queue (``name@queue``); empty for a relay.
+    name = models.CharField(_("name"), max_length=512, blank=True, default="")
+    started_at = models.DateTimeField(_("started at"))
+    beat_at = models.DateTimeField(_("last beat"))
+    #: Seconds between its beats: a row is judged by its own cadence.
+    interval = models.FloatField(_("interval"))
+    #: A relay's last batch that claimed rows; a consumer's last message.
+    last_batch_at = models.DateTimeField(_("last batch"), null=True, blank=True)
+    #: Set by a clean stop; a process that died leaves it empty.
+    stopped_at = models.DateTimeField(_("stopped at"), null=True, blank=True)
+    #: Totals since the process started (a relay: claimed, published, failed, abandoned,
+    #: ...; a consumer: received, handled, duplicates, failed, ...).
+    counts = models.JSONField(_("counts"), default=dict, blank=True)
+
+    class Meta:
+        verbose_name = _("relay or consumer")
+        verbose_name_plural = _("relays and consumers")
+        db_table = "django_outbox_heartbeat"
+        ordering = ("kind", "worker")
+        constraints = [
+            models.UniqueConstraint(fields=["kind", "worker"], name="outbox_heartbeat_worker_uniq")
+        ]
+        indexes = [models.Index(fields=["beat_at"], name="outbox_heartbeat_beat_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.worker}" + (f" ({self.name})" if self.name else "")
+
+
+class OutboxSample(models.Model):
+    """The outbox's backlog at the start of one minute, and what was published in the
+    minute before it: the admin's chart of the last hour. One row per minute and
+    database, taken by whichever relay beats first in that minute."""
+
+    taken_at = models.DateTimeField(_("taken at"), primary_key=True)
+    pending = models.IntegerField(_("pending"))
+    processing = models.IntegerField(_("processing"))
+    failed = models.IntegerField(_("failed"))
+    #: Rows whose ``published_at`` falls in the minute before ``taken_at``.
+    published = models.IntegerField(_("published in the minute before"))
+    #: Seconds the oldest due row had waited; NULL when nothing was due.
+    oldest_due_age = models.FloatField(_("oldest due age"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("outbox sample")
+        verbose_name_plural = _("outbox samples")
+        db_table = "django_outbox_sample"
+        ordering = ("taken_at",)
+
+    def __str__(self) -> str:
+        return f"{self.taken_at:%Y-%m-%d %H:%M} pending={self.pending}"
