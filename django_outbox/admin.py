@@ -46,6 +46,7 @@ from django.utils.translation import ngettext
 from . import store
 from .db import RowCount, count_rows, write_first
 from .exceptions import SkipRefused
+from .heartbeat import WorkerState, state_of
 from .models import (
     InboxFailure,
     InboxMessage,
@@ -53,6 +54,7 @@ from .models import (
     OutboxQuerySet,
     OutboxStatus,
     TaskResultRecord,
+    WorkerHeartbeat,
 )
 from .status import blocked_keys, summary
 
@@ -530,3 +532,58 @@ class TaskResultAdmin(ReadOnlyAdmin):
             '<pre class="outbox-error">{}\n{}</pre>',
             ((e.get("exception_class_path", ""), e.get("traceback", "")) for e in obj.errors),
         )
+
+
+#: The badge colour of each heartbeat state in the admin.
+WORKER_STATE_COLOURS = {
+    WorkerState.LIVE: "#2e7d32",
+    WorkerState.STALE: "#ef6c00",
+    WorkerState.DEAD: "#c62828",
+    WorkerState.STOPPED: "#757575",
+}
+
+
+@admin.register(WorkerHeartbeat)
+class WorkerHeartbeatAdmin(ReadOnlyAdmin):
+    """The relays and consumers that ran on this database, each live, stale, dead or
+    stopped by the age of its last heartbeat (docs/health.md). A superuser may delete
+    the row of a process that is gone for good."""
+
+    list_display = ("worker", "kind", "state_badge", "name", "beat_age", "last_batch_at")
+    list_filter = ("kind",)
+    search_fields = ("worker", "name")
+    search_help_text = _("The start of a worker (host:pid) or of a consumer's name.")
+    sortable_by = ()
+    ordering = ("-beat_at",)
+    fields = (
+        "kind",
+        "worker",
+        "name",
+        "database",
+        "state_badge",
+        "started_at",
+        "beat_at",
+        "interval",
+        "last_batch_at",
+        "stopped_at",
+        "counts_json",
+    )
+    readonly_fields = ("state_badge", "counts_json")
+
+    @admin.display(description=_("state"))
+    def state_badge(self, obj: WorkerHeartbeat) -> SafeString:
+        state = state_of(obj)
+        return format_html(
+            '<span class="outbox-worker-state" style="background:{};color:#fff;padding:1px 6px;'
+            'border-radius:8px;white-space:nowrap">{}</span>',
+            WORKER_STATE_COLOURS[state],
+            state,
+        )
+
+    @admin.display(description=_("last beat"))
+    def beat_age(self, obj: WorkerHeartbeat) -> str:
+        return _("%(age)s ago") % {"age": timesince(obj.beat_at, depth=1)}
+
+    @admin.display(description=_("counts"))
+    def counts_json(self, obj: WorkerHeartbeat) -> SafeString:
+        return pretty_json(obj.counts)

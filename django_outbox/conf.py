@@ -308,6 +308,20 @@ SETTINGS: dict[str, Setting] = {
             "seconds the relay sleeps when idle and no NOTIFY wakes it.",
         ),
         Setting(
+            "HEARTBEAT_INTERVAL",
+            10,
+            _seconds,
+            "seconds between the heartbeats a running relay or consumer writes (its row in "
+            "the relays and consumers table); live within 3 intervals, stale within 30.",
+        ),
+        Setting(
+            "HEALTH_MAX_DUE_AGE",
+            300,
+            _seconds,
+            "seconds the oldest due row may wait before outbox_health and the health view "
+            "report the outbox unhealthy.",
+        ),
+        Setting(
             "START_JITTER",
             1,
             _seconds_or_zero,

@@ -49,11 +49,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import datetime as dt
 import functools
 import heapq
 import itertools
 import json
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -61,11 +64,13 @@ from typing import Any, TypeVar
 
 import kombu
 from django.db import DatabaseError, close_old_connections, connections
+from django.utils import timezone
 from kombu.mixins import ConsumerMixin
 
 from .conf import outbox_settings
 from .envelope import CONTENT_TYPE, ReceivedEvent
 from .exceptions import BrokerUnreachable, InvalidMessage, OutboxConfigurationError
+from .heartbeat import Heartbeat
 from .inbox import (
     UNACKED_ERROR,
     Scope,
@@ -80,6 +85,7 @@ from .inbox import (
     record_redelivery,
     sequence_scope,
 )
+from .models import WorkerKind
 from .outage import broker_outage, database_outage
 from .redact import SecretFilter, mask_url
 from .retry import RetryPolicy
@@ -215,6 +221,9 @@ class InboxConsumer(ConsumerMixin):
         self._idle = False  # idle for idle_timeout: done
         self._idle_timeout: float | None = None
         self._connection: kombu.Connection | None = None  # the one being set up or used
+        worker = f"{socket.gethostname()}:{os.getpid()}"
+        self.heartbeat = Heartbeat(WorkerKind.CONSUMER, worker, using, name=f"{consumer}@{queue}")
+        self._last_message_at: dt.datetime | None = None  # for the heartbeat
 
     def run(self, *, idle_timeout: float | None = None) -> ConsumerStats:  # type: ignore[override]
         """Consume until :attr:`stop` is set, or until no message came for
@@ -242,7 +251,26 @@ class InboxConsumer(ConsumerMixin):
                     self._wait_for_broker(exc, idle_timeout)
         finally:
             self.stats.elapsed = time.monotonic() - started
+            self.heartbeat.stopped(self._counts(), last_batch_at=self._last_message_at)
         return self.stats
+
+    def _beat(self) -> None:
+        """Write the heartbeat, if one is due."""
+        self.heartbeat.beat(self._counts(), last_batch_at=self._last_message_at)
+
+    def _counts(self) -> dict[str, int]:
+        return {
+            name: value
+            for name, value in dataclasses.asdict(self.stats).items()
+            if isinstance(value, int)
+        }
+
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` or until stopped, beating meanwhile."""
+        deadline = time.monotonic() + seconds
+        while not self.stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            self._beat()
+            self.stop.wait(min(left, self.heartbeat.wait))
 
     @property
     def should_stop(self) -> bool:  # type: ignore[override]  # read by ConsumerMixin
@@ -261,7 +289,7 @@ class InboxConsumer(ConsumerMixin):
                     f"unreachable ({outbox_settings.redact(f'{type(exc).__name__}: {exc}')})"
                 )
             backoff = min(backoff, idle_timeout - without)
-        self.stop.wait(backoff)
+        self._pause(backoff)
 
     # -- ConsumerMixin's hooks ------------------------------------------------------
 
@@ -340,6 +368,7 @@ class InboxConsumer(ConsumerMixin):
         message (or the start) over every connection: a broker whose connections drop
         now and then does not restart it."""
         while not self.should_stop:
+            self._beat()
             self._held.requeue_due()
             try:
                 connection.drain_events(timeout=self._held.wait(DRAIN_TIMEOUT))
@@ -360,6 +389,7 @@ class InboxConsumer(ConsumerMixin):
         if self._first_message_at is None:
             self._first_message_at = time.monotonic()
         self._last_message = time.monotonic()
+        self._last_message_at = timezone.now()
         self._broker.forget_downtime()
         try:
             self._handle(message)

@@ -427,7 +427,9 @@ class WorkerHeartbeat(models.Model):
         db_table = "django_outbox_heartbeat"
         ordering = ("kind", "worker")
         constraints = [
-            models.UniqueConstraint(fields=["kind", "worker"], name="outbox_heartbeat_worker_uniq")
+            models.UniqueConstraint(
+                fields=["kind", "worker", "name"], name="outbox_heartbeat_worker_uniq"
+            )
         ]
         indexes = [models.Index(fields=["beat_at"], name="outbox_heartbeat_beat_idx")]
 

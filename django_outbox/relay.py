@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 import functools
 import itertools
 import logging
@@ -32,13 +33,15 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 
 from django.db import DatabaseError, close_old_connections, connections
+from django.utils import timezone
 
 from . import db, retention, store
 from .conf import outbox_settings
 from .envelope import ClaimedMessage
 from .exceptions import BrokerUnreachable, OutboxConfigurationError
 from .failures import FailureCounts, Reason
-from .models import OutboxMessage
+from .heartbeat import Heartbeat
+from .models import OutboxMessage, WorkerKind
 from .outage import OutageTracker, broker_outage, database_outage, queue_outage
 from .pipeline import Pipeline
 from .redact import SecretFilter, mask_url
@@ -199,6 +202,9 @@ class _Run:
     queue_retry_at: dict[str, float] = dataclasses.field(default_factory=dict)
     pipeline: Pipeline[_Claim, _Batch, _Finalized] = dataclasses.field(init=False)
     retention_thread: retention.RetentionThread | None = None
+    #: A running relay's heartbeat (a drain has none), and its last batch with rows.
+    heartbeat: Heartbeat | None = None
+    last_batch_at: dt.datetime | None = None
     totals: RunStats = dataclasses.field(default_factory=RunStats)
     #: A claim made while the previous batch was being published; it is always
     #: published, even after a stop request, so that no row waits for its lease.
@@ -247,7 +253,18 @@ class _Run:
             self.done = True
         else:
             soonest = min(self.retry_at.values(), default=time.monotonic())
-            self.stop.wait(max(0.0, soonest - time.monotonic()))
+            wait = max(0.0, soonest - time.monotonic())
+            if self.heartbeat is not None:  # keep beating while the brokers are down
+                wait = min(wait, self.heartbeat.wait)
+            self.stop.wait(wait)
+
+    def beat(self) -> None:
+        """Write the heartbeat, if one is due."""
+        if self.heartbeat is not None:
+            self.heartbeat.beat(self.counts(), last_batch_at=self.last_batch_at)
+
+    def counts(self) -> dict[str, int]:
+        return {field: getattr(self.totals, field) for field in _COUNTED}
 
     def rest(self) -> None:
         """Nothing is due: honour ``CONN_MAX_AGE`` on both threads, then wait for a
@@ -261,6 +278,8 @@ class _Run:
 
     def tally(self, stats: BatchStats) -> None:
         self.totals.add(stats)
+        if stats.claimed:
+            self.last_batch_at = timezone.now()
         if self.on_batch is not None:
             self.on_batch(stats)
 
@@ -646,6 +665,7 @@ class Relay:
             if not drain:  # relays started together (a deploy) do not claim and poll in step
                 stop.wait(random.uniform(0, outbox_settings.START_JITTER))
             while state.going():  # until stopped (the claim made ahead published) or drained
+                state.beat()
                 if not self._broker_ready(state):
                     state.wait_for_broker()  # a drain gives up instead
                 elif not self._turn(state):  # nothing was due
@@ -678,6 +698,7 @@ class Relay:
                 self.using, interval=interval, first_in=random.uniform(0, interval)
             )
             state.retention_thread.start()
+            state.heartbeat = Heartbeat(WorkerKind.RELAY, self.worker, self.using)
         try:
             yield state
         finally:
@@ -690,6 +711,8 @@ class Relay:
         finally:
             if state.retention_thread is not None:
                 state.retention_thread.stop()
+            if state.heartbeat is not None:
+                state.heartbeat.stopped(state.counts(), last_batch_at=state.last_batch_at)
             state.wakeup.close()
             self._paused, self._waiting = {}, {}
             self.close()

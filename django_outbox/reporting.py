@@ -5,25 +5,30 @@ are tested without argparse; the commands only print the lines and raise the err
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import kombu.exceptions
 
 from .consumer import InboxConsumer
 from .db import EXACT_COUNT_LIMIT, RowCount
 from .exceptions import BrokerUnreachable, OutboxError
+from .heartbeat import Worker
 from .models import InboxFailure
 from .relay import BatchStats, RunStats
 from .replay import replay_parked
-from .status import BlockedKeys, blocked_count, due_rows, retry_wait
+from .status import BlockedKeys, StatusReport, blocked_count, due_rows, retry_wait
 from .text import duration, one_line
 
 #: How many failure reasons ``run_outbox_relay --once`` and ``--drain`` print, most rows first.
 TOP_REASONS = 5
 #: How many characters wide the progress bar of ``run_outbox_relay --drain`` is.
 BAR_WIDTH = 30
+#: How many relays and consumers ``outbox_status`` lists, latest beat first.
+TOP_WORKERS = 20
 
 
 @dataclasses.dataclass
@@ -245,3 +250,51 @@ def blocked_lines(blocked: BlockedKeys) -> list[str]:
 
 def _count(count: RowCount) -> str:
     return str(count.value) if count.exact else f"more than {EXACT_COUNT_LIMIT}"
+
+
+def worker_lines(workers: list[Worker]) -> list[str]:
+    """``outbox_status``'s "Relays and consumers" section: a count per state, then the
+    ``TOP_WORKERS`` latest to beat, one line each; nothing when none ever beat."""
+    if not workers:
+        return []
+    states: dict[str, int] = {}
+    for worker in workers:
+        states[worker.state] = states.get(worker.state, 0) + 1
+    tally = ", ".join(f"{count} {state}" for state, count in sorted(states.items()))
+    lines = [f"relays and consumers (latest beat first): {tally}"]
+    for worker in workers[:TOP_WORKERS]:
+        row = worker.row
+        name = f" {row.name}" if row.name else ""
+        counts = ", ".join(f"{key} {value}" for key, value in row.counts.items() if value)
+        lines.append(
+            f"  {row.kind:<8} {worker.state:<7} {row.worker}{name}: "
+            f"beat {duration(worker.beat_age)} ago{f', {counts}' if counts else ''}"
+        )
+    if len(workers) > TOP_WORKERS:
+        lines.append(f"  and {len(workers) - TOP_WORKERS} more")
+    return lines
+
+
+def status_json(status: StatusReport, workers: list[Worker], using: str) -> dict[str, Any]:
+    """``outbox_status --json``: the report as plain JSON values (durations in seconds,
+    times in ISO 8601, ids as text), and every relay and consumer with its state."""
+    report = _plain(dataclasses.asdict(status))
+    report["failing_attempts"] = {str(k): v for k, v in status.failing_attempts.items()}
+    report["top_keys"] = [{"ordering_key": k, "rows": n} for k, n in status.top_keys]
+    report["workers"] = [worker.as_dict() for worker in workers]
+    return {"database": using, **report}
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with timedeltas as seconds, datetimes as ISO text and UUIDs as text."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, dt.timedelta):
+        return round(value.total_seconds(), 3)
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return value

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_outbox.cli import add_database_option, require_tables
-from django_outbox.models import InboxFailure, OutboxMessage
-from django_outbox.reporting import blocked_lines
-from django_outbox.status import RECENT_ROWS, report
+from django_outbox.heartbeat import workers
+from django_outbox.models import InboxFailure, OutboxMessage, WorkerHeartbeat
+from django_outbox.reporting import blocked_lines, status_json, worker_lines
+from django_outbox.status import RECENT_ROWS, StatusReport, report
 from django_outbox.text import one_line
 
 
@@ -17,15 +19,28 @@ class Command(BaseCommand):
     help = (
         "Show outbox counts per state, the oldest due row's age, failing attempts, busy keys, "
         "blocked keys (an abandoned head holds back its ordered key), the most frequent "
-        "recent errors and the parked inbox messages per consumer."
+        "recent errors, the parked inbox messages per consumer, and the relays and "
+        "consumers with their heartbeat (live, stale, dead or stopped)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
         add_database_option(parser)
+        parser.add_argument(
+            "--json", action="store_true", help="print everything as one JSON object"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        require_tables(options["database"], OutboxMessage, InboxFailure)
-        status = report(options["database"])
+        using = options["database"]
+        require_tables(using, OutboxMessage, InboxFailure, WorkerHeartbeat)
+        status, beats = report(using), workers(using)
+        if options["json"]:
+            self.stdout.write(json.dumps(status_json(status, beats, using)))
+            return
+        self._text(status)
+        for line in worker_lines(beats):
+            self.stdout.write(line)
+
+    def _text(self, status: StatusReport) -> None:
         self.stdout.write("state        rows")
         for state, count in status.counts.items():
             self.stdout.write(f"{state:<12} {count}")

@@ -1,0 +1,80 @@
+"""Is the outbox healthy? One answer for ``outbox_health``, the health view and
+django-health-check.
+
+Unhealthy means an operator should look: the oldest due row has waited longer than
+``HEALTH_MAX_DUE_AGE`` (nothing relays it, or not fast enough), or no relay of the
+database has a live heartbeat (see :mod:`django_outbox.heartbeat`). A database that
+cannot be read is neither: :func:`check_health` raises its ``DatabaseError``, and each
+caller says so in its own way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from .conf import outbox_settings
+from .heartbeat import live_relays
+from .models import OutboxMessage
+from .status import oldest_due_age
+
+
+@dataclasses.dataclass(frozen=True)
+class Health:
+    """The outcome of :func:`check_health`."""
+
+    database: str
+    #: What is wrong, one line each; empty when healthy.
+    problems: list[str]
+    oldest_due_age: dt.timedelta | None
+    live_relays: int
+    max_due_age: float
+    relay_required: bool
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        """One line: ``healthy: ...`` or ``unhealthy: ...``."""
+        if self.problems:
+            return "unhealthy: " + "; ".join(self.problems)
+        age = self.oldest_due_age
+        waited = (
+            "nothing is due" if age is None else f"oldest due row {age.total_seconds():.1f}s old"
+        )
+        relays = f"{self.live_relays} live relay{'' if self.live_relays == 1 else 's'}"
+        return f"healthy: {waited}, {relays} (database {self.database!r})"
+
+    def as_dict(self) -> dict[str, Any]:
+        age = self.oldest_due_age
+        return {
+            "healthy": self.healthy,
+            "database": self.database,
+            "problems": self.problems,
+            "oldest_due_age_seconds": None if age is None else round(age.total_seconds(), 3),
+            "max_due_age_seconds": self.max_due_age,
+            "live_relays": self.live_relays,
+            "relay_required": self.relay_required,
+        }
+
+
+def check_health(
+    using: str = "default", *, max_due_age: float | None = None, require_relay: bool = True
+) -> Health:
+    """Check the outbox of database ``using``: the oldest due row's age against
+    ``max_due_age`` seconds (default ``OUTBOX["HEALTH_MAX_DUE_AGE"]``), and, with
+    ``require_relay``, that a relay of the database is live. Raises the
+    ``DatabaseError`` of a database it cannot read."""
+    limit = outbox_settings.HEALTH_MAX_DUE_AGE if max_due_age is None else max_due_age
+    age = oldest_due_age(OutboxMessage.objects.using(using))
+    relays = live_relays(using)
+    problems = []
+    if age is not None and age.total_seconds() > limit:
+        problems.append(
+            f"the oldest due row has waited {age.total_seconds():.0f}s, more than {limit:g}s"
+        )
+    if require_relay and not relays:
+        problems.append(f"no relay of database {using!r} has a live heartbeat")
+    return Health(using, problems, age, relays, limit, require_relay)
