@@ -27,7 +27,7 @@ def health(request: HttpRequest, using: str = "default") -> JsonResponse:
             "health check: database %r cannot be read",
             using,
             exc_info=True,
-            extra={"action": "health.database_unreadable"},
+            extra={"action": "outbox.health_unreadable"},
         )
         problem = f"database {using!r} cannot be read"
         return JsonResponse(

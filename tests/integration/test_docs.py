@@ -150,6 +150,7 @@ def commands_doc_section(name: str) -> str:
 def test_the_package_has_the_commands_the_docs_describe():
     assert OUR_COMMANDS == [
         "outbox_cleanup",
+        "outbox_health",
         "outbox_inbox_start",
         "outbox_replay_parked",
         "outbox_requeue",

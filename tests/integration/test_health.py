@@ -1,0 +1,271 @@
+"""Heartbeats, ``outbox_health``, ``outbox_status --json``, the health view and the
+django-health-check check, on real PostgreSQL and RabbitMQ with real relay processes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from django.db import transaction
+from django.test.utils import override_settings
+from django.utils import timezone
+
+from django_outbox import stage
+from django_outbox.consumer import InboxConsumer
+from django_outbox.heartbeat import Heartbeat, WorkerState, live_relays, state_of, workers
+from django_outbox.models import OutboxMessage, WorkerHeartbeat, WorkerKind
+from tests.support import (
+    REPO,
+    delete_queue,
+    manage,
+    relay_env,
+    run_relay,
+    start_relay,
+    stop,
+    unique_destination,
+    wait_until,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
+
+#: ``manage.py outbox_health`` run by :func:`run_python`.
+HEALTH_COMMAND = (
+    "import sys; from django.core.management import execute_from_command_line; "
+    "execute_from_command_line(['manage.py', 'outbox_health'])"
+)
+#: Beats this fast keep the tests short: live within 3 s, stale after, dead after 30 s.
+INTERVAL = 1
+
+
+@pytest.fixture
+def destination():
+    name = unique_destination("health")
+    yield name
+    delete_queue(name)
+
+
+def stage_one(destination: str) -> OutboxMessage:
+    with transaction.atomic():
+        return stage("health.checked", {"n": 1}, destination=destination)
+
+
+def relay_rows() -> list[WorkerHeartbeat]:
+    return list(WorkerHeartbeat.objects.filter(kind=WorkerKind.RELAY))
+
+
+def status_json() -> dict:
+    result = manage("outbox_status", "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_heartbeat_writes_once_per_interval_and_its_stop():
+    clock = _Clock()
+    beat = Heartbeat(WorkerKind.RELAY, "host:1", interval=10, clock=clock)
+    assert beat.beat({"published": 1})
+    first = WorkerHeartbeat.objects.get()
+    assert not beat.beat({"published": 2})  # within the interval: nothing written
+    clock.now = 10.0
+    assert beat.beat({"published": 3}, last_batch_at=timezone.now())
+    row = WorkerHeartbeat.objects.get()
+    assert (row.counts, row.started_at, row.interval) == ({"published": 3}, first.started_at, 10)
+    assert row.beat_at >= first.beat_at and row.last_batch_at is not None
+    assert state_of(row) is WorkerState.LIVE
+    beat.stopped({"published": 4})
+    row = WorkerHeartbeat.objects.get()
+    assert row.stopped_at is not None and state_of(row) is WorkerState.STOPPED
+    assert live_relays() == 0
+
+
+def test_a_heartbeat_row_ages_live_stale_dead_by_its_own_interval():
+    Heartbeat(WorkerKind.RELAY, "host:2", interval=2).beat({})
+    row = WorkerHeartbeat.objects.get()
+    at = row.beat_at
+    assert state_of(row, at + dt.timedelta(seconds=6)) is WorkerState.LIVE  # 3 intervals
+    assert state_of(row, at + dt.timedelta(seconds=6.1)) is WorkerState.STALE
+    assert state_of(row, at + dt.timedelta(seconds=60)) is WorkerState.STALE  # 30 intervals
+    assert state_of(row, at + dt.timedelta(seconds=60.1)) is WorkerState.DEAD
+
+
+def test_two_processes_with_one_name_share_a_row_and_a_new_one_takes_it_over():
+    """A restarted process that got a dead one's host:pid (containers: pid 1) takes
+    its row, started again, rather than failing on the unique constraint."""
+    Heartbeat(WorkerKind.RELAY, "pod:1").stopped({"published": 5})
+    old = WorkerHeartbeat.objects.get()
+    Heartbeat(WorkerKind.RELAY, "pod:1").beat({"published": 0})
+    row = WorkerHeartbeat.objects.get()
+    assert (row.stopped_at, row.counts) == (None, {"published": 0})
+    assert row.started_at >= old.started_at
+
+
+def test_a_beat_on_a_database_that_is_down_is_swallowed():
+    """The loop meets the outage in its own work; a heartbeat never raises it."""
+    code = (
+        "import django; django.setup()\n"
+        "from django_outbox.heartbeat import Heartbeat\n"
+        "from django_outbox.models import WorkerKind\n"
+        "print(Heartbeat(WorkerKind.RELAY, 'host:3').beat({}))\n"
+    )
+    result = run_python(code, DATABASE_URL="postgres://outbox@127.0.0.1:1/nowhere")
+    assert (result.returncode, result.stdout.strip()) == (0, "False"), result.stderr
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter with the test settings and ``env``."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={**relay_env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.slow
+def test_a_running_relay_beats_is_healthy_and_its_death_makes_the_outbox_unhealthy(destination):
+    relay = start_relay(HEARTBEAT_INTERVAL=INTERVAL)
+    try:
+        staged = stage_one(destination)
+        wait_until(
+            lambda: OutboxMessage.objects.filter(pk=staged.pk, status="published").exists(),
+            timeout=60,
+            what="the event published",
+        )
+        wait_until(
+            lambda: any(r.counts.get("published") for r in relay_rows()),
+            timeout=30,
+            what="a beat with the publish counted",
+        )
+        (row,) = relay_rows()
+        assert (row.database, row.worker.endswith(f":{relay.pid}")) == ("default", True)
+        health = manage("outbox_health")
+        assert (health.returncode, health.stdout.split(":")[0]) == (0, "healthy"), health
+        report = status_json()
+        (worker,) = report["workers"]
+        assert (worker["kind"], worker["state"], worker["counts"]["published"]) == (
+            "relay",
+            "live",
+            1,
+        )
+        assert report["counts"]["published"] == 1 and report["oldest_due_age"] is None
+        relay.kill()  # SIGKILL: no last beat
+        relay.communicate(timeout=30)
+        wait_until(lambda: state_of(relay_rows()[0]) is WorkerState.STALE, timeout=30, what="stale")
+        health = manage("outbox_health")
+        assert health.returncode == 1, health
+        assert "no relay of database 'default' has a live heartbeat" in health.stderr
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+            relay.communicate(timeout=30)
+
+
+@pytest.mark.slow
+def test_a_relay_stopped_by_sigterm_writes_its_stop(destination):
+    relay = start_relay(HEARTBEAT_INTERVAL=INTERVAL)
+    wait_until(relay_rows, timeout=60, what="the first beat")
+    code, _, err = stop(relay, signal.SIGTERM)
+    assert code == 0, err
+    (row,) = relay_rows()
+    assert state_of(row) is WorkerState.STOPPED
+    assert [w.state for w in workers()] == [WorkerState.STOPPED]
+
+
+def test_outbox_health_fails_on_a_due_row_older_than_the_limit(destination):
+    stage_one(destination)
+    time.sleep(0.2)
+    result = manage("outbox_health", "--max-due-age", "0.1", "--no-relay-required")
+    assert result.returncode == 1, result
+    assert "unhealthy: the oldest due row has waited" in result.stderr
+    assert "more than 0.1s" in result.stderr
+    ok = manage("outbox_health", "--max-due-age", "3600", "--no-relay-required", "--json")
+    assert ok.returncode == 0, ok
+    outcome = json.loads(ok.stdout)
+    assert (outcome["healthy"], outcome["problems"], outcome["live_relays"]) == (True, [], 0)
+    assert outcome["oldest_due_age_seconds"] > 0
+
+
+def test_outbox_health_without_a_relay_is_unhealthy_even_when_nothing_is_due():
+    result = manage("outbox_health")
+    assert result.returncode == 1
+    assert result.stderr.strip().endswith("no relay of database 'default' has a live heartbeat")
+
+
+def test_outbox_health_exits_2_with_one_line_when_the_database_cannot_be_read():
+    url = "postgres://outbox:s3cret-pw@127.0.0.1:1/nowhere"
+    result = run_python(HEALTH_COMMAND, DATABASE_URL=url)
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "CommandError: cannot check the outbox: database 'default' cannot be read (OperationalError"
+    ), lines
+    assert "s3cret-pw" not in result.stderr + result.stdout
+
+
+def test_the_health_view_answers_200_or_503_with_json_and_refuses_post(client, destination):
+    response = client.get("/outbox/health/")
+    assert response.status_code == 503
+    assert response.json()["problems"] == ["no relay of database 'default' has a live heartbeat"]
+    assert "no-cache" in response["Cache-Control"]
+    Heartbeat(WorkerKind.RELAY, "host:4").beat({})
+    response = client.get("/outbox/health/")
+    assert (response.status_code, response.json()["live_relays"]) == (200, 1)
+    assert client.post("/outbox/health/").status_code == 405
+    with override_settings(OUTBOX={**_outbox(), "HEALTH_MAX_DUE_AGE": 0.05}):
+        stage_one(destination)
+        time.sleep(0.1)
+        response = client.get("/outbox/health/")
+    assert response.status_code == 503
+    assert response.json()["problems"][0].startswith("the oldest due row has waited")
+
+
+def _outbox() -> dict:
+    from django.conf import settings
+
+    return dict(settings.OUTBOX)
+
+
+def test_django_health_check_reports_the_outbox_check(client):
+    response = client.get("/health-check/", HTTP_ACCEPT="application/json")
+    assert response.status_code == 500
+    assert response.json() == {
+        "OutboxHealthCheck(using='default', max_due_age=None, require_relay=True)": (
+            "Unavailable: no relay of database 'default' has a live heartbeat"
+        )
+    }
+    Heartbeat(WorkerKind.RELAY, "host:5").beat({})
+    response = client.get("/health-check/", HTTP_ACCEPT="application/json")
+    assert response.status_code == 200, response.content
+    assert list(response.json().values()) == ["OK"]
+
+
+def test_a_consumer_beats_with_its_name_and_counts_and_writes_its_stop(destination):
+    stage_one(destination)
+    run_relay("--drain")
+    received = []
+    with override_settings(OUTBOX={**_outbox(), "HEARTBEAT_INTERVAL": INTERVAL}):
+        consumer = InboxConsumer(destination, received.append, "beats")
+        consumer.run(idle_timeout=2)
+    assert len(received) == 1
+    row = WorkerHeartbeat.objects.get(kind=WorkerKind.CONSUMER)
+    assert row.name == f"beats@{destination}"
+    assert (row.counts["received"], row.counts["handled"]) == (1, 1)
+    assert row.stopped_at is not None and row.last_batch_at is not None
+    text = manage("outbox_status")
+    assert text.returncode == 0, text.stderr
+    assert "relays and consumers (latest beat first): 1 stopped" in text.stdout
+    assert f"consumer stopped {row.worker} beats@{destination}: beat " in text.stdout
