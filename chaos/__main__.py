@@ -157,6 +157,10 @@ class Run:
             self.env["CHAOS_SABOTAGE"] = sabotage
         self.procs: list[Proc] = []
         self.relays: list[Proc] = []
+        #: ``host:pid`` of the relays and consumers running at the end, and of those of
+        #: them without a live heartbeat then (the audit's heartbeat lines).
+        self.beaten: list[str] = []
+        self.unbeating: list[str] = []
         self.producers: list[Proc] = []
         self.consumer: Proc  # of chaos.orders: made by _create_processes
         self.task_worker: Proc | None = None  # Django 6: the Celery worker of the tasks
@@ -287,6 +291,7 @@ class Run:
         read += audit.drain_tap(self.services.cluster_url, cluster.QUORUM)
         counted = audit.totals(self.task_worker.log if self.task_worker else None)
         results = audit.checks(faults, self.profile.relays, self.profile.batch_size)
+        results += audit.heartbeat_checks(self.unbeating, self.beaten)
         print(
             f"chaos: faults for {faulting:.0f}s, drained in {drained:.0f}s, {read:,} messages "
             f"read from the tap; SIGTERM exit codes: "
@@ -318,6 +323,7 @@ class Run:
         """Stop the producers; with ``drain``, wait until every event is handled and every
         Django task finished; wait for late duplicates; stop the relays, the consumers and
         the task worker with SIGTERM. Returns the exit codes of the latter."""
+        from . import audit
         from . import database as db
         from .faults import wait_down
 
@@ -338,7 +344,11 @@ class Run:
         time.sleep(2 * self.profile.lease)  # late duplicates (a zombie's batch) reach the tap
         consumers = [proc for proc in self.procs if proc.role.startswith("consumer")]
         workers = [self.task_worker] if self.task_worker is not None else []
-        return {proc.role: proc.stop() for proc in [*self.relays, *consumers, *workers]}
+        beating = [proc.worker for proc in [*self.relays, *consumers] if proc.alive()]
+        self.unbeating = audit.not_live(beating)
+        exits = {proc.role: proc.stop() for proc in [*self.relays, *consumers, *workers]}
+        self.beaten = beating
+        return exits
 
     def _consumer(self, role: str, queue: str) -> Proc:
         argv = ["--queue", queue, "--handler", "chaos.handlers.record", "--consumer", "chaos-audit"]

@@ -240,6 +240,47 @@ def fault_checks(faults: Sequence[Fault]) -> list[Check]:
     ]
 
 
+def heartbeat_checks(unbeating: Sequence[str], stopped: Sequence[str]) -> list[Check]:
+    """The heartbeat's guarantees (docs/health.md): every relay and consumer running
+    when the run drained had a live heartbeat (``unbeating``: the ``host:pid`` of those
+    that had none, read before the SIGTERM), and each one SIGTERM stopped (``stopped``)
+    wrote its stop."""
+    from django_outbox.heartbeat import WorkerState, state_of
+    from django_outbox.models import WorkerHeartbeat
+
+    rows = {row.worker: row for row in WorkerHeartbeat.objects.filter(worker__in=stopped)}
+    return [
+        Check(
+            "relays and consumers running without a live heartbeat",
+            len(unbeating),
+            0,
+            "read before the SIGTERM",
+        ),
+        Check(
+            "relays and consumers SIGTERMed whose heartbeat does not say stopped",
+            sum(
+                1
+                for worker in stopped
+                if worker not in rows or state_of(rows[worker]) is not WorkerState.STOPPED
+            ),
+            0,
+        ),
+    ]
+
+
+def not_live(workers: Sequence[str]) -> list[str]:
+    """Those of ``workers`` (``host:pid``) without a live heartbeat row."""
+    from django_outbox.heartbeat import WorkerState, state_of
+    from django_outbox.models import WorkerHeartbeat
+
+    live = {
+        row.worker
+        for row in WorkerHeartbeat.objects.filter(worker__in=workers)
+        if state_of(row) is WorkerState.LIVE
+    }
+    return [worker for worker in workers if worker not in live]
+
+
 def out_of_order() -> int:
     """Events of the ordered destination whose first copy in the tap did not come right
     after the first copy of their predecessor: its sequence is not one more than the

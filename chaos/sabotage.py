@@ -17,7 +17,8 @@ address of a failover list only, so that they cannot go on while the cluster's f
 node (where the runner put the queue's leader) is down; ``--sabotage tasks`` (Django 6)
 starts a task worker whose runner has neither guard: no inbox transaction (every delivery
 of a task counts as new) and no skip of a task whose result is finished already, so a
-task whose message arrives twice runs twice. A run with any of them must fail its audit.
+task whose message arrives twice runs twice; ``--sabotage heartbeat`` starts relays and
+consumers that never write their heartbeat. A run with any of them must fail its audit.
 Nothing imports this module unless ``CHAOS_SABOTAGE`` is set.
 """
 
@@ -34,7 +35,17 @@ from typing import Any, TypeVar
 from django.db import transaction
 
 T = TypeVar("T")
-KINDS = ("lease", "inbox", "parking", "order", "attempts", "staging", "failover", "tasks")
+KINDS = (
+    "lease",
+    "inbox",
+    "parking",
+    "order",
+    "attempts",
+    "staging",
+    "failover",
+    "tasks",
+    "heartbeat",
+)
 
 
 def apply(kind: str) -> None:
@@ -59,6 +70,10 @@ def apply(kind: str) -> None:
         _first_address_only()
     elif kind == "tasks":
         _unguarded_task_runner()
+    elif kind == "heartbeat":
+        from django_outbox.heartbeat import Heartbeat
+
+        Heartbeat._write = lambda self, *args, **kwargs: False  # type: ignore[method-assign]
     elif kind == "parking":
         from django_outbox.consumer import InboxConsumer
 
