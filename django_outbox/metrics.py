@@ -21,7 +21,7 @@ import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 from wsgiref.simple_server import WSGIServer
 
 from django.db import DatabaseError, connections
@@ -41,6 +41,7 @@ from .relay import BatchStats
 from .status import blocked_count, summary
 
 logger = logging.getLogger(__name__)
+C = TypeVar("C", bound=Collector)
 
 #: Seconds one batch takes, claim to finalize: milliseconds when the broker keeps up.
 BATCH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -66,12 +67,37 @@ INBOX_OUTCOMES = {
 }
 
 
+#: The samples a family of each type shows, by suffix (a counter's ``_created`` aside).
+SAMPLE_SUFFIXES = {
+    "counter": ("_total",),
+    "gauge": ("",),
+    "histogram": ("_bucket", "_count", "_sum"),
+}
+
+
 class Exporter:
     """A registry of its own, served over HTTP at ``/metrics`` by :meth:`serve`."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.collectors: list[Collector] = []
         self._server: WSGIServer | None = None
+
+    def add(self, collector: C) -> C:
+        """Register ``collector``; returns it."""
+        self.registry.register(collector)
+        self.collectors.append(collector)
+        return collector
+
+    def sample_names(self) -> set[str]:
+        """The names of the samples ``/metrics`` shows, found without a database read
+        (from each collector's ``describe()``): what a dashboard or an alert may query."""
+        return {
+            family.name + suffix
+            for collector in self.collectors
+            for family in collector.describe()  # type: ignore[attr-defined]  # each of ours has one
+            for suffix in SAMPLE_SUFFIXES[family.type]
+        }
 
     def serve(self, port: int, address: str = "127.0.0.1") -> int:
         """Serve the registry on ``address:port`` (0: any free port) on a daemon thread;
@@ -93,44 +119,57 @@ class RelayMetrics(Exporter):
 
     def __init__(self, using: str = "default") -> None:
         super().__init__()
-        registry = self.registry
-        self.published = Counter(
-            "outbox_messages_published",
-            "Messages the broker took (confirmed where it confirms), by destination.",
-            ["destination"],
-            registry=registry,
+        self.published = self.add(
+            Counter(
+                "outbox_messages_published",
+                "Messages the broker took (confirmed where it confirms), by destination.",
+                ["destination"],
+                registry=None,
+            )
         )
-        self.failures = Counter(
-            "outbox_publish_failures",
-            "Messages not published by a batch (retried or abandoned), by destination "
-            "and kind of failure.",
-            ["destination", "error_type"],
-            registry=registry,
+        self.failures = self.add(
+            Counter(
+                "outbox_publish_failures",
+                "Messages not published by a batch (retried or abandoned), by destination "
+                "and kind of failure.",
+                ["destination", "error_type"],
+                registry=None,
+            )
         )
-        self.abandoned = Counter(
-            "outbox_messages_abandoned",
-            "Messages abandoned (poison, or attempts exhausted), by destination.",
-            ["destination"],
-            registry=registry,
+        self.abandoned = self.add(
+            Counter(
+                "outbox_messages_abandoned",
+                "Messages abandoned (poison, or attempts exhausted), by destination.",
+                ["destination"],
+                registry=None,
+            )
         )
-        self.lease_lost = Counter(
-            "outbox_lease_lost",
-            "Claimed messages whose lease another relay took over before the batch ended.",
-            registry=registry,
+        self.lease_lost = self.add(
+            Counter(
+                "outbox_lease_lost",
+                "Claimed messages whose lease another relay took over before the batch ended.",
+                registry=None,
+            )
         )
-        self.batch_seconds = Histogram(
-            "outbox_batch_duration_seconds",
-            "Seconds from the start of a batch's claim to the end of its finalize.",
-            buckets=BATCH_BUCKETS,
-            registry=registry,
+        self._histograms()
+        self.add(BacklogCollector(using))
+
+    def _histograms(self) -> None:
+        self.batch_seconds = self.add(
+            Histogram(
+                "outbox_batch_duration_seconds",
+                "Seconds from the start of a batch's claim to the end of its finalize.",
+                buckets=BATCH_BUCKETS,
+                registry=None,
+            )
         )
-        self.commit_to_publish = BatchHistogram(
-            "outbox_commit_to_publish_seconds",
-            "Seconds from a message's created_at (its staging) to the end of its batch.",
-            LATENCY_BUCKETS,
+        self.commit_to_publish = self.add(
+            BatchHistogram(
+                "outbox_commit_to_publish_seconds",
+                "Seconds from a message's created_at (its staging) to the end of its batch.",
+                LATENCY_BUCKETS,
+            )
         )
-        registry.register(self.commit_to_publish)
-        registry.register(BacklogCollector(using))
 
     def batch(self, stats: BatchStats) -> None:
         """Count one batch of the relay (a ``Relay.run`` ``on_batch`` callback)."""
@@ -205,10 +244,7 @@ class BacklogCollector(Collector):
         self.using = using
 
     def collect(self) -> Iterator[Metric]:
-        error = GaugeMetricFamily(
-            "outbox_scrape_error",
-            "1 when the last scrape could not read the backlog from the database, else 0.",
-        )
+        error = _scrape_error()
         try:
             gauges = self._gauges()
         except DatabaseError as exc:
@@ -226,31 +262,47 @@ class BacklogCollector(Collector):
         yield error
 
     def describe(self) -> Iterator[Metric]:
-        return iter([])  # no database read when registered
+        """The families, without a database read."""
+        yield from _backlog_families()
+        yield _scrape_error()
 
     def _gauges(self) -> list[Metric]:
         backlog = summary(self.using)
-        rows = GaugeMetricFamily(
+        rows, age, blocked = _backlog_families()
+        for status in BACKLOG_STATES:
+            rows.add_metric([status], backlog.counts[status].value)
+        oldest = backlog.oldest_due_age
+        age.add_metric([], 0.0 if oldest is None else oldest.total_seconds())
+        blocked.add_metric([], blocked_count(self.using).value)
+        return [rows, age, blocked]
+
+
+def _backlog_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+    return (
+        GaugeMetricFamily(
             "outbox_backlog_messages",
             "Outbox rows not published, by state (large counts are the planner's estimates).",
             labels=["status"],
-        )
-        for status in BACKLOG_STATES:
-            rows.add_metric([status], backlog.counts[status].value)
-        age = backlog.oldest_due_age
-        return [
-            rows,
-            GaugeMetricFamily(
-                "outbox_oldest_due_age_seconds",
-                "Seconds the oldest due row has waited (0 when none is due).",
-                value=0.0 if age is None else age.total_seconds(),
-            ),
-            GaugeMetricFamily(
-                "outbox_blocked_keys",
-                "Ordered keys held back by an ABANDONED head (until it is requeued or skipped).",
-                value=blocked_count(self.using).value,
-            ),
-        ]
+        ),
+        GaugeMetricFamily(
+            "outbox_oldest_due_age_seconds",
+            "Seconds the oldest due row has waited (0 when none is due).",
+            labels=[],
+        ),
+        GaugeMetricFamily(
+            "outbox_blocked_keys",
+            "Ordered keys held back by an ABANDONED head (until it is requeued or skipped).",
+            labels=[],
+        ),
+    )
+
+
+def _scrape_error() -> GaugeMetricFamily:
+    return GaugeMetricFamily(
+        "outbox_scrape_error",
+        "1 when the last scrape could not read the backlog from the database, else 0.",
+        labels=[],
+    )
 
 
 class ConsumerMetrics(Exporter):
@@ -259,13 +311,16 @@ class ConsumerMetrics(Exporter):
 
     def __init__(self) -> None:
         super().__init__()
-        self.handler_seconds = Histogram(
-            "inbox_handler_duration_seconds",
-            "Seconds a consumer's handler ran (failed runs included; not the inbox's commit).",
-            ["consumer"],
-            buckets=HANDLER_BUCKETS,
-            registry=self.registry,
+        self.handler_seconds = self.add(
+            Histogram(
+                "inbox_handler_duration_seconds",
+                "Seconds a consumer's handler ran (failed runs included; not the inbox's commit).",
+                ["consumer"],
+                buckets=HANDLER_BUCKETS,
+                registry=None,
+            )
         )
+        self.inbox = self.add(_InboxCollector())
 
     def timed(
         self, handler: Callable[[ReceivedEvent], object], consumer: str
@@ -282,22 +337,28 @@ class ConsumerMetrics(Exporter):
 
     def watch(self, consumer: InboxConsumer) -> None:
         """Export ``consumer``'s counts (its :class:`ConsumerStats`)."""
-        self.registry.register(_InboxCollector(consumer.consumer, consumer.stats))
+        self.inbox.watched.append((consumer.consumer, consumer.stats))
 
 
 class _InboxCollector(Collector):
-    def __init__(self, consumer: str, stats: ConsumerStats) -> None:
-        self.consumer, self.stats = consumer, stats
+    """``inbox_messages_total``, read from the stats of the watched consumers."""
+
+    def __init__(self) -> None:
+        self.watched: list[tuple[str, ConsumerStats]] = []
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(
+        family = next(self.describe())
+        for consumer, stats in self.watched:
+            for outcome, field in INBOX_OUTCOMES.items():
+                family.add_metric([consumer, outcome], getattr(stats, field))
+        yield family
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
             "inbox_messages",
             "Messages a consumer received, by what became of them.",
             labels=["consumer", "outcome"],
         )
-        for outcome, field in INBOX_OUTCOMES.items():
-            family.add_metric([self.consumer, outcome], getattr(self.stats, field))
-        yield family
 
 
 def _by_destination(rows: Iterable[Any]) -> dict[str, int]:
