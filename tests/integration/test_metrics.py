@@ -6,6 +6,8 @@ errors of a port in use and of the missing ``[prometheus]`` extra."""
 from __future__ import annotations
 
 import datetime as dt
+import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -254,3 +256,69 @@ def test_a_consumer_serves_its_outcomes_and_handler_runs(destination):
         "rejected": 1,
     }  # fmt: skip
     assert value(samples, "inbox_handler_duration_seconds_count", consumer="audit") == 4
+
+
+@pytest.fixture
+def prometheus(tmp_path) -> Iterator[tuple[int, int]]:
+    """Debian's Prometheus scraping 127.0.0.1:<relay port> every second; yields (its API
+    port, the relay's port). Stopped by its pid."""
+    if shutil.which(PROMETHEUS) is None:
+        pytest.skip(f"{PROMETHEUS} is not installed (apt-get install prometheus)")
+    relay_port, api_port = free_port(), free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        "  - job_name: outbox_relay\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{relay_port}']}}]\n"
+    )
+    server = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{api_port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield api_port, relay_port
+    finally:
+        stop(server, timeout=30)
+
+
+def query(api_port: int, expression: str) -> list[dict]:
+    """The result of an instant query through Prometheus' HTTP API; [] before it answers."""
+    url = f"http://127.0.0.1:{api_port}/api/v1/query?" + urllib.parse.urlencode(
+        {"query": expression}
+    )
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            answer = json.load(response)
+    except OSError:
+        return []
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+@pytest.mark.slow  # two servers start: Prometheus and the relay, about 7 s
+def test_a_real_prometheus_scrapes_the_relay_and_answers_a_query(destination, prometheus):
+    api_port, relay_port = prometheus
+    stage_events(5, destination)
+    relay = start_relay("--metrics-port", str(relay_port), START_JITTER=0)
+    expression = f'outbox_messages_published_total{{destination="{destination}"}}'
+    try:
+        (series,) = wait_until(
+            lambda: [s for s in query(api_port, expression) if s["value"][1] == "5"],
+            timeout=60,
+            what="Prometheus to scrape 5 published events",
+        )
+    finally:
+        code, _out, err = stop(relay)
+    assert code == 0, err
+    assert series["metric"]["job"] == "outbox_relay"
+    assert series["metric"]["instance"] == f"127.0.0.1:{relay_port}"
+    (up,) = query(api_port, 'up{job="outbox_relay"}')
+    assert up["value"][1] == "1"
