@@ -456,8 +456,7 @@ class Relay:
         )
 
     def _finalize(self, batch: _Batch) -> _Finalized:
-        """Record the outcomes: the database writes of a batch, and nothing else (it
-        may run on the pipeline's database thread)."""
+        """Record the outcomes: a batch's database writes only (maybe on the database thread)."""
         messages, token = batch.messages, batch.token
         held = _held_back(messages, batch.outcomes)
         published = [
