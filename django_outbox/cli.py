@@ -13,9 +13,9 @@ import signal
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
-from types import FrameType
-from typing import Any
+from collections.abc import Callable, Iterator
+from types import FrameType, ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core.management.base import CommandError, OutputWrapper
 from django.db import DEFAULT_DB_ALIAS, connections, models
@@ -33,6 +33,13 @@ from .exceptions import OutboxConfigurationError, OutboxError
 from .models import InboxFailure, InboxMessage
 from .reporting import CommandResult
 from .transports.kombu import CONFIRM_TIMEOUT
+
+if TYPE_CHECKING:
+    from .metrics import ConsumerMetrics, Exporter, RelayMetrics
+
+#: How to install what ``--metrics-port`` needs.
+METRICS_EXTRA = "pip install 'django-transactional-outbox[prometheus]'"
+T = TypeVar("T")
 
 
 def _number(value: str, parse: type[int] | type[float], minimum: float, what: str) -> float:
@@ -69,6 +76,14 @@ def non_negative_seconds(value: str) -> float:
     if seconds == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds; got {value}")
     return seconds
+
+
+def port_number(value: str) -> int:
+    """An argparse type: a TCP port, 1-65535."""
+    port = int(_number(value, int, 1, "a port number (1-65535)"))
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number (1-65535); got {value}")
+    return port
 
 
 def database_alias(value: str) -> str:
@@ -151,6 +166,26 @@ def add_relay_options(parser: argparse.ArgumentParser) -> None:
         help="rows claimed per batch (default: OUTBOX['BATCH_SIZE'])",
     )
     add_database_option(parser)
+    add_metrics_options(parser, "relay")
+
+
+def add_metrics_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--metrics-port PORT`` and ``--metrics-address ADDRESS``."""
+    parser.add_argument(
+        "--metrics-port",
+        type=port_number,
+        default=None,
+        metavar="PORT",
+        help=f"serve the {what}'s Prometheus metrics at http://ADDRESS:PORT/metrics; needs "
+        f"the [prometheus] extra (default: no metrics)",
+    )
+    parser.add_argument(
+        "--metrics-address",
+        default="127.0.0.1",
+        metavar="ADDRESS",
+        help="the address --metrics-port listens on; 0.0.0.0 for every interface, so that "
+        "a Prometheus on another host can scrape it (default: %(default)r)",
+    )
 
 
 def add_consumer_options(parser: argparse.ArgumentParser) -> None:
@@ -190,6 +225,7 @@ def add_consumer_options(parser: argparse.ArgumentParser) -> None:
     )
     _add_consumer_timing(parser)
     add_database_option(parser, "inbox (and the handler's writes)")
+    add_metrics_options(parser, "consumer")
 
 
 def _add_consumer_timing(parser: argparse.ArgumentParser) -> None:
@@ -244,9 +280,12 @@ def add_replay_options(parser: argparse.ArgumentParser) -> None:
     add_database_option(parser, "inbox failures")
 
 
-def consumer_from_options(options: dict[str, Any], stop: threading.Event) -> InboxConsumer:
-    """The consumer ``run_outbox_consumer`` runs; :class:`CommandError` for options
-    that disagree or a broker URL it cannot use. Its tables are not checked here."""
+def consumer_from_options(
+    options: dict[str, Any], stop: threading.Event, metrics: ConsumerMetrics | None = None
+) -> InboxConsumer:
+    """The consumer ``run_outbox_consumer`` runs (its handler timed and its counts
+    exported by ``metrics``, if given); :class:`CommandError` for options that disagree
+    or a broker URL it cannot use. Its tables are not checked here."""
     if options["retry_delay"] > options["retry_max_delay"]:
         raise CommandError(
             f"--retry-delay {options['retry_delay']:g} is longer than "
@@ -256,8 +295,10 @@ def consumer_from_options(options: dict[str, Any], stop: threading.Event) -> Inb
         options["handler"], options["consumer"], options["database"]
     )
     require_tables(using, InboxMessage, InboxFailure)
+    if metrics is not None:
+        handler = metrics.timed(handler, consumer)
     try:
-        return InboxConsumer(
+        built = InboxConsumer(
             options["queue"],
             handler,
             consumer,
@@ -272,6 +313,73 @@ def consumer_from_options(options: dict[str, Any], stop: threading.Event) -> Inb
         )
     except OutboxError as exc:
         raise CommandError(str(exc)) from exc
+    if metrics is not None:
+        metrics.watch(built)
+    return built
+
+
+def relay_metrics(options: dict[str, Any]) -> RelayMetrics | None:
+    """The relay's metrics when ``--metrics-port`` is given (not serving yet)."""
+    if options["metrics_port"] is None:
+        return None
+    if options["once"]:
+        raise CommandError("--metrics-port needs a relay that keeps running; drop --once")
+    return _metrics_module().RelayMetrics(options["database"])
+
+
+def consumer_metrics(options: dict[str, Any]) -> ConsumerMetrics | None:
+    """The consumer's metrics when ``--metrics-port`` is given (not serving yet)."""
+    if options["metrics_port"] is None:
+        return None
+    return _metrics_module().ConsumerMetrics()
+
+
+def _metrics_module() -> ModuleType:
+    """:mod:`django_outbox.metrics`; a one-line :class:`CommandError` naming the extra
+    to install when ``prometheus_client`` is missing."""
+    try:
+        from . import metrics
+    except ImportError as exc:
+        if (exc.name or "").partition(".")[0] != "prometheus_client":
+            raise
+        raise CommandError(
+            f"--metrics-port needs prometheus_client, which is not installed: {METRICS_EXTRA}"
+        ) from None
+    return metrics
+
+
+@contextlib.contextmanager
+def serving(exporter: Exporter | None, options: dict[str, Any]) -> Iterator[None]:
+    """Serve ``exporter`` (if any) at ``--metrics-address``:``--metrics-port`` while
+    inside; a one-line :class:`CommandError` when the port cannot be bound."""
+    if exporter is None:
+        yield
+        return
+    port, address = options["metrics_port"], options["metrics_address"]
+    try:
+        exporter.serve(port, address)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise CommandError(
+            f"--metrics-port {port}: cannot listen on {address}:{port}: {reason}"
+        ) from None
+    try:
+        yield
+    finally:
+        exporter.close()
+
+
+def each(*callbacks: Callable[[T], object] | None) -> Callable[[T], None] | None:
+    """One callback that calls each of ``callbacks`` that is not None; None if none is."""
+    given = [callback for callback in callbacks if callback is not None]
+    if not given:
+        return None
+
+    def call(value: T) -> None:
+        for callback in given:
+            callback(value)
+
+    return call
 
 
 def resolve_handler(

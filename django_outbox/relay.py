@@ -77,6 +77,16 @@ class BatchStats:
     transport_failed: bool = False  # a transient publish error: the broker may be down
     #: Why the failed and abandoned rows were not published, with a count each.
     reasons: FailureCounts = dataclasses.field(default_factory=FailureCounts)
+    #: Of one batch only, not added up (:mod:`django_outbox.metrics` reads them): the
+    #: rows published, the rows not published as (failure, abandoned, rows), and the
+    #: seconds from the start of the claim to the end of the finalize.
+    published_rows: Sequence[ClaimedMessage] = dataclasses.field(
+        default=(), repr=False, compare=False
+    )
+    failed_rows: Sequence[tuple[Failure, bool, Sequence[ClaimedMessage]]] = dataclasses.field(
+        default=(), repr=False, compare=False
+    )
+    seconds: float = dataclasses.field(default=0.0, compare=False)
 
     def add(self, other: BatchStats) -> None:
         for field in _COUNTED:
@@ -106,6 +116,7 @@ class _Claim:
     messages: list[ClaimedMessage]
     token: uuid.UUID
     deadline: float
+    started: float  # monotonic clock: when the claim began
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +129,8 @@ class _Batch:
     outcomes: Sequence[Outcome]
     token: uuid.UUID
     tried: frozenset[str]
+    #: When the claim began (monotonic clock; now, when not given).
+    started: float = dataclasses.field(default_factory=time.monotonic)
 
     def _tried_and(self, failed: Callable[[Failure], bool]) -> list[ClaimedMessage]:
         """The messages of the tried destinations whose outcome is a ``failed`` failure."""
@@ -177,6 +190,7 @@ class _Finalized:
     lost: list[ClaimedMessage]
     transport_failed: bool
     held: int = 0  # rows put back behind a failed row of their ordered key
+    seconds: float = 0.0  # from the start of the claim to the end of the finalize
 
 
 @dataclasses.dataclass
@@ -355,7 +369,7 @@ class Relay:
 
     def _claim(self) -> _Claim | None:
         """Claim a batch; None when nothing is due."""
-        token = uuid.uuid4()
+        token, started = uuid.uuid4(), time.monotonic()
         messages = store.claim(
             self.using,
             limit=self.batch_size,
@@ -365,11 +379,11 @@ class Relay:
         )
         if not messages:
             return None
-        return _Claim(messages, token, time.monotonic() + self.lease_seconds / 2)
+        return _Claim(messages, token, time.monotonic() + self.lease_seconds / 2, started)
 
     def _publish_claim(self, claim: _Claim) -> _Batch:
         outcomes, tried = self._publish(claim.messages, deadline=claim.deadline)
-        return _Batch(claim.messages, outcomes, claim.token, tried)
+        return _Batch(claim.messages, outcomes, claim.token, tried, claim.started)
 
     def transport(self, route: Route) -> Transport:
         """The transport of ``route``: its broker alias's (by the URL's scheme, see
@@ -424,6 +438,7 @@ class Relay:
                     f"destination {destination!r} has no route: it is not in OUTBOX['ROUTES'] "
                     "and OUTBOX['DEFAULT_ROUTE'] is False",
                     permanent=True,
+                    kind="no_route",
                 )
                 results = [unknown] * len(batch)
             else:
@@ -460,8 +475,7 @@ class Relay:
         )
 
     def _finalize(self, batch: _Batch) -> _Finalized:
-        """Record the outcomes: the database writes of a batch, and nothing else (it
-        may run on the pipeline's database thread)."""
+        """Record the outcomes: a batch's database writes only (maybe on the database thread)."""
         messages, token = batch.messages, batch.token
         held = _held_back(messages, batch.outcomes)
         published = [
@@ -508,6 +522,7 @@ class Relay:
             lost=[m for m in messages if m.id in lost_ids],
             transport_failed=batch.transport_failed,
             held=len(held - set(lost_ids)),
+            seconds=time.monotonic() - batch.started,
         )
 
     def _retry_delay(self, failure: Failure, abandon: bool, attempts: int) -> float:
@@ -532,6 +547,9 @@ class Relay:
             held=done.held,
             transport_failed=done.transport_failed,
             reasons=self._log_failures(done.failures),
+            published_rows=done.published,
+            failed_rows=[(part.failure, part.abandon, part.messages) for part in done.failures],
+            seconds=done.seconds,
         )
         if done.lost:
             logger.warning(

@@ -49,12 +49,29 @@ class Failure:
     counts: bool = True
     retry_delay: float = 0.0
     outage: bool = False
+    #: A short name for the kind of failure, from a small fixed set (the exception's
+    #: class name, or ``nacked``, ``unroutable``, ``no_route``), for metrics labels;
+    #: when empty, :attr:`error_type` tells it from the flags.
+    kind: str = dataclasses.field(default="", compare=False)
 
     @classmethod
     def from_exception(cls, exc: BaseException, *, permanent: bool = False) -> Failure:
         # The driver's text may hold a URL or a password: neither reaches last_error.
         text = outbox_settings.redact(f"{type(exc).__name__}: {exc}")
-        return cls(text[:MAX_ERROR_LENGTH], permanent)
+        return cls(text[:MAX_ERROR_LENGTH], permanent, kind=type(exc).__name__)
+
+    @property
+    def error_type(self) -> str:
+        """The kind of failure, never the error text (which may differ per row):
+        :attr:`kind`, else ``broker_down`` (an outage), ``not_attempted``, ``permanent``
+        or ``transient``."""
+        if self.kind:
+            return self.kind
+        if self.outage:
+            return "broker_down"
+        if not self.counts:
+            return "not_attempted"
+        return "permanent" if self.permanent else "transient"
 
     @classmethod
     def not_attempted(cls, error: str, retry_delay: float) -> Failure:

@@ -78,7 +78,7 @@ class CeleryTransport(Transport):
                 )
             except TRANSIENT as exc:
                 if _nacked(exc):  # the broker is up and refused this one: go on
-                    outcomes.append(Failure(NACKED))
+                    outcomes.append(Failure(NACKED, kind="nacked"))
                     continue
                 failure = transient_failure(exc)  # a stalled broker is down: no attempt
                 return outcomes + [failure] * (len(messages) - len(outcomes))

@@ -363,11 +363,11 @@ class _Confirms:
         # A returned message is acked after its basic.return: it reached no queue.
         for index in self._settle(delivery_tag, multiple):
             error = self.returned.get(self.ids.get(index, ""))
-            self.outcomes[index] = None if error is None else Failure(error)
+            self.outcomes[index] = None if error is None else Failure(error, kind="unroutable")
 
     def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
         for index in self._settle(delivery_tag, multiple):
-            self.outcomes[index] = Failure(NACKED)
+            self.outcomes[index] = Failure(NACKED, kind="nacked")
 
     def _settle(self, delivery_tag: int, multiple: bool) -> list[int]:
         tags: range | list[int] = [delivery_tag]
@@ -611,7 +611,7 @@ class KombuTransport(Transport):
                 headers = message.wire_headers()
                 key = routing_key(route, message)
                 if not reaches(key):
-                    outcomes[index] = Failure(unroutable(route.exchange, key))
+                    outcomes[index] = Failure(unroutable(route.exchange, key), kind="unroutable")
                     continue
                 try:
                     producer.publish(

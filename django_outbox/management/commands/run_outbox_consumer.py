@@ -8,7 +8,14 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_outbox.cli import add_consumer_options, consumer_from_options, finish, stop_on_signals
+from django_outbox.cli import (
+    add_consumer_options,
+    consumer_from_options,
+    consumer_metrics,
+    finish,
+    serving,
+    stop_on_signals,
+)
 from django_outbox.reporting import consumer_result
 
 logger = logging.getLogger("django_outbox.consumer")
@@ -26,7 +33,10 @@ class Command(BaseCommand):
         add_consumer_options(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        metrics = consumer_metrics(options)  # the [prometheus] extra missing: said first
         stop = threading.Event()
-        consumer = consumer_from_options(options, stop)
+        consumer = consumer_from_options(options, stop, metrics)
         stop_on_signals(stop, logger, "the message in hand")
-        finish(self.stdout, consumer_result(consumer, options["idle_timeout"]))
+        with serving(metrics, options):
+            result = consumer_result(consumer, options["idle_timeout"])
+        finish(self.stdout, result)

@@ -11,9 +11,12 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from django_outbox.cli import (
     add_relay_options,
+    each,
     finish,
     library_errors,
+    relay_metrics,
     require_tables,
+    serving,
     stop_on_signals,
 )
 from django_outbox.models import OutboxMessage
@@ -35,6 +38,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         using, drain = options["database"], options["drain"]
+        metrics = relay_metrics(options)  # the [prometheus] extra missing: said first
         require_tables(using, OutboxMessage)
         with library_errors():  # a broker URL it cannot use (with --skip-checks)
             relay = Relay(using, batch_size=options["batch_size"])
@@ -48,8 +52,10 @@ class Command(BaseCommand):
         if drain and self.stdout.isatty():
             progress = DrainProgress(OutboxMessage.objects.using(using).due().count())
         started = time.monotonic()
-        on_batch = None if progress is None else lambda stats: self._show(progress, stats)
-        totals = relay.run(stop, drain=drain, on_batch=on_batch)
+        show = None if progress is None else lambda stats: self._show(progress, stats)
+        with serving(metrics, options):
+            on_batch = each(show, None if metrics is None else metrics.batch)
+            totals = relay.run(stop, drain=drain, on_batch=on_batch)
         if progress is not None and progress.done:
             self.stdout.write("")  # end the progress line
         finish(self.stdout, run_result(totals, time.monotonic() - started, using, drain=drain))

@@ -1,0 +1,368 @@
+"""Prometheus metrics of the relay and the consumer, served by ``--metrics-port``.
+
+The only module that imports ``prometheus_client`` (the ``[prometheus]`` extra); the
+commands import it only when ``--metrics-port`` is given. Each exporter has a
+:class:`~prometheus_client.CollectorRegistry` of its own, never the global one, so two
+relays (or tests) in one process do not share counters.
+
+The relay's counters and histograms are updated once per batch from its
+:class:`~django_outbox.relay.BatchStats` (``Relay.run(on_batch=...)``), on the relay's
+thread. The backlog gauges are read from the database when Prometheus scrapes, on the
+HTTP server's thread with a connection of its own, closed after the scrape; a database
+error there sets ``outbox_scrape_error`` to 1 and leaves the gauges out, the relay
+carries on. The consumer's counters are its :class:`~django_outbox.consumer.ConsumerStats`,
+read at scrape time. See docs/metrics.md for every metric.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
+from wsgiref.simple_server import WSGIServer
+
+from django.db import DatabaseError, connections
+from django.utils import timezone
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from .consumer import ConsumerStats, InboxConsumer
+from .envelope import ReceivedEvent
+from .relay import BatchStats
+from .status import blocked_count, summary
+
+logger = logging.getLogger(__name__)
+C = TypeVar("C", bound=Collector)
+
+#: Seconds one batch takes, claim to finalize: milliseconds when the broker keeps up.
+BATCH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: Seconds from staging to publish: milliseconds with LISTEN/NOTIFY, up to the retries'
+#: minutes and an outage's hours.
+LATENCY_BUCKETS = (
+    *(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+    *(60.0, 300.0, 900.0, 3600.0, 14400.0),
+)
+#: Seconds a consumer's handler runs.
+HANDLER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: The states ``outbox_backlog_messages`` reports: the rows not published yet.
+BACKLOG_STATES = ("pending", "processing", "failed", "abandoned")
+#: ``inbox_messages_total``'s outcomes, each the ConsumerStats field that counts it.
+INBOX_OUTCOMES = {
+    "handled": "handled",
+    "duplicate": "duplicates",
+    "ignored": "ignored",
+    "failed": "failed",
+    "held": "held",
+    "parked": "parked",
+    "rejected": "rejected",
+}
+
+
+#: The samples a family of each type shows, by suffix (a counter's ``_created`` aside).
+SAMPLE_SUFFIXES = {
+    "counter": ("_total",),
+    "gauge": ("",),
+    "histogram": ("_bucket", "_count", "_sum"),
+}
+
+
+class Exporter:
+    """A registry of its own, served over HTTP at ``/metrics`` by :meth:`serve`."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.collectors: list[Collector] = []
+        self._server: WSGIServer | None = None
+
+    def add(self, collector: C) -> C:
+        """Register ``collector``; returns it."""
+        self.registry.register(collector)
+        self.collectors.append(collector)
+        return collector
+
+    def sample_names(self) -> set[str]:
+        """The names of the samples ``/metrics`` shows, found without a database read
+        (from each collector's ``describe()``): what a dashboard or an alert may query."""
+        return {
+            family.name + suffix
+            for collector in self.collectors
+            for family in collector.describe()  # type: ignore[attr-defined]  # each of ours has one
+            for suffix in SAMPLE_SUFFIXES[family.type]
+        }
+
+    def serve(self, port: int, address: str = "127.0.0.1") -> int:
+        """Serve the registry on ``address:port`` (0: any free port) on a daemon thread;
+        returns the port. An ``OSError`` when the address cannot be bound (in use)."""
+        self._server, _thread = start_http_server(port, address, registry=self.registry)
+        return int(self._server.server_port)
+
+    def close(self) -> None:
+        """Stop serving."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+class RelayMetrics(Exporter):
+    """The relay's metrics: counters and histograms fed by :meth:`batch` (give it to
+    ``Relay.run(on_batch=...)``), and the backlog of the database ``using`` read on scrape."""
+
+    def __init__(self, using: str = "default") -> None:
+        super().__init__()
+        self.published = self.add(
+            Counter(
+                "outbox_messages_published",
+                "Messages the broker took (confirmed where it confirms), by destination.",
+                ["destination"],
+                registry=None,
+            )
+        )
+        self.failures = self.add(
+            Counter(
+                "outbox_publish_failures",
+                "Messages not published by a batch (retried or abandoned), by destination "
+                "and kind of failure.",
+                ["destination", "error_type"],
+                registry=None,
+            )
+        )
+        self.abandoned = self.add(
+            Counter(
+                "outbox_messages_abandoned",
+                "Messages abandoned (poison, or attempts exhausted), by destination.",
+                ["destination"],
+                registry=None,
+            )
+        )
+        self.lease_lost = self.add(
+            Counter(
+                "outbox_lease_lost",
+                "Claimed messages whose lease another relay took over before the batch ended.",
+                registry=None,
+            )
+        )
+        self._histograms()
+        self.add(BacklogCollector(using))
+
+    def _histograms(self) -> None:
+        self.batch_seconds = self.add(
+            Histogram(
+                "outbox_batch_duration_seconds",
+                "Seconds from the start of a batch's claim to the end of its finalize.",
+                buckets=BATCH_BUCKETS,
+                registry=None,
+            )
+        )
+        self.commit_to_publish = self.add(
+            BatchHistogram(
+                "outbox_commit_to_publish_seconds",
+                "Seconds from a message's created_at (its staging) to the end of its batch.",
+                LATENCY_BUCKETS,
+            )
+        )
+
+    def batch(self, stats: BatchStats) -> None:
+        """Count one batch of the relay (a ``Relay.run`` ``on_batch`` callback)."""
+        if not stats.claimed:
+            return
+        self.batch_seconds.observe(stats.seconds)
+        if stats.lost:
+            self.lease_lost.inc(stats.lost)
+        if stats.published_rows:
+            self._published(stats)
+        for failure, abandoned, rows in stats.failed_rows:
+            for destination, count in _by_destination(rows).items():
+                self.failures.labels(destination, failure.error_type).inc(count)
+                if abandoned:
+                    self.abandoned.labels(destination).inc(count)
+
+    def _published(self, stats: BatchStats) -> None:
+        """One pass over the published rows: counted by destination, and the age of
+        each (by one clock reading) into the commit-to-publish histogram."""
+        now = timezone.now()
+        counts: dict[str, int] = {}
+        ages = []
+        for message in stats.published_rows:
+            counts[message.destination] = counts.get(message.destination, 0) + 1
+            ages.append((now - message.created_at).total_seconds())
+        self.commit_to_publish.observe_many(ages)
+        for destination, count in counts.items():
+            self.published.labels(destination).inc(count)
+
+
+class BatchHistogram(Collector):
+    """A histogram that takes a batch of observations under one lock: about a tenth of
+    the cost of ``Histogram.observe`` per value, which takes a lock per bucket update
+    and per sum (the relay observes every message it publishes)."""
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float]) -> None:
+        self.name, self.documentation = name, documentation
+        self.bounds = list(buckets)
+        self._counts = [0] * (len(self.bounds) + 1)  # the last one: above every bound
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe_many(self, values: Sequence[float]) -> None:
+        find, bounds = bisect.bisect_left, self.bounds
+        places = [find(bounds, value) for value in values]  # the bucket: value <= bound
+        total = sum(values)
+        with self._lock:
+            for place in places:
+                self._counts[place] += 1
+            self._sum += total
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        cumulative, buckets = 0, []
+        for bound, count in zip([*map(str, self.bounds), "+Inf"], counts, strict=True):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        yield HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=total)
+
+    def describe(self) -> Iterator[Metric]:
+        yield HistogramMetricFamily(self.name, self.documentation, buckets=[("+Inf", 0)])
+
+
+class BacklogCollector(Collector):
+    """The outbox's backlog, read on each scrape through :mod:`django_outbox.status`
+    (``summary()`` and ``blocked_count()``), with a connection of the scraping thread's
+    own, closed afterwards. A database error is logged and exported as
+    ``outbox_scrape_error 1``, without the gauges."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+
+    def collect(self) -> Iterator[Metric]:
+        error = _scrape_error()
+        try:
+            gauges = self._gauges()
+        except DatabaseError as exc:
+            logger.warning(
+                "metrics: could not read the outbox backlog (%s: %s)",
+                type(exc).__name__,
+                exc,
+                extra={"action": "outbox.metrics_scrape_failed", "using": self.using},
+            )
+            gauges = []
+        finally:
+            connections[self.using].close()  # this thread's: each scrape has its own
+        error.add_metric([], 0 if gauges else 1)
+        yield from gauges
+        yield error
+
+    def describe(self) -> Iterator[Metric]:
+        """The families, without a database read."""
+        yield from _backlog_families()
+        yield _scrape_error()
+
+    def _gauges(self) -> list[Metric]:
+        backlog = summary(self.using)
+        rows, age, blocked = _backlog_families()
+        for status in BACKLOG_STATES:
+            rows.add_metric([status], backlog.counts[status].value)
+        oldest = backlog.oldest_due_age
+        age.add_metric([], 0.0 if oldest is None else oldest.total_seconds())
+        blocked.add_metric([], blocked_count(self.using).value)
+        return [rows, age, blocked]
+
+
+def _backlog_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+    return (
+        GaugeMetricFamily(
+            "outbox_backlog_messages",
+            "Outbox rows not published, by state (large counts are the planner's estimates).",
+            labels=["status"],
+        ),
+        GaugeMetricFamily(
+            "outbox_oldest_due_age_seconds",
+            "Seconds the oldest due row has waited (0 when none is due).",
+            labels=[],
+        ),
+        GaugeMetricFamily(
+            "outbox_blocked_keys",
+            "Ordered keys held back by an ABANDONED head (until it is requeued or skipped).",
+            labels=[],
+        ),
+    )
+
+
+def _scrape_error() -> GaugeMetricFamily:
+    return GaugeMetricFamily(
+        "outbox_scrape_error",
+        "1 when the last scrape could not read the backlog from the database, else 0.",
+        labels=[],
+    )
+
+
+class ConsumerMetrics(Exporter):
+    """A consumer's metrics: ``inbox_messages_total`` read from the consumers it
+    :meth:`watch` es, and the handler's duration, timed by :meth:`timed`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handler_seconds = self.add(
+            Histogram(
+                "inbox_handler_duration_seconds",
+                "Seconds a consumer's handler ran (failed runs included; not the inbox's commit).",
+                ["consumer"],
+                buckets=HANDLER_BUCKETS,
+                registry=None,
+            )
+        )
+        self.inbox = self.add(_InboxCollector())
+
+    def timed(
+        self, handler: Callable[[ReceivedEvent], object], consumer: str
+    ) -> Callable[[ReceivedEvent], object]:
+        """``handler``, its every run observed in ``inbox_handler_duration_seconds``."""
+        timer = self.handler_seconds.labels(consumer).time
+
+        @functools.wraps(handler)
+        def run(event: ReceivedEvent) -> object:
+            with timer():
+                return handler(event)
+
+        return run
+
+    def watch(self, consumer: InboxConsumer) -> None:
+        """Export ``consumer``'s counts (its :class:`ConsumerStats`)."""
+        self.inbox.watched.append((consumer.consumer, consumer.stats))
+
+
+class _InboxCollector(Collector):
+    """``inbox_messages_total``, read from the stats of the watched consumers."""
+
+    def __init__(self) -> None:
+        self.watched: list[tuple[str, ConsumerStats]] = []
+
+    def collect(self) -> Iterator[Metric]:
+        family = next(self.describe())
+        for consumer, stats in self.watched:
+            for outcome, field in INBOX_OUTCOMES.items():
+                family.add_metric([consumer, outcome], getattr(stats, field))
+        yield family
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "inbox_messages",
+            "Messages a consumer received, by what became of them.",
+            labels=["consumer", "outcome"],
+        )
+
+
+def _by_destination(rows: Iterable[Any]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.destination] = counts.get(row.destination, 0) + 1
+    return counts
