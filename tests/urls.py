@@ -1,4 +1,9 @@
 from django.contrib import admin
 from django.urls import path
 
-urlpatterns = [path("admin/", admin.site.urls)]
+from tests.testapp import views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("orders/", views.place_order, name="place-order"),
+]
