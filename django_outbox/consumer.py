@@ -204,10 +204,8 @@ class InboxConsumer(ConsumerMixin):
         self._uncounted: collections.Counter[Any] = collections.Counter()  # see _broker_count
         self.stats = ConsumerStats()
         #: The attributes of every ``process`` span but the queue and the message id.
-        self._span_attributes = {
-            **tracing.broker_attributes(self.url),
-            "messaging.consumer.group.name": consumer,
-        }
+        self._span_attributes = tracing.broker_attributes(self.url)
+        self._span_attributes["messaging.consumer.group.name"] = consumer
         self._transient = transient_errors(kombu.Connection(self.url))
         #: Set it (e.g. from a signal handler) to stop after the message in hand.
         self.stop = stop if stop is not None else threading.Event()

@@ -46,6 +46,44 @@ BROKERS = {
 }
 
 
+#: Stages, relays and consumes one event with OpenTelemetry blocked (argv: destination,
+#: traceparent); prints what it saw as JSON.
+NO_OTEL_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+
+    class Blocker:
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] == "opentelemetry":
+                raise ModuleNotFoundError(f"No module named {name!r}")
+
+    sys.meta_path.insert(0, Blocker())
+    import django
+
+    django.setup()
+    from django.db import transaction
+    from django_outbox import stage, tracing
+    from django_outbox.consumer import InboxConsumer
+    from django_outbox.relay import Relay
+
+    destination, parent = sys.argv[1:]
+    with transaction.atomic():
+        row = stage("a", {}, destination=destination, headers={"traceparent": parent})
+    with Relay() as relay:
+        published = relay.run_once().published
+    handled = []
+    InboxConsumer(destination, handled.append, "audit").run(idle_timeout=1)
+    print(json.dumps({
+        "enabled": tracing.enabled(),
+        "headers": row.headers,
+        "published": published,
+        "handled": [event.headers["traceparent"] for event in handled],
+        "imported": sorted(m for m in sys.modules if m.startswith("opentelemetry")),
+    }))
+    """
+)
+
+
 @pytest.fixture
 def spans():
     """The spans finished in the test (the SDK's provider is set once per process)."""
@@ -250,44 +288,10 @@ def test_celerys_instrumentation_continues_the_stored_trace(spans):
 def test_without_opentelemetry_staging_relaying_and_consuming_work_and_import_none_of_it():
     """A meta-path blocker stands for an environment without the otel extra."""
     destination = unique_destination("trace")
-    script = textwrap.dedent(
-        """
-        import json, sys
-
-        class Blocker:
-            def find_spec(self, name, path=None, target=None):
-                if name.partition(".")[0] == "opentelemetry":
-                    raise ModuleNotFoundError(f"No module named {name!r}")
-
-        sys.meta_path.insert(0, Blocker())
-        import django
-
-        django.setup()
-        from django.db import transaction
-        from django_outbox import stage, tracing
-        from django_outbox.consumer import InboxConsumer
-        from django_outbox.relay import Relay
-
-        destination, parent = sys.argv[1:]
-        with transaction.atomic():
-            row = stage("a", {}, destination=destination, headers={"traceparent": parent})
-        with Relay() as relay:
-            published = relay.run_once().published
-        handled = []
-        InboxConsumer(destination, handled.append, "audit").run(idle_timeout=1)
-        print(json.dumps({
-            "enabled": tracing.enabled(),
-            "headers": row.headers,
-            "published": published,
-            "handled": [event.headers["traceparent"] for event in handled],
-            "imported": sorted(m for m in sys.modules if m.startswith("opentelemetry")),
-        }))
-        """
-    )
     parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     try:
         done = subprocess.run(
-            [sys.executable, "-c", script, destination, parent],
+            [sys.executable, "-c", NO_OTEL_SCRIPT, destination, parent],
             cwd=REPO,
             env=relay_env(),
             capture_output=True,
