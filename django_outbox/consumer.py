@@ -67,6 +67,7 @@ from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
 from kombu.mixins import ConsumerMixin
 
+from . import tracing
 from .conf import outbox_settings
 from .envelope import CONTENT_TYPE, ReceivedEvent
 from .exceptions import BrokerUnreachable, InvalidMessage, OutboxConfigurationError
@@ -208,6 +209,9 @@ class InboxConsumer(ConsumerMixin):
         self._early: dict[Any, int] = {}  # event id -> times held back for its key
         self._uncounted: collections.Counter[Any] = collections.Counter()  # see _broker_count
         self.stats = ConsumerStats()
+        #: The attributes of every ``process`` span but the queue and the message id.
+        self._span_attributes = tracing.broker_attributes(self.url)
+        self._span_attributes["messaging.consumer.group.name"] = consumer
         self._transient = transient_errors(kombu.Connection(self.url))
         #: Set it (e.g. from a signal handler) to stop after the message in hand.
         self.stop = stop if stop is not None else threading.Event()
@@ -434,7 +438,8 @@ class InboxConsumer(ConsumerMixin):
         """``work()``'s result; None when it failed: then the message was held for a
         retry, parked, or (the database down) requeued."""
         try:
-            result = work()
+            with tracing.processing(self._current, event, self._span_attributes):
+                result = work()
         except DatabaseError as exc:
             if self._database_unusable():
                 self._database_down(message, event, exc)

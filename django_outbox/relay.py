@@ -31,11 +31,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
 
-from . import db, retention, store
+from . import db, retention, store, tracing
 from .conf import outbox_settings
 from .envelope import ClaimedMessage
 from .exceptions import BrokerUnreachable, OutboxConfigurationError
@@ -49,7 +50,7 @@ from .retry import RetryPolicy
 from .routes import DEFAULT_BROKER, Route
 from .signals import event_abandoned, event_failed, event_published
 from .transports import celery_transport, for_broker, require_celery
-from .transports.base import Failure, Outcome, Transport
+from .transports.base import NACKED, Failure, Outcome, Transport
 from .wakeup import WakeUp
 
 logger = logging.getLogger(__name__)
@@ -339,6 +340,8 @@ class Relay:
             for alias in sorted(outbox_settings.broker_aliases() | set(outbox_settings.brokers))
             if alias not in self._transports
         }
+        #: The broker attributes of the ``send`` spans, per transport key.
+        self._broker_spans: dict[str, dict[str, Any]] = {}
         self._celery_routes = sorted(
             name for name, route in outbox_settings.ROUTES.items() if route.is_celery
         )
@@ -454,18 +457,34 @@ class Relay:
         # No broker for the route raises OutboxConfigurationError: the relay
         # cannot run as configured.
         transport = self.transport(route)
-        try:
-            results = transport.publish(route, batch)
-        except Exception as exc:  # a bug or an error no transport classified
-            logger.exception(
-                "publishing to %r failed unexpectedly",
-                route.destination,
-                extra={"action": "outbox.publish_error", "destination": route.destination},
-            )
-            results = [Failure.from_exception(exc)] * len(batch)
+        with tracing.sending(route.destination, self._span_attributes(route), batch) as span:
+            try:
+                results = transport.publish(route, batch)
+            except Exception as exc:  # a bug or an error no transport classified
+                logger.exception(
+                    "publishing to %r failed unexpectedly",
+                    route.destination,
+                    extra={"action": "outbox.publish_error", "destination": route.destination},
+                )
+                results = [Failure.from_exception(exc)] * len(batch)
+                span.failed(type(exc).__qualname__, "the transport raised")
+            else:
+                _trace_failures(span, results)
         if any(result is not None and result.outage for result in results):
             self._paused.setdefault(_kind(route), 0.0)  # until _broker_ready checks it
         return results
+
+    def _span_attributes(self, route: Route) -> dict[str, Any]:
+        """The broker's attributes of the ``send`` spans of ``route`` (see
+        :func:`django_outbox.tracing.broker_attributes`), worked out once per broker."""
+        kind = _kind(route)
+        if kind not in self._broker_spans:
+            self._broker_spans[kind] = (
+                {"messaging.system": "celery"}
+                if route.is_celery
+                else tracing.broker_attributes(outbox_settings.require_broker(kind).url)
+            )
+        return self._broker_spans[kind]
 
     def _not_attempted(self, kind: str) -> Failure:
         """The outcome of a row whose broker is down: due again when it is tried next."""
@@ -892,6 +911,25 @@ def _by_destination(messages: list[ClaimedMessage]) -> dict[str, list[ClaimedMes
     for message in messages:
         by_destination.setdefault(message.destination, []).append(message)
     return by_destination
+
+
+def _trace_failures(span: tracing.SendSpan, results: Sequence[Outcome]) -> None:
+    """Mark ``span`` failed when some of its messages were not published: ``error.type``
+    is the exception class of the first failure when it names one, else a short reason."""
+    failures = [result for result in results if result is not None]
+    if failures:
+        span.failed(_error_type(failures[0]), f"{len(failures)} of {len(results)} not published")
+
+
+def _error_type(failure: Failure) -> str:
+    name = failure.error.partition(":")[0]
+    if name.isidentifier():
+        return name
+    if failure.outage:
+        return "broker_down"
+    if failure.permanent:
+        return "rejected"
+    return "nacked" if failure.error == NACKED else "_OTHER"
 
 
 def _kind(route: Route) -> str:

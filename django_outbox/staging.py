@@ -28,7 +28,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.utils import timezone
 
-from . import db
+from . import db, tracing
 from .conf import outbox_settings
 from .envelope import ORDERING_HEADERS
 from .exceptions import (
@@ -275,7 +275,10 @@ def _build(
         "destination": destination,
         "payload": to_json(payload, "payload", event_type),
         "headers": _check_header_values(
-            to_json(_check_headers(headers, event_type, route), "headers", event_type), event_type
+            to_json(
+                tracing.stamp(_check_headers(headers, event_type, route)), "headers", event_type
+            ),
+            event_type,
         ),
         "ordering_key": key or "",
     }

@@ -2,8 +2,11 @@ from django.contrib import admin
 from django.urls import include, path
 from health_check.views import HealthCheckView
 
+from tests.testapp import views
+
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("orders/", views.place_order, name="place-order"),
     path("outbox/", include("django_outbox.urls")),
     path(
         "health-check/",

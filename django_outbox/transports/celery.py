@@ -19,6 +19,7 @@ from typing import Any
 import amqp.exceptions  # type: ignore[import-untyped]
 import kombu.exceptions
 
+from .. import tracing
 from ..envelope import ClaimedMessage
 from ..routes import CELERY_FIELDS, TASK_RUNNER, Route, celery_header_clash
 from .base import NACKED, Failure, Outcome, Transport
@@ -54,9 +55,6 @@ class CeleryTransport(Transport):
         self._lowest_first: bool | None = None
 
     def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
-        from celery import current_app  # type: ignore[import-untyped]
-
-        assert route.celery_task is not None
         outcomes: list[Outcome] = []
         for message in messages:
             kwargs = json.loads(message.payload)
@@ -65,17 +63,7 @@ class CeleryTransport(Transport):
                 outcomes.append(refusal)
                 continue
             try:
-                current_app.send_task(
-                    route.celery_task,
-                    kwargs=kwargs,
-                    task_id=str(message.event_id),
-                    headers=_headers(message),
-                    serializer="json",
-                    confirm_timeout=lease_confirm_timeout(),  # confirm_publish: within the lease
-                    retry=True,
-                    retry_policy=RECONNECT_ONCE,
-                    **self._task_options(route, kwargs),
-                )
+                self._send(route, message, kwargs)
             except TRANSIENT as exc:
                 if _nacked(exc):  # the broker is up and refused this one: go on
                     outcomes.append(Failure(NACKED, kind="nacked"))
@@ -87,6 +75,26 @@ class CeleryTransport(Transport):
             else:
                 outcomes.append(None)
         return outcomes
+
+    def _send(self, route: Route, message: ClaimedMessage, kwargs: dict[str, Any]) -> None:
+        """Send ``message`` as ``route``'s task, in its creation context: the spans of
+        Celery's own instrumentation, if installed, continue the event's trace."""
+        from celery import current_app  # type: ignore[import-untyped]
+
+        assert route.celery_task is not None
+
+        with tracing.continue_trace(message.headers):
+            current_app.send_task(
+                route.celery_task,
+                kwargs=kwargs,
+                task_id=str(message.event_id),
+                headers=_headers(message),
+                serializer="json",
+                confirm_timeout=lease_confirm_timeout(),  # confirm_publish: within the lease
+                retry=True,
+                retry_policy=RECONNECT_ONCE,
+                **self._task_options(route, kwargs),
+            )
 
     def _task_options(self, route: Route, kwargs: dict[str, Any]) -> dict[str, Any]:
         """``send_task``'s queue (a route with a ``queue``: a Django task queue's) and, for
