@@ -164,7 +164,9 @@ class Heartbeat:
         try:
             self._upsert(values)
         except DatabaseError as exc:
-            logger.debug("heartbeat not written: %s", exc, extra={"action": "outbox.heartbeat_failed"})
+            logger.debug(
+                "heartbeat not written: %s", exc, extra={"action": "outbox.heartbeat_failed"}
+            )
             return False
         self._started = True
         return True
