@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-import time
 
 import pytest
 from django.db import connections
@@ -13,10 +12,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_outbox import retention, samples
-from django_outbox.db import database_now
 from django_outbox.models import OutboxMessage, OutboxSample
 from django_outbox.status import Summary
 from tests.factories import OutboxMessageFactory
+from tests.support import minute_with_time_left
 
 Status = OutboxMessage.Status
 BOTH = pytest.mark.parametrize("using", ["default", "lite"])
@@ -30,12 +29,8 @@ def using() -> str:
 
 @pytest.fixture
 def settled(using: str) -> dt.datetime:
-    """The database clock's minute, with at least ten seconds of it left, so that a
-    test's calls fall in one minute (it waits out the end of a minute if need be)."""
-    now = database_now(using)
-    if now.second >= 50:
-        time.sleep(61 - now.second)
-    return samples.current_minute(using)
+    """The database clock's minute, with at least ten seconds of it left."""
+    return minute_with_time_left(using)
 
 
 def _rows(using: str, count: int, **fields: object) -> None:
