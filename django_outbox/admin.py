@@ -40,10 +40,11 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.timesince import timesince
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import ngettext
 
-from . import store
+from . import samples, store
+from .charts import BarChart, Layer, render
 from .db import RowCount, count_rows, write_first
 from .exceptions import SkipRefused
 from .heartbeat import WorkerState, state_of
@@ -407,6 +408,7 @@ class OutboxMessageAdmin(DeliveryAdmin):
             **(extra_context or {}),
             "outbox_summary": SimpleLazyObject(lambda: self._summary_context(using)),
             "outbox_blocked": SimpleLazyObject(lambda: self._blocked_context(using, can_act)),
+            "outbox_charts": SimpleLazyObject(lambda: self._charts(using)),
         }
         return super().changelist_view(request, extra_context)
 
@@ -422,6 +424,32 @@ class OutboxMessageAdmin(DeliveryAdmin):
         }
 
     @staticmethod
+    def _charts(using: str) -> list[SafeString]:
+        """The last hour's backlog and publish rate as two SVG charts, from the samples
+        relays take once a minute (:mod:`django_outbox.samples`); none without samples.
+        A sample counts what was published in the minute *before* it, so the rate's bars
+        stand at that minute and its chart ends with the last whole minute."""
+        window = samples.recent(using)
+        if not window.samples:
+            return []
+        start = window.end - (window.minutes - 1) * samples.MINUTE
+        backlog = BarChart(
+            title=gettext("Backlog"),
+            layers=(_state_layer(OutboxStatus.PENDING), _state_layer(OutboxStatus.FAILED)),
+            start=start,
+            minutes=window.minutes,
+            values={s.taken_at: (s.pending, s.failed) for s in window.samples},
+        )
+        rate = BarChart(
+            title=gettext("Published per minute"),
+            layers=(_state_layer(OutboxStatus.PUBLISHED),),
+            start=start - samples.MINUTE,
+            minutes=window.minutes,
+            values={s.taken_at - samples.MINUTE: (s.published,) for s in window.samples},
+        )
+        return [render(backlog), render(rate)]
+
+    @staticmethod
     def _blocked_context(using: str, can_act: bool) -> dict[str, Any]:
         """The blocked keys (their head ABANDONED), longest blocked first, with how
         long; ``can_act``: whether to offer the head buttons."""
@@ -435,6 +463,10 @@ class OutboxMessageAdmin(DeliveryAdmin):
             ],
             "can_act": can_act,
         }
+
+
+def _state_layer(status: OutboxStatus) -> Layer:
+    return Layer(str(status.label).lower(), STATUS_COLOURS[status])
 
 
 @admin.register(InboxMessage)

@@ -15,6 +15,7 @@ kind           rows                                         kept for
 ``parked``     parked inbox failures, by ``parked_at``     ``ABANDONED_RETENTION``
 ``tasks``      finished Django task results, by            ``TASK_RESULT_RETENTION``
                ``finished_at``
+``samples``    the admin chart's samples, by ``taken_at``  a day (``SAMPLE_RETENTION``)
 =============  ==========================================  =======================
 
 An ABANDONED **ordered** row (one with a ``sequence``) is never deleted: it is its
@@ -26,6 +27,7 @@ admin); a skipped row is published as a marker and then expires like any other.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 from collections.abc import Callable
@@ -37,13 +39,15 @@ from django.db.models import QuerySet
 from . import store
 from .conf import outbox_settings
 from .expressions import now_minus
-from .models import InboxFailure, InboxMessage, OutboxMessage, TaskResultRecord
+from .models import InboxFailure, InboxMessage, OutboxMessage, OutboxSample, TaskResultRecord
 from .redact import SecretFilter
 
 logger = logging.getLogger(__name__)
 logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tracebacks
 
 DELETE_BATCH = 1000
+#: How long the samples of :mod:`django_outbox.samples` are kept: the chart shows an hour.
+SAMPLE_RETENTION = dt.timedelta(days=1)
 
 
 def expired(using: str = "default") -> dict[str, QuerySet[Any]]:
@@ -69,6 +73,9 @@ def expired(using: str = "default") -> dict[str, QuerySet[Any]]:
         ),
         "tasks": TaskResultRecord.objects.using(using).filter(
             finished_at__lt=now_minus(outbox_settings.TASK_RESULT_RETENTION)
+        ),
+        "samples": OutboxSample.objects.using(using).filter(
+            taken_at__lt=now_minus(SAMPLE_RETENTION)
         ),
     }
 

@@ -417,14 +417,14 @@ def _refuse_unrequeueable(rows: OutboxQuerySet, ids: Sequence[int | uuid.UUID]) 
 
 
 def delete_in_batches(rows: models.QuerySet[Any], batch_size: int) -> int:
-    """Delete ``rows`` (outbox rows in a final state, or inbox rows) ``batch_size``
+    """Delete ``rows`` (outbox rows in a final state, inbox rows, samples) ``batch_size``
     at a time, each batch its own short statement; returns how many went.
 
     The selection is applied again to each batch's ids, so a row that left the
     selection since it was read (an abandoned row requeued) stays."""
     total = 0
-    while ids := list(rows.values_list("id", flat=True)[:batch_size]):
-        deleted, _ = rows.filter(id__in=ids).delete()
+    while ids := list(rows.values_list("pk", flat=True)[:batch_size]):
+        deleted, _ = rows.filter(pk__in=ids).delete()
         total += deleted
     return total
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import signal
@@ -20,7 +21,9 @@ from django.conf import settings
 from django.db import connections, transaction
 
 from django_outbox import stage_many
+from django_outbox.db import database_now
 from django_outbox.models import OutboxMessage
+from django_outbox.samples import current_minute
 
 REPO = Path(__file__).resolve().parent.parent
 AMQP_URL = settings.OUTBOX["BROKER_URL"]
@@ -331,3 +334,12 @@ def priority_queue(name: str) -> kombu.Queue:
         routing_key=name,
         queue_arguments={"x-max-priority": 10},
     )
+
+
+def minute_with_time_left(using: str = "default", *, seconds: int = 10) -> dt.datetime:
+    """The database clock's minute, with at least ``seconds`` of it left (the end of a
+    minute is waited out), so that what a test does next falls in this minute."""
+    now = database_now(using)
+    if now.second >= 60 - seconds:
+        time.sleep(61 - now.second)
+    return current_minute(using)

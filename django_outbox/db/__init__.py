@@ -326,6 +326,18 @@ def insert_if_absent(using: str, model: type[models.Model], **values: Any) -> bo
     return True
 
 
+def database_now(using: str) -> dt.datetime:
+    """The database clock, aware: standard SQL's ``CURRENT_TIMESTAMP``, which
+    PostgreSQL answers with an aware datetime (the transaction's start) and SQLite
+    with UTC text to the second."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT CURRENT_TIMESTAMP")
+        (value,) = cursor.fetchone()
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+
+
 def listen(using: str) -> postgresql.Listener | None:
     """A listener that wakes when rows are staged on ``using``; None where the
     database cannot notify (the relay polls instead)."""

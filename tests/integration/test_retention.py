@@ -78,6 +78,7 @@ def test_cleanup_deletes_every_expired_row_over_several_batches_and_keeps_the_re
         "failures": 0,
         "parked": 0,
         "tasks": 1_150,
+        "samples": 0,
     }
     assert OutboxMessage.objects.count() == 2_345 + 40 + 1_001 + 30 + 20
 
@@ -91,6 +92,7 @@ def test_cleanup_deletes_every_expired_row_over_several_batches_and_keeps_the_re
         "failures": 0,
         "parked": 0,
         "tasks": 1_150,
+        "samples": 0,
     }
     # Batches of DELETE_BATCH (1000) rows: 3 for the published rows, 2 for the abandoned.
     assert retention.DELETE_BATCH == 1000

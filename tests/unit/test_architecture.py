@@ -42,8 +42,8 @@ BREAKS = [
     (
         "db/__init__.py",
         "from django_outbox import status",
-        "Layers: commands and admin > relay, consumer, status > store > db, transports > "
-        "models > conf > leaves > expressions",
+        "Layers: commands and admin > relay, consumer > samples > status > store > db, "
+        "transports > models > conf > leaves > expressions",
         "django_outbox.db is not allowed to import django_outbox.status",
     ),
     (  # relay imports retry: retry importing relay closes a cycle
