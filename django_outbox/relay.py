@@ -36,7 +36,7 @@ from typing import Any
 from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
 
-from . import db, retention, store, tracing
+from . import db, retention, samples, store, tracing
 from .conf import outbox_settings
 from .envelope import ClaimedMessage
 from .exceptions import BrokerUnreachable, OutboxConfigurationError
@@ -274,9 +274,15 @@ class _Run:
             self.stop.wait(wait)
 
     def beat(self) -> None:
-        """Write the heartbeat, if one is due."""
-        if self.heartbeat is not None:
-            self.heartbeat.beat(self.counts(), last_batch_at=self.last_batch_at)
+        """Write the heartbeat, if one is due, then take this minute's sample of the
+        outbox (for the admin's chart) unless another relay took it."""
+        beat = self.heartbeat
+        if beat is None or not beat.beat(self.counts(), last_batch_at=self.last_batch_at):
+            return
+        try:
+            samples.record_sample(beat.using)
+        except DatabaseError as exc:  # the loop meets the outage in its own work
+            logger.debug("sample not taken: %s", exc, extra={"action": "outbox.sample_failed"})
 
     def counts(self) -> dict[str, int]:
         return {field: getattr(self.totals, field) for field in _COUNTED}

@@ -18,7 +18,7 @@ from django.utils import timezone
 from django_outbox import stage
 from django_outbox.consumer import InboxConsumer
 from django_outbox.heartbeat import Heartbeat, WorkerState, live_relays, state_of, workers
-from django_outbox.models import OutboxMessage, WorkerHeartbeat, WorkerKind
+from django_outbox.models import OutboxMessage, OutboxSample, WorkerHeartbeat, WorkerKind
 from tests.support import (
     REPO,
     delete_queue,
@@ -178,6 +178,8 @@ def test_a_running_relay_beats_is_healthy_and_its_death_makes_the_outbox_unhealt
 def test_a_relay_stopped_by_sigterm_writes_its_stop(destination):
     relay = start_relay(HEARTBEAT_INTERVAL=INTERVAL)
     wait_until(relay_rows, timeout=60, what="the first beat")
+    # Its beat takes the minute's sample of the outbox for the admin's chart.
+    wait_until(OutboxSample.objects.exists, timeout=30, what="the minute's sample")
     code, _, err = stop(relay, signal.SIGTERM)
     assert code == 0, err
     (row,) = relay_rows()
