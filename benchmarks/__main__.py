@@ -186,6 +186,7 @@ def _scenarios(
     figures["retained_rows"] = profile.retained
     figures.update(scenarios.claim_growth(profile.retained, profile.claim_rows, batch))
     figures.update(_ordering(profile, amqp, drain))
+    figures.update(_telemetry(profile, amqp, drain))
     _step(f"end to end at {profile.e2e_rate:g} events/s for {profile.e2e_seconds:g}s")
     figures.update(
         scenarios.end_to_end(env, amqp, rate=profile.e2e_rate, seconds=profile.e2e_seconds)
@@ -227,6 +228,23 @@ def _fairness(profile: Profile, amqp: str, drain: Callable[..., Any]) -> dict[st
         "relay_fairness": scenarios.unfairness(run["published_by_relay"]),
         "relay_fairness_published": run["published_by_relay"],
         "relay_4proc_ev_per_s": run["events_per_s"],
+    }
+
+
+def _telemetry(profile: Profile, amqp: str, drain: Callable[..., Any]) -> dict[str, Any]:
+    """The relay to RabbitMQ with metrics and tracing on against the same relay without,
+    alternated over rounds (DESIGN.md: at most 5% slower)."""
+    _step(f"RabbitMQ: {profile.rounds} x (relay, relay with metrics and tracing)")
+    plain, traced, ratios = _rounds(
+        profile.rounds,
+        lambda: drain(amqp, profile.round_events, "plain")["events_per_s"],
+        lambda: drain(amqp, profile.round_events, "telemetry", telemetry=True)["events_per_s"],
+    )
+    return {
+        "relay_plain_ev_per_s": plain,
+        "relay_telemetry_ev_per_s": traced,
+        "telemetry_vs_plain": statistics.median(ratios),
+        "telemetry_vs_plain_rounds": ratios,
     }
 
 

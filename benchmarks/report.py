@@ -20,6 +20,7 @@ GOALS: dict[str, tuple[Callable[[float, float], bool], float]] = {
     "ordered_staging_vs_unordered": (operator.le, 1.2),
     "ordered_sql_per_event": (operator.le, 0.02),
     "relay_fairness": (operator.le, 0.25),
+    "telemetry_vs_plain": (operator.ge, 0.95),
 }
 #: Goals on counted (not timed) figures: the only ones ``--gate`` fails on. The relays'
 #: shares of a drain are counts too; the scheduler sways them, but well within the goal
@@ -60,6 +61,9 @@ ROWS = (
     ("relay_ordered_ev_per_s", "  the same, ordered, 1,000 keys", "ev/s"),
     ("ordered_vs_unordered", "  ordered / unordered, median of rounds", "x"),
     ("ordered_sql_per_event", "  SQL statements per event, ordered", ""),
+    ("relay_plain_ev_per_s", "relay -> RabbitMQ (telemetry rounds, off)", "ev/s"),
+    ("relay_telemetry_ev_per_s", "  the same with metrics and tracing on", "ev/s"),
+    ("telemetry_vs_plain", "  on / off, median of rounds", "x"),
     ("hot_key_ev_per_s", "relay -> RabbitMQ, ordered, one hot key", "ev/s"),
     ("business_tx_with_ordered_event_ms", "business transaction staging an ordered event", "ms"),
     ("ordered_staging_vs_unordered", "  ordered / unordered event", "x"),

@@ -6,6 +6,7 @@ relays and the consumer as worker processes (:mod:`benchmarks.worker`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import statistics
@@ -29,6 +30,7 @@ from django_outbox.models import OutboxMessage
 from .common import EXCHANGE, PAYLOAD
 from .models import Customer, Order, OrderLine
 from .services import REPO
+from .telemetry import creation_span
 
 TABLE = OutboxMessage._meta.db_table
 
@@ -76,16 +78,17 @@ def reset_outbox() -> None:
         cursor.execute(f'TRUNCATE "{TABLE}"')
 
 
-def backlog(count: int, to: str, chunk: int = 2000, *, keys: int = 0) -> None:
+def backlog(count: int, to: str, chunk: int = 2000, *, keys: int = 0, traced: bool = False) -> None:
     """Commit ``count`` events to ``to`` through ``stage_many``; with ``keys``, the events
-    take keys ``0 .. keys - 1`` in turn (an ordered route needs them)."""
+    take keys ``0 .. keys - 1`` in turn (an ordered route needs them); ``traced``, each
+    chunk under a span of its own, whose context the rows capture."""
 
     def event(n: int) -> dict[str, Any]:
         keyed = {"key": f"k{n % keys}"} if keys else {}
         return {"event_type": "bench.order_placed", "payload": PAYLOAD, "destination": to, **keyed}
 
     for start in range(0, count, chunk):
-        with transaction.atomic():
+        with creation_span() if traced else contextlib.nullcontext(), transaction.atomic():
             stage_many(event(n) for n in range(start, min(start + chunk, count)))
 
 
@@ -105,15 +108,18 @@ def relay_drain(
     tag: str,
     profile_dir: Path | None = None,
     keys: int = 0,
+    telemetry: bool = False,
 ) -> dict[str, Any]:
     """Stage ``count`` events, then let ``processes`` relays drain them together. With
-    ``keys``, the events go to the ordered route, spread over that many keys.
+    ``keys``, the events go to the ordered route, spread over that many keys; with
+    ``telemetry``, they are staged under spans and the relays run with metrics and
+    tracing on (:mod:`benchmarks.telemetry`).
 
     Returns the events/s from the first relay's start to the last one's finish,
     plus the first relay's RSS and SQL counts."""
     reset_outbox()
     to = settings.ORDERED if keys else destination(tag)
-    backlog(count, to, keys=keys)
+    backlog(count, to, keys=keys, traced=telemetry)
     with connection.cursor() as cursor:
         cursor.execute(f'VACUUM ANALYZE "{TABLE}"')
     workers = []
@@ -121,6 +127,8 @@ def relay_drain(
         args = ["relay", "--url", url, "--batch-size", str(batch_size), "--drain"]
         if profile_dir is not None:
             args += ["--profile", str(profile_dir / f"{tag}-{number}.txt")]
+        if telemetry:
+            args.append("--telemetry")
         workers.append(Worker(env, *args))
     for worker in workers:
         worker.go()

@@ -1,6 +1,7 @@
 """Processes the runner starts, each reporting one JSON line on stdout.
 
     python -m benchmarks.worker relay --url URL --batch-size N [--drain] [--profile FILE]
+        [--telemetry]
     python -m benchmarks.worker consume --url URL --queue Q --expected N --timeout SECONDS
 
 A worker sets itself up (Django, broker connection), prints ``ready``, and waits for
@@ -99,6 +100,18 @@ def _profiled(path: str | None) -> Iterator[None]:
         html.write(profiler.output_html())
 
 
+@contextlib.contextmanager
+def _telemetry(on: bool) -> Iterator[Callable[[Any], None] | None]:
+    """With ``on``: metrics and tracing switched on (:mod:`benchmarks.telemetry`)."""
+    if not on:
+        yield None
+        return
+    from .telemetry import switched_on
+
+    with switched_on() as on_batch:
+        yield on_batch
+
+
 def relay(args: argparse.Namespace) -> None:
     import django
 
@@ -119,11 +132,12 @@ def relay(args: argparse.Namespace) -> None:
     counter.install(connection)
     connection_created.connect(counter.connected)
     worker = Relay(batch_size=args.batch_size, transports={"default": transport})
-    _ready()
-    rss_start, started = rss_mb(), time.time()
-    with _profiled(args.profile), counter.counting():
-        totals = worker.run(stop, drain=args.drain)
-    finished = time.time()
+    with _telemetry(args.telemetry) as on_batch:
+        _ready()
+        rss_start, started = rss_mb(), time.time()
+        with _profiled(args.profile), counter.counting():
+            totals = worker.run(stop, drain=args.drain, on_batch=on_batch)
+        finished = time.time()
     emit(
         {
             "published": totals.published,
@@ -171,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     relay_parser.add_argument("--batch-size", type=int, required=True)
     relay_parser.add_argument("--drain", action="store_true")
     relay_parser.add_argument("--profile", default=None)
+    relay_parser.add_argument("--telemetry", action="store_true")
     relay_parser.set_defaults(run=relay)
     consume_parser = modes.add_parser("consume")
     consume_parser.add_argument("--url", required=True)
