@@ -583,7 +583,7 @@ class WorkerHeartbeatAdmin(ReadOnlyAdmin):
 
     list_display = ("worker", "kind", "state_badge", "name", "beat_age", "last_batch_at")
     list_filter = ("kind",)
-    search_fields = ("worker", "name")
+    search_fields = ("^worker", "^name")
     search_help_text = _("The start of a worker (host:pid) or of a consumer's name.")
     sortable_by = ()
     ordering = ("-beat_at",)
