@@ -47,7 +47,7 @@ from . import samples, store
 from .charts import BarChart, Layer, render
 from .db import RowCount, count_rows, write_first
 from .exceptions import SkipRefused
-from .heartbeat import WorkerState, state_of
+from .heartbeat import WorkerState, clock_of, state_of, with_database_clock
 from .models import (
     InboxFailure,
     InboxMessage,
@@ -602,6 +602,9 @@ class WorkerHeartbeatAdmin(ReadOnlyAdmin):
     )
     readonly_fields = ("state_badge", "counts_json")
 
+    def get_queryset(self, request: HttpRequest) -> models.QuerySet[WorkerHeartbeat]:
+        return with_database_clock(super().get_queryset(request))  # ages by the beats' clock
+
     @admin.display(description=_("state"))
     def state_badge(self, obj: WorkerHeartbeat) -> SafeString:
         state = state_of(obj)
@@ -614,7 +617,7 @@ class WorkerHeartbeatAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("last beat"))
     def beat_age(self, obj: WorkerHeartbeat) -> str:
-        return _("%(age)s ago") % {"age": timesince(obj.beat_at, depth=1)}
+        return _("%(age)s ago") % {"age": timesince(obj.beat_at, clock_of(obj), depth=1)}
 
     @admin.display(description=_("counts"))
     def counts_json(self, obj: WorkerHeartbeat) -> SafeString:

@@ -71,7 +71,7 @@ from . import tracing
 from .conf import outbox_settings
 from .envelope import CONTENT_TYPE, ReceivedEvent
 from .exceptions import BrokerUnreachable, InvalidMessage, OutboxConfigurationError
-from .heartbeat import Heartbeat
+from .heartbeat import Heartbeat, HeartbeatThread
 from .inbox import (
     UNACKED_ERROR,
     Scope,
@@ -225,8 +225,6 @@ class InboxConsumer(ConsumerMixin):
         self._idle = False  # idle for idle_timeout: done
         self._idle_timeout: float | None = None
         self._connection: kombu.Connection | None = None  # the one being set up or used
-        worker = f"{socket.gethostname()}:{os.getpid()}"
-        self.heartbeat = Heartbeat(WorkerKind.CONSUMER, worker, using, name=f"{consumer}@{queue}")
         self._last_message_at: dt.datetime | None = None  # for the heartbeat
 
     def run(self, *, idle_timeout: float | None = None) -> ConsumerStats:  # type: ignore[override]
@@ -243,6 +241,8 @@ class InboxConsumer(ConsumerMixin):
         # broker's OutageTracker instead, and waits on the stop event.
         self._idle_timeout = idle_timeout
         started = self._last_message = time.monotonic()
+        beating = self._heartbeat()
+        beating.start()
         try:
             while not self.should_stop:
                 try:
@@ -255,26 +255,20 @@ class InboxConsumer(ConsumerMixin):
                     self._wait_for_broker(exc, idle_timeout)
         finally:
             self.stats.elapsed = time.monotonic() - started
-            self.heartbeat.stopped(self._counts(), last_batch_at=self._last_message_at)
+            beating.stop()
         return self.stats
 
-    def _beat(self) -> None:
-        """Write the heartbeat, if one is due."""
-        self.heartbeat.beat(self._counts(), last_batch_at=self._last_message_at)
+    def _heartbeat(self) -> HeartbeatThread:
+        """This run's heartbeat: ``host:pid``, named ``consumer@queue``."""
+        worker = f"{socket.gethostname()}:{os.getpid()}"
+        name = f"{self.consumer}@{self.queue}"
+        beat = Heartbeat(WorkerKind.CONSUMER, worker, self.using, name=name)
+        return HeartbeatThread(beat, self._snapshot)
 
-    def _counts(self) -> dict[str, int]:
-        return {
-            name: value
-            for name, value in dataclasses.asdict(self.stats).items()
-            if isinstance(value, int)
-        }
-
-    def _pause(self, seconds: float) -> None:
-        """Wait ``seconds`` or until stopped, beating meanwhile."""
-        deadline = time.monotonic() + seconds
-        while not self.stop.is_set() and (left := deadline - time.monotonic()) > 0:
-            self._beat()
-            self.stop.wait(min(left, self.heartbeat.wait))
+    def _snapshot(self) -> tuple[dict[str, int], dt.datetime | None]:
+        """The totals and the last message's time, for the heartbeat."""
+        counts = dataclasses.asdict(self.stats)
+        return {k: v for k, v in counts.items() if isinstance(v, int)}, self._last_message_at
 
     @property
     def should_stop(self) -> bool:  # type: ignore[override]  # read by ConsumerMixin
@@ -293,7 +287,7 @@ class InboxConsumer(ConsumerMixin):
                     f"unreachable ({outbox_settings.redact(f'{type(exc).__name__}: {exc}')})"
                 )
             backoff = min(backoff, idle_timeout - without)
-        self._pause(backoff)
+        self.stop.wait(backoff)
 
     # -- ConsumerMixin's hooks ------------------------------------------------------
 
@@ -372,7 +366,6 @@ class InboxConsumer(ConsumerMixin):
         message (or the start) over every connection: a broker whose connections drop
         now and then does not restart it."""
         while not self.should_stop:
-            self._beat()
             self._held.requeue_due()
             try:
                 connection.drain_events(timeout=self._held.wait(DRAIN_TIMEOUT))

@@ -1,11 +1,12 @@
 """Heartbeats: each running relay and consumer keeps one row saying it is alive.
 
-A process writes its :class:`~django_outbox.models.WorkerHeartbeat` row in the
-database it serves every ``HEARTBEAT_INTERVAL`` seconds (from its own loop, so a
-loop that hangs stops beating), and once more when it stops cleanly. Times are the
-database's clock, as ``created_at`` is. Readers (``outbox_status``,
-``outbox_health``, the health view, the admin) judge each row by the age of its
-last beat counted in the row's own interval: :func:`state_of`.
+A thread of the process (:class:`HeartbeatThread`) writes its
+:class:`~django_outbox.models.WorkerHeartbeat` row in the database it serves every
+``HEARTBEAT_INTERVAL`` seconds, and once more when it stops cleanly. Times are the
+database's clock, as ``created_at`` is, and readers (``outbox_status``,
+``outbox_health``, the health view, the admin) read that clock with the rows: each row
+is judged by the age of its last beat counted in the row's own interval
+(:func:`state_of`).
 """
 
 from __future__ import annotations
@@ -14,19 +15,24 @@ import dataclasses
 import datetime as dt
 import enum
 import logging
+import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from django.db import DatabaseError
+from django.db import DatabaseError, close_old_connections, connections
+from django.db.models import Max, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from . import db
 from .conf import outbox_settings
+from .expressions import now_minus
 from .models import WorkerHeartbeat, WorkerKind
+from .redact import SecretFilter
 
 logger = logging.getLogger(__name__)
+logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts
 
 #: A row whose last beat is at most this many of its intervals old is live ...
 LIVE_INTERVALS = 3
@@ -48,10 +54,11 @@ class WorkerState(enum.StrEnum):
 
 
 def state_of(row: WorkerHeartbeat, now: dt.datetime | None = None) -> WorkerState:
-    """The state of ``row`` at ``now`` (default: this process's clock)."""
+    """The state of ``row`` at ``now``; by default the database's clock when the row
+    was read with :func:`with_database_clock`, this process's otherwise."""
     if row.stopped_at is not None:
         return WorkerState.STOPPED
-    age = ((now or timezone.now()) - row.beat_at).total_seconds()
+    age = ((now or clock_of(row)) - row.beat_at).total_seconds()
     if age <= LIVE_INTERVALS * row.interval:
         return WorkerState.LIVE
     if age <= STALE_INTERVALS * row.interval:
@@ -85,28 +92,48 @@ class Worker:
         }
 
 
+def with_database_clock(rows: QuerySet[WorkerHeartbeat]) -> QuerySet[WorkerHeartbeat]:
+    """``rows``, each read with the database's clock (``db_now``): beats are written by
+    that clock, so a reader whose own clock is off still judges their age right."""
+    return rows.annotate(db_now=Now())
+
+
+def clock_of(row: WorkerHeartbeat) -> dt.datetime:
+    """The database's clock when ``row`` was read, else this process's."""
+    now = getattr(row, "db_now", None)
+    return now if isinstance(now, dt.datetime) else timezone.now()
+
+
 def workers(using: str = "default", *, kind: str | None = None) -> list[Worker]:
     """Every heartbeat row of ``using`` (of one ``kind``, if given), newest beat first."""
-    rows = WorkerHeartbeat.objects.using(using).order_by("-beat_at", "worker")
+    rows = with_database_clock(WorkerHeartbeat.objects.using(using)).order_by("-beat_at", "id")
     if kind is not None:
         rows = rows.filter(kind=kind)
-    now = timezone.now()
     return [
-        Worker(row, state_of(row, now), max(now - row.beat_at, dt.timedelta(0))) for row in rows
+        Worker(row, state_of(row), max(clock_of(row) - row.beat_at, dt.timedelta(0)))
+        for row in rows
     ]
 
 
 def live_relays(using: str = "default") -> int:
-    """How many relays of ``using`` beat recently enough to count as live."""
-    return sum(w.state is WorkerState.LIVE for w in workers(using, kind=WorkerKind.RELAY))
+    """How many relays of ``using`` beat recently enough to count as live (read among
+    those that beat in the last ``LIVE_INTERVALS`` of the longest interval, by index)."""
+    rows = WorkerHeartbeat.objects.using(using).filter(kind=WorkerKind.RELAY, stopped_at=None)
+    recent = rows.filter(beat_at__gte=now_minus(LIVE_INTERVALS * _longest_interval(rows)))
+    return sum(state_of(row) is WorkerState.LIVE for row in with_database_clock(recent))
+
+
+def _longest_interval(rows: QuerySet[WorkerHeartbeat]) -> dt.timedelta:
+    longest = rows.aggregate(longest=Max("interval"))["longest"] or 0.0
+    return dt.timedelta(seconds=longest)
 
 
 class Heartbeat:
-    """The heartbeat of one process: call :meth:`beat` from its loop (it writes only
-    when an interval has passed) and :meth:`stopped` on a clean stop.
+    """The heartbeat of one process: :meth:`beat` writes its row if an interval has
+    passed, :meth:`stopped` marks it stopped. A :class:`HeartbeatThread` calls them.
 
-    A database error is logged at DEBUG and swallowed: the loop meets the outage in
-    its own work and reports it there; the next beat tries again.
+    A database error is logged at DEBUG and swallowed: the process's own work meets
+    the outage and reports it; the next beat tries again.
     """
 
     def __init__(
@@ -121,13 +148,9 @@ class Heartbeat:
     ) -> None:
         self.kind, self.worker, self.using, self.name = kind, worker, using, name
         self.interval = interval or outbox_settings.HEARTBEAT_INTERVAL
+        self.process = uuid.uuid4()  # the row's key
         self._clock = clock
         self._next = 0.0  # the first call beats
-        self._started = False  # the row's started_at is written by the first beat
-
-    @property
-    def due(self) -> bool:
-        return self._clock() >= self._next
 
     @property
     def wait(self) -> float:
@@ -136,7 +159,7 @@ class Heartbeat:
 
     def beat(self, counts: Mapping[str, int], *, last_batch_at: dt.datetime | None = None) -> bool:
         """Write the row if a beat is due; returns whether it was written."""
-        if not self.due:
+        if self.wait:
             return False
         return self._write(counts, last_batch_at, stopped=False)
 
@@ -151,33 +174,70 @@ class Heartbeat:
     ) -> bool:
         self._next = self._clock() + self.interval
         values: dict[str, Any] = {
-            "database": self.using,
             "beat_at": Now(),
-            "interval": self.interval,
             "counts": dict(counts),
+            "last_batch_at": last_batch_at,
             "stopped_at": Now() if stopped else None,
         }
-        if last_batch_at is not None:
-            values["last_batch_at"] = last_batch_at
-        if not self._started:
-            values["started_at"] = Now()
         try:
-            self._upsert(values)
+            rows = WorkerHeartbeat.objects.using(self.using).filter(process=self.process)
+            if not rows.update(**values):  # the first beat (or retention deleted the row)
+                WorkerHeartbeat.objects.using(self.using).create(
+                    process=self.process,
+                    kind=self.kind,
+                    worker=self.worker,
+                    database=self.using,
+                    name=self.name,
+                    started_at=Now(),
+                    interval=self.interval,
+                    **values,
+                )
         except DatabaseError as exc:
             logger.debug(
                 "heartbeat not written: %s", exc, extra={"action": "outbox.heartbeat_failed"}
             )
             return False
-        self._started = True
         return True
 
-    def _upsert(self, values: dict[str, Any]) -> None:
-        """Update the row, or insert it if it is not there (a first beat, or a row that
-        retention deleted); a process that reuses a dead one's ``host:pid`` takes its row."""
-        key = {"kind": self.kind, "worker": self.worker, "name": self.name}
-        rows = WorkerHeartbeat.objects.using(self.using).filter(**key)
-        if rows.update(**values):
-            return
-        fields = {**key, "started_at": Now(), **values}
-        if not db.insert_if_absent(self.using, WorkerHeartbeat, **fields):
-            rows.update(**values)  # another process inserted it meanwhile
+
+class HeartbeatThread(threading.Thread):
+    """Beats for a relay or consumer on a thread of its own (and its own database
+    connection), so that a batch waiting for a broker's confirms, a long handler or a
+    backoff never delays a beat: a row goes stale only when the process is gone, stopped
+    in a debugger, or cut off from its database. The loop's progress is the row's
+    ``last_batch_at``, and the backlog's age (``outbox_health``) catches a loop that hangs.
+
+    ``snapshot`` returns the process's totals and its last batch; ``after_beat`` runs
+    after each beat written (the relay takes its sample of the outbox there).
+    """
+
+    def __init__(
+        self,
+        heartbeat: Heartbeat,
+        snapshot: Callable[[], tuple[Mapping[str, int], dt.datetime | None]],
+        after_beat: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(name=f"outbox-heartbeat-{heartbeat.kind}", daemon=True)
+        self.heartbeat = heartbeat
+        self._snapshot, self._after_beat = snapshot, after_beat
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while True:
+                counts, last_batch_at = self._snapshot()
+                if self.heartbeat.beat(counts, last_batch_at=last_batch_at) and self._after_beat:
+                    self._after_beat()
+                close_old_connections()  # one broken by an outage is opened anew next beat
+                if self._stop_event.wait(self.heartbeat.wait):
+                    break
+            counts, last_batch_at = self._snapshot()
+            self.heartbeat.stopped(counts, last_batch_at=last_batch_at)
+        finally:
+            connections[self.heartbeat.using].close()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Write the last beat, marked stopped (with the totals as they are now), and
+        end the thread."""
+        self._stop_event.set()
+        self.join(timeout)

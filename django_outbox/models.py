@@ -392,16 +392,17 @@ class WorkerKind(models.TextChoices):
 
 
 class WorkerHeartbeat(models.Model):
-    """The last sign of life of one relay or consumer process, written by the process
-    itself every ``HEARTBEAT_INTERVAL`` seconds (:mod:`django_outbox.heartbeat`), and
-    once more when it stops cleanly. Read by ``outbox_status``, ``outbox_health``, the
+    """The last sign of life of one relay or consumer process, written by a thread of
+    the process every ``HEARTBEAT_INTERVAL`` seconds (:mod:`django_outbox.heartbeat`),
+    and once more when it stops cleanly. Read by ``outbox_status``, ``outbox_health``, the
     health view and the admin, which judge a row live, stale or dead by the age of its
     last beat counted in its own ``interval``.
     """
 
-    Kind = WorkerKind
-
     id = models.BigAutoField(primary_key=True)
+    #: Drawn by the process when it starts: its row's key. Two processes never share a
+    #: row, even with one ``host:pid`` (containers on the host's network, pid 1).
+    process = models.UUIDField(_("process"), unique=True, default=uuid.uuid4, editable=False)
     kind = models.CharField(_("kind"), max_length=16, choices=WorkerKind.choices)
     #: ``host:pid`` of the process (a relay's ``worker``, as written into claimed rows).
     worker = models.CharField(_("worker"), max_length=255)
@@ -426,11 +427,7 @@ class WorkerHeartbeat(models.Model):
         verbose_name_plural = _("relays and consumers")
         db_table = "django_outbox_heartbeat"
         ordering = ("kind", "worker")
-        constraints = [
-            models.UniqueConstraint(
-                fields=["kind", "worker", "name"], name="outbox_heartbeat_worker_uniq"
-            )
-        ]
+        # Readers list the latest beats first; retention deletes the oldest.
         indexes = [models.Index(fields=["beat_at"], name="outbox_heartbeat_beat_idx")]
 
     def __str__(self) -> str:

@@ -41,7 +41,7 @@ from .conf import outbox_settings
 from .envelope import ClaimedMessage
 from .exceptions import BrokerUnreachable, OutboxConfigurationError
 from .failures import FailureCounts, Reason
-from .heartbeat import Heartbeat
+from .heartbeat import Heartbeat, HeartbeatThread
 from .models import OutboxMessage, WorkerKind
 from .outage import OutageTracker, broker_outage, database_outage, queue_outage
 from .pipeline import Pipeline
@@ -218,7 +218,7 @@ class _Run:
     pipeline: Pipeline[_Claim, _Batch, _Finalized] = dataclasses.field(init=False)
     retention_thread: retention.RetentionThread | None = None
     #: A running relay's heartbeat (a drain has none), and its last batch with rows.
-    heartbeat: Heartbeat | None = None
+    heartbeat: HeartbeatThread | None = None
     last_batch_at: dt.datetime | None = None
     totals: RunStats = dataclasses.field(default_factory=RunStats)
     #: A claim made while the previous batch was being published; it is always
@@ -268,24 +268,11 @@ class _Run:
             self.done = True
         else:
             soonest = min(self.retry_at.values(), default=time.monotonic())
-            wait = max(0.0, soonest - time.monotonic())
-            if self.heartbeat is not None:  # keep beating while the brokers are down
-                wait = min(wait, self.heartbeat.wait)
-            self.stop.wait(wait)
+            self.stop.wait(max(0.0, soonest - time.monotonic()))
 
-    def beat(self) -> None:
-        """Write the heartbeat, if one is due, then take this minute's sample of the
-        outbox (for the admin's chart) unless another relay took it."""
-        beat = self.heartbeat
-        if beat is None or not beat.beat(self.counts(), last_batch_at=self.last_batch_at):
-            return
-        try:
-            samples.record_sample(beat.using)
-        except DatabaseError as exc:  # the loop meets the outage in its own work
-            logger.debug("sample not taken: %s", exc, extra={"action": "outbox.sample_failed"})
-
-    def counts(self) -> dict[str, int]:
-        return {field: getattr(self.totals, field) for field in _COUNTED}
+    def snapshot(self) -> tuple[dict[str, int], dt.datetime | None]:
+        """The totals and the last batch with rows, for the heartbeat."""
+        return {field: getattr(self.totals, field) for field in _COUNTED}, self.last_batch_at
 
     def rest(self) -> None:
         """Nothing is due: honour ``CONN_MAX_AGE`` on both threads, then wait for a
@@ -708,7 +695,6 @@ class Relay:
             if not drain:  # relays started together (a deploy) do not claim and poll in step
                 stop.wait(random.uniform(0, outbox_settings.START_JITTER))
             while state.going():  # until stopped (the claim made ahead published) or drained
-                state.beat()
                 if not self._broker_ready(state):
                     state.wait_for_broker()  # a drain gives up instead
                 elif not self._turn(state):  # nothing was due
@@ -741,7 +727,12 @@ class Relay:
                 self.using, interval=interval, first_in=random.uniform(0, interval)
             )
             state.retention_thread.start()
-            state.heartbeat = Heartbeat(WorkerKind.RELAY, self.worker, self.using)
+            state.heartbeat = HeartbeatThread(
+                Heartbeat(WorkerKind.RELAY, self.worker, self.using),
+                state.snapshot,
+                after_beat=functools.partial(_sample, self.using),
+            )
+            state.heartbeat.start()
         try:
             yield state
         finally:
@@ -755,7 +746,7 @@ class Relay:
             if state.retention_thread is not None:
                 state.retention_thread.stop()
             if state.heartbeat is not None:
-                state.heartbeat.stopped(state.counts(), last_batch_at=state.last_batch_at)
+                state.heartbeat.stop()
             state.wakeup.close()
             self._paused, self._waiting = {}, {}
             self.close()
@@ -881,6 +872,18 @@ class Relay:
         else:
             broker = f"the broker {mask_url(known.url)}"
         return broker
+
+
+def _sample(using: str) -> None:
+    """Take this minute's sample of the outbox (the admin's chart) unless another relay
+    took it. On the heartbeat's thread: nothing raised here may end it, and nothing here
+    touches the relay's batches."""
+    try:
+        samples.record_sample(using)
+    except DatabaseError as exc:  # an outage: the relay's loop reports it
+        logger.debug("sample not taken: %s", exc, extra={"action": "outbox.sample_failed"})
+    except Exception:
+        logger.exception("sample not taken", extra={"action": "outbox.sample_failed"})
 
 
 def _publish_order(message: ClaimedMessage) -> tuple[str, bool, str, int]:

@@ -16,6 +16,8 @@ kind           rows                                         kept for
 ``tasks``      finished Django task results, by            ``TASK_RESULT_RETENTION``
                ``finished_at``
 ``samples``    the admin chart's samples, by ``taken_at``  a day (``SAMPLE_RETENTION``)
+``workers``    heartbeat rows of relays and consumers,     a week
+               by their last beat                          (``HEARTBEAT_RETENTION``)
 =============  ==========================================  =======================
 
 An ABANDONED **ordered** row (one with a ``sequence``) is never deleted: it is its
@@ -39,7 +41,14 @@ from django.db.models import QuerySet
 from . import store
 from .conf import outbox_settings
 from .expressions import now_minus
-from .models import InboxFailure, InboxMessage, OutboxMessage, OutboxSample, TaskResultRecord
+from .models import (
+    InboxFailure,
+    InboxMessage,
+    OutboxMessage,
+    OutboxSample,
+    TaskResultRecord,
+    WorkerHeartbeat,
+)
 from .redact import SecretFilter
 
 logger = logging.getLogger(__name__)
@@ -48,6 +57,9 @@ logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tra
 DELETE_BATCH = 1000
 #: How long the samples of :mod:`django_outbox.samples` are kept: the chart shows an hour.
 SAMPLE_RETENTION = dt.timedelta(days=1)
+#: How long the heartbeat row of a process that stopped beating is kept: each process
+#: started leaves one (see :mod:`django_outbox.heartbeat`).
+HEARTBEAT_RETENTION = dt.timedelta(days=7)
 
 
 def expired(using: str = "default") -> dict[str, QuerySet[Any]]:
@@ -76,6 +88,9 @@ def expired(using: str = "default") -> dict[str, QuerySet[Any]]:
         ),
         "samples": OutboxSample.objects.using(using).filter(
             taken_at__lt=now_minus(SAMPLE_RETENTION)
+        ),
+        "workers": WorkerHeartbeat.objects.using(using).filter(
+            beat_at__lt=now_minus(HEARTBEAT_RETENTION)
         ),
     }
 

@@ -17,10 +17,12 @@ import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connections, models, transaction
 from django.db.models.constants import OnConflict
 from django.db.models.functions import Cast
 from django.db.models.sql import InsertQuery
+from django.utils import timezone
 
 from ..conf import outbox_settings
 from ..envelope import CLAIMED_FIELDS, ClaimedMessage
@@ -327,15 +329,17 @@ def insert_if_absent(using: str, model: type[models.Model], **values: Any) -> bo
 
 
 def database_now(using: str) -> dt.datetime:
-    """The database clock, aware: standard SQL's ``CURRENT_TIMESTAMP``, which
-    PostgreSQL answers with an aware datetime (the transaction's start) and SQLite
-    with UTC text to the second."""
+    """The database clock as Django compares it with stored datetimes: aware with
+    ``USE_TZ``, naive in ``TIME_ZONE`` without. Standard SQL's ``CURRENT_TIMESTAMP``,
+    which PostgreSQL answers with an aware datetime (the transaction's start) and
+    SQLite with UTC text to the second."""
     with connections[using].cursor() as cursor:
         cursor.execute("SELECT CURRENT_TIMESTAMP")
         (value,) = cursor.fetchone()
     if isinstance(value, str):
         value = dt.datetime.fromisoformat(value)
-    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+    aware = value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+    return aware if settings.USE_TZ else timezone.make_naive(aware)
 
 
 def listen(using: str) -> postgresql.Listener | None:

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.test.utils import override_settings
 from django.utils import timezone
 
-from django_outbox import stage
+from django_outbox import retention, stage
 from django_outbox.consumer import InboxConsumer
 from django_outbox.heartbeat import Heartbeat, WorkerState, live_relays, state_of, workers
 from django_outbox.models import OutboxMessage, OutboxSample, WorkerHeartbeat, WorkerKind
@@ -100,15 +100,59 @@ def test_a_heartbeat_row_ages_live_stale_dead_by_its_own_interval():
     assert state_of(row, at + dt.timedelta(seconds=60.1)) is WorkerState.DEAD
 
 
-def test_two_processes_with_one_name_share_a_row_and_a_new_one_takes_it_over():
-    """A restarted process that got a dead one's host:pid (containers: pid 1) takes
-    its row, started again, rather than failing on the unique constraint."""
-    Heartbeat(WorkerKind.RELAY, "pod:1").stopped({"published": 5})
-    old = WorkerHeartbeat.objects.get()
-    Heartbeat(WorkerKind.RELAY, "pod:1").beat({"published": 0})
-    row = WorkerHeartbeat.objects.get()
-    assert (row.stopped_at, row.counts) == (None, {"published": 0})
-    assert row.started_at >= old.started_at
+def test_two_processes_with_one_host_and_pid_keep_a_row_each():
+    """Containers on the host's network can both be pid 1 under one host name: each
+    process has its own row (keyed by a UUID it draws), so neither hides the other."""
+    first, second = Heartbeat(WorkerKind.RELAY, "pod:1"), Heartbeat(WorkerKind.RELAY, "pod:1")
+    first.beat({"published": 5})
+    second.beat({"published": 0})
+    first.stopped({"published": 6})
+    states = sorted((w.row.counts["published"], w.state) for w in workers())
+    assert states == [(0, WorkerState.LIVE), (6, WorkerState.STOPPED)]
+    assert live_relays() == 1
+
+
+def test_ages_are_read_by_the_database_clock_not_the_readers(monkeypatch):
+    """A reader whose clock runs an hour ahead still sees a relay that just beat as
+    live: beats are written and read by the database's clock."""
+    Heartbeat(WorkerKind.RELAY, "host:6").beat({})
+    ahead = timezone.now() + dt.timedelta(hours=1)
+    monkeypatch.setattr("django.utils.timezone.now", lambda: ahead)
+    ((worker, state),) = [(w.row.worker, w.state) for w in workers()]
+    assert (worker, state) == ("host:6", WorkerState.LIVE)
+    assert live_relays() == 1
+    assert state_of(WorkerHeartbeat.objects.get()) is WorkerState.DEAD  # by the reader's clock
+
+
+def test_retention_deletes_heartbeat_rows_a_week_old():
+    Heartbeat(WorkerKind.RELAY, "old:1").stopped({})
+    Heartbeat(WorkerKind.RELAY, "new:2").beat({})
+    week_ago = timezone.now() - retention.HEARTBEAT_RETENTION - dt.timedelta(minutes=1)
+    WorkerHeartbeat.objects.filter(worker="old:1").update(beat_at=week_ago)
+    assert retention.cleanup()["workers"] == 1
+    assert [row.worker for row in WorkerHeartbeat.objects.all()] == ["new:2"]
+
+
+def test_a_consumer_keeps_beating_while_its_handler_runs(destination):
+    """The beat comes from a thread of its own: a handler that takes several
+    intervals does not make its consumer look stale."""
+    stage_one(destination)
+    run_relay("--drain")
+    beats = []
+
+    def last_beat() -> dt.datetime | None:
+        return WorkerHeartbeat.objects.values_list("beat_at", flat=True).first()
+
+    def slow(event) -> None:
+        first = wait_until(last_beat, timeout=10 * INTERVAL, what="the first beat")
+        wait_until(
+            lambda: last_beat() > first, timeout=10 * INTERVAL, what="a beat during the handler"
+        )
+        beats.append(first)
+
+    with override_settings(OUTBOX={**_outbox(), "HEARTBEAT_INTERVAL": INTERVAL}):
+        InboxConsumer(destination, slow, "slow").run(idle_timeout=2)
+    assert len(beats) == 1
 
 
 def test_a_beat_on_a_database_that_is_down_is_swallowed():
@@ -216,6 +260,15 @@ def test_outbox_health_exits_2_with_one_line_when_the_database_cannot_be_read():
         "CommandError: cannot check the outbox: database 'default' cannot be read (OperationalError"
     ), lines
     assert "s3cret-pw" not in result.stderr + result.stdout
+
+
+def test_outbox_health_exits_2_when_a_system_check_fails_and_json_says_why():
+    code = HEALTH_COMMAND.replace("'outbox_health']", "'outbox_health', '--json']")
+    result = run_python(code, OUTBOX_OVERRIDES=json.dumps({"BATCH_SIZE": "lots"}))
+    assert result.returncode == 2, result
+    message = "cannot check the outbox: the system checks failed (run manage.py check)"
+    assert result.stderr.strip() == f"CommandError: {message}"
+    assert json.loads(result.stdout) == {"healthy": None, "database": "default", "error": message}
 
 
 def test_the_health_view_answers_200_or_503_with_json_and_refuses_post(client, destination):

@@ -272,7 +272,10 @@ def test_cleanup_removes_old_inbox_marks_and_failures_only():
         last_failed_at=now - dt.timedelta(days=40), parked_at=now - dt.timedelta(days=29)
     )
 
-    counts = "0 published, 0 abandoned, 1 inbox, 1 failures, 1 parked, 0 tasks, 0 samples rows"
+    counts = (
+        "0 published, 0 abandoned, 1 inbox, 1 failures, 1 parked, "
+        "0 tasks, 0 samples, 0 workers rows"
+    )
     assert manage("outbox_cleanup", "--dry-run").stdout.strip() == f"would delete {counts}"
     assert manage("outbox_cleanup").stdout.strip() == f"deleted {counts}"
     assert list(InboxMessage.objects.values_list("event_id", flat=True)) == [young]

@@ -240,7 +240,10 @@ def test_retention_deletes_only_what_is_old_enough():
     pending = OutboxMessageFactory(available_at=now - dt.timedelta(days=60))
 
     dry = manage("outbox_cleanup", "--dry-run")
-    counts = "1 published, 1 abandoned, 0 inbox, 0 failures, 0 parked, 0 tasks, 0 samples rows"
+    counts = (
+        "1 published, 1 abandoned, 0 inbox, 0 failures, 0 parked, "
+        "0 tasks, 0 samples, 0 workers rows"
+    )
     assert dry.stdout.strip() == f"would delete {counts}"
     assert OutboxMessage.objects.count() == 5
 

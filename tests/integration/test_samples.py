@@ -156,3 +156,20 @@ def test_recent_returns_the_last_hour_oldest_first_and_retention_drops_a_day_old
         59,
         60,
     ]
+
+
+@BOTH
+@pytest.mark.django_db(transaction=True, databases=["default", "lite"])
+def test_a_sample_without_use_tz_counts_the_minute_before(using, settings):
+    """A project with ``USE_TZ = False`` stores naive times; the sample's bounds are
+    naive too (an aware bound made SQLite raise ValueError inside the relay's beat)."""
+    settings.USE_TZ = False
+    connections[using].close()  # the next connection takes the setting
+    minute = minute_with_time_left(using)
+    assert minute.tzinfo is None
+    _rows(using, 2, published=True, published_at=minute - dt.timedelta(seconds=30))
+    _rows(using, 1, published=True, published_at=minute - dt.timedelta(seconds=90))
+    assert samples.record_sample(using) is True
+    assert samples.record_sample(using) is False
+    sample = OutboxSample.objects.using(using).get()
+    assert (sample.taken_at, sample.published) == (minute, 2)

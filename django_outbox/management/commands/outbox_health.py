@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser, SystemCheckError
 from django.db import DatabaseError
 
 from django_outbox.cli import add_database_option, non_negative_seconds, require_tables
 from django_outbox.conf import outbox_settings
-from django_outbox.health import check_health
+from django_outbox.health import Health, check_health
 from django_outbox.models import OutboxMessage, WorkerHeartbeat
 from django_outbox.text import one_line
 
@@ -19,6 +19,7 @@ HEALTHY, UNHEALTHY, UNKNOWN = 0, 1, 2
 
 
 class Command(BaseCommand):
+    requires_system_checks: list[str] = []  # a failing check exits 2, not 1: see _check()
     help = (
         "Check the outbox: exit 0 when healthy, 1 when the oldest due row waited longer "
         "than --max-due-age or no relay has a live heartbeat, 2 when the database cannot "
@@ -44,20 +45,32 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         using = options["database"]
         try:
+            health = self._check(using, options)
+        except CommandError as exc:
+            if options["json"]:
+                self.stdout.write(
+                    json.dumps({"healthy": None, "database": using, "error": str(exc)})
+                )
+            raise
+        self.stdout.write(json.dumps(health.as_dict()) if options["json"] else health.summary())
+        if not health.healthy:
+            raise CommandError(health.summary(), returncode=UNHEALTHY)
+
+    def _check(self, using: str, options: dict[str, Any]) -> Health:
+        """The outcome; a :class:`CommandError` exiting 2 when it cannot be had."""
+        try:
+            self.check(display_num_errors=False)  # requires_system_checks is off: exit 2
             require_tables(using, OutboxMessage, WorkerHeartbeat)
-            health = check_health(
+            return check_health(
                 using,
                 max_due_age=options["max_due_age"],
                 require_relay=not options["no_relay_required"],
             )
+        except SystemCheckError:
+            problem = "the system checks failed (run manage.py check)"
         except CommandError as exc:
-            raise CommandError(f"cannot check the outbox: {exc}", returncode=UNKNOWN) from None
+            problem = str(exc)
         except DatabaseError as exc:
-            raise CommandError(
-                f"cannot check the outbox: database {using!r} cannot be read "
-                f"({one_line(outbox_settings.redact(f'{type(exc).__name__}: {exc}'))})",
-                returncode=UNKNOWN,
-            ) from None
-        self.stdout.write(json.dumps(health.as_dict()) if options["json"] else health.summary())
-        if not health.healthy:
-            raise CommandError(health.summary(), returncode=UNHEALTHY)
+            error = one_line(outbox_settings.redact(f"{type(exc).__name__}: {exc}"))
+            problem = f"database {using!r} cannot be read ({error})"
+        raise CommandError(f"cannot check the outbox: {problem}", returncode=UNKNOWN)
