@@ -472,10 +472,15 @@ class Relay:
         :func:`django_outbox.tracing.broker_attributes`), worked out once per broker."""
         kind = _kind(route)
         if kind not in self._broker_spans:
+            # A transport given to the relay may have no broker in the settings at all
+            # (django_outbox.testing's memory transport): it is no reason to fail.
+            broker = self._brokers.get(kind) or outbox_settings.brokers.get(kind)
             self._broker_spans[kind] = (
                 {"messaging.system": "celery"}
                 if route.is_celery
-                else tracing.broker_attributes(outbox_settings.require_broker(kind).url)
+                else tracing.broker_attributes(broker.url)
+                if broker is not None
+                else {"messaging.system": "memory"}
             )
         return self._broker_spans[kind]
 
