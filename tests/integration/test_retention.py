@@ -79,6 +79,7 @@ def test_cleanup_deletes_every_expired_row_over_several_batches_and_keeps_the_re
         "parked": 0,
         "tasks": 1_150,
         "samples": 0,
+        "workers": 0,
     }
     assert OutboxMessage.objects.count() == 2_345 + 40 + 1_001 + 30 + 20
 
@@ -93,6 +94,7 @@ def test_cleanup_deletes_every_expired_row_over_several_batches_and_keeps_the_re
         "parked": 0,
         "tasks": 1_150,
         "samples": 0,
+        "workers": 0,
     }
     # Batches of DELETE_BATCH (1000) rows: 3 for the published rows, 2 for the abandoned.
     assert retention.DELETE_BATCH == 1000
