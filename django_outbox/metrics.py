@@ -17,11 +17,15 @@ read at scrape time. See docs/metrics.md for every metric.
 from __future__ import annotations
 
 import bisect
+import collections
+import datetime as dt
 import functools
+import itertools
 import logging
+import operator
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 from wsgiref.simple_server import WSGIServer
 
 from django.db import DatabaseError, connections
@@ -42,6 +46,8 @@ from .status import blocked_count, summary
 
 logger = logging.getLogger(__name__)
 C = TypeVar("C", bound=Collector)
+_destination = operator.attrgetter("destination")
+_created_at = operator.attrgetter("created_at")
 
 #: Seconds one batch takes, claim to finalize: milliseconds when the broker keeps up.
 BATCH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -181,45 +187,44 @@ class RelayMetrics(Exporter):
         if stats.published_rows:
             self._published(stats)
         for failure, abandoned, rows in stats.failed_rows:
-            for destination, count in _by_destination(rows).items():
+            for destination, count in collections.Counter(map(_destination, rows)).items():
                 self.failures.labels(destination, failure.error_type).inc(count)
                 if abandoned:
                     self.abandoned.labels(destination).inc(count)
 
     def _published(self, stats: BatchStats) -> None:
-        """One pass over the published rows: counted by destination, and the age of
-        each (by one clock reading) into the commit-to-publish histogram."""
-        now = timezone.now()
-        counts: dict[str, int] = {}
-        ages = []
-        for message in stats.published_rows:
-            counts[message.destination] = counts.get(message.destination, 0) + 1
-            ages.append((now - message.created_at).total_seconds())
-        self.commit_to_publish.observe_many(ages)
-        for destination, count in counts.items():
+        """The published rows counted by destination, and their ages (by one clock
+        reading) into the commit-to-publish histogram, without Python code per row."""
+        rows = stats.published_rows
+        self.commit_to_publish.observe_ages(timezone.now(), list(map(_created_at, rows)))
+        for destination, count in collections.Counter(map(_destination, rows)).items():
             self.published.labels(destination).inc(count)
 
 
 class BatchHistogram(Collector):
-    """A histogram that takes a batch of observations under one lock: about a tenth of
-    the cost of ``Histogram.observe`` per value, which takes a lock per bucket update
-    and per sum (the relay observes every message it publishes)."""
+    """A histogram of ages that takes a batch of them under one lock, at the cost of a
+    sort and a bisection per bucket: ``Histogram.observe`` takes a lock per bucket
+    update and per sum, and the relay observes every message it publishes."""
 
     def __init__(self, name: str, documentation: str, buckets: Sequence[float]) -> None:
         self.name, self.documentation = name, documentation
         self.bounds = list(buckets)
+        self._deltas = [dt.timedelta(seconds=bound) for bound in self.bounds]
         self._counts = [0] * (len(self.bounds) + 1)  # the last one: above every bound
         self._sum = 0.0
         self._lock = threading.Lock()
 
-    def observe_many(self, values: Sequence[float]) -> None:
-        find, bounds = bisect.bisect_left, self.bounds
-        places = [find(bounds, value) for value in values]  # the bucket: value <= bound
-        total = sum(values)
+    def observe_ages(self, now: dt.datetime, since: list[dt.datetime]) -> None:
+        """Observe the seconds from each moment of ``since`` (sorted here) to ``now``."""
+        since.sort()
+        # How many ages are above each bound: the moments before now - bound.
+        above = [bisect.bisect_left(since, now - bound) for bound in self._deltas]
+        counts = map(operator.sub, [len(since), *above], [*above, 0])  # in each bucket
+        ages = sum(map(operator.sub, itertools.repeat(now, len(since)), since), dt.timedelta())
         with self._lock:
-            for place in places:
-                self._counts[place] += 1
-            self._sum += total
+            for place, count in enumerate(counts):
+                self._counts[place] += count
+            self._sum += ages.total_seconds()
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
@@ -359,10 +364,3 @@ class _InboxCollector(Collector):
             "Messages a consumer received, by what became of them.",
             labels=["consumer", "outcome"],
         )
-
-
-def _by_destination(rows: Iterable[Any]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row.destination] = counts.get(row.destination, 0) + 1
-    return counts

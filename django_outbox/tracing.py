@@ -46,6 +46,11 @@ MAX_HEADER_LENGTH = 512
 _TRACEPARENT = re.compile(
     r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-[\x21-\x7e]*)?", re.ASCII
 )
+#: The links a ``send`` span takes at most: the SDK's default ``SpanLimits.max_links``.
+#: The SDK would keep the last of them and drop the others; the relay does not build
+#: those, and counts them in the span's ``outbox.links_dropped``.
+MAX_LINKS = 128
+LINKS_DROPPED = "outbox.links_dropped"
 #: Printable ASCII, spaces and tabs: the only characters a W3C tracestate holds.
 _TRACESTATE = re.compile(r"[\x20-\x7e\t]*", re.ASCII)
 #: ``messaging.system`` of a kombu URL's scheme, where the conventions name the system.
@@ -125,11 +130,15 @@ def creation_context(headers: Mapping[str, Any] | None) -> SpanContext | None:
     OpenTelemetry or a well-formed ``traceparent``."""
     if trace is None or not headers:
         return None
-    parsed = parse_traceparent(headers.get(TRACEPARENT))
+    return _span_context(headers.get(TRACEPARENT), headers.get(TRACESTATE))
+
+
+def _span_context(traceparent: object, tracestate: object) -> SpanContext | None:
+    parsed = parse_traceparent(traceparent)
     if parsed is None:
         return None
     trace_id, span_id, flags = parsed
-    state = valid_tracestate(headers.get(TRACESTATE))
+    state = valid_tracestate(tracestate)
     return trace.SpanContext(
         trace_id,
         span_id,
@@ -224,14 +233,40 @@ def _sending(
         f"send {destination}", kind=trace.SpanKind.CLIENT, attributes=span_attributes
     )
     if span.is_recording():  # no per-row work when nothing records the span
-        for message in messages:
-            creation = creation_context(message.headers)
-            if creation is not None:
-                span.add_link(creation)
+        _link(span, messages)
     with trace.use_span(
         span, end_on_exit=True, record_exception=False, set_status_on_exception=False
     ):
         yield SendSpan(span)
+
+
+def _link(span: Span, messages: Sequence[Carrier]) -> None:
+    """Link ``span`` to the creation contexts of the last :data:`MAX_LINKS` of
+    ``messages`` that have one (those the SDK would keep); the number of the others is
+    the span's ``outbox.links_dropped``."""
+    contexts = _creation_contexts(messages)
+    for creation in contexts[-MAX_LINKS:]:
+        span.add_link(creation)
+    if len(contexts) > MAX_LINKS:
+        span.set_attribute(LINKS_DROPPED, len(contexts) - MAX_LINKS)
+
+
+def _creation_contexts(messages: Sequence[Carrier]) -> list[SpanContext]:
+    """The creation context of each of ``messages`` that has one, in order. Each
+    distinct pair of headers is parsed once: the events staged in one request share it."""
+    known: dict[tuple[str, str | None], SpanContext | None] = {}
+    contexts = []
+    for message in messages:
+        headers = message.headers or _NO_ATTRIBUTES
+        traceparent, tracestate = headers.get(TRACEPARENT), headers.get(TRACESTATE)
+        if not isinstance(traceparent, str):
+            continue  # no link (and a JSON list or object is no key)
+        key = (traceparent, tracestate if isinstance(tracestate, str) else None)
+        if key not in known:
+            known[key] = _span_context(*key)
+        if (creation := known[key]) is not None:
+            contexts.append(creation)
+    return contexts
 
 
 def processing(

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode
 
-from django_outbox import ReceivedEvent, stage
+from django_outbox import ReceivedEvent, stage, stage_many
 from django_outbox.consumer import InboxConsumer
 from django_outbox.relay import Relay
 from tests.support import (
@@ -190,6 +190,25 @@ def test_a_batch_links_the_rows_staged_in_a_span_and_a_hostile_traceparent_is_ig
     assert "messaging.message.id" not in send.attributes
     assert [ids(link.context) for link in send.links] == [ids(request_span.get_span_context())]
     assert parents == {"a": ids(request_span.get_span_context()), "b": None, "c": None}
+
+
+def test_a_large_batch_links_its_last_rows_up_to_the_limit_and_counts_the_others(spans):
+    destination = unique_destination("trace")
+    contexts = []
+    for request, count in (("first", 100), ("second", 50)):
+        with tracer.start_as_current_span(request) as span, transaction.atomic():
+            stage_many({"event_type": "a", "payload": {}, "destination": destination}
+                       for _ in range(count))  # fmt: skip
+        contexts.append(ids(span.get_span_context()))
+    try:
+        with Relay(batch_size=200) as relay:
+            assert relay.run_once().published == 150
+    finally:
+        delete_queue(destination)
+    (send,) = named(spans, f"send {destination}")
+    assert [ids(link.context) for link in send.links] == [contexts[0]] * 78 + [contexts[1]] * 50
+    assert send.attributes["outbox.links_dropped"] == 22
+    assert send.dropped_links == 0
 
 
 @pytest.mark.parametrize(

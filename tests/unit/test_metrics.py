@@ -9,6 +9,7 @@ import json
 import re
 import uuid
 
+import pytest
 from django.utils import timezone
 
 from django_outbox.envelope import ClaimedMessage
@@ -91,6 +92,7 @@ def test_a_batch_counts_by_destination_and_error_type_and_observes_each_publishe
     assert at("outbox_commit_to_publish_seconds_bucket", le="3600.0") == 2
     assert at("outbox_commit_to_publish_seconds_bucket", le="14400.0") == 3
     assert at("outbox_commit_to_publish_seconds_bucket", le="+Inf") == 3
+    assert at("outbox_commit_to_publish_seconds_sum") == pytest.approx(7203.001, abs=1)
 
 
 def test_every_metric_the_grafana_dashboard_queries_is_served():
