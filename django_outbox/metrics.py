@@ -39,12 +39,15 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from .conf import outbox_settings
 from .consumer import ConsumerStats, InboxConsumer
 from .envelope import ReceivedEvent
+from .redact import SecretFilter
 from .relay import BatchStats
 from .status import blocked_count, summary
 
 logger = logging.getLogger(__name__)
+logger.addFilter(SecretFilter(outbox_settings.redact))  # the driver's error on a failed scrape
 C = TypeVar("C", bound=Collector)
 _destination = operator.attrgetter("destination")
 _created_at = operator.attrgetter("created_at")

@@ -50,7 +50,7 @@ from .retry import RetryPolicy
 from .routes import DEFAULT_BROKER, Route
 from .signals import event_abandoned, event_failed, event_published
 from .transports import celery_transport, for_broker, require_celery
-from .transports.base import NACKED, Failure, Outcome, Transport
+from .transports.base import Failure, Outcome, Transport
 from .wakeup import WakeUp
 
 logger = logging.getLogger(__name__)
@@ -460,7 +460,7 @@ class Relay:
                     extra={"action": "outbox.publish_error", "destination": route.destination},
                 )
                 results = [Failure.from_exception(exc)] * len(batch)
-                span.failed(type(exc).__qualname__, "the transport raised")
+                span.failed(type(exc).__name__, "the transport raised")
             else:
                 _trace_failures(span, results)
         if any(result is not None and result.outage for result in results):
@@ -929,21 +929,10 @@ def _by_destination(messages: list[ClaimedMessage]) -> dict[str, list[ClaimedMes
 
 def _trace_failures(span: tracing.SendSpan, results: Sequence[Outcome]) -> None:
     """Mark ``span`` failed when some of its messages were not published: ``error.type``
-    is the exception class of the first failure when it names one, else a short reason."""
+    is the first failure's :attr:`~Failure.error_type`, the value the metrics label it by."""
     failures = [result for result in results if result is not None]
     if failures:
-        span.failed(_error_type(failures[0]), f"{len(failures)} of {len(results)} not published")
-
-
-def _error_type(failure: Failure) -> str:
-    name = failure.error.partition(":")[0]
-    if name.isidentifier():
-        return name
-    if failure.outage:
-        return "broker_down"
-    if failure.permanent:
-        return "rejected"
-    return "nacked" if failure.error == NACKED else "_OTHER"
+        span.failed(failures[0].error_type, f"{len(failures)} of {len(results)} not published")
 
 
 def _kind(route: Route) -> str:

@@ -63,14 +63,44 @@ def test_a_malformed_traceparent_is_ignored(value):
 
 @pytest.mark.parametrize(
     "value",
-    ["x" * 513, "a=b\x00", "a=é", 7, ["a=b"]],
-    ids=["long", "NUL", "non-ASCII", "int", "list"],
+    [
+        "x" * 513,
+        "a=b\x00",
+        "a=é",
+        7,
+        ["a=b"],
+        "Upper=1",
+        "a=1,a=2",
+        "a=",
+        "=b",
+        "a=b=c",
+        ",".join(f"k{n}=v" for n in range(33)),
+    ],
+    ids=[
+        "long",
+        "NUL",
+        "non-ASCII",
+        "int",
+        "list",
+        "uppercase key",
+        "duplicate key",
+        "empty value",
+        "no key",
+        "= in value",
+        "33 members",
+    ],
 )
-def test_a_malformed_tracestate_is_dropped_and_the_traceparent_kept(value):
+def test_a_malformed_tracestate_is_dropped_and_the_traceparent_kept(value, caplog):
     assert tracing.valid_tracestate(value) is None
     context = tracing.creation_context({"traceparent": TRACEPARENT, "tracestate": value})
     assert context is not None
     assert (context.trace_id, context.span_id, len(context.trace_state)) == (TRACE_ID, SPAN_ID, 0)
+    assert caplog.records == []  # nothing of a hostile value reaches a log
+
+
+def test_a_well_formed_tracestate_with_tenants_and_spaces_is_kept():
+    value = "congo=t61rcWkgMzE, rojo=00f067aa0ba902b7,tenant@vendor=x/y*z"
+    assert tracing.valid_tracestate(value) == value
 
 
 def test_the_creation_context_is_remote_with_its_flags_and_state():
