@@ -315,10 +315,11 @@ def test_a_real_prometheus_scrapes_the_relay_and_answers_a_query(destination, pr
             timeout=60,
             what="Prometheus to scrape 5 published events",
         )
+        # Asked while the relay runs: a scrape after its stop would make ``up`` 0.
+        (up,) = query(api_port, 'up{job="outbox_relay"}')
     finally:
         code, _out, err = stop(relay)
     assert code == 0, err
     assert series["metric"]["job"] == "outbox_relay"
     assert series["metric"]["instance"] == f"127.0.0.1:{relay_port}"
-    (up,) = query(api_port, 'up{job="outbox_relay"}')
     assert up["value"][1] == "1"
