@@ -56,6 +56,14 @@ def operator() -> User:
     return user
 
 
+def log_in(page: Page, base_url: str, model: str) -> None:
+    """Log in as :func:`operator`, landing on the changelist of ``model``."""
+    page.goto(f"{base_url}/admin/login/?next=/admin/django_outbox/{model}/")
+    page.get_by_label("Username").fill("operator")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+
+
 def browse(steps: Callable[[Page, str, Path], None], base_url: str, name: str, capsys) -> None:
     """Run ``steps(page, base_url, screenshot)`` in Chromium; the screenshot it takes
     (``tests/artifacts/NAME``) must not be empty. No ORM call while Playwright runs: its
@@ -78,10 +86,7 @@ def browse(steps: Callable[[Page, str, Path], None], base_url: str, name: str, c
 
 def requeue_all_failed(page: Page, base_url: str, screenshot: Path) -> None:
     """Log in, filter FAILED, select all, run requeue, then look at PENDING."""
-    page.goto(f"{base_url}/admin/login/?next=/admin/django_outbox/outboxmessage/")
-    page.get_by_label("Username").fill("operator")
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Log in").click()
+    log_in(page, base_url, "outboxmessage")
     expect(page.get_by_role("heading", name="Select outbox message to view")).to_be_visible()
 
     page.locator("#changelist-filter").get_by_role("link", name="Failed", exact=True).click()
@@ -122,10 +127,7 @@ def test_operator_requeues_every_failed_message_from_the_browser(live_server, ca
 def skip_the_blocked_head(page: Page, base_url: str, screenshot: Path) -> None:
     """Log in, find the blocked key above the rows, press its "Skip head" button, and
     confirm."""
-    page.goto(f"{base_url}/admin/login/?next=/admin/django_outbox/outboxmessage/")
-    page.get_by_label("Username").fill("operator")
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Log in").click()
+    log_in(page, base_url, "outboxmessage")
     blocked = page.locator("#outbox-blocked")
     expect(blocked).to_contain_text("1 blocked key")
     key = blocked.locator("tr.outbox-blocked-key")

@@ -9,7 +9,7 @@ from pathlib import Path
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
-from tests.integration.test_admin_browser import PASSWORD, browse, operator
+from tests.integration.test_admin_browser import browse, log_in, operator
 from tests.integration.test_admin_browser import pytestmark as browser_marks
 from tests.integration.test_admin_chart import MINUTE, hour_of_samples
 
@@ -29,10 +29,7 @@ def test_the_changelist_draws_an_hour_of_samples(live_server, capsys):
     }
 
     def look_at_the_chart(page: Page, base_url: str, screenshot: Path) -> None:
-        page.goto(f"{base_url}/admin/login/?next=/admin/django_outbox/outboxmessage/")
-        page.get_by_label("Username").fill("operator")
-        page.get_by_label("Password").fill(PASSWORD)
-        page.get_by_role("button", name="Log in").click()
+        log_in(page, base_url, "outboxmessage")
         charts = page.locator("#outbox-charts svg.outbox-chart")
         expect(charts).to_have_count(2)
         backlog = page.get_by_role("img", name="Backlog, the last 60 minutes")

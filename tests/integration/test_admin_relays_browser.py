@@ -12,7 +12,7 @@ from playwright.sync_api import Page, expect
 
 from django_outbox.heartbeat import Heartbeat
 from django_outbox.models import WorkerHeartbeat, WorkerKind
-from tests.integration.test_admin_browser import PASSWORD, browse, operator
+from tests.integration.test_admin_browser import browse, log_in, operator
 from tests.integration.test_admin_browser import pytestmark as browser_marks
 
 pytestmark = browser_marks
@@ -31,10 +31,7 @@ def test_the_relays_page_shows_each_process_with_its_state(live_server, capsys):
     )
 
     def look_at_the_relays(page: Page, base_url: str, screenshot: Path) -> None:
-        page.goto(f"{base_url}/admin/login/?next=/admin/django_outbox/workerheartbeat/")
-        page.get_by_label("Username").fill("operator")
-        page.get_by_label("Password").fill(PASSWORD)
-        page.get_by_role("button", name="Log in").click()
+        log_in(page, base_url, "workerheartbeat")
         expect(page.get_by_role("heading", name="Select relay or consumer to view")).to_be_visible()
         rows = page.locator("#result_list tbody tr")
         expect(rows).to_have_count(3)
