@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -35,6 +36,8 @@ except ImportError:  # the otel extra is not installed: tracing is off
 if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, SpanContext
+
+logger = logging.getLogger(__name__)
 
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
@@ -249,10 +252,28 @@ def _sending(
     )
     if span.is_recording():  # no per-row work when nothing records the span
         _link(span, messages)
-    with trace.use_span(
-        span, end_on_exit=True, record_exception=False, set_status_on_exception=False
-    ):
+    with _current(span):
         yield SendSpan(span)
+
+
+@contextlib.contextmanager
+def _current(span: Span) -> Iterator[None]:
+    """``span`` current inside, ended on the way out. Ending runs the project's span
+    processors: one that raises must not turn a publish the broker confirmed (or a
+    handler that committed) into a failure, so its error is logged, not raised."""
+    try:
+        with trace.use_span(
+            span, end_on_exit=False, record_exception=False, set_status_on_exception=False
+        ):
+            yield
+    finally:
+        try:
+            span.end()
+        except Exception:
+            name = getattr(span, "name", "?")  # a recording span has one
+            logger.exception(
+                "ending the span %r failed", name, extra={"action": "outbox.span_failed"}
+            )
 
 
 def _link(span: Span, messages: Sequence[Carrier]) -> None:
@@ -307,9 +328,7 @@ def _processing(queue: str, event: Carrier, attributes: Mapping[str, Any]) -> It
         kind=trace.SpanKind.CONSUMER,
         attributes=span_attributes,
     )
-    with trace.use_span(
-        span, end_on_exit=True, record_exception=False, set_status_on_exception=False
-    ):
+    with _current(span):
         try:
             yield span
         except BaseException as exc:

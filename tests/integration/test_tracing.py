@@ -16,7 +16,7 @@ import pytest
 from django.db import transaction
 from django.test import override_settings
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode
@@ -256,6 +256,52 @@ def test_a_handler_error_fails_the_process_span_with_its_class_name(spans):
         "LookupError raised",
     )
     assert process.events == ()  # the exception's text (which may hold data) is not recorded
+
+
+class _Raising(SpanProcessor):
+    """A project's span processor with a bug: raises when a span ends, while active."""
+
+    active = added = False
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.active:
+            raise RuntimeError("the exporter's queue is gone")
+
+
+RAISING = _Raising()
+
+
+def test_a_span_processor_that_raises_loses_no_publish_and_fails_no_handler(spans, caplog):
+    """Ending a span runs the project's processors: one that raises is logged, and the
+    publish the broker confirmed and the handler that committed stand."""
+    if not RAISING.added:  # the provider is the process's; the processor stays, inactive
+        trace.get_tracer_provider().add_span_processor(RAISING)
+        RAISING.added = True
+    destination = unique_destination("trace")
+    with transaction.atomic():
+        row = stage("a", {}, destination=destination)
+    handled: list[ReceivedEvent] = []
+    RAISING.active = True
+    try:
+        with Relay() as relay:
+            published = relay.run_once().published
+        consumer = InboxConsumer(destination, handled.append, "audit", max_deliveries=1)
+        stats = consumer.run(idle_timeout=1)
+    finally:
+        RAISING.active = False
+        delete_queue(destination)
+    row.refresh_from_db()
+    assert (published, row.status, [e.event_id for e in handled]) == (
+        1,
+        "published",
+        [row.event_id],
+    )
+    assert (stats.handled, stats.failed) == (1, 0)
+    failed = [r for r in caplog.records if getattr(r, "action", "") == "outbox.span_failed"]
+    assert [r.args[0] for r in failed] == [
+        f"send {destination}",
+        f"process {destination}",
+    ]
 
 
 def test_an_unroutable_batch_fails_the_send_span(spans):
