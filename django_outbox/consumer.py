@@ -55,8 +55,6 @@ import heapq
 import itertools
 import json
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -71,7 +69,7 @@ from . import tracing
 from .conf import outbox_settings
 from .envelope import CONTENT_TYPE, ReceivedEvent
 from .exceptions import BrokerUnreachable, InvalidMessage, OutboxConfigurationError
-from .heartbeat import Heartbeat, HeartbeatThread
+from .heartbeat import Heartbeat, HeartbeatThread, process_name
 from .inbox import (
     UNACKED_ERROR,
     Scope,
@@ -260,9 +258,8 @@ class InboxConsumer(ConsumerMixin):
 
     def _heartbeat(self) -> HeartbeatThread:
         """This run's heartbeat: ``host:pid``, named ``consumer@queue``."""
-        worker = f"{socket.gethostname()}:{os.getpid()}"
         name = f"{self.consumer}@{self.queue}"
-        beat = Heartbeat(WorkerKind.CONSUMER, worker, self.using, name=name)
+        beat = Heartbeat(WorkerKind.CONSUMER, process_name(), self.using, name=name)
         return HeartbeatThread(beat, self._snapshot)
 
     def _snapshot(self) -> tuple[dict[str, int], dt.datetime | None]:

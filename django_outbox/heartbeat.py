@@ -15,6 +15,8 @@ import dataclasses
 import datetime as dt
 import enum
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
@@ -38,6 +40,12 @@ logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts
 LIVE_INTERVALS = 3
 #: ... at most this many, stale; older, dead (the process is gone or hangs).
 STALE_INTERVALS = 30
+
+
+def process_name() -> str:
+    """``host:pid``: how a relay or consumer names itself (in ``locked_by`` and in its
+    heartbeat's ``worker``)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class WorkerState(enum.StrEnum):

@@ -24,9 +24,7 @@ import datetime as dt
 import functools
 import itertools
 import logging
-import os
 import random
-import socket
 import threading
 import time
 import uuid
@@ -41,7 +39,7 @@ from .conf import outbox_settings
 from .envelope import ClaimedMessage
 from .exceptions import BrokerUnreachable, OutboxConfigurationError
 from .failures import FailureCounts, Reason
-from .heartbeat import Heartbeat, HeartbeatThread
+from .heartbeat import Heartbeat, HeartbeatThread, process_name
 from .models import OutboxMessage, WorkerKind
 from .outage import OutageTracker, broker_outage, database_outage, queue_outage
 from .pipeline import Pipeline
@@ -312,7 +310,7 @@ class Relay:
     ) -> None:
         self.using = using
         self.batch_size = batch_size or outbox_settings.BATCH_SIZE
-        self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
+        self.worker = worker or process_name()
         self.policy = RetryPolicy.from_settings()
         self.lease_seconds = outbox_settings.LEASE_SECONDS
         #: A transport per broker alias of ``OUTBOX["BROKERS"]`` and one for the Celery

@@ -86,12 +86,6 @@ class Carrier(Protocol):
     def headers(self) -> Mapping[str, Any]: ...
 
 
-def enabled() -> bool:
-    """Whether ``opentelemetry-api`` is installed (spans are recorded only once an
-    SDK's tracer provider is set)."""
-    return trace is not None
-
-
 def format_traceparent(trace_id: int, span_id: int, flags: int) -> str:
     """The W3C ``traceparent`` (version 00) of a span context."""
     return f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}"

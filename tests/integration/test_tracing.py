@@ -74,7 +74,7 @@ NO_OTEL_SCRIPT = textwrap.dedent(
     handled = []
     InboxConsumer(destination, handled.append, "audit").run(idle_timeout=1)
     print(json.dumps({
-        "enabled": tracing.enabled(),
+        "enabled": tracing.trace is not None,
         "headers": row.headers,
         "published": published,
         "handled": [event.headers["traceparent"] for event in handled],
