@@ -102,6 +102,21 @@ def never_migrated_env(folder: Path) -> dict[str, str]:
     return env
 
 
+def run_python(
+    code: str, *args: str, timeout: float = 120, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` (with ``args``) in a fresh interpreter with the test settings, the
+    test databases and ``env`` on top."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=REPO,
+        env={**relay_env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def start_command(name: str, *args: str, **outbox: Any) -> subprocess.Popen[str]:
     """Start ``manage.py name args...`` in the background, output captured."""
     return subprocess.Popen(

@@ -6,8 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -20,10 +18,9 @@ from django_outbox.consumer import InboxConsumer
 from django_outbox.heartbeat import Heartbeat, WorkerState, live_relays, state_of, workers
 from django_outbox.models import OutboxMessage, OutboxSample, WorkerHeartbeat, WorkerKind
 from tests.support import (
-    REPO,
     delete_queue,
     manage,
-    relay_env,
+    run_python,
     run_relay,
     start_relay,
     stop,
@@ -165,18 +162,6 @@ def test_a_beat_on_a_database_that_is_down_is_swallowed():
     )
     result = run_python(code, DATABASE_URL="postgres://outbox@127.0.0.1:1/nowhere")
     assert (result.returncode, result.stdout.strip()) == (0, "False"), result.stderr
-
-
-def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter with the test settings and ``env``."""
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        env={**relay_env(), **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 @pytest.mark.slow

@@ -10,7 +10,6 @@ import json
 import shutil
 import socket
 import subprocess
-import sys
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -23,11 +22,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from django_outbox import stage
 from django_outbox.models import OutboxMessage
 from tests.support import (
-    REPO,
     delete_queue,
     manage,
     publish_raw,
-    relay_env,
+    run_python,
     run_relay,
     stage_events,
     start_command,
@@ -153,16 +151,8 @@ def parse(text: str) -> Samples:
 
 
 def test_a_database_error_on_scrape_is_a_gauge_and_a_warning_not_a_crash():
-    env = relay_env()
-    env["OTHER_DATABASE_URL"] = f"postgres://outbox@127.0.0.1:{free_port()}/nowhere"
-    result = subprocess.run(
-        [sys.executable, "-c", SCRAPE_TWICE],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    nowhere = f"postgres://outbox@127.0.0.1:{free_port()}/nowhere"
+    result = run_python(SCRAPE_TWICE, OTHER_DATABASE_URL=nowhere)
     assert result.returncode == 0, result.stderr
     broken, healthy = map(parse, result.stdout.split("----\n"))
     assert value(broken, "outbox_scrape_error") == 1
@@ -195,14 +185,7 @@ WITHOUT_PROMETHEUS = (
 
 
 def without_prometheus(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", WITHOUT_PROMETHEUS, *args],
-        cwd=REPO,
-        env=relay_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_python(WITHOUT_PROMETHEUS, *args)
 
 
 @pytest.mark.parametrize("command", ["run_outbox_relay", "run_outbox_consumer"])
