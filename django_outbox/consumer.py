@@ -223,7 +223,6 @@ class InboxConsumer(ConsumerMixin):
         self._idle = False  # idle for idle_timeout: done
         self._idle_timeout: float | None = None
         self._connection: kombu.Connection | None = None  # the one being set up or used
-        self._last_message_at: dt.datetime | None = None  # for the heartbeat
 
     def run(self, *, idle_timeout: float | None = None) -> ConsumerStats:  # type: ignore[override]
         """Consume until :attr:`stop` is set, or until no message came for
@@ -263,9 +262,13 @@ class InboxConsumer(ConsumerMixin):
         return HeartbeatThread(beat, self._snapshot)
 
     def _snapshot(self) -> tuple[dict[str, int], dt.datetime | None]:
-        """The totals and the last message's time, for the heartbeat."""
+        """The totals and the last message's time, for the heartbeat (told from the
+        monotonic time of the last message, which the loop keeps anyway)."""
         counts = dataclasses.asdict(self.stats)
-        return {k: v for k, v in counts.items() if isinstance(v, int)}, self._last_message_at
+        last = None
+        if self.stats.received:
+            last = timezone.now() - dt.timedelta(seconds=time.monotonic() - self._last_message)
+        return {k: v for k, v in counts.items() if isinstance(v, int)}, last
 
     @property
     def should_stop(self) -> bool:  # type: ignore[override]  # read by ConsumerMixin
@@ -383,7 +386,6 @@ class InboxConsumer(ConsumerMixin):
         if self._first_message_at is None:
             self._first_message_at = time.monotonic()
         self._last_message = time.monotonic()
-        self._last_message_at = timezone.now()
         self._broker.forget_downtime()
         try:
             self._handle(message)
