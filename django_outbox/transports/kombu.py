@@ -49,6 +49,7 @@ from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, ClaimedMessage
 from ..exceptions import BrokerUnreachable, OutboxConfigurationError
 from ..redact import SecretFilter, mask_url
 from ..routes import PARTITION_EXCHANGE_TYPE, Route
+from .amqp_frames import PublishFrames, chunks, method_frame
 from .base import NACKED, Failure, Outcome, Transport
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ FAILOVER_STRATEGY = "round-robin"
 #: Seconds until the rows of a route whose queue the broker refused are due again,
 #: and between two ERROR records about the same refusal.
 REFUSED_RETRY_DELAY = 30.0
+#: About how many bytes of a batch's frames go to the socket in one write.
+WRITE_SIZE = 256 * 1024
 #: Errors that mean "the message could not be encoded": retrying cannot help.
 #: (py-amqp raises struct.error for a header int beyond 64 bits or a key over 255 bytes,
 #: while it builds the frame and before it writes a byte.)
@@ -345,16 +348,13 @@ class _Confirms:
         self.returned.clear()
         self.outcomes = outcomes
 
-    def sent(self, index: int, message_id: str) -> None:
-        self.last_tag += 1
-        self.pending[self.last_tag] = index
-        self.ids[index] = message_id
-
-    def unsent(self, index: int) -> None:
-        """basic_publish failed before writing a byte: the broker never saw this tag."""
-        if self.pending.get(self.last_tag) == index:
-            del self.pending[self.last_tag]
-            self.last_tag -= 1
+    def sent(self, indices: Sequence[int], message_ids: Sequence[str]) -> None:
+        """The messages at ``indices`` of the batch were (or are about to be) written, in
+        this order: they take the channel's next delivery tags."""
+        first = self.last_tag + 1
+        self.last_tag += len(indices)
+        self.pending.update(zip(range(first, self.last_tag + 1), indices, strict=True))
+        self.ids.update(zip(indices, message_ids, strict=True))
 
     def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
         self.returned[message.properties.get("message_id", "")] = unroutable(exchange, routing_key)
@@ -426,6 +426,8 @@ class KombuTransport(Transport):
         self._channel: Any = None
         self._producer: kombu.Producer | None = None
         self._confirms: _Confirms | None = None
+        #: The frame encoder of a confirm-mode (RabbitMQ) channel.
+        self._frames: PublishFrames | None = None
         self._declared: set[Route] = set()
         # Building a Connection does not connect; it tells the driver's errors.
         probe = kombu.Connection(url)
@@ -448,6 +450,13 @@ class KombuTransport(Transport):
                 connection.release()
                 raise
             self._connection, self._channel, self._confirms = connection, channel, confirms
+            if confirms is not None:  # py-amqp: this channel's frames are built here
+                self._frames = PublishFrames(
+                    channel.channel_id,
+                    connection.connection.frame_max,
+                    CONTENT_TYPE,
+                    CONTENT_ENCODING,
+                )
             self._blocked = None
             if confirms is not None:  # py-amqp: hear connection.blocked and .unblocked
                 connection.connection.on_blocked = self._on_blocked
@@ -489,7 +498,7 @@ class KombuTransport(Transport):
         if confirms is None:
             return
         confirms.start([_UNSETTLED])
-        confirms.sent(0, "")
+        confirms.sent([0], [""])
         try:
             channel.basic_publish(
                 channel.prepare_message(b""), exchange="", routing_key=PROBE_ROUTING_KEY
@@ -506,7 +515,7 @@ class KombuTransport(Transport):
         close handshake: after an error the broker may never answer it (a resource
         alarm, a network that drops packets) and the handshake would wait forever."""
         connection, self._connection = self._connection, None
-        self._channel = self._producer = self._confirms = None
+        self._channel = self._producer = self._confirms = self._frames = None
         self._declared.clear()
         if connection is not None:
             try:
@@ -657,34 +666,47 @@ class KombuTransport(Transport):
     def _publish_confirmed(
         self, route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
     ) -> None:
-        channel, confirms = self._channel, self._confirms
-        assert confirms is not None
+        """Encode the batch (a message AMQP cannot carry fails alone, permanently), write
+        it in a few socket writes, then collect its confirms."""
+        confirms, connection = self._confirms, self._connection
+        assert confirms is not None and connection is not None
         confirms.start(outcomes)
+        if self._blocked is not None:  # heard while the last batch waited: send nothing
+            raise self._blocked_error(confirms, len(messages))
+        indices, ids, frames = self._encode(route, messages, outcomes)
+        # The tags are registered first: the broker may confirm while the batch is written.
+        confirms.sent(indices, ids)
+        write = connection.connection.transport.write
+        for data in chunks(frames, WRITE_SIZE):
+            write(data)
+        self._await_confirms(confirms, len(messages), self._confirm_timeout)
+
+    def _encode(
+        self, route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
+    ) -> tuple[list[int], list[str], list[bytes]]:
+        """The indices, message ids and frames of the messages that could be encoded;
+        the others get a permanent failure in ``outcomes``."""
+        frames = self._frames
+        assert frames is not None
+        methods: dict[str, bytes] = {}  # routing key -> its basic.publish frame
+        indices: list[int] = []
+        ids: list[str] = []
+        encoded: list[bytes] = []
         for index, message in enumerate(messages):
-            if self._blocked is not None:  # heard while publishing: send no more
-                raise self._blocked_error(confirms, len(messages))
             try:
+                key = routing_key(route, message)
+                method = methods.get(key)
+                if method is None:
+                    method = methods[key] = method_frame(frames.channel_id, route.exchange, key)
                 headers = message.wire_headers()
                 event_id = headers["event_id"]
-                amqp_message = channel.prepare_message(
-                    message.body,
-                    content_type=CONTENT_TYPE,
-                    content_encoding=CONTENT_ENCODING,
-                    headers=headers,
-                    properties={"delivery_mode": 2, "message_id": event_id},
-                )
-                # The tag is registered first: an ack can arrive while basic_publish runs.
-                confirms.sent(index, event_id)
-                channel.basic_publish(
-                    amqp_message,
-                    exchange=route.exchange,
-                    routing_key=routing_key(route, message),
-                    mandatory=True,  # unroutable messages come back instead of vanishing
-                )
+                encoded.append(frames.message(method, message.body, headers, event_id))
             except ENCODE_ERRORS as exc:
-                confirms.unsent(index)
                 outcomes[index] = Failure.from_exception(exc, permanent=True)
-        self._await_confirms(confirms, len(messages), self._confirm_timeout)
+                continue
+            indices.append(index)
+            ids.append(event_id)
+        return indices, ids, encoded
 
     def _blocked_error(self, confirms: _Confirms, total: int) -> BrokerStalled:
         unconfirmed = sum(outcome is _UNSETTLED for outcome in confirms.outcomes)
