@@ -676,10 +676,21 @@ class KombuTransport(Transport):
         indices, ids, frames = self._encode(route, messages, outcomes)
         # The tags are registered first: the broker may confirm while the batch is written.
         confirms.sent(indices, ids)
-        write = connection.connection.transport.write
-        for data in chunks(frames, WRITE_SIZE):
-            write(data)
+        self._write(connection, frames)
         self._await_confirms(confirms, len(messages), self._confirm_timeout)
+
+    @staticmethod
+    def _write(connection: kombu.Connection, frames: list[bytes]) -> None:
+        """Hand the frames to the socket; :class:`BrokerStalled` when the broker stops
+        reading (a resource alarm, a silent network) until the socket's timeout."""
+        write = connection.connection.transport.write
+        try:
+            for data in chunks(frames, WRITE_SIZE):
+                write(data)
+        except TimeoutError as exc:
+            raise BrokerStalled(
+                f"the broker stopped reading: writing a batch of {len(frames)} messages timed out"
+            ) from exc
 
     def _encode(
         self, route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
