@@ -422,6 +422,7 @@ def _stage_ordered(destination: str, key: str, n: int) -> OutboxMessage:
         return stage("order.changed", {"key": key, "n": n}, destination=destination, key=key)
 
 
+@pytest.mark.slow  # relays and a consumer as processes, through RabbitMQ
 @pytest.mark.django_db(transaction=True)
 def test_an_operator_releases_a_blocked_key_through_rabbitmq(settings):
     """Real processes and the real broker, events staged on an ordered route: event 2 of

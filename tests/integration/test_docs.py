@@ -37,6 +37,7 @@ def test_every_public_name_is_documented_somewhere():
     assert missing == []
 
 
+@pytest.mark.slow  # mkdocs, not Django: one run (Django 5.2) says it
 def test_the_docs_build_without_warnings(tmp_path):
     """mkdocs.yml sets strict mode and turns broken links, unknown anchors and pages
     missing from the nav into warnings, so this fails on any of them."""

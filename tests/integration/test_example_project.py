@@ -9,6 +9,8 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 from tests.support import REPO
 
 
@@ -32,6 +34,7 @@ def manage_in(env: dict[str, str], *args: str) -> str:
     return result.stdout
 
 
+@pytest.mark.slow  # the README's first command runs it on Django 5.2
 def test_demo_places_relays_and_bills_every_order_once(tmp_path):
     env = example_env(tmp_path)
     manage_in(env, "migrate", "--verbosity", "0")

@@ -306,6 +306,7 @@ def partitioned():
         kombu.Exchange(route.partition_exchange, channel=connection.channel()).delete()
 
 
+@pytest.mark.slow  # three consumer processes
 def test_three_consumers_over_partition_queues_keep_per_key_order_and_share_the_load(
     partitioned,
 ):
@@ -459,6 +460,7 @@ def test_two_consumers_on_one_plain_queue_still_handle_each_key_in_sequence(dest
 # -- end to end: stage, the ordered relay, partition queues ---------------------------------
 
 
+@pytest.mark.slow  # three consumer processes
 def test_staged_events_reach_three_partition_consumers_in_commit_order(partitioned):
     """stage() numbers each key's events, run_outbox_relay (small batches) publishes them
     through the partitioned route, and three consumer processes handle every key in

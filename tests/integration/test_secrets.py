@@ -260,6 +260,7 @@ def test_check_names_the_extra_to_install_for_redis(without_redis):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # two processes in a venv without redis-py
 def test_the_relay_and_consumer_name_the_extra_to_install_for_redis(without_redis):
     # With the system checks, the relay stops on E011; without them, its start-up says it.
     checked = run(without_redis, "run_outbox_relay", "--once")

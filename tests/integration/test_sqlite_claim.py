@@ -54,6 +54,7 @@ ADMIN = (
 )
 
 
+@pytest.mark.slow  # two processes wait on SQLite's lock for seconds each
 @pytest.mark.parametrize("operation", [CLAIM, REQUEUE, ADMIN], ids=["claim", "requeue", "admin"])
 def test_a_claim_or_requeue_on_sqlite_waits_for_another_writer_instead_of_failing(
     tmp_path, operation

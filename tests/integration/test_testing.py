@@ -249,6 +249,7 @@ class EdgesUnderTransactionTestCase(TransactionTestCase):
             assert [e.payload for e in drain()] == [{"n": 4}]
 
 
+@pytest.mark.slow  # a pytest run in a subprocess
 def test_the_fixture_without_django_set_up_says_what_it_needs(request):
     # One line (no traceback, no ImproperlyConfigured): the trigger keeps only that line.
     assert outbox_fixture_without_django(request) == (
