@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection
 
@@ -74,6 +75,26 @@ class Reading:
             "hot_update_share": (later.hot_updated - self.hot_updated) / max(updated, 1),
             "pg_cpu_us_per_event": cpu,
         }
+
+
+#: The figures of :meth:`Reading.cost`, and the WAL of staging the drained backlog.
+FIGURES = (
+    "wal_bytes_per_event",
+    "row_versions_per_event",
+    "hot_update_share",
+    "pg_cpu_us_per_event",
+    "staging_wal_bytes_per_event",
+)
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The median of each of :data:`FIGURES` over ``runs`` (relay drains); None where a
+    run could not tell (the server's CPU time)."""
+    found = {name: [run[name] for run in runs] for name in FIGURES}
+    return {
+        name: None if None in values else statistics.median(values)
+        for name, values in found.items()
+    }
 
 
 def _settled_counters(cursor: CursorWrapper, table: str, deadline: float) -> tuple[int, ...]:
