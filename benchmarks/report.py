@@ -57,6 +57,11 @@ ROWS = (
     ("rss_start_mb", "relay RSS at the start of the drain", "MiB"),
     ("rss_growth_mb", "  growth over the drain", "MiB"),
     ("sql_per_event", "SQL statements per published event", ""),
+    ("wal_bytes_per_event", "PostgreSQL WAL per published event", "B"),
+    ("row_versions_per_event", "  outbox row versions written per event", ""),
+    ("hot_update_share", "  share of those updates that were HOT", "x"),
+    ("pg_cpu_us_per_event", "  PostgreSQL server CPU per event", "us"),
+    ("staging_wal_bytes_per_event", "  WAL per event staged (stage_many)", "B"),
     ("relay_unordered_ev_per_s", "relay -> RabbitMQ, unordered (ordering rounds)", "ev/s"),
     ("relay_ordered_ev_per_s", "  the same, ordered, 1,000 keys", "ev/s"),
     ("ordered_vs_unordered", "  ordered / unordered, median of rounds", "x"),
@@ -75,7 +80,9 @@ def verdicts(figures: dict[str, Any]) -> dict[str, bool]:
     return {name: compare(figures[name], bound) for name, (compare, bound) in GOALS.items()}
 
 
-def _number(value: float) -> str:
+def _number(value: float | None) -> str:
+    if value is None:
+        return "n/a"
     if abs(value) >= 100:
         return f"{value:,.0f}"
     if abs(value) >= 0.1:

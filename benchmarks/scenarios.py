@@ -29,6 +29,7 @@ from django_outbox.models import OutboxMessage
 
 from .common import EXCHANGE, PAYLOAD
 from .models import Customer, Order, OrderLine
+from .pgcost import Reading
 from .services import REPO
 from .telemetry import creation_span
 
@@ -116,12 +117,17 @@ def relay_drain(
     tracing on (:mod:`benchmarks.telemetry`).
 
     Returns the events/s from the first relay's start to the last one's finish,
-    plus the first relay's RSS and SQL counts."""
+    the first relay's RSS and SQL counts, and what the drain cost the PostgreSQL
+    server per event (:meth:`benchmarks.pgcost.Reading.cost`), and staging the
+    backlog in WAL bytes per event (``staging_wal_bytes_per_event``)."""
     reset_outbox()
     to = settings.ORDERED if keys else destination(tag)
+    unstaged = Reading.take(TABLE)
     backlog(count, to, keys=keys, traced=telemetry)
+    staged = Reading.take(TABLE)
     with connection.cursor() as cursor:
         cursor.execute(f'VACUUM ANALYZE "{TABLE}"')
+    vacuumed = Reading.take(TABLE)
     workers = []
     for number in range(processes):
         args = ["relay", "--url", url, "--batch-size", str(batch_size), "--drain"]
@@ -133,6 +139,7 @@ def relay_drain(
     for worker in workers:
         worker.go()
     results = [worker.result(timeout=3600) for worker in workers]
+    drained = Reading.take(TABLE)
     delete_queue(url, to)
     published = sum(r["published"] for r in results)
     if published != count or any(r["failed"] for r in results):
@@ -147,6 +154,8 @@ def relay_drain(
         "sql_per_event": first["sql"] / first["published"],
         "statements": first["statements"],
         "transactions": first["transactions"],
+        **vacuumed.cost(drained, count),
+        "staging_wal_bytes_per_event": unstaged.cost(staged, count)["wal_bytes_per_event"],
     }
 
 

@@ -147,6 +147,10 @@ class OutboxMessage(models.Model):
                 name="outbox_key_unfinished_idx",
             ),
         ]
+        # On PostgreSQL the table's fillfactor is 50 (migration 0007: Django has no option
+        # for it): the claim and the finalize write a row's next version on its own page,
+        # and the WAL record leaves out the unchanged payload. Never HOT: every partial
+        # index below names status, and both change it (docs/relay.md).
         indexes = [
             # The claim: due rows oldest first, expired leases included (see due()).
             # Partial, so PUBLISHED rows kept for retention never enter it and the
