@@ -3,6 +3,7 @@
     python -m benchmarks.worker relay --url URL --batch-size N [--drain] [--profile FILE]
         [--telemetry]
     python -m benchmarks.worker consume --url URL --queue Q --expected N --timeout SECONDS
+    python -m benchmarks.worker produce --destination D --rate R --count N --first F --step S
 
 A worker sets itself up (Django, broker connection), prints ``ready``, and waits for
 a line on stdin, so that the runner can start several together and time only the
@@ -134,16 +135,17 @@ def relay(args: argparse.Namespace) -> None:
     worker = Relay(batch_size=args.batch_size, transports={"default": transport})
     with _telemetry(args.telemetry) as on_batch:
         _ready()
-        rss_start, started = rss_mb(), time.time()
+        rss_start, started, cpu_started = rss_mb(), time.time(), time.process_time()
         with _profiled(args.profile), counter.counting():
             totals = worker.run(stop, drain=args.drain, on_batch=on_batch)
-        finished = time.time()
+        finished, cpu = time.time(), time.process_time() - cpu_started
     emit(
         {
             "published": totals.published,
             "failed": totals.failed + totals.abandoned + totals.lost,
             "started": started,
             "finished": finished,
+            "cpu_s": cpu,  # user + system, every thread of the process
             "rss_start_mb": rss_start,
             "rss_end_mb": rss_mb(),
             "sql": counter.total,
@@ -177,6 +179,22 @@ def consume(args: argparse.Namespace) -> None:
     emit({"received": {str(seq): at for seq, at in received.items()}})
 
 
+def produce(args: argparse.Namespace) -> None:
+    """Commit this producer's share of the events (:func:`benchmarks.scenarios.produce`);
+    report when it started and each event's commit time (wall clock)."""
+    import django
+
+    django.setup()
+    from .scenarios import produce as commit_events
+
+    _ready()
+    started = time.time()
+    committed = commit_events(
+        args.destination, rate=args.rate, count=args.count, first=args.first, step=args.step
+    )
+    emit({"started": started, "committed": {str(seq): at for seq, at in committed.items()}})
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.worker")
     modes = parser.add_subparsers(dest="mode", required=True)
@@ -193,6 +211,13 @@ def main(argv: list[str] | None = None) -> None:
     consume_parser.add_argument("--expected", type=int, required=True)
     consume_parser.add_argument("--timeout", type=float, required=True)
     consume_parser.set_defaults(run=consume)
+    produce_parser = modes.add_parser("produce")
+    produce_parser.add_argument("--destination", required=True)
+    produce_parser.add_argument("--rate", type=float, required=True)
+    produce_parser.add_argument("--count", type=int, required=True)
+    produce_parser.add_argument("--first", type=int, required=True)
+    produce_parser.add_argument("--step", type=int, required=True)
+    produce_parser.set_defaults(run=produce)
     args = parser.parse_args(argv)
     args.run(args)
 
