@@ -56,8 +56,12 @@ class Worker:
             raise RuntimeError(f"worker {args[0]} did not start (said {line!r})")
 
     def go(self) -> None:
+        self.send("go")
+
+    def send(self, line: str) -> None:
+        """Write ``line`` to the worker's stdin (``go``, or what its mode reads later)."""
         assert self.process.stdin is not None
-        self.process.stdin.write("go\n")
+        self.process.stdin.write(f"{line}\n")
         self.process.stdin.flush()
 
     def result(self, timeout: float) -> dict[str, Any]:
@@ -347,21 +351,26 @@ COMMITS_PER_PROCESS = 500
 COMMITS_PER_THREAD = 100
 
 
-def produce(to: str, *, rate: float, count: int, first: int = 0, step: int = 1) -> dict[int, float]:
-    """Commit the events ``first, first + step, ...`` below ``count`` to ``to``, each in a
-    transaction of its own, event ``seq`` due ``seq / rate`` seconds after the start, from
-    enough threads that a slow commit does not hold up the next ones. Returns each
-    event's commit time (wall clock) by ``seq``."""
+def produce(
+    to: str, *, rate: float, seconds: float, first: int = 0, step: int = 1
+) -> dict[int, float]:
+    """Commit the events ``first, first + step, ...`` to ``to``, each in a transaction of
+    its own, event ``seq`` due ``seq / rate`` seconds after the start, from enough
+    threads that a slow commit does not hold up the next ones. Nothing is committed
+    after ``seconds``: a producer that falls behind the rate commits fewer events rather
+    than take longer. Returns each event's commit time (wall clock) by ``seq``."""
     threads = math.ceil(rate / step / COMMITS_PER_THREAD)
     committed: dict[int, float] = {}
     started = time.perf_counter()
 
     def producer(offset: int) -> None:
         try:
-            for seq in range(first + offset * step, count, threads * step):
+            for seq in range(first + offset * step, int(rate * seconds), threads * step):
                 pause = started + seq / rate - time.perf_counter()
                 if pause > 0:
                     time.sleep(pause)
+                elif time.perf_counter() > started + seconds:
+                    return
                 with transaction.atomic():
                     stage("bench.order_placed", {**PAYLOAD, "seq": seq}, destination=to)
                 committed[seq] = time.time()
@@ -377,9 +386,9 @@ def produce(to: str, *, rate: float, count: int, first: int = 0, step: int = 1) 
 def end_to_end(
     env: dict[str, str], url: str, *, rate: float, seconds: float, name: str = "e2e"
 ) -> dict[str, float]:
-    """Commit events at ``rate`` per second (:func:`produce`, in a worker process per
-    ``COMMITS_PER_PROCESS``) with a relay running (woken by NOTIFY) and a consumer
-    reading the queue; the latency is commit to the consumer's receipt. The figures are
+    """Commit events at ``rate`` per second for ``seconds`` (:func:`produce`, in a worker
+    process per ``COMMITS_PER_PROCESS``) with a relay running (woken by NOTIFY) and a
+    consumer reading the queue; the latency is commit to the consumer's receipt. The figures are
     ``<name>_p50_ms``, ``<name>_p99_ms``, ``<name>_events`` and ``<name>_rate`` (the
     commits per second reached)."""
     reset_outbox()
@@ -387,16 +396,14 @@ def end_to_end(
     with kombu.Connection(url) as broker:
         exchange = kombu.Exchange(EXCHANGE, "topic", durable=True)
         kombu.Queue(to, exchange, routing_key=to, durable=True)(broker.default_channel).declare()
-    count = int(rate * seconds)
     consumer = Worker(
-        env, "consume", "--url", url, "--queue", to, "--expected", str(count),
-        "--timeout", str(seconds + 60),
+        env, "consume", "--url", url, "--queue", to, "--timeout", str(seconds + 60),
     )  # fmt: skip
     relay = Worker(env, "relay", "--url", url, "--batch-size", "500")
     step = math.ceil(rate / COMMITS_PER_PROCESS)
     producers = [
-        Worker(env, "produce", "--destination", to, "--rate", str(rate), "--count", str(count),
-               "--first", str(first), "--step", str(step))
+        Worker(env, "produce", "--destination", to, "--rate", str(rate),
+               "--seconds", str(seconds), "--first", str(first), "--step", str(step))
         for first in range(step)
     ]  # fmt: skip
     consumer.go()
@@ -408,17 +415,18 @@ def end_to_end(
         producer.go()
     produced = [producer.result(timeout=seconds + 60) for producer in producers]
     committed = {int(seq): at for run in produced for seq, at in run["committed"].items()}
-    reached = count / (max(committed.values()) - min(run["started"] for run in produced))
+    reached = len(committed) / (max(committed.values()) - min(run["started"] for run in produced))
+    consumer.send(f"expect {len(committed)}")
     received = consumer.result(timeout=seconds + 120)["received"]
     relay.terminate()
     relay.result(timeout=60)
     delete_queue(url, to)
-    if len(received) != count:
-        raise RuntimeError(f"{name}: the consumer received {len(received)} of {count} events")
+    if len(received) != len(committed):
+        raise RuntimeError(f"{name}: the consumer received {len(received)} of {len(committed)}")
     latencies = sorted((at - committed[int(seq)]) * 1000 for seq, at in received.items())
     return {
         f"{name}_p50_ms": latencies[len(latencies) // 2],
         f"{name}_p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
-        f"{name}_events": count,
+        f"{name}_events": len(committed),
         f"{name}_rate": reached,
     }
