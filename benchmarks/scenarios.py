@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import statistics
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +57,12 @@ class Worker:
             raise RuntimeError(f"worker {args[0]} did not start (said {line!r})")
 
     def go(self) -> None:
+        self.send("go")
+
+    def send(self, line: str) -> None:
+        """Write ``line`` to the worker's stdin (``go``, or what its mode reads later)."""
         assert self.process.stdin is not None
-        self.process.stdin.write("go\n")
+        self.process.stdin.write(f"{line}\n")
         self.process.stdin.flush()
 
     def result(self, timeout: float) -> dict[str, Any]:
@@ -116,10 +122,11 @@ def relay_drain(
     ``telemetry``, they are staged under spans and the relays run with metrics and
     tracing on (:mod:`benchmarks.telemetry`).
 
-    Returns the events/s from the first relay's start to the last one's finish,
-    the first relay's RSS and SQL counts, and what the drain cost the PostgreSQL
-    server per event (:meth:`benchmarks.pgcost.Reading.cost`), and staging the
-    backlog in WAL bytes per event (``staging_wal_bytes_per_event``)."""
+    Returns the events/s from the first relay's start to the last one's finish, the
+    relays' CPU (user + system, all their threads) per event, the first relay's RSS
+    and SQL counts, and what the drain cost the PostgreSQL server per event
+    (:meth:`benchmarks.pgcost.Reading.cost`), and staging the backlog in WAL bytes per
+    event (``staging_wal_bytes_per_event``)."""
     reset_outbox()
     to = settings.ORDERED if keys else destination(tag)
     unstaged = Reading.take(TABLE)
@@ -148,6 +155,7 @@ def relay_drain(
     first = results[0]
     return {
         "events_per_s": count / elapsed,
+        "cpu_us_per_event": sum(r["cpu_s"] for r in results) / count * 1e6,
         "published_by_relay": [r["published"] for r in results],
         "rss_start_mb": first["rss_start_mb"],
         "rss_growth_mb": first["rss_end_mb"] - first["rss_start_mb"],
@@ -345,43 +353,89 @@ def claim_growth(retained: int, rows: int, batch_size: int) -> dict[str, float]:
     }
 
 
-def end_to_end(env: dict[str, str], url: str, *, rate: float, seconds: float) -> dict[str, float]:
-    """Commit one event every 1/``rate`` s with a relay running (woken by NOTIFY) and a
-    consumer reading the queue; the latency is commit to the consumer's receipt."""
+#: Commits per second asked of one producer process in :func:`end_to_end`, and of one
+#: thread of it: a one-event transaction costs the producer about a millisecond of CPU
+#: here and waits for its commit's WAL flush, so faster rates take more of both.
+COMMITS_PER_PROCESS = 500
+COMMITS_PER_THREAD = 100
+
+
+def produce(
+    to: str, *, rate: float, seconds: float, first: int = 0, step: int = 1
+) -> dict[int, float]:
+    """Commit the events ``first, first + step, ...`` to ``to``, each in a transaction of
+    its own, event ``seq`` due ``seq / rate`` seconds after the start, from enough
+    threads that a slow commit does not hold up the next ones. Nothing is committed
+    after ``seconds``: a producer that falls behind the rate commits fewer events rather
+    than take longer. Returns each event's commit time (wall clock) by ``seq``."""
+    threads = math.ceil(rate / step / COMMITS_PER_THREAD)
+    committed: dict[int, float] = {}
+    started = time.perf_counter()
+
+    def producer(offset: int) -> None:
+        try:
+            for seq in range(first + offset * step, int(rate * seconds), threads * step):
+                pause = started + seq / rate - time.perf_counter()
+                if pause > 0:
+                    time.sleep(pause)
+                elif time.perf_counter() > started + seconds:
+                    return
+                with transaction.atomic():
+                    stage("bench.order_placed", {**PAYLOAD, "seq": seq}, destination=to)
+                committed[seq] = time.time()
+        finally:
+            connection.close()  # this thread's
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="producer") as pool:
+        for done in [pool.submit(producer, offset) for offset in range(threads)]:
+            done.result()
+    return committed
+
+
+def end_to_end(
+    env: dict[str, str], url: str, *, rate: float, seconds: float, name: str = "e2e"
+) -> dict[str, float]:
+    """Commit events at ``rate`` per second for ``seconds`` (:func:`produce`, in a worker
+    process per ``COMMITS_PER_PROCESS``) with a relay running (woken by NOTIFY) and a
+    consumer reading the queue; the latency is commit to the consumer's receipt. The figures are
+    ``<name>_p50_ms``, ``<name>_p99_ms``, ``<name>_events`` and ``<name>_rate`` (the
+    commits per second reached)."""
     reset_outbox()
     to = destination("e2e")
     with kombu.Connection(url) as broker:
         exchange = kombu.Exchange(EXCHANGE, "topic", durable=True)
         kombu.Queue(to, exchange, routing_key=to, durable=True)(broker.default_channel).declare()
-    count = int(rate * seconds)
     consumer = Worker(
-        env, "consume", "--url", url, "--queue", to, "--expected", str(count),
-        "--timeout", str(seconds + 60),
+        env, "consume", "--url", url, "--queue", to, "--timeout", str(seconds + 60),
     )  # fmt: skip
     relay = Worker(env, "relay", "--url", url, "--batch-size", "500")
+    step = math.ceil(rate / COMMITS_PER_PROCESS)
+    producers = [
+        Worker(env, "produce", "--destination", to, "--rate", str(rate),
+               "--seconds", str(seconds), "--first", str(first), "--step", str(step))
+        for first in range(step)
+    ]  # fmt: skip
     consumer.go()
     relay.go()
     # The relay's start jitter, its first (empty) claim, then LISTEN: latency is measured
     # on a relay that is settled.
     time.sleep(1.0 + outbox_settings.START_JITTER)
-    committed: dict[int, float] = {}
-    started = time.perf_counter()
-    for seq in range(count):
-        pause = started + seq / rate - time.perf_counter()
-        if pause > 0:
-            time.sleep(pause)
-        with transaction.atomic():
-            stage("bench.order_placed", {**PAYLOAD, "seq": seq}, destination=to)
-        committed[seq] = time.time()
+    for producer in producers:
+        producer.go()
+    produced = [producer.result(timeout=seconds + 60) for producer in producers]
+    committed = {int(seq): at for run in produced for seq, at in run["committed"].items()}
+    reached = len(committed) / (max(committed.values()) - min(run["started"] for run in produced))
+    consumer.send(f"expect {len(committed)}")
     received = consumer.result(timeout=seconds + 120)["received"]
     relay.terminate()
     relay.result(timeout=60)
     delete_queue(url, to)
-    if len(received) != count:
-        raise RuntimeError(f"e2e: the consumer received {len(received)} of {count} events")
+    if len(received) != len(committed):
+        raise RuntimeError(f"{name}: the consumer received {len(received)} of {len(committed)}")
     latencies = sorted((at - committed[int(seq)]) * 1000 for seq, at in received.items())
     return {
-        "e2e_p50_ms": latencies[len(latencies) // 2],
-        "e2e_p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
-        "e2e_events": count,
+        f"{name}_p50_ms": latencies[len(latencies) // 2],
+        f"{name}_p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+        f"{name}_events": len(committed),
+        f"{name}_rate": reached,
     }

@@ -2,7 +2,8 @@
 
     python -m benchmarks.worker relay --url URL --batch-size N [--drain] [--profile FILE]
         [--telemetry]
-    python -m benchmarks.worker consume --url URL --queue Q --expected N --timeout SECONDS
+    python -m benchmarks.worker consume --url URL --queue Q --timeout SECONDS
+    python -m benchmarks.worker produce --destination D --rate R --seconds S --first F --step K
 
 A worker sets itself up (Django, broker connection), prints ``ready``, and waits for
 a line on stdin, so that the runner can start several together and time only the
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import select
 import signal
 import socket
 import sys
@@ -134,16 +136,17 @@ def relay(args: argparse.Namespace) -> None:
     worker = Relay(batch_size=args.batch_size, transports={"default": transport})
     with _telemetry(args.telemetry) as on_batch:
         _ready()
-        rss_start, started = rss_mb(), time.time()
+        rss_start, started, cpu_started = rss_mb(), time.time(), time.process_time()
         with _profiled(args.profile), counter.counting():
             totals = worker.run(stop, drain=args.drain, on_batch=on_batch)
-        finished = time.time()
+        finished, cpu = time.time(), time.process_time() - cpu_started
     emit(
         {
             "published": totals.published,
             "failed": totals.failed + totals.abandoned + totals.lost,
             "started": started,
             "finished": finished,
+            "cpu_s": cpu,  # user + system, every thread of the process
             "rss_start_mb": rss_start,
             "rss_end_mb": rss_mb(),
             "sql": counter.total,
@@ -153,9 +156,18 @@ def relay(args: argparse.Namespace) -> None:
     )
 
 
+def _expected(now: int | None) -> int | None:
+    """How many events to receive: ``now``, or the N of an ``expect N`` line the runner
+    wrote to stdin since (once the producers are done it knows how many they committed)."""
+    if select.select([sys.stdin], [], [], 0)[0]:
+        return int(sys.stdin.readline().split()[1])
+    return now
+
+
 def consume(args: argparse.Namespace) -> None:
-    """Receive ``--expected`` events from ``--queue``; report each one's ``seq`` and
-    receipt time (wall clock, comparable with the producer's commit times)."""
+    """Receive events from ``--queue`` until the runner says how many to expect and that
+    many came (or ``--timeout``); report each one's ``seq`` and receipt time (wall clock,
+    comparable with the producers' commit times)."""
     import kombu
 
     received: dict[int, float] = {}
@@ -170,11 +182,28 @@ def consume(args: argparse.Namespace) -> None:
             connection, queues=[queue], callbacks=[on_message], accept=["json"], prefetch_count=100
         ):
             _ready()
-            deadline = time.monotonic() + args.timeout
-            while len(received) < args.expected and time.monotonic() < deadline:
+            deadline, expected = time.monotonic() + args.timeout, None
+            while (expected is None or len(received) < expected) and time.monotonic() < deadline:
                 with contextlib.suppress(socket.timeout, TimeoutError):
                     connection.drain_events(timeout=0.5)
+                expected = _expected(expected)
     emit({"received": {str(seq): at for seq, at in received.items()}})
+
+
+def produce(args: argparse.Namespace) -> None:
+    """Commit this producer's share of the events (:func:`benchmarks.scenarios.produce`);
+    report when it started and each event's commit time (wall clock)."""
+    import django
+
+    django.setup()
+    from .scenarios import produce as commit_events
+
+    _ready()
+    started = time.time()
+    committed = commit_events(
+        args.destination, rate=args.rate, seconds=args.seconds, first=args.first, step=args.step
+    )
+    emit({"started": started, "committed": {str(seq): at for seq, at in committed.items()}})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -190,9 +219,15 @@ def main(argv: list[str] | None = None) -> None:
     consume_parser = modes.add_parser("consume")
     consume_parser.add_argument("--url", required=True)
     consume_parser.add_argument("--queue", required=True)
-    consume_parser.add_argument("--expected", type=int, required=True)
     consume_parser.add_argument("--timeout", type=float, required=True)
     consume_parser.set_defaults(run=consume)
+    produce_parser = modes.add_parser("produce")
+    produce_parser.add_argument("--destination", required=True)
+    produce_parser.add_argument("--rate", type=float, required=True)
+    produce_parser.add_argument("--seconds", type=float, required=True)
+    produce_parser.add_argument("--first", type=int, required=True)
+    produce_parser.add_argument("--step", type=int, required=True)
+    produce_parser.set_defaults(run=produce)
     args = parser.parse_args(argv)
     args.run(args)
 
