@@ -135,17 +135,7 @@ def relay_drain(
     with connection.cursor() as cursor:
         cursor.execute(f'VACUUM ANALYZE "{TABLE}"')
     vacuumed = Reading.take(TABLE)
-    workers = []
-    for number in range(processes):
-        args = ["relay", "--url", url, "--batch-size", str(batch_size), "--drain"]
-        if profile_dir is not None:
-            args += ["--profile", str(profile_dir / f"{tag}-{number}.txt")]
-        if telemetry:
-            args.append("--telemetry")
-        workers.append(Worker(env, *args))
-    for worker in workers:
-        worker.go()
-    results = [worker.result(timeout=3600) for worker in workers]
+    results = _run_relays(env, url, processes, batch_size, tag, profile_dir, telemetry)
     drained = Reading.take(TABLE)
     delete_queue(url, to)
     published = sum(r["published"] for r in results)
@@ -165,6 +155,29 @@ def relay_drain(
         **vacuumed.cost(drained, count),
         "staging_wal_bytes_per_event": unstaged.cost(staged, count)["wal_bytes_per_event"],
     }
+
+
+def _run_relays(
+    env: dict[str, str],
+    url: str,
+    processes: int,
+    batch_size: int,
+    tag: str,
+    profile_dir: Path | None,
+    telemetry: bool,
+) -> list[dict[str, Any]]:
+    """Start ``processes`` draining relays, release them together, and read their results."""
+    workers = []
+    for number in range(processes):
+        args = ["relay", "--url", url, "--batch-size", str(batch_size), "--drain"]
+        if profile_dir is not None:
+            args += ["--profile", str(profile_dir / f"{tag}-{number}.txt")]
+        if telemetry:
+            args.append("--telemetry")
+        workers.append(Worker(env, *args))
+    for worker in workers:
+        worker.go()
+    return [worker.result(timeout=3600) for worker in workers]
 
 
 def unfairness(published: Sequence[int]) -> float:
