@@ -7,10 +7,11 @@ written without waiting, then the broker's ``basic.ack``/``basic.nack`` frames
 when its own delivery tag was acked; a nack, a lost connection or the confirm
 timeout fail the messages still unconfirmed.
 
-On Redis a batch goes out as one pipeline (kombu's ``Producer.batch()``, so the
-messages keep kombu's format and kombu consumers read them), and the exchange's
-bindings are read once per batch instead of once per message. The batch counts as
-published when the pipeline ran; if it failed, none of it does.
+On Redis a batch goes out as one pipeline in kombu's own message format, written
+without kombu's producer (:mod:`.redis_wire`; a fanout exchange keeps the producer's
+``Producer.batch()``), so kombu consumers read it; the exchange's bindings are read
+once per batch instead of once per message. The batch counts as published when the
+pipeline ran; if it failed, none of it does.
 
 No message counts as published unless it reached a queue: RabbitMQ returns an
 unroutable message (``mandatory``); on kombu's virtual transports (Redis,

@@ -25,8 +25,7 @@ import binascii
 import dataclasses
 import itertools
 import uuid
-from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from kombu.utils.json import JSONEncoder, dumps
 
@@ -43,9 +42,8 @@ BODY_ENCODING = "base64"
 LPUSH_VALUES = 500
 
 #: Stand-ins for a message's own parts while its constant JSON is built: the body,
-#: the headers (a JSON object), the message id and the delivery tag, in the order
-#: of :meth:`RedisWire.write`'s format arguments. JSON keeps them as they are
-#: (``\\u0000`` apart), so each marks one place in the text.
+#: the headers (a JSON object), the message id and the delivery tag. JSON keeps them
+#: as they are (``\\u0000`` apart), so each marks one place in the text.
 _HOLES = tuple(f"\x00django_outbox:{part}\x00" for part in ("body", "headers", "id", "tag"))
 #: kombu's JSON of headers: its encoder (its own types included), built once.
 _encode_headers = JSONEncoder().encode
@@ -56,12 +54,22 @@ class WireFormatError(RuntimeError):
     version): nothing is sent, and the relay logs the error."""
 
 
-def message_format(channel: Any, exchange: str, routing_key: str, tag_prefix: str) -> str:
+class Parts(NamedTuple):
+    """The constant texts of a message's JSON, around its own four parts."""
+
+    head: str
+    after_body: str
+    after_headers: str
+    after_id: str
+    tail: str
+
+
+def message_parts(channel: Any, exchange: str, routing_key: str, tag_prefix: str) -> Parts:
     """kombu's JSON of a message published to ``exchange`` with ``routing_key`` on
-    ``channel``, as a :meth:`str.format` string with four fields: ``{0}`` the base64
-    body, ``{1}`` the headers' JSON, ``{2}`` the message id (the first and third inside
-    their quotes) and ``{3}`` an int, whose 12 hex digits follow ``tag_prefix`` in the
-    delivery tag.
+    ``channel``, cut at its body (base64), headers (a JSON object), message id and
+    delivery tag, in that order (kombu's): the five texts around them. The body, message
+    id and delivery tag go inside quotes already there; the text before the tag ends
+    with ``tag_prefix``.
 
     The message is built by the channel's own ``prepare_message``, with the properties
     the producer gives it and those the channel adds when it publishes, then dumped
@@ -77,18 +85,19 @@ def message_format(channel: Any, exchange: str, routing_key: str, tag_prefix: st
     properties = message["properties"]
     properties.update(body_encoding=BODY_ENCODING, delivery_tag=_HOLES[3])
     properties["delivery_info"].update(exchange=exchange, routing_key=routing_key)
-    text = dumps(message).replace("{", "{{").replace("}", "}}")
-    fields = ("{0}", "{1}", "{2}", f"{tag_prefix}{{3:012x}}")
-    for hole, field in zip(_HOLES, fields, strict=True):
+    rest, parts = dumps(message), []
+    for hole in _HOLES:
         quoted = dumps(hole)
         cut = quoted if hole == _HOLES[1] else quoted[1:-1]  # headers: an object, unquoted
-        if text.count(cut) != 1:
+        before, found, rest = rest.partition(cut)
+        if not found or cut in before or cut in rest:
             raise WireFormatError(
-                f"kombu's Redis message has no single place for its {hole.strip()!r}: "
-                "this kombu version writes another format"
+                f"kombu's Redis message has no single place for its {hole.strip(chr(0))!r} "
+                "in the order known here: this kombu version writes another format"
             )
-        text = text.replace(cut, field)
-    return text
+        parts.append(before)
+    head, after_body, after_headers, after_id = parts
+    return Parts(head, after_body, after_headers, after_id + tag_prefix, rest)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -97,7 +106,7 @@ class _Target:
 
     queues: tuple[str, ...]
     lists: tuple[str, ...]  # each queue's list for the messages' priority
-    format: Callable[..., str]
+    parts: Parts
 
 
 class RedisWire:
@@ -138,12 +147,20 @@ class RedisWire:
         """Add ``message`` (which :meth:`reaches` a queue) to the batch. Raises what
         kombu's JSON raises for headers it cannot encode; nothing is added then."""
         target = self._targets[routing_key]
+        head, after_body, after_headers, after_id, tail = target.parts
         headers = message.wire_headers()
-        text = target.format(
-            binascii.b2a_base64(message.body, newline=False).decode("ascii"),
-            _encode_headers(headers),
-            headers["event_id"],  # a UUID's text: nothing to escape
-            next(self._serials),
+        text = "".join(
+            (
+                head,
+                binascii.b2a_base64(message.body, newline=False).decode("ascii"),
+                after_body,
+                _encode_headers(headers),
+                after_headers,
+                headers["event_id"],  # a UUID's text: nothing to escape
+                after_id,
+                f"{next(self._serials):012x}",
+                tail,
+            )
         )
         for name in target.lists:
             self._pushes[name].append(text)
@@ -179,8 +196,8 @@ class RedisWire:
             queues = self._queues(routing_key)
             priority = channel._get_message_priority({"properties": {"priority": PRIORITY}})
             lists = tuple(channel._q_for_pri(queue, priority) for queue in queues)
-            text = message_format(channel, self._exchange, routing_key, self._tag_prefix)
-            target = self._targets[routing_key] = _Target(queues, lists, text.format)
+            parts = message_parts(channel, self._exchange, routing_key, self._tag_prefix)
+            target = self._targets[routing_key] = _Target(queues, lists, parts)
             for name in lists:
                 self._pushes.setdefault(name, [])
         return target
