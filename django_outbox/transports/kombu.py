@@ -7,10 +7,11 @@ written without waiting, then the broker's ``basic.ack``/``basic.nack`` frames
 when its own delivery tag was acked; a nack, a lost connection or the confirm
 timeout fail the messages still unconfirmed.
 
-On Redis a batch goes out as one pipeline (kombu's ``Producer.batch()``, so the
-messages keep kombu's format and kombu consumers read them), and the exchange's
-bindings are read once per batch instead of once per message. The batch counts as
-published when the pipeline ran; if it failed, none of it does.
+On Redis a batch goes out as one pipeline in kombu's own message format, written
+without kombu's producer (:mod:`.redis_wire`; a fanout exchange keeps the producer's
+``Producer.batch()``), so kombu consumers read it; the exchange's bindings are read
+once per batch instead of once per message. The batch counts as published when the
+pipeline ran; if it failed, none of it does.
 
 No message counts as published unless it reached a queue: RabbitMQ returns an
 unroutable message (``mandatory``); on kombu's virtual transports (Redis,
@@ -35,8 +36,8 @@ import functools
 import logging
 import struct
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 import amqp.exceptions  # type: ignore[import-untyped]
 import kombu
@@ -51,6 +52,7 @@ from ..redact import SecretFilter, mask_url
 from ..routes import PARTITION_EXCHANGE_TYPE, Route
 from .amqp_frames import PublishFrames, chunks, method_frame
 from .base import NACKED, Failure, Outcome, Transport
+from .redis_wire import RedisWire
 
 logger = logging.getLogger(__name__)
 logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' and brokers' texts
@@ -377,6 +379,49 @@ class _Confirms:
         return [self.pending.pop(tag) for tag in tags if tag in self.pending]
 
 
+class _Writer(Protocol):
+    """Writes the messages of one route's batch (see :meth:`KombuTransport._writer`)."""
+
+    #: Whether messages reach the broker only when the batch ends.
+    deferred: bool
+
+    def reaches(self, routing_key: str) -> bool:
+        """Whether a message with ``routing_key`` would reach a queue."""
+
+    def write(self, message: ClaimedMessage, routing_key: str) -> None:
+        """Write (or add to the batch) ``message``; raises one of :data:`ENCODE_ERRORS`
+        for a message that cannot be encoded."""
+
+
+class _ProducerWriter:
+    """kombu's ``Producer.publish``, one message at a time."""
+
+    def __init__(
+        self,
+        producer: kombu.Producer,
+        route: Route,
+        reaches: Callable[[str], bool],
+        *,
+        deferred: bool,
+    ) -> None:
+        self._producer, self._exchange = producer, route.exchange
+        self.reaches, self.deferred = reaches, deferred
+
+    def write(self, message: ClaimedMessage, routing_key: str) -> None:
+        headers = message.wire_headers()
+        self._producer.publish(
+            message.body,
+            exchange=self._exchange,
+            routing_key=routing_key,
+            content_type=CONTENT_TYPE,
+            content_encoding=CONTENT_ENCODING,
+            headers=headers,
+            delivery_mode=2,
+            message_id=headers["event_id"],
+            retry=False,
+        )
+
+
 class KombuTransport(Transport):
     """Any kombu transport: one connection and channel per relay, declared topology
     cached per route, one message at a time through kombu's producer. The
@@ -608,41 +653,37 @@ class KombuTransport(Transport):
     def _publish_each(
         self, route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
     ) -> None:
-        """Through the producer; batched where the transport can defer writes (Redis),
-        and then a message counts as published only once the whole batch was written."""
-        producer = self._producer
-        assert producer is not None
+        """Through the route's writer (see :meth:`_writer`); where it defers its writes
+        (Redis), a message counts as published only once the whole batch was written."""
         accepted = []  # written into the batch, not yet to the broker
-        # Looked up once per routing key and batch, like the bindings themselves.
-        reaches = functools.cache(functools.partial(self._reaches_a_queue, route))
-        with self._batch(producer, len(messages)) as batched:
+        with self._writer(route, len(messages)) as writer:
             for index, message in enumerate(messages):
-                headers = message.wire_headers()
                 key = routing_key(route, message)
-                if not reaches(key):
+                if not writer.reaches(key):
                     outcomes[index] = Failure(unroutable(route.exchange, key), kind="unroutable")
                     continue
                 try:
-                    producer.publish(
-                        message.body,
-                        exchange=route.exchange,
-                        routing_key=key,
-                        content_type=CONTENT_TYPE,
-                        content_encoding=CONTENT_ENCODING,
-                        headers=headers,
-                        delivery_mode=2,
-                        message_id=headers["event_id"],
-                        retry=False,
-                    )
+                    writer.write(message, key)
                 except ENCODE_ERRORS as exc:
                     outcomes[index] = Failure.from_exception(exc, permanent=True)
                     continue
-                if batched:
+                if writer.deferred:
                     accepted.append(index)
                 else:
                     outcomes[index] = None
         for index in accepted:
             outcomes[index] = None
+
+    @contextlib.contextmanager
+    def _writer(self, route: Route, size: int) -> Iterator[_Writer]:
+        """What writes the ``size`` messages of a batch for ``route``: kombu's producer,
+        batched where the transport can defer writes (see :meth:`_batch`)."""
+        producer = self._producer
+        assert producer is not None
+        with self._batch(producer, size) as batched:
+            # Looked up once per routing key and batch, like the bindings themselves.
+            reaches = functools.cache(functools.partial(self._reaches_a_queue, route))
+            yield _ProducerWriter(producer, route, reaches, deferred=batched)
 
     @contextlib.contextmanager
     def _batch(self, producer: kombu.Producer, size: int) -> Iterator[bool]:
@@ -755,6 +796,17 @@ class AmqpTransport(KombuTransport):
 
 class RedisTransport(KombuTransport):
     """Redis (``redis://``, ``rediss://``, ``sentinel://``): a batch goes out as one
-    pipeline, written whole or not at all."""
+    pipeline, written whole or not at all, in kombu's own message format but without
+    its producer (:mod:`~django_outbox.transports.redis_wire`)."""
 
     supports_batch = True
+
+    @contextlib.contextmanager
+    def _writer(self, route: Route, size: int) -> Iterator[_Writer]:
+        if not RedisWire.takes(self._channel, route.exchange):  # fanout: kombu's PUB/SUB
+            with super()._writer(route, size) as writer:
+                yield writer
+            return
+        wire = RedisWire(self._channel, route.exchange)
+        yield wire
+        wire.send()

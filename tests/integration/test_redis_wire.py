@@ -1,0 +1,271 @@
+"""The relay's Redis messages (django_outbox/transports/redis_wire.py) on real Redis:
+exactly the JSON kombu's own producer writes, read by kombu's consumers and by the
+InboxConsumer; and what a batch meets: a routing key no queue is bound to, a header
+kombu's JSON cannot encode, a Redis that goes away while the pipeline runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import decimal
+import json
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import kombu
+import pytest
+import redis
+
+from django_outbox.consumer import InboxConsumer
+from django_outbox.envelope import CONTENT_ENCODING, CONTENT_TYPE, ClaimedMessage, ReceivedEvent
+from django_outbox.routes import Route
+from django_outbox.transports.base import Failure
+from django_outbox.transports.kombu import RedisTransport, binding_key, declare, unroutable
+from tests.integration.test_silent_broker import FreezableProxy
+from tests.support import REDIS_URL, unique_destination
+
+#: A delivery tag in a message's JSON: the one part that differs from kombu's own.
+DELIVERY_TAG = re.compile(rb'"delivery_tag": "([^"]*)"')
+
+
+def message(n: int, key: str = "k1", **changes: Any) -> ClaimedMessage:
+    claimed = ClaimedMessage(
+        id=n,
+        event_id=uuid.uuid4(),
+        event_type="order.placed",
+        destination="orders",
+        payload=json.dumps({"n": n, "name": "café ☕"}),
+        headers={"tenant": "t1", "note": "ünïcode"},
+        ordering_key=key,
+        attempts=0,
+        created_at=dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC),
+    )
+    return dataclasses.replace(claimed, **changes)
+
+
+def batch() -> list[ClaimedMessage]:
+    """Messages of every shape the relay sends: plain, ordered (a sequence), a skip
+    marker, headers only kombu's JSON encodes, and a second key."""
+    return [
+        message(1),
+        message(2, sequence=7),
+        message(3, skipped=True, sequence=8),
+        message(4, headers={"at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC), "d": decimal.Decimal(1)}),
+        message(5, key="k2"),
+    ]
+
+
+def routes(name: str) -> dict[str, Route]:
+    return {
+        "default exchange": Route(name, "", "direct", name, name),
+        "direct": Route(name, f"{name}-x", "direct", name, name),
+        "topic by key": Route(name, f"{name}-x", "topic", "orders.{key}", name),
+    }
+
+
+@pytest.fixture
+def name() -> Iterator[str]:
+    """A queue name of the test's own; its Redis keys are deleted afterwards."""
+    queue = unique_destination("wire")
+    yield queue
+    client = redis.Redis.from_url(REDIS_URL)
+    client.delete(*client.keys(f"*{queue}*"), "_")
+    client.close()
+
+
+def lists(name: str) -> dict[bytes, list[bytes]]:
+    """The Redis lists whose key holds ``name`` (a queue's, one per priority used), each
+    oldest message first, and empty them."""
+    client = redis.Redis.from_url(REDIS_URL)
+    found = {
+        key: client.lrange(key, 0, -1)[::-1]
+        for key in client.keys(f"*{name}*")
+        if client.type(key) == b"list"
+    }
+    client.delete(*found, "_")
+    client.close()
+    return found
+
+
+def kombu_publish(route: Route, messages: Sequence[ClaimedMessage], options: dict) -> None:
+    """What kombu's producer writes for ``messages`` (the relay's publish before it
+    wrote Redis's format itself): its own ``Producer.publish``, one message at a time."""
+    with kombu.Connection(REDIS_URL, transport_options=options) as connection:
+        channel = connection.channel()
+        declare(channel, route)
+        producer = kombu.Producer(channel, auto_declare=False)
+        for claimed in messages:
+            headers = claimed.wire_headers()
+            producer.publish(
+                claimed.body,
+                exchange=route.exchange,
+                routing_key=route.routing_key_for(claimed.ordering_key),
+                content_type=CONTENT_TYPE,
+                content_encoding=CONTENT_ENCODING,
+                headers=headers,
+                delivery_mode=2,
+                message_id=headers["event_id"],
+            )
+
+
+def relay_publish(route: Route, messages: Sequence[ClaimedMessage], **options: Any) -> list:
+    transport = RedisTransport(REDIS_URL, options)
+    try:
+        return transport.publish(route, messages)
+    finally:
+        transport.close()
+
+
+@pytest.mark.parametrize("shape", ["default exchange", "direct", "topic by key"])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"priority_steps": [1, 5]}, {"global_keyprefix": "app:"}],
+    ids=["defaults", "priority steps", "key prefix"],
+)
+def test_the_json_is_kombus_own_to_the_byte_but_the_delivery_tag(name, shape, options):
+    """Same lists (a queue's priority list, the key prefix), same messages in the same
+    order, byte for byte once the delivery tags (unique per message) are set aside."""
+    route, messages = routes(name)[shape], batch()
+    assert relay_publish(route, messages, **options) == [None] * len(messages)
+    ours = lists(name)
+    kombu_publish(route, messages, options)
+    theirs = lists(name)
+    assert ours.keys() == theirs.keys() and ours
+    for key, written in ours.items():
+        assert [DELIVERY_TAG.sub(b"", m) for m in written] == [
+            DELIVERY_TAG.sub(b"", m) for m in theirs[key]
+        ]
+    tags = [tag.decode() for ms in ours.values() for m in ms for tag in DELIVERY_TAG.findall(m)]
+    assert len(set(tags)) == len(tags) == len(messages)
+    assert {uuid.UUID(tag).version for tag in tags} == {4}
+
+
+def test_each_queue_a_topic_routes_the_key_to_gets_the_message(name):
+    route = routes(name)["topic by key"]
+    relay_publish(route, [])  # declares the route
+    with kombu.Connection(REDIS_URL) as connection:
+        exchange = kombu.Exchange(route.exchange, "topic", durable=True)
+        kombu.Queue(f"{name}-k2", exchange, routing_key="orders.k2")(connection.channel()).declare()
+    messages = batch()
+    assert relay_publish(route, messages) == [None] * 5
+    found = lists(name)
+    ids = {
+        key: [json.loads(m)["properties"]["message_id"] for m in ms] for key, ms in found.items()
+    }
+    assert ids == {
+        name.encode(): [str(m.event_id) for m in messages],
+        f"{name}-k2".encode(): [str(messages[4].event_id)],
+    }
+
+
+def test_kombus_simple_queue_reads_every_part_of_the_message(name):
+    route = routes(name)["topic by key"]
+    messages = batch()
+    relay_publish(route, messages)
+    with kombu.Connection(REDIS_URL) as connection:
+        queue = connection.SimpleQueue(name)
+        received = [queue.get(timeout=5) for _ in messages]
+        for got in received:
+            got.ack()
+        queue.close()
+    for got, sent in zip(received, messages, strict=True):
+        assert got.payload == json.loads(sent.wire_payload)
+        assert (got.content_type, got.content_encoding) == (CONTENT_TYPE, CONTENT_ENCODING)
+        # as kombu's JSON brings them back (a datetime header is a datetime again)
+        assert got.headers == kombu.utils.json.loads(kombu.utils.json.dumps(sent.wire_headers()))
+        assert got.properties["message_id"] == str(sent.event_id)
+        assert (got.properties["delivery_mode"], got.properties["priority"]) == (2, 0)
+        assert got.delivery_info["exchange"] == route.exchange
+        assert got.delivery_info["routing_key"] == route.routing_key_for(sent.ordering_key)
+    assert received[3].headers["at"] == dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_inbox_consumer_handles_each_event_once_in_order(name):
+    route = routes(name)["topic by key"]
+    messages = [message(n, headers={"n": n}) for n in range(1, 31)]
+    assert relay_publish(route, messages) == [None] * 30
+    handled: list[ReceivedEvent] = []
+    stats = InboxConsumer(name, handled.append, "wire", url=REDIS_URL).run(idle_timeout=2)
+    assert stats.handled == 30
+    assert [event.event_id for event in handled] == [m.event_id for m in messages]
+    assert [event.payload for event in handled] == [json.loads(m.payload) for m in messages]
+    assert [event.headers["n"] for event in handled] == list(range(1, 31))
+    assert handled[0].event_type == "order.placed"
+
+
+def test_a_key_no_queue_is_bound_to_fails_unroutable_and_the_rest_is_sent(name):
+    """A direct route whose key comes from the event: its queue is bound for the events
+    without a key only."""
+    route = Route(name, f"{name}-x", "direct", "{key}", name)
+    assert binding_key(route) == ""
+    messages = [message(1, key=""), message(2, key="k1"), message(3, key="")]
+    outcomes = relay_publish(route, messages)
+    assert outcomes == [None, Failure(unroutable(route.exchange, "k1")), None]
+    assert outcomes[1].kind == "unroutable"
+    written = lists(name)[name.encode()]
+    assert [json.loads(m)["properties"]["message_id"] for m in written] == [
+        str(messages[0].event_id),
+        str(messages[2].event_id),
+    ]
+
+
+def test_a_batch_of_unroutable_keys_only_sends_nothing(name):
+    route = Route(name, f"{name}-x", "direct", "{key}", name)
+    outcomes = relay_publish(route, [message(1), message(2)])
+    assert [outcome.kind for outcome in outcomes] == ["unroutable", "unroutable"]
+    assert lists(name) == {}
+
+
+def test_a_header_kombus_json_cannot_encode_fails_that_message_for_good(name):
+    route = routes(name)["topic by key"]
+    messages = [message(1), message(2, headers={"bad": object()}), message(3)]
+    outcomes = relay_publish(route, messages)
+    assert outcomes[0] is None and outcomes[2] is None
+    failure = outcomes[1]
+    assert (failure.permanent, failure.kind) == (True, "TypeError")
+    assert "not JSON serializable" in failure.error
+    written = lists(name)[name.encode()]
+    assert [json.loads(m)["properties"]["message_id"] for m in written] == [
+        str(messages[0].event_id),
+        str(messages[2].event_id),
+    ]
+
+
+def test_an_expiring_queue_keeps_its_expiry_renewed_as_kombu_does(name):
+    route = dataclasses.replace(
+        routes(name)["topic by key"], queue_arguments=(("x-expires", 60_000),)
+    )
+    assert relay_publish(route, [message(1)]) == [None]
+    client = redis.Redis.from_url(REDIS_URL)
+    assert 0 < client.pttl(name) <= 60_000
+    client.close()
+
+
+def test_a_redis_gone_while_the_pipeline_runs_fails_the_whole_batch_and_counts_an_attempt(name):
+    """The pipeline was written, Redis never answered and then went away: nothing of
+    the batch counts as published (the relay retries it: at least once)."""
+    upstream = urlsplit(REDIS_URL)
+    proxy = FreezableProxy((upstream.hostname or "127.0.0.1", upstream.port or 6379))
+    transport = RedisTransport(f"redis://127.0.0.1:{proxy.port}/0")
+    route = routes(name)["topic by key"]
+    try:
+        assert transport.publish(route, [message(1)]) == [None]
+        proxy.freeze()  # the batch's bytes go nowhere ...
+        threading.Timer(0.5, proxy.close).start()  # ... then its connections are reset
+        started = time.monotonic()
+        outcomes = transport.publish(route, [message(n) for n in range(2, 12)])
+        took = time.monotonic() - started
+    finally:
+        transport.close()
+        proxy.close()
+    assert took < 30
+    assert len(outcomes) == 10 and all(isinstance(outcome, Failure) for outcome in outcomes)
+    assert {(o.permanent, o.counts, o.outage) for o in outcomes} == {(False, True, False)}
+    assert "ConnectionError" in outcomes[0].error
+    assert len(lists(name)[name.encode()]) == 1  # the first batch only
