@@ -130,7 +130,7 @@ def record(
         for ids, mark in writes:
             if not ids:
                 continue
-            leased = rows.filter(id__in=ids).leased(token)
+            leased = rows.filter(db.AnyOf(models.F("id"), ids)).leased(token)
             if mark(leased) != len(ids):
                 lost |= _not_held(ids, leased)
         for group in failed:

@@ -182,3 +182,25 @@ def test_delete_in_batches_deletes_the_selection_a_batch_at_a_time(using):
     rows = OutboxMessage.objects.using(using).published()
     assert store.delete_in_batches(rows, batch_size=2) == 5
     assert list(OutboxMessage.objects.using(using).values_list("pk", flat=True)) == [kept.pk]
+
+
+def test_record_sends_the_batchs_ids_as_one_parameter_on_postgresql(using):
+    """The finalize names a batch's rows with ``= ANY(%s)`` and one array on PostgreSQL
+    (one short statement to parse and plan, whatever the batch size), with ``IN`` on
+    SQLite; both mark exactly the rows under the lease."""
+    from django.db import connections
+    from django.test.utils import CaptureQueriesContext
+
+    token = uuid.uuid4()
+    mine = [_row(using, **_lease(5, token)) for _ in range(3)]
+    other = _row(using, **_lease(5))  # another claim's row: not in the batch
+    with CaptureQueriesContext(connections[using]) as queries:
+        lost = store.record(using, token, published=[row.pk for row in mine], failed=[])
+    assert lost == set()
+    [update] = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
+    if using == "default":
+        assert "= ANY(" in update and " IN (" not in update
+    else:
+        assert " IN (" in update
+    assert {_fresh(using, row).status for row in mine} == {Status.PUBLISHED}
+    assert _fresh(using, other).status == Status.PROCESSING
