@@ -22,7 +22,8 @@
 -- and unordered rows by age, then the runs' first rows, their second rows, ...
 -- Each head's run is capped so that the heads' runs together about fill the
 -- batch. Parameters: limit (four times), max_bytes, lease seconds (twice),
--- worker, token. The columns returned are named after ClaimedMessage's fields.
+-- worker, token. The columns returned are named after ClaimedMessage's fields;
+-- created_at as microseconds since the epoch (see postgresql.claim).
 WITH picked AS (
     SELECT id, available_at, octet_length(payload::text) AS size FROM {table}
     WHERE status IN ({claimable}) AND available_at <= now() AND sequence IS NULL
@@ -77,7 +78,8 @@ WHERE o.id = bounded.id
 RETURNING o.id AS id, o.event_id AS event_id, o.event_type AS event_type,
           o.destination AS destination, o.payload::text AS payload,
           o.headers::text AS headers, o.ordering_key AS ordering_key,
-          o.attempts AS attempts, o.created_at AS created_at,
+          o.attempts AS attempts,
+          (extract(epoch FROM o.created_at) * 1000000)::bigint AS created_at,
           o.sequence AS sequence, o.skipped_at IS NOT NULL AS skipped
 
 

@@ -152,6 +152,22 @@ def test_the_claimed_messages_carry_the_rows_columns(claim):
     assert message.created_at == OutboxMessage.objects.get(pk=row.pk).created_at
 
 
+@pytest.mark.parametrize("use_tz", [True, False])
+def test_the_claimed_created_at_is_the_stored_one_to_the_microsecond(claim, settings, use_tz):
+    """The claim sends ``created_at`` as microseconds since the epoch: it comes back as
+    Django reads the column, aware in UTC with ``USE_TZ``, naive in ``TIME_ZONE`` without."""
+    settings.USE_TZ, settings.TIME_ZONE = use_tz, "America/Chicago"
+    row = OutboxMessageFactory()
+    OutboxMessage.objects.filter(pk=row.pk).update(
+        created_at=dt.datetime(2026, 3, 8, 8, 30, 1, 999_999, tzinfo=dt.UTC)  # DST starts
+    )
+    stored = OutboxMessage.objects.get(pk=row.pk).created_at
+    (message,) = claim(5, uuid.uuid4())
+    assert (message.created_at, message.created_at.tzinfo) == (stored, stored.tzinfo)
+    expected = "2026-03-08T08:30:01.999999+00:00" if use_tz else "2026-03-08T03:30:01.999999"
+    assert message.created_at.isoformat() == expected
+
+
 @pytest.mark.django_db(transaction=True, databases=["lite"])
 def test_the_portable_claim_on_sqlite_takes_the_oldest_due_rows_first():
     """SQLite has no SKIP LOCKED (one relay per database); the order is the same."""
