@@ -159,8 +159,9 @@ def relay(args: argparse.Namespace) -> None:
 def _expected(now: int | None) -> int | None:
     """How many events to receive: ``now``, or the N of an ``expect N`` line the runner
     wrote to stdin since (once the producers are done it knows how many they committed)."""
-    if select.select([sys.stdin], [], [], 0)[0]:
-        return int(sys.stdin.readline().split()[1])
+    if now is None and select.select([sys.stdin], [], [], 0)[0]:
+        line = sys.stdin.readline().split()  # "" at EOF: the runner closed stdin, no count
+        return int(line[1]) if line else now
     return now
 
 

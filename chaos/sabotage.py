@@ -18,7 +18,10 @@ node (where the runner put the queue's leader) is down; ``--sabotage tasks`` (Dj
 starts a task worker whose runner has neither guard: no inbox transaction (every delivery
 of a task counts as new) and no skip of a task whose result is finished already, so a
 task whose message arrives twice runs twice; ``--sabotage heartbeat`` starts relays and
-consumers that never write their heartbeat. A run with any of them must fail its audit.
+consumers that never write their heartbeat; ``--sabotage frames`` starts relays whose AMQP
+frame encoder gives every message of the process one event id (its ``event_id`` header and
+message id), as an encoder that mixed up messages' parts would. A run with any of them must
+fail its audit.
 Nothing imports this module unless ``CHAOS_SABOTAGE`` is set.
 """
 
@@ -45,6 +48,7 @@ KINDS = (
     "failover",
     "tasks",
     "heartbeat",
+    "frames",
 )
 
 
@@ -74,6 +78,8 @@ def apply(kind: str) -> None:
         from django_outbox.heartbeat import Heartbeat
 
         Heartbeat._write = lambda self, *args, **kwargs: False  # type: ignore[method-assign]
+    elif kind == "frames":
+        _one_event_id()
     elif kind == "parking":
         from django_outbox.consumer import InboxConsumer
 
@@ -186,3 +192,17 @@ def _first_address_only() -> None:
         return connect(url.split(";")[0], options)
 
     transport.new_connection = first_only  # type: ignore[assignment]
+
+
+def _one_event_id() -> None:
+    """Every message the relay's RabbitMQ frames carry gets one event id of the process:
+    the consumer's inbox handles the first and takes the others for its copies."""
+    from django_outbox.transports.amqp_frames import PublishFrames
+
+    same = str(uuid.uuid4())
+    message = PublishFrames.message
+
+    def mixed(self: PublishFrames, method: bytes, body: bytes, headers: Any, _: str) -> bytes:
+        return message(self, method, body, {**headers, "event_id": same}, same)
+
+    PublishFrames.message = mixed  # type: ignore[method-assign]

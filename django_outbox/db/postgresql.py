@@ -8,6 +8,8 @@ import datetime as dt
 import functools
 import json
 import uuid
+import zoneinfo
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -76,7 +78,7 @@ def claim(
         build = ClaimedMessage.reader(
             [column.name for column in cursor.description],
             headers=_headers,
-            created_at=_aware if settings.USE_TZ else _naive,
+            created_at=_created_at(connection),
         )
         return sorted(map(build, cursor.fetchall()), key=lambda message: message.id)
 
@@ -85,17 +87,24 @@ def claim(
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
-def _aware(micros: int) -> dt.datetime:
-    """The claim's ``created_at`` (microseconds since the epoch) as Django returns a
-    stored datetime with ``USE_TZ``: aware, in UTC. Sent as a number because Django's
-    loader of ``timestamptz`` text runs in Python: it was a tenth of the relay's
-    database thread; this is one addition."""
+def _utc(micros: int) -> dt.datetime:
+    """The claim's ``created_at`` (microseconds since the epoch), aware, in UTC. Sent as
+    a number because Django's loader of ``timestamptz`` text runs in Python: it was a
+    tenth of the relay's database thread; this is one addition."""
     return _EPOCH + dt.timedelta(microseconds=micros)
 
 
-def _naive(micros: int) -> dt.datetime:
-    """The same without ``USE_TZ``: naive, in ``TIME_ZONE``."""
-    return timezone.make_naive(_aware(micros))
+def _created_at(connection: BaseDatabaseWrapper) -> Callable[[int], dt.datetime]:
+    """How the claim's ``created_at`` becomes what Django returns for a stored datetime
+    on ``connection``: aware in the connection's time zone with ``USE_TZ`` (UTC unless
+    ``DATABASES[...]["TIME_ZONE"]`` says otherwise), naive in ``TIME_ZONE`` without."""
+    if not settings.USE_TZ:
+        local = zoneinfo.ZoneInfo(connection.timezone_name)
+        return lambda micros: timezone.make_naive(_utc(micros), local)
+    zone = connection.timezone
+    if zone is dt.UTC:
+        return _utc
+    return lambda micros: _utc(micros).astimezone(zone)
 
 
 def _headers(text: str) -> dict[str, Any]:

@@ -424,8 +424,9 @@ class _ProducerWriter:
 
 class KombuTransport(Transport):
     """Any kombu transport: one connection and channel per relay, declared topology
-    cached per route, one message at a time through kombu's producer. The
-    subclasses below declare what their broker can do more.
+    cached per route, and (unless a subclass below writes its broker's batches itself)
+    one message at a time through kombu's producer. The subclasses declare what their
+    broker can do more.
 
     Messages no queue would receive are found in the exchange's bindings (kombu's
     virtual transports would drop them): a per-message routing result."""
@@ -712,7 +713,11 @@ class KombuTransport(Transport):
         confirms, connection = self._confirms, self._connection
         assert confirms is not None and connection is not None
         confirms.start(outcomes)
-        if self._blocked is not None:  # heard while the last batch waited: send nothing
+        # Hear a connection.blocked sent since the last batch's confirms came (py-amqp
+        # reads what is there before each message it publishes): then send nothing.
+        with contextlib.suppress(TimeoutError):
+            connection.drain_events(timeout=0)
+        if self._blocked is not None:
             raise self._blocked_error(confirms, len(messages))
         indices, ids, frames = self._encode(route, messages, outcomes)
         # The tags are registered first: the broker may confirm while the batch is written.
@@ -796,17 +801,38 @@ class AmqpTransport(KombuTransport):
 
 class RedisTransport(KombuTransport):
     """Redis (``redis://``, ``rediss://``, ``sentinel://``): a batch goes out as one
-    pipeline, written whole or not at all, in kombu's own message format but without
-    its producer (:mod:`~django_outbox.transports.redis_wire`)."""
+    pipeline, in kombu's own message format but without its producer
+    (:mod:`~django_outbox.transports.redis_wire`); it counts as published when the
+    pipeline ran, and none of it when it failed (some of it may have reached Redis). A
+    kombu whose channel that writer does not know (another version) gets kombu's
+    producer instead."""
 
     supports_batch = True
+    #: The channel :meth:`RedisWire.unusable` last checked, and what it said.
+    _wire_checked: tuple[Any, str] = (None, "")
 
     @contextlib.contextmanager
     def _writer(self, route: Route, size: int) -> Iterator[_Writer]:
-        if not RedisWire.takes(self._channel, route.exchange):  # fanout: kombu's PUB/SUB
+        if self._wire_unusable() or not RedisWire.takes(self._channel, route.exchange):
             with super()._writer(route, size) as writer:
                 yield writer
             return
         wire = RedisWire(self._channel, route.exchange)
         yield wire
         wire.send()
+
+    def _wire_unusable(self) -> str:
+        """Why the relay's Redis writer cannot serve this connection's channel ("": it
+        can), checked once per channel; logged once as an ERROR when it cannot."""
+        channel, reason = self._wire_checked
+        if channel is not self._channel:
+            reason = RedisWire.unusable(self._channel)
+            if reason and channel is None:
+                logger.error(
+                    "this kombu's Redis channel is not what the relay's Redis writer knows "
+                    "(%s): publishing through kombu's producer, message by message",
+                    reason,
+                    extra={"action": "outbox.redis_wire_unusable"},
+                )
+            self._wire_checked = (self._channel, reason)
+        return reason

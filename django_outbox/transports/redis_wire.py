@@ -132,6 +132,24 @@ class RedisWire:
         self._serials = itertools.count()
 
     @staticmethod
+    def unusable(channel: Any) -> str:
+        """Why this module cannot write for ``channel`` ("" when it can): it reads parts
+        of kombu's Redis channel that are not kombu's public API (the message's JSON
+        shape, ``_q_for_pri``, ``_get_message_priority``, ``_expires``, ...), and another
+        kombu version may have changed them. Checked before the first batch, so that such a
+        kombu makes the relay fall back to kombu's producer instead of failing every
+        batch."""
+        try:
+            message_parts(channel, "", "django_outbox.check", "0" * 24)
+            priority = channel._get_message_priority({"properties": {"priority": PRIORITY}})
+            channel._q_for_pri("django_outbox.check", priority)
+            for name in ("_expires", "priority_steps", "deadletter_queue", "conn_or_acquire"):
+                getattr(channel, name)
+        except (AttributeError, KeyError, TypeError, ValueError, WireFormatError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return ""
+
+    @staticmethod
     def takes(channel: Any, exchange: str) -> bool:
         """Whether kombu would write this exchange's messages to lists, with base64
         bodies: not on a fanout exchange (PUB/SUB), nor under another ``body_encoding``."""

@@ -269,3 +269,38 @@ def test_a_redis_gone_while_the_pipeline_runs_fails_the_whole_batch_and_counts_a
     assert {(o.permanent, o.counts, o.outage) for o in outcomes} == {(False, True, False)}
     assert "ConnectionError" in outcomes[0].error
     assert len(lists(name)[name.encode()]) == 1  # the first batch only
+
+
+def test_a_kombu_whose_channel_the_writer_does_not_know_gets_kombus_producer(
+    name, monkeypatch, caplog
+):
+    """The writer reads parts of kombu's Redis channel that are not kombu's public API.
+    The installed kombu passes its check; a channel without them does not. Another kombu
+    version cannot be installed beside this one, so the test makes the check fail with a
+    stand-in (the one patch of this file): the relay then logs it once and publishes
+    through kombu's producer, which writes the same lists and JSON (but the tag)."""
+    from django_outbox.transports.redis_wire import RedisWire
+
+    with kombu.Connection(REDIS_URL) as connection:
+        assert RedisWire.unusable(connection.channel()) == ""
+    assert RedisWire.unusable(object()).startswith("AttributeError: ")
+    monkeypatch.setattr(RedisWire, "unusable", staticmethod(lambda channel: "AttributeError: x"))
+    route = routes(name)["direct"]
+    messages = batch()
+    kombu_publish(route, messages, {})
+    expected = lists(name)
+    transport = RedisTransport(REDIS_URL)
+    try:
+        with caplog.at_level("ERROR", logger="django_outbox.transports.kombu"):
+            assert transport.publish(route, messages[:2]) == [None] * 2
+            assert transport.publish(route, messages[2:]) == [None] * 3
+    finally:
+        transport.close()
+    written = lists(name)
+    assert {key: [DELIVERY_TAG.sub(b"", m) for m in ms] for key, ms in written.items()} == {
+        key: [DELIVERY_TAG.sub(b"", m) for m in ms] for key, ms in expected.items()
+    }
+    unusable = [
+        r for r in caplog.records if getattr(r, "action", "") == "outbox.redis_wire_unusable"
+    ]
+    assert len(unusable) == 1 and "AttributeError: x" in unusable[0].getMessage()

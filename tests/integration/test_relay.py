@@ -521,10 +521,13 @@ def test_drain_shows_progress_with_rate_and_remaining_on_a_terminal(destination)
 
 
 def test_a_header_the_broker_cannot_encode_abandons_only_its_row(destination):
+    """The bad row sits between two good ones in the batch: the confirms of the rows
+    after it still find their rows (it takes no delivery tag)."""
     with transaction.atomic():
-        good = [stage("a.b", {"n": n}, destination=destination) for n in range(2)]
+        good = [stage("a.b", {"n": 0}, destination=destination)]
         # stage() refuses such a header now; a row staged before it did still goes out.
         bad = OutboxMessageFactory(destination=destination, headers={"huge": 10**19})
+        good.append(stage("a.b", {"n": 1}, destination=destination))
     with Relay() as relay:
         stats = relay.run_once()
     assert (stats.published, stats.abandoned, stats.transport_failed) == (2, 1, False)
