@@ -135,7 +135,8 @@ def relay_drain(
     with connection.cursor() as cursor:
         cursor.execute(f'VACUUM ANALYZE "{TABLE}"')
     vacuumed = Reading.take(TABLE)
-    results = _run_relays(env, url, processes, batch_size, tag, profile_dir, telemetry)
+    relays_env = {**env, "OUTBOX_BENCH_ORDERED": "1" if keys else "0"}
+    results = _run_relays(relays_env, url, processes, batch_size, tag, profile_dir, telemetry)
     drained = Reading.take(TABLE)
     delete_queue(url, to)
     published = sum(r["published"] for r in results)
@@ -421,7 +422,9 @@ def end_to_end(
     consumer = Worker(
         env, "consume", "--url", url, "--queue", to, "--timeout", str(seconds + 60),
     )  # fmt: skip
-    relay = Worker(env, "relay", "--url", url, "--batch-size", "500")
+    relay = Worker(
+        {**env, "OUTBOX_BENCH_ORDERED": "0"}, "relay", "--url", url, "--batch-size", "500"
+    )
     step = math.ceil(rate / COMMITS_PER_PROCESS)
     producers = [
         Worker(env, "produce", "--destination", to, "--rate", str(rate),

@@ -338,6 +338,14 @@ class Relay:
         )
         if "celery" not in self._transports:
             require_celery(self._celery_routes)
+        #: Whether these settings order a route. If not, the relay claims with the
+        #: statement for unordered rows, cheaper to plan, and with the whole claim
+        #: at least every ``POLL_INTERVAL`` and while it finds ordered rows: rows left by
+        #: a route that was ordered, or staged by processes that order one.
+        self._orders = outbox_settings.DEFAULT_ORDERED or any(
+            route.ordered for route in outbox_settings.ROUTES.values()
+        )
+        self._whole_claim_at = 0.0  # monotonic clock
 
     def close(self) -> None:
         """Close the broker connections (``run()`` does it when it returns)."""
@@ -356,21 +364,27 @@ class Relay:
         """Claim, publish and finalize one batch; returns what happened. A broker that
         stalled in an earlier call is tried again (only :meth:`run` backs off from it)."""
         self._paused, self._waiting = {}, {}
-        claim = self._claim()
+        claim = self._claim(whole=True)
         if claim is None:
             return BatchStats()
         return self._report(self._finalize(self._publish_claim(claim)))
 
-    def _claim(self) -> _Claim | None:
-        """Claim a batch; None when nothing is due."""
+    def _claim(self, whole: bool = False) -> _Claim | None:
+        """Claim a batch; None when nothing is due. The claim is ``whole`` (ordered
+        rows too) when asked, when the settings order a route, or when the last whole
+        claim is ``POLL_INTERVAL`` old or found ordered rows."""
         token, started = uuid.uuid4(), time.monotonic()
+        whole = whole or self._orders or started >= self._whole_claim_at
         messages = store.claim(
             self.using,
             limit=self.batch_size,
             lease_seconds=self.lease_seconds,
             worker=self.worker,
             token=token,
+            ordered=whole,
         )
+        if whole and all(message.sequence is None for message in messages):
+            self._whole_claim_at = started + outbox_settings.POLL_INTERVAL
         if not messages:
             return None
         return _Claim(messages, token, time.monotonic() + self.lease_seconds / 2, started)
@@ -781,11 +795,12 @@ class Relay:
             if not state.drain:
                 state.wakeup.listen()
             claim = self._claim()
-        if claim is None and state.pipeline.pending:
+        if claim is None and (state.pipeline.pending or state.drain):
             # The heads of ordered keys may be in the batch still being finalized:
-            # finish it and claim once more before taking the table for empty.
+            # finish it and claim once more (whole, draining) before taking the table
+            # for empty.
             state.pipeline.collect(everything=True)
-            claim = self._claim()
+            claim = self._claim(whole=state.drain)
         batch = None
         if claim is not None:
             more_due = len(claim.messages) == self.batch_size

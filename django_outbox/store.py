@@ -64,8 +64,10 @@ def claim(
     worker: str,
     token: uuid.UUID,
     max_bytes: int | None = None,
+    ordered: bool = True,
 ) -> list[ClaimedMessage]:
-    """PENDING/FAILED rows that are due -> PROCESSING under ``token`` for ``lease_seconds``.
+    """PENDING/FAILED rows that are due -> PROCESSING under ``token`` for ``lease_seconds``
+    (with ``ordered`` False, the unordered ones only).
 
     Also the **reclaim**: a PROCESSING row whose lease expired (its relay died
     or was too slow) is due again, because a claim sets ``available_at`` to the
@@ -82,6 +84,7 @@ def claim(
         worker=worker,
         token=token,
         max_bytes=max_bytes,
+        ordered=ordered,
     )
 
 

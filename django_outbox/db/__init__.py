@@ -123,8 +123,10 @@ def claim(
     worker: str,
     token: uuid.UUID,
     max_bytes: int | None = None,
+    ordered: bool = True,
 ) -> list[ClaimedMessage]:
-    """Claim up to ``limit`` due rows, oldest first, for ``lease_seconds``.
+    """Claim up to ``limit`` due rows, oldest first, for ``lease_seconds``; with
+    ``ordered`` False, rows of ordered routes are left alone.
 
     The batch also stops before its payloads add up to more than ``max_bytes``
     of JSON text (default ``OUTBOX["MAX_BATCH_BYTES"]``), but always takes its
@@ -137,8 +139,10 @@ def claim(
     if max_bytes is None:
         max_bytes = outbox_settings.MAX_BATCH_BYTES
     if connection.vendor == "postgresql":
-        return postgresql.claim(connection, limit, max_bytes, lease_seconds, worker, token)
-    return _claim_portable(using, limit, max_bytes, lease_seconds, worker, token)
+        return postgresql.claim(
+            connection, limit, max_bytes, lease_seconds, worker, token, ordered=ordered
+        )
+    return _claim_portable(using, limit, max_bytes, lease_seconds, worker, token, ordered=ordered)
 
 
 def insert(
@@ -183,7 +187,14 @@ def _number(using: str, rows: list[OutboxMessage]) -> None:
 
 
 def _claim_portable(
-    using: str, limit: int, max_bytes: int, lease_seconds: float, worker: str, token: uuid.UUID
+    using: str,
+    limit: int,
+    max_bytes: int,
+    lease_seconds: float,
+    worker: str,
+    token: uuid.UUID,
+    *,
+    ordered: bool = True,
 ) -> list[ClaimedMessage]:
     """Any database Django supports: a few statements in one transaction (the
     unordered rows, the heads of ordered keys, one per head for its run, the lease,
@@ -194,6 +205,8 @@ def _claim_portable(
     rows = OutboxMessage.objects.using(using)
     with transaction.atomic(using=using):
         due = rows.due().order_by("available_at", "id")
+        if not ordered:
+            due = due.filter(sequence__isnull=True)
         if supports_skip_locked(connections[using]):
             due = due.select_for_update(skip_locked=True)
         else:

@@ -22,14 +22,10 @@
 -- and unordered rows by age, then the runs' first rows, their second rows, ...
 -- Each head's run is capped so that the heads' runs together about fill the
 -- batch. Parameters: limit (four times), max_bytes, lease seconds (twice),
--- worker, token. The columns returned are named after ClaimedMessage's fields;
--- created_at as microseconds since the epoch (see postgresql.claim).
+-- worker, token. Its parts shared with claim_unordered are the fragments
+-- claim_unordered_rows, claim_bounded and claim_lease.
 WITH picked AS (
-    SELECT id, available_at, octet_length(payload::text) AS size FROM {table}
-    WHERE status IN ({claimable}) AND available_at <= now() AND sequence IS NULL
-    ORDER BY available_at, id
-    LIMIT %s
-    FOR UPDATE SKIP LOCKED
+    {unordered}
 ), heads AS (
     SELECT id, available_at, destination, ordering_key, sequence,
            octet_length(payload::text) AS size
@@ -65,8 +61,58 @@ WITH picked AS (
     SELECT id, row_number() OVER w AS n, sum(size) OVER w AS total FROM candidates
     WINDOW w AS (ORDER BY place, available_at, head_id)
 ), bounded AS (
-    SELECT id FROM running WHERE n <= %s AND (n = 1 OR total <= %s)
+    {bounded}
 )
+{lease}
+
+
+-- name: claim_unordered
+-- PostgreSQL: the claim of the unordered rows alone (ordered rows are left as they
+-- are), for a relay whose settings order no route, between its whole claims:
+-- PostgreSQL plans it in about a third of the time (a millisecond less per claim
+-- here). Parameters: limit (twice), max_bytes, lease seconds (twice), worker, token.
+WITH picked AS (
+    {unordered}
+), running AS (
+    SELECT id, row_number() OVER w AS n, sum(size) OVER w AS total FROM picked
+    WINDOW w AS (ORDER BY available_at, id)
+), bounded AS (
+    {bounded}
+)
+{lease}
+
+
+-- name: claim_commit_unflushed
+-- PostgreSQL, sent before a claim in the same simple-protocol query (one implicit
+-- transaction): the claim's commit does not wait for its WAL flush (about 0.6 ms
+-- per claim here). A claim a crash loses leaves its rows due, to be claimed and
+-- published again (duplicates, as at-least-once allows); the finalize's commit is
+-- flushed, and flushes the claim's WAL before it.
+SET LOCAL synchronous_commit = off
+
+
+-- name: claim_unordered_rows
+-- PostgreSQL, a fragment of claim and claim_unordered: the due unordered rows,
+-- oldest first, locked (parameter: limit), with their payload text's size.
+SELECT id, available_at, octet_length(payload::text) AS size FROM {table}
+WHERE status IN ({claimable}) AND available_at <= now() AND sequence IS NULL
+ORDER BY available_at, id
+LIMIT %s
+FOR UPDATE SKIP LOCKED
+
+
+-- name: claim_bounded
+-- PostgreSQL, a fragment of claim and claim_unordered: the numbered candidates
+-- ("running") cut to limit rows and max_bytes of payload text, the first row
+-- always (parameters: limit, max_bytes).
+SELECT id FROM running WHERE n <= %s AND (n = 1 OR total <= %s)
+
+
+-- name: claim_lease
+-- PostgreSQL, the end of claim and claim_unordered: lease the rows of "bounded"
+-- and return them (parameters: lease seconds twice, worker, token). The columns
+-- are named after ClaimedMessage's fields; created_at as microseconds since the
+-- epoch (see postgresql.claim).
 UPDATE {table} AS o
 SET status = {processing},
     available_at = now() + make_interval(secs => %s),

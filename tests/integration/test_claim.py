@@ -186,3 +186,34 @@ def test_the_portable_claim_on_sqlite_takes_the_oldest_due_rows_first():
     claimed = OutboxMessage.objects.using("lite").filter(lease_token=token)
     assert set(claimed.values_list("status", flat=True)) == {Status.PROCESSING}
     assert claimed.count() == 6
+
+
+def _show_synchronous_commit() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        return str(cursor.fetchone()[0])
+
+
+def test_a_claim_skips_its_own_wal_flush_but_never_that_of_a_callers_transaction():
+    """Alone (the relay's case), the claim's implicit transaction commits without waiting
+    for its WAL flush; inside a caller's transaction it must not make that one's commit
+    unflushed: the session's setting is unchanged either way."""
+    from django.db import transaction
+    from django.test.utils import CaptureQueriesContext
+
+    OutboxMessageFactory.create_batch(2)
+    with connection.cursor() as cursor:  # the test settings turn it off for the session
+        cursor.execute("SET synchronous_commit = on")
+    with CaptureQueriesContext(connection) as alone:
+        assert (
+            len(db.claim("default", limit=1, lease_seconds=30, worker="w", token=uuid.uuid4())) == 1
+        )
+    assert "SET LOCAL synchronous_commit = off" in alone.captured_queries[-1]["sql"]
+    assert _show_synchronous_commit() == "on"
+    with transaction.atomic(), CaptureQueriesContext(connection) as inside:
+        assert (
+            len(db.claim("default", limit=1, lease_seconds=30, worker="w", token=uuid.uuid4())) == 1
+        )
+        assert _show_synchronous_commit() == "on"
+    assert "synchronous_commit" not in inside.captured_queries[0]["sql"]
+    connection.close()  # back to the test settings' session

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+import functools
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -618,6 +619,86 @@ def test_a_draining_relay_publishes_a_hot_key_whole_though_its_claims_ahead_find
     assert _published(transport) == [("hot", s) for s in range(1, 451)]
 
 
+# -- a relay whose settings order no route -------------------------------------------
+
+#: The routes of this module with nothing ordered: a relay of another process's settings.
+ORDERING_NOTHING = {
+    **ROUTES,
+    "ROUTES": {ORDERED: {"exchange": "orders"}, PLAIN: {"exchange": "orders"}},
+}
+
+
+def _stage_plain(n: int) -> None:
+    with transaction.atomic():
+        for i in range(n):
+            stage("order.changed", {"n": i}, destination=PLAIN)
+
+
+@pytest.mark.parametrize("vendor", ["postgresql", "portable"])
+def test_the_unordered_claim_leaves_ordered_rows_alone(vendor):
+    _stage_keys({"a": 2})
+    _stage_plain(2)
+    if vendor == "postgresql":
+        claim = functools.partial(db.claim, "default", limit=10, lease_seconds=30, worker="w")
+    else:
+        claim = functools.partial(db._claim_portable, "default", 10, 2**62, 30, "w")
+    unordered = claim(token=uuid.uuid4(), ordered=False)
+    assert [(m.destination, m.sequence) for m in unordered] == [(PLAIN, None), (PLAIN, None)]
+    assert _by_key(claim(token=uuid.uuid4(), ordered=True)) == {"a": [1, 2]}
+
+
+def test_between_its_whole_claims_a_relay_ordering_nothing_leaves_ordered_rows_alone():
+    """Its first claim is whole; the next ones, until POLL_INTERVAL has passed, take
+    unordered rows only; run_once() claims whole."""
+    transport = MemoryTransport(store=[])
+    with override_settings(OUTBOX={**ORDERING_NOTHING, "POLL_INTERVAL": 3600}):
+        with Relay(transports={"default": transport}) as relay:
+            _stage_plain(1)
+            assert relay.run_once().published == 1
+            assert relay._claim() is None  # whole: nothing due
+            with override_settings(OUTBOX=ROUTES):  # another process, ordering the route
+                _stage_keys({"a": 2})
+            assert relay._claim() is None  # unordered only
+            assert relay.run_once().published == 2
+    assert _published(transport)[1:] == [("a", 1), ("a", 2)]
+
+
+def test_a_drain_ordering_nothing_publishes_ordered_rows_left_behind_in_order():
+    """The whole first claim finds only unordered rows (the oldest); the later claims are
+    unordered, so the drain claims whole once more before it calls the table empty."""
+    _stage_plain(4)
+    _stage_keys({"a": 3, "b": 1})
+    transport = MemoryTransport(store=[])
+    with override_settings(OUTBOX={**ORDERING_NOTHING, "POLL_INTERVAL": 3600}):
+        with Relay(transports={"default": transport}, batch_size=2) as relay:
+            stats = relay.run(threading.Event(), drain=True)
+    assert stats.published == 8
+    published = [item for item in _published(transport) if item[1] is not None]
+    assert sorted(published) == [("a", 1), ("a", 2), ("a", 3), ("b", 1)]
+    assert [s for key, s in published if key == "a"] == [1, 2, 3]
+
+
+def test_a_running_relay_ordering_nothing_publishes_ordered_rows_within_a_poll_interval():
+    """Woken by their NOTIFY, its claims are unordered; its next whole claim, at most
+    POLL_INTERVAL later, takes them, and keeps claiming whole while it finds ordered rows."""
+    transport = MemoryTransport(store=[])
+    stop = threading.Event()
+    with override_settings(OUTBOX={**ORDERING_NOTHING, "POLL_INTERVAL": 1}):
+        relay = Relay(transports={"default": transport}, batch_size=2)
+        runner = _Thread(lambda: relay.run(stop))
+        runner.start()
+        try:
+            _stage_plain(1)
+            wait_until(lambda: len(transport.store) == 1, timeout=30, what="the plain row")
+            with override_settings(OUTBOX=ROUTES):
+                _stage_keys({"a": 5})
+            wait_until(lambda: len(transport.store) == 6, timeout=30, what="the ordered rows")
+        finally:
+            stop.set()
+            runner.join_checked()
+    assert _published(transport)[1:] == [("a", s) for s in range(1, 6)]
+
+
 # -- the plan ---------------------------------------------------------------------------
 
 
@@ -654,6 +735,14 @@ def test_the_ordered_claim_reads_the_partial_indexes_on_a_large_table():
     assert f"Seq Scan on {table}" not in plan, plan
     for index in ("outbox_due_idx", "outbox_ordered_due_idx", "outbox_key_unfinished_idx"):
         assert index in plan, plan
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"EXPLAIN {postgresql._claim_sql(ordered=False)}",
+            [100, 100, 2**40, 30, 30, "w", uuid.uuid4()],
+        )
+        unordered = "\n".join(row[0] for row in cursor.fetchall())
+    assert f"Seq Scan on {table}" not in unordered, unordered
+    assert "outbox_due_idx" in unordered and "outbox_ordered_due_idx" not in unordered
     claimed = _production(100, uuid.uuid4())
     assert len(claimed) == 100
 
