@@ -255,7 +255,7 @@ def _build(
     if key is not None and not (isinstance(key, str) and 0 < len(key) <= _MAX_LENGTH):
         raise InvalidEvent(
             f"event {event_type!r}: key must be None or a non-empty string of at most "
-            f"{_MAX_LENGTH} characters; got {type(key).__name__}"
+            f"{_MAX_LENGTH} characters; got {_describe_key(key)}"
         )
     if key is not None and (bad := _UNSTORABLE.search(key)):
         raise InvalidEvent(_unstorable(bad.group(), f"the key of event {event_type!r}"))
@@ -417,6 +417,13 @@ def _check_headers(
     if refused:
         raise InvalidEvent(f"event {event_type!r}: {refused}")
     return dict(headers)
+
+
+def _describe_key(key: object) -> str:
+    """What was wrong with a key, without its text (it may be long, or a secret)."""
+    if not isinstance(key, str):
+        return type(key).__name__
+    return f"a string of {len(key)} characters" if key else "an empty string"
 
 
 def _check_header_values(headers: dict[str, Any], event_type: str) -> dict[str, Any]:

@@ -272,7 +272,8 @@ def test_unknown_destination_is_an_error_when_the_default_route_is_off():
     ("kwargs", "message"),
     [
         ({"event_type": ""}, "event_type must be a non-empty string"),
-        ({"key": ""}, "key must be None or a non-empty string"),
+        ({"key": ""}, "key must be None or a non-empty string .* got an empty string"),
+        ({"key": "k" * 256}, "at most 255 characters; got a string of 256 characters"),
         ({"key": 5}, "key must be None or a non-empty string .* got int"),
         ({"headers": {"event_id": "spoof"}}, r"headers \['event_id'\] are reserved for the relay"),
         ({"headers": {"compression": "gzip"}}, r"headers \['compression'\] are reserved"),
