@@ -135,8 +135,7 @@ def relay_drain(
     with connection.cursor() as cursor:
         cursor.execute(f'VACUUM ANALYZE "{TABLE}"')
     vacuumed = Reading.take(TABLE)
-    relays_env = {**env, "OUTBOX_BENCH_ORDERED": "1" if keys else "0"}
-    results = _run_relays(relays_env, url, processes, batch_size, tag, profile_dir, telemetry)
+    results = _run_relays(env, url, processes, batch_size, tag, profile_dir, telemetry, keys > 0)
     drained = Reading.take(TABLE)
     delete_queue(url, to)
     published = sum(r["published"] for r in results)
@@ -166,8 +165,11 @@ def _run_relays(
     tag: str,
     profile_dir: Path | None,
     telemetry: bool,
+    ordered: bool,
 ) -> list[dict[str, Any]]:
-    """Start ``processes`` draining relays, release them together, and read their results."""
+    """Start ``processes`` draining relays, release them together, and read their results.
+    Only with ``ordered`` do their settings have the ordered route."""
+    env = {**env, "OUTBOX_BENCH_ORDERED": "1" if ordered else "0"}
     workers = []
     for number in range(processes):
         args = ["relay", "--url", url, "--batch-size", str(batch_size), "--drain"]

@@ -26,9 +26,9 @@ DATABASES = {
 }
 #: The ordered route of the ordering scenarios (its queue is deleted after each drain).
 ORDERED = "bench-ordered"
-#: Only the runner (which stages the ordering scenarios' backlogs) and those scenarios'
-#: relays have the ordered route: the other relays claim as a project's relay whose
-#: settings order no route does (``Relay`` picks its claim statement by them).
+#: The ordered route is in every process's settings but the relays of the scenarios that
+#: publish no ordered event (``OUTBOX_BENCH_ORDERED=0``): those claim as the relay of a
+#: project that orders no route does (``Relay`` picks its claim statement by them).
 _ORDERS = env.bool("OUTBOX_BENCH_ORDERED", default=True)
 OUTBOX = {
     "BROKER_URL": env("OUTBOX_BROKER_URL", default="amqp://guest:guest@127.0.0.1:55672//"),

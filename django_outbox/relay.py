@@ -339,13 +339,14 @@ class Relay:
         if "celery" not in self._transports:
             require_celery(self._celery_routes)
         #: Whether these settings order a route. If not, the relay claims with the
-        #: statement for unordered rows, cheaper to plan, and with the whole claim
-        #: at least every ``POLL_INTERVAL`` and while it finds ordered rows: rows left by
-        #: a route that was ordered, or staged by processes that order one.
+        #: statement for unordered rows, cheaper to plan, and whole (ordered rows too: left
+        #: by a route that was ordered) at least every ``POLL_INTERVAL``, and for a
+        #: ``POLL_INTERVAL`` after any claim found ordered rows (a key's next rows are
+        #: hidden while its batch is in flight). Monotonic clock.
         self._orders = outbox_settings.DEFAULT_ORDERED or any(
             route.ordered for route in outbox_settings.ROUTES.values()
         )
-        self._whole_claim_at = 0.0  # monotonic clock
+        self._whole_claim_at = self._ordered_until = 0.0
 
     def close(self) -> None:
         """Close the broker connections (``run()`` does it when it returns)."""
@@ -371,10 +372,10 @@ class Relay:
 
     def _claim(self, whole: bool = False) -> _Claim | None:
         """Claim a batch; None when nothing is due. The claim is ``whole`` (ordered
-        rows too) when asked, when the settings order a route, or when the last whole
-        claim is ``POLL_INTERVAL`` old or found ordered rows."""
+        rows too) when asked, when the settings order a route, when the last whole claim
+        is ``POLL_INTERVAL`` old, or less than that after a claim found ordered rows."""
         token, started = uuid.uuid4(), time.monotonic()
-        whole = whole or self._orders or started >= self._whole_claim_at
+        whole = whole or self._orders or not self._ordered_until < started < self._whole_claim_at
         messages = store.claim(
             self.using,
             limit=self.batch_size,
@@ -383,8 +384,10 @@ class Relay:
             token=token,
             ordered=whole,
         )
-        if whole and all(message.sequence is None for message in messages):
+        if whole:
             self._whole_claim_at = started + outbox_settings.POLL_INTERVAL
+            if any(message.sequence is not None for message in messages):
+                self._ordered_until = self._whole_claim_at
         if not messages:
             return None
         return _Claim(messages, token, time.monotonic() + self.lease_seconds / 2, started)

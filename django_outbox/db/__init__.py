@@ -205,13 +205,11 @@ def _claim_portable(
     rows = OutboxMessage.objects.using(using)
     with transaction.atomic(using=using):
         due = rows.due().order_by("available_at", "id")
-        if not ordered:
-            due = due.filter(sequence__isnull=True)
         if supports_skip_locked(connections[using]):
             due = due.select_for_update(skip_locked=True)
         else:
             write_first(using)
-        found = sorted(_candidates(due, limit))[:limit]
+        found = sorted(_candidates(due, limit, ordered=ordered))[:limit]
         ids = _within_bytes(((pk, size) for *_, pk, size in found), max_bytes)
         if not ids:
             return []
@@ -243,11 +241,11 @@ def _claim_portable(
 _Candidate = tuple[int, dt.datetime, int, int, int]
 
 
-def _candidates(due: models.QuerySet[Any], limit: int) -> list[_Candidate]:
+def _candidates(due: models.QuerySet[Any], limit: int, *, ordered: bool = True) -> list[_Candidate]:
     """The portable claim's rows to choose from, as the named query ``claim`` picks
-    them: up to ``limit`` unordered rows, up to ``limit`` heads of ordered keys, and
-    after each head the due rows of its key that follow it contiguously (a share of
-    the rest of the batch each)."""
+    them: up to ``limit`` unordered rows and, with ``ordered``, up to ``limit`` heads of
+    ordered keys and after each head the due rows of its key that follow it
+    contiguously (a share of the rest of the batch each)."""
     size = _JsonBytes("payload")
     found: list[_Candidate] = [
         (0, at, pk, pk, n)
@@ -255,6 +253,8 @@ def _candidates(due: models.QuerySet[Any], limit: int) -> list[_Candidate]:
             :limit
         ]
     ]
+    if not ordered:
+        return found
     heads = list(
         due.filter(_is_head()).values_list(
             "id", "available_at", size, "destination", "ordering_key", "sequence"

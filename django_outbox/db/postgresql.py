@@ -45,7 +45,7 @@ def _claim_sql(ordered: bool = True) -> str:
     fragments = {
         name: queries.sql(query, identifiers=table, literals=literals)
         for name, query in [
-            ("unordered", "claim_unordered_rows"),
+            ("unordered_rows", "claim_unordered_rows"),
             ("bounded", "claim_bounded"),
             ("lease", "claim_lease"),
             ("ordered_gate", "ordered_gate"),
@@ -62,9 +62,10 @@ def claim(
     lease_seconds: float,
     worker: str,
     token: uuid.UUID,
+    *,
     ordered: bool = True,
 ) -> list[ClaimedMessage]:
-    """One statement, so one implicit transaction and one round trip: pick due
+    """One query, so one implicit transaction and one round trip: pick due
     unordered rows through ``outbox_due_idx`` and the heads of ordered keys with
     the runs after them (named query ``claim``), all with SKIP LOCKED, lease
     them, return them. The payload comes back as JSON text, ready to publish
@@ -75,11 +76,11 @@ def claim(
     a locking CTE cannot hold the window function, so a later CTE sums the sizes.
     Picked rows left out are unlocked when the statement ends, and the next claim
     takes them. Without ``ordered`` only unordered rows are claimed (``claim_unordered``:
-    cheaper to plan)."""
+    cheaper to plan), and the claim's commit does not wait for its WAL flush."""
     params: list[Any] = [limit, limit, limit, limit] if ordered else [limit, limit]
     params += [max_bytes, lease_seconds, lease_seconds, worker, token]
     with connection.cursor() as cursor:
-        if _unflushed(connection, cursor):
+        if not ordered and _unflushed(connection, cursor):
             cursor.execute(
                 f"{queries.sql('claim_commit_unflushed')};\n{_claim_sql(ordered)}", params
             )
@@ -95,13 +96,14 @@ def claim(
 
 
 def _unflushed(connection: BaseDatabaseWrapper, cursor: Any) -> bool:
-    """Whether the claim's commit may skip its WAL flush (``claim_commit_unflushed``):
-    outside a transaction of the caller's (whose commit it would make unflushed too),
-    through psycopg's client-side binding cursor (Django's default), which sends the two
-    statements in one simple-protocol query."""
+    """Whether the unordered claim's commit may skip its WAL flush
+    (``claim_commit_unflushed``): outside a transaction of the caller's (whose commit it
+    would make unflushed too), through psycopg's client-side binding cursor (Django's
+    default), which sends the two statements in one simple-protocol query."""
     import psycopg
 
-    return connection.get_autocommit() and isinstance(cursor.cursor, psycopg.ClientCursor)
+    driver_cursor = getattr(cursor, "cursor", None)
+    return connection.get_autocommit() and isinstance(driver_cursor, psycopg.ClientCursor)
 
 
 #: What the claim's ``created_at`` counts microseconds from.

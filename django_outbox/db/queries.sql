@@ -25,7 +25,7 @@
 -- worker, token. Its parts shared with claim_unordered are the fragments
 -- claim_unordered_rows, claim_bounded and claim_lease.
 WITH picked AS (
-    {unordered}
+    {unordered_rows}
 ), heads AS (
     SELECT id, available_at, destination, ordering_key, sequence,
            octet_length(payload::text) AS size
@@ -72,7 +72,7 @@ WITH picked AS (
 -- PostgreSQL plans it in about a third of the time (a millisecond less per claim
 -- here). Parameters: limit (twice), max_bytes, lease seconds (twice), worker, token.
 WITH picked AS (
-    {unordered}
+    {unordered_rows}
 ), running AS (
     SELECT id, row_number() OVER w AS n, sum(size) OVER w AS total FROM picked
     WINDOW w AS (ORDER BY available_at, id)
@@ -83,11 +83,12 @@ WITH picked AS (
 
 
 -- name: claim_commit_unflushed
--- PostgreSQL, sent before a claim in the same simple-protocol query (one implicit
--- transaction): the claim's commit does not wait for its WAL flush (about 0.6 ms
--- per claim here). A claim a crash loses leaves its rows due, to be claimed and
--- published again (duplicates, as at-least-once allows); the finalize's commit is
--- flushed, and flushes the claim's WAL before it.
+-- PostgreSQL, sent before claim_unordered in the same simple-protocol query (one
+-- implicit transaction): the claim's commit does not wait for its WAL flush (about
+-- 0.6 ms per claim here). A claim a crash loses leaves its rows due, to be claimed
+-- and published again: duplicates, as at-least-once allows. Never before the whole
+-- claim: a lost lease on an ordered key would let a second relay publish the key
+-- while the first one still does.
 SET LOCAL synchronous_commit = off
 
 

@@ -194,26 +194,29 @@ def _show_synchronous_commit() -> str:
         return str(cursor.fetchone()[0])
 
 
-def test_a_claim_skips_its_own_wal_flush_but_never_that_of_a_callers_transaction():
-    """Alone (the relay's case), the claim's implicit transaction commits without waiting
-    for its WAL flush; inside a caller's transaction it must not make that one's commit
-    unflushed: the session's setting is unchanged either way."""
+def test_an_unordered_claim_skips_its_own_wal_flush_but_never_a_callers_or_a_whole_claims():
+    """Alone (the relay's case), the unordered claim's implicit transaction commits without
+    waiting for its WAL flush; the whole claim (ordered rows: their lease must be durable
+    before they are published) and a claim inside a caller's transaction (whose commit it
+    would make unflushed) wait for it; the session's setting is unchanged throughout."""
     from django.db import transaction
     from django.test.utils import CaptureQueriesContext
 
-    OutboxMessageFactory.create_batch(2)
+    OutboxMessageFactory.create_batch(3)
     with connection.cursor() as cursor:  # the test settings turn it off for the session
         cursor.execute("SET synchronous_commit = on")
-    with CaptureQueriesContext(connection) as alone:
-        assert (
-            len(db.claim("default", limit=1, lease_seconds=30, worker="w", token=uuid.uuid4())) == 1
-        )
-    assert "SET LOCAL synchronous_commit = off" in alone.captured_queries[-1]["sql"]
+
+    def claimed(**kwargs: bool) -> str:
+        token = uuid.uuid4()
+        with CaptureQueriesContext(connection) as sent:
+            rows = db.claim("default", limit=1, lease_seconds=30, worker="w", token=token, **kwargs)
+        assert len(rows) == 1
+        return sent.captured_queries[-1]["sql"]
+
+    assert "SET LOCAL synchronous_commit = off" in claimed(ordered=False)
     assert _show_synchronous_commit() == "on"
-    with transaction.atomic(), CaptureQueriesContext(connection) as inside:
-        assert (
-            len(db.claim("default", limit=1, lease_seconds=30, worker="w", token=uuid.uuid4())) == 1
-        )
+    assert "synchronous_commit" not in claimed(ordered=True)
+    with transaction.atomic():
+        assert "synchronous_commit" not in claimed(ordered=False)
         assert _show_synchronous_commit() == "on"
-    assert "synchronous_commit" not in inside.captured_queries[0]["sql"]
     connection.close()  # back to the test settings' session

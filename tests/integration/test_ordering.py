@@ -655,7 +655,7 @@ def test_between_its_whole_claims_a_relay_ordering_nothing_leaves_ordered_rows_a
         with Relay(transports={"default": transport}) as relay:
             _stage_plain(1)
             assert relay.run_once().published == 1
-            assert relay._claim() is None  # whole: nothing due
+            assert relay._claim() is None  # unordered from now on: nothing due
             with override_settings(OUTBOX=ROUTES):  # another process, ordering the route
                 _stage_keys({"a": 2})
             assert relay._claim() is None  # unordered only
@@ -676,6 +676,25 @@ def test_a_drain_ordering_nothing_publishes_ordered_rows_left_behind_in_order():
     published = [item for item in _published(transport) if item[1] is not None]
     assert sorted(published) == [("a", 1), ("a", 2), ("a", 3), ("b", 1)]
     assert [s for key, s in published if key == "a"] == [1, 2, 3]
+
+
+def test_a_running_relay_ordering_nothing_claims_a_keys_batches_back_to_back():
+    """While a key's batch is in flight its next rows are hidden from claims (the claim made
+    ahead finds none): claims stay whole for a POLL_INTERVAL after one found ordered rows,
+    so the key's next batch follows at once, not a POLL_INTERVAL (an hour here) later."""
+    _stage_keys({"a": 7})
+    transport = MemoryTransport(store=[])
+    stop = threading.Event()
+    with override_settings(OUTBOX={**ORDERING_NOTHING, "POLL_INTERVAL": 3600}):
+        relay = Relay(transports={"default": transport}, batch_size=2)
+        runner = _Thread(lambda: relay.run(stop))
+        runner.start()
+        try:
+            wait_until(lambda: len(transport.store) == 7, timeout=30, what="the key's 4 batches")
+        finally:
+            stop.set()
+            runner.join_checked()
+    assert _published(transport) == [("a", s) for s in range(1, 8)]
 
 
 def test_a_running_relay_ordering_nothing_publishes_ordered_rows_within_a_poll_interval():

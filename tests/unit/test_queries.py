@@ -51,6 +51,11 @@ def test_every_query_of_the_package_file_loads():
     names = re.findall(r"^-- name: (\w+)", text, re.MULTILINE)
     assert set(names) == {
         "claim",
+        "claim_unordered",
+        "claim_commit_unflushed",
+        "claim_unordered_rows",
+        "claim_bounded",
+        "claim_lease",
         "ordered_gate",
         "insert",
         "insert_row",
@@ -72,22 +77,23 @@ def test_an_unknown_query_name_is_an_error_naming_it():
 
 
 def test_a_placeholder_without_a_value_is_an_error_naming_it():
-    with pytest.raises(queries.UnknownQuery, match=r"query 'claim' needs a value for \{table\}"):
-        queries.sql("claim")
+    with pytest.raises(
+        queries.UnknownQuery, match=r"query 'claim_lease' needs a value for \{table\}"
+    ):
+        queries.sql("claim_lease")
 
 
 def test_identifiers_and_literals_are_quoted_and_escaped():
     assert queries.quote_identifier('we"ird') == '"we""ird"'
     assert queries.quote_literal("it's") == "'it''s'"
-    sql = queries.sql(
-        "claim",
-        identifiers={"table": 'out"box'},
-        literals={"claimable": ["a", "b'c"], "processing": "p", "published": "d"},
-        fragments={"ordered_gate": "TRUE"},
+    table = {"table": 'out"box'}
+    rows = queries.sql(
+        "claim_unordered_rows", identifiers=table, literals={"claimable": ["a", "b'c"]}
     )
-    assert 'FROM "out""box"' in sql
-    assert "status IN ('a', 'b''c')" in sql
-    assert "SET status = 'p'" in sql
+    lease = queries.sql("claim_lease", identifiers=table, literals={"processing": "p"})
+    assert 'FROM "out""box"' in rows
+    assert "status IN ('a', 'b''c')" in rows
+    assert "SET status = 'p'" in lease
 
 
 def test_the_claim_names_every_column_it_returns_after_claimed_message():
