@@ -9,6 +9,7 @@ never by sleeps.
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime as dt
 import functools
 import threading
@@ -634,6 +635,23 @@ def _stage_plain(n: int) -> None:
             stage("order.changed", {"n": i}, destination=PLAIN)
 
 
+@contextlib.contextmanager
+def _relay_ordering_nothing(poll_interval: float) -> Iterator[MemoryTransport]:
+    """A relay (batch 2) whose settings order no route, running on a thread of its own
+    until the block ends; yields the transport it publishes to."""
+    transport = MemoryTransport(store=[])
+    stop = threading.Event()
+    with override_settings(OUTBOX={**ORDERING_NOTHING, "POLL_INTERVAL": poll_interval}):
+        relay = Relay(transports={"default": transport}, batch_size=2)
+        runner = _Thread(lambda: relay.run(stop))
+        runner.start()
+        try:
+            yield transport
+        finally:
+            stop.set()
+            runner.join_checked()
+
+
 @pytest.mark.parametrize("vendor", ["postgresql", "portable"])
 def test_the_unordered_claim_leaves_ordered_rows_alone(vendor):
     _stage_keys({"a": 2})
@@ -683,38 +701,20 @@ def test_a_running_relay_ordering_nothing_claims_a_keys_batches_back_to_back():
     ahead finds none): claims stay whole for a POLL_INTERVAL after one found ordered rows,
     so the key's next batch follows at once, not a POLL_INTERVAL (an hour here) later."""
     _stage_keys({"a": 7})
-    transport = MemoryTransport(store=[])
-    stop = threading.Event()
-    with override_settings(OUTBOX={**ORDERING_NOTHING, "POLL_INTERVAL": 3600}):
-        relay = Relay(transports={"default": transport}, batch_size=2)
-        runner = _Thread(lambda: relay.run(stop))
-        runner.start()
-        try:
-            wait_until(lambda: len(transport.store) == 7, timeout=30, what="the key's 4 batches")
-        finally:
-            stop.set()
-            runner.join_checked()
+    with _relay_ordering_nothing(poll_interval=3600) as transport:
+        wait_until(lambda: len(transport.store) == 7, timeout=30, what="the key's 4 batches")
     assert _published(transport) == [("a", s) for s in range(1, 8)]
 
 
 def test_a_running_relay_ordering_nothing_publishes_ordered_rows_within_a_poll_interval():
     """Woken by their NOTIFY, its claims are unordered; its next whole claim, at most
     POLL_INTERVAL later, takes them, and keeps claiming whole while it finds ordered rows."""
-    transport = MemoryTransport(store=[])
-    stop = threading.Event()
-    with override_settings(OUTBOX={**ORDERING_NOTHING, "POLL_INTERVAL": 1}):
-        relay = Relay(transports={"default": transport}, batch_size=2)
-        runner = _Thread(lambda: relay.run(stop))
-        runner.start()
-        try:
-            _stage_plain(1)
-            wait_until(lambda: len(transport.store) == 1, timeout=30, what="the plain row")
-            with override_settings(OUTBOX=ROUTES):
-                _stage_keys({"a": 5})
-            wait_until(lambda: len(transport.store) == 6, timeout=30, what="the ordered rows")
-        finally:
-            stop.set()
-            runner.join_checked()
+    with _relay_ordering_nothing(poll_interval=1) as transport:
+        _stage_plain(1)
+        wait_until(lambda: len(transport.store) == 1, timeout=30, what="the plain row")
+        with override_settings(OUTBOX=ROUTES):
+            _stage_keys({"a": 5})
+        wait_until(lambda: len(transport.store) == 6, timeout=30, what="the ordered rows")
     assert _published(transport)[1:] == [("a", s) for s in range(1, 6)]
 
 
