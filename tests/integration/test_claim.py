@@ -35,11 +35,21 @@ def _production(limit: int, token: uuid.UUID) -> list[ClaimedMessage]:
     return db.claim("default", limit=limit, lease_seconds=30, worker="w", token=token)
 
 
+def _production_unordered(limit: int, token: uuid.UUID) -> list[ClaimedMessage]:
+    """The claim a relay whose settings order no route sends between its whole claims."""
+    return db.claim(
+        "default", limit=limit, lease_seconds=30, worker="w", token=token, ordered=False
+    )
+
+
 def _portable(limit: int, token: uuid.UUID) -> list[ClaimedMessage]:
     return db._claim_portable("default", limit, 2**62, 30, "w", token)  # no byte bound
 
 
-@pytest.fixture(params=[_production, _portable], ids=["postgresql", "portable"])
+@pytest.fixture(
+    params=[_production, _production_unordered, _portable],
+    ids=["postgresql", "postgresql-unordered", "portable"],
+)
 def claim(request) -> Claim:
     return request.param
 
@@ -202,10 +212,6 @@ def test_an_unordered_claim_skips_its_own_wal_flush_but_never_a_callers_or_a_who
     from django.db import transaction
     from django.test.utils import CaptureQueriesContext
 
-    OutboxMessageFactory.create_batch(3)
-    with connection.cursor() as cursor:  # the test settings turn it off for the session
-        cursor.execute("SET synchronous_commit = on")
-
     def claimed(**kwargs: bool) -> str:
         token = uuid.uuid4()
         with CaptureQueriesContext(connection) as sent:
@@ -213,10 +219,34 @@ def test_an_unordered_claim_skips_its_own_wal_flush_but_never_a_callers_or_a_who
         assert len(rows) == 1
         return sent.captured_queries[-1]["sql"]
 
-    assert "SET LOCAL synchronous_commit = off" in claimed(ordered=False)
-    assert _show_synchronous_commit() == "on"
-    assert "synchronous_commit" not in claimed(ordered=True)
-    with transaction.atomic():
-        assert "synchronous_commit" not in claimed(ordered=False)
+    OutboxMessageFactory.create_batch(3)
+    with connection.cursor() as cursor:  # the test settings turn it off for the session
+        cursor.execute("SET synchronous_commit = on")
+    try:
+        assert "SET LOCAL synchronous_commit = off" in claimed(ordered=False)
         assert _show_synchronous_commit() == "on"
-    connection.close()  # back to the test settings' session
+        assert "synchronous_commit" not in claimed(ordered=True)
+        with transaction.atomic():
+            assert "synchronous_commit" not in claimed(ordered=False)
+            assert _show_synchronous_commit() == "on"
+    finally:
+        connection.close()  # back to the test settings' session
+
+
+def test_a_server_side_binding_cursor_gets_the_unordered_claim_alone():
+    """With ``"server_side_binding": True`` Django's cursors use the extended protocol,
+    which takes one statement a query: the claim goes without its ``SET LOCAL`` (and
+    waits for its flush) instead of failing with "cannot insert multiple commands"."""
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    OutboxMessageFactory.create_batch(2)
+    connection.ensure_connection()
+    connection.connection.cursor_factory = ServerBindingCursor
+    try:
+        token = uuid.uuid4()
+        claimed = db.claim(
+            "default", limit=5, lease_seconds=30, worker="w", token=token, ordered=False
+        )
+    finally:
+        connection.close()  # a new connection takes the test settings' cursor again
+    assert len(claimed) == 2

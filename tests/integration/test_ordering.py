@@ -31,6 +31,7 @@ from django_outbox.models import OutboxMessage, OutboxSequence
 from django_outbox.relay import Relay
 from django_outbox.transports.base import Failure, Outcome
 from django_outbox.transports.memory import MemoryTransport
+from tests.factories import OutboxMessageFactory
 from tests.support import AMQP_URL, delete_queue, unique_destination, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -629,6 +630,13 @@ ORDERING_NOTHING = {
 }
 
 
+def _left_behind(key: str, n: int) -> None:
+    """``n`` rows of ``key`` on the ordered route, numbered 1..n, as a route that was
+    ordered left them (written directly: the settings in force order nothing)."""
+    for sequence in range(1, n + 1):
+        OutboxMessageFactory(destination=ORDERED, ordering_key=key, sequence=sequence)
+
+
 def _stage_plain(n: int) -> None:
     with transaction.atomic():
         for i in range(n):
@@ -707,15 +715,29 @@ def test_a_running_relay_ordering_nothing_claims_a_keys_batches_back_to_back():
 
 
 def test_a_running_relay_ordering_nothing_publishes_ordered_rows_within_a_poll_interval():
-    """Woken by their NOTIFY, its claims are unordered; its next whole claim, at most
-    POLL_INTERVAL later, takes them, and keeps claiming whole while it finds ordered rows."""
+    """Rows a route left behind when it stopped being ordered: the relay's claims between
+    whole ones pass them by; its next whole claim, at most a POLL_INTERVAL later, takes
+    them, and it keeps claiming whole while it finds ordered rows."""
     with _relay_ordering_nothing(poll_interval=1) as transport:
         _stage_plain(1)
         wait_until(lambda: len(transport.store) == 1, timeout=30, what="the plain row")
-        with override_settings(OUTBOX=ROUTES):
-            _stage_keys({"a": 5})
+        _left_behind("a", 5)
         wait_until(lambda: len(transport.store) == 6, timeout=30, what="the ordered rows")
     assert _published(transport)[1:] == [("a", s) for s in range(1, 6)]
+
+
+def test_a_drain_after_run_once_claims_whole_before_it_ends():
+    """``run_once()`` claims whole and finds no ordered row, so the drain's claims are
+    unordered; with nothing pending, the drain still claims whole once before it ends."""
+    transport = MemoryTransport(store=[])
+    with override_settings(OUTBOX={**ORDERING_NOTHING, "POLL_INTERVAL": 3600}):
+        with Relay(transports={"default": transport}) as relay:
+            _stage_plain(1)
+            assert relay.run_once().published == 1
+            _left_behind("a", 3)
+            stats = relay.run(threading.Event(), drain=True)
+    assert stats.published == 3
+    assert _published(transport)[1:] == [("a", 1), ("a", 2), ("a", 3)]
 
 
 # -- the plan ---------------------------------------------------------------------------

@@ -92,7 +92,17 @@ def claim_portable(max_bytes: int) -> list[int]:
     return [m.id for m in claimed]
 
 
-@pytest.mark.parametrize("claim", [claim_through_the_setting, claim_portable])
+def claim_unordered(max_bytes: int) -> list[int]:
+    """The claim a relay whose settings order no route sends between its whole claims."""
+    token = uuid.uuid4()
+    claimed = db.claim(
+        "default", limit=500, max_bytes=max_bytes, lease_seconds=60, worker="w", token=token,
+        ordered=False,
+    )  # fmt: skip
+    return [m.id for m in claimed]
+
+
+@pytest.mark.parametrize("claim", [claim_through_the_setting, claim_unordered, claim_portable])
 def test_a_batch_is_split_by_bytes_and_the_next_claim_takes_the_rest(claim):
     ids = stage_sizes(1000, 1000, 1000, 1000, 600)
 
@@ -102,11 +112,14 @@ def test_a_batch_is_split_by_bytes_and_the_next_claim_takes_the_rest(claim):
     assert batches == [ids[0:2], ids[2:4], ids[4:5]]
 
 
-def test_the_row_count_bound_still_holds_under_the_byte_bound():
+@pytest.mark.parametrize("ordered", [True, False], ids=["whole", "unordered"])
+def test_the_row_count_bound_still_holds_under_the_byte_bound(ordered):
     ids = stage_sizes(100, 100, 100)
+    token = uuid.uuid4()
     claimed = db.claim(
-        "default", limit=2, max_bytes=MiB, lease_seconds=60, worker="w", token=uuid.uuid4()
-    )
+        "default", limit=2, max_bytes=MiB, lease_seconds=60, worker="w", token=token,
+        ordered=ordered,
+    )  # fmt: skip
     assert [m.id for m in claimed] == ids[:2]
 
 
