@@ -71,6 +71,7 @@ PROFILES = {
             "relay_stop",
             "rabbitmq_restart",
             "postgres_restart",
+            "postgres_crash",
             "consumer_kill",
             "cluster_leader_restart",
             "memory_alarm",
@@ -243,8 +244,14 @@ class Run:
         from .audit import DESTINATION
 
         p = self.profile
+        # The last relay's settings order no route (chaos.settings): it claims unordered
+        # rows alone between whole claims, without waiting for those claims' WAL flush.
         self.relays = [
-            self._proc(f"relay-{i}", manage("run_outbox_relay"), self.relay_env)
+            self._proc(
+                f"relay-{i}",
+                manage("run_outbox_relay"),
+                {**self.relay_env, "CHAOS_ORDERS_NOTHING": "1" if i == p.relays > 1 else "0"},
+            )
             for i in range(1, p.relays + 1)
         ]
         self.consumer = self._consumer("consumer", DESTINATION)

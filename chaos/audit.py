@@ -48,6 +48,7 @@ TASK_TOTAL_KEYS = (
 EVERY_RELAY = (
     "rabbitmq_restart",
     "postgres_restart",
+    "postgres_crash",
     "memory_alarm",
     "net_delay",
     "net_partition",

@@ -38,6 +38,7 @@ KINDS = (
     "relay_stop",
     "rabbitmq_restart",
     "postgres_restart",
+    "postgres_crash",
     "consumer_kill",
     "memory_alarm",
     "net_delay",
@@ -218,6 +219,16 @@ class Injector:
         ended, facts = self._outage("postgres", "outbox.database_down", "outbox.database_up")
         return Done("postgres", ended, facts)
 
+    def postgres_crash(self) -> Done:
+        """An immediate shutdown (SIGQUIT, ``scripts/services crash postgres``), then crash
+        recovery: what commits had not written their WAL is lost, as in a crash, among
+        them the unordered claims of the relay that orders nothing (which do not wait for
+        their flush), whose rows must then be claimed and published again."""
+        ended, facts = self._outage(
+            "postgres", "outbox.database_down", "outbox.database_up", action="crash"
+        )
+        return Done("postgres", ended, facts)
+
     def consumer_kill(self) -> Done:
         """SIGKILL the consumer while its handler's transaction is open: it is frozen
         (SIGSTOP) until ``pg_stat_activity`` shows its connection in a transaction."""
@@ -350,15 +361,17 @@ class Injector:
         )
         return tries, ids, handled
 
-    def _outage(self, service: str, down: str, up: str) -> tuple[float, Callable[[], str]]:
-        """Restart ``service``; returns when it ended, and how to describe (once the
-        system recovered) which processes logged the outage and the recovery."""
+    def _outage(
+        self, service: str, down: str, up: str, action: str = "restart"
+    ) -> tuple[float, Callable[[], str]]:
+        """Restart (or crash) ``service``; returns when it ended, and how to describe (once
+        the system recovered) which processes logged the outage and the recovery."""
         watched = [*self.relays, self.consumer]
         before = {
             proc.role: (len(lines(proc.log, down)), len(lines(proc.log, up))) for proc in watched
         }
         began = time.monotonic()
-        self.services.run("restart", service)
+        self.services.run(action, service)
         ended = time.monotonic()
 
         def changes() -> dict[str, tuple[int, int]]:
@@ -378,7 +391,8 @@ class Injector:
                 time.sleep(0.5)
             seen = [f"{role} {d}/{u}" for role, (d, u) in changes().items()]
             return (
-                f"{service} stopped and started in {ended - began:.1f}s; "
+                f"{service} {'crashed' if action == 'crash' else 'stopped'} and started in "
+                f"{ended - began:.1f}s; "
                 f"{down}/{up} lines: {', '.join(seen)}"
             )
 
