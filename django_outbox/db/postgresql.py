@@ -30,9 +30,10 @@ NOTIFY_CHANNEL = "django_outbox"
 
 
 @functools.cache
-def _claim_sql(ordered: bool = True) -> str:
+def _claim_sql(ordered: bool = True, unflushed: bool = False) -> str:
     """The claim statement for the outbox table: named query ``claim`` (its gate
-    ``ordered_gate``), or ``claim_unordered`` without ``ordered``. Cached: clear it
+    ``ordered_gate``), or ``claim_unordered`` without ``ordered``; with ``unflushed``,
+    after ``claim_commit_unflushed`` in the same query. Cached: clear it
     (``_claim_sql.cache_clear()``) after replacing a named query."""
     from ..models import CLAIMABLE, OutboxMessage, OutboxStatus
 
@@ -52,7 +53,8 @@ def _claim_sql(ordered: bool = True) -> str:
         ]
     }
     name = "claim" if ordered else "claim_unordered"
-    return queries.sql(name, identifiers=table, literals=literals, fragments=fragments)
+    statement = queries.sql(name, identifiers=table, literals=literals, fragments=fragments)
+    return f"{queries.sql('claim_commit_unflushed')};\n{statement}" if unflushed else statement
 
 
 def claim(
@@ -80,13 +82,10 @@ def claim(
     params: list[Any] = [limit, limit, limit, limit] if ordered else [limit, limit]
     params += [max_bytes, lease_seconds, lease_seconds, worker, token]
     with connection.cursor() as cursor:
-        if not ordered and _unflushed(connection, cursor):
-            cursor.execute(
-                f"{queries.sql('claim_commit_unflushed')};\n{_claim_sql(ordered)}", params
-            )
-            cursor.nextset()
-        else:
-            cursor.execute(_claim_sql(ordered), params)
+        unflushed = not ordered and _unflushed(connection, cursor)
+        cursor.execute(_claim_sql(ordered, unflushed), params)
+        if unflushed:
+            cursor.nextset()  # from the SET's result to the claim's
         build = ClaimedMessage.reader(
             [column.name for column in cursor.description],
             headers=_headers,
