@@ -1,13 +1,14 @@
 """The relay's claim-ahead pipeline: the database work of neighbouring batches on
-a thread of its own while the relay's thread publishes."""
+threads of their own while the relay's thread publishes."""
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import functools
 import logging
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
 from django.db import DatabaseError, close_old_connections, connections
@@ -25,10 +26,15 @@ T = TypeVar("T")
 
 
 class Pipeline(Generic[ClaimT, BatchT, DoneT]):
-    """Claims the next batch (when the last one was full) and finalizes the batch
-    just published on a database thread with its own connection to ``using``, while
-    the caller publishes. At most one batch waits to be finalized while the next
-    one is published.
+    """Claims the next batch (when the last one was full) on one database thread and
+    finalizes the batch just published on another, each with its own connection to
+    ``using``, while the caller publishes: the claim and the finalize, each about as
+    long as a batch's publish on a fast broker, overlap it and each other. At most one
+    batch waits to be finalized while the next one is published.
+
+    A claim made ahead waits for the finalizes that ``gate`` it (batches with ordered
+    rows: a key's next rows are claimable only once the batch holding its previous
+    ones is finalized); others run beside it.
 
     It knows the relay only by three callables: ``claim()`` (a claim, or None when
     nothing is due), ``finalize(batch)`` (the database writes of a published batch)
@@ -55,9 +61,16 @@ class Pipeline(Generic[ClaimT, BatchT, DoneT]):
         self._finalize = finalize
         self._report = report
         self._pending: collections.deque[Callable[[], DoneT]] = collections.deque()
-        self._executor: ThreadPoolExecutor | None = None
+        self._gates: list[Future[DoneT]] = []  # finalizes the next claim ahead waits for
+        self._claimer: ThreadPoolExecutor | None = None
+        self._finalizer: ThreadPoolExecutor | None = None
         if threaded:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="outbox-db")
+            self._claimer = ThreadPoolExecutor(1, thread_name_prefix="outbox-claim")
+            self._finalizer = ThreadPoolExecutor(1, thread_name_prefix="outbox-finalize")
+
+    @property
+    def _threads(self) -> list[ThreadPoolExecutor]:
+        return [executor for executor in (self._claimer, self._finalizer) if executor]
 
     @property
     def pending(self) -> bool:
@@ -65,26 +78,31 @@ class Pipeline(Generic[ClaimT, BatchT, DoneT]):
         return bool(self._pending)
 
     def claim_ahead(self) -> Callable[[], ClaimT | None] | None:
-        """Start claiming the next batch; returns how to wait for it (None: not here)."""
-        if self._executor is None:
+        """Start claiming the next batch, once the finalizes that gate it are done;
+        returns how to wait for it (None: not here)."""
+        if self._claimer is None:
             return None
-        return self._executor.submit(self._in_thread, self._claim).result
+        gates, self._gates = self._gates, []
+        return self._claimer.submit(self._in_thread, self._claim_after, gates).result
 
-    def finalize(self, batch: BatchT) -> None:
-        """Start finalizing ``batch`` (inline: when collected)."""
-        if self._executor is None:
+    def finalize(self, batch: BatchT, *, gate: bool = False) -> None:
+        """Start finalizing ``batch`` (inline: when collected). With ``gate`` the next
+        claim ahead waits for it."""
+        if self._finalizer is None:
             self._pending.append(functools.partial(self._finalize, batch))
-        else:
-            self._pending.append(
-                self._executor.submit(self._in_thread, self._finalize, batch).result
-            )
+            return
+        future = self._finalizer.submit(self._in_thread, self._finalize, batch)
+        self._pending.append(future.result)
+        self._gates = [done for done in self._gates if not done.done()]
+        if gate:
+            self._gates.append(future)
 
     def collect(self, *, everything: bool) -> None:
         """Wait for the batches started before the newest one (``everything``: for all
         of them) to be finalized, and report each. A database error is raised; the
         batch it hit is given up (its leases will expire), those before it are
         reported already."""
-        keep = 0 if everything or self._executor is None else 1
+        keep = 0 if everything or self._finalizer is None else 1
         while len(self._pending) > keep:
             self._report(self._pending.popleft()())
 
@@ -98,25 +116,31 @@ class Pipeline(Generic[ClaimT, BatchT, DoneT]):
                 logger.debug("finalizing a batch failed", exc_info=True)
 
     def close_old_connections(self) -> None:
-        """Let the database thread honour ``CONN_MAX_AGE`` (between idle spells)."""
-        if self._executor is not None:
-            self._executor.submit(close_old_connections).result()
+        """Let the database threads honour ``CONN_MAX_AGE`` (between idle spells)."""
+        self._on_each_thread(close_old_connections)
 
     def close_connection(self) -> None:
-        """Close the database thread's connection (after an outage: the next use
+        """Close the database threads' connections (after an outage: the next use
         opens a fresh one instead of failing on a connection the server dropped)."""
-        if self._executor is not None:
-            self._executor.submit(self._close_connection).result()
+        self._on_each_thread(self._close_connection)
 
     def close(self) -> None:
-        """Settle every batch, then close the thread's connections and end it."""
+        """Settle every batch, then close the threads' connections and end them."""
         self.settle()
-        if self._executor is not None:
-            self._executor.submit(connections.close_all).result()
-            self._executor.shutdown()
+        self._on_each_thread(connections.close_all)
+        for executor in self._threads:
+            executor.shutdown()
+
+    def _on_each_thread(self, work: Callable[[], object]) -> None:
+        for done in [executor.submit(work) for executor in self._threads]:
+            done.result()
 
     def _close_connection(self) -> None:
         connections[self.using].close()
+
+    def _claim_after(self, gates: Sequence[Future[DoneT]]) -> ClaimT | None:
+        concurrent.futures.wait(gates)  # their errors are the collector's to raise
+        return self._claim()
 
     def _in_thread(self, work: Callable[..., T], *args: Any) -> T:
         try:

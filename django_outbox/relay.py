@@ -140,6 +140,12 @@ class _Batch:
         ]
 
     @property
+    def ordered(self) -> bool:
+        """Whether the batch holds ordered rows: their keys' next rows are claimable
+        only once it is finalized."""
+        return any(message.sequence is not None for message in self.messages)
+
+    @property
     def transient_failures(self) -> list[ClaimedMessage]:
         """The messages whose publish was tried and failed transiently, or whose broker
         did not take them (an outage failure): their broker may be down."""
@@ -810,7 +816,7 @@ class Relay:
             if more_due and not (state.stop.is_set() or state.brokers_down()):
                 state.ahead = state.pipeline.claim_ahead()
             batch = self._publish_claim(claim)
-            state.pipeline.finalize(batch)
+            state.pipeline.finalize(batch, gate=batch.ordered)
         state.pipeline.collect(everything=batch is None)
         state.database.recovered()
         return batch

@@ -25,11 +25,12 @@ import binascii
 import dataclasses
 import itertools
 import uuid
+from json.encoder import encode_basestring_ascii
 from typing import Any, NamedTuple
 
 from kombu.utils.json import JSONEncoder, dumps
 
-from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, ClaimedMessage
+from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, ORDERING_HEADERS, ClaimedMessage
 
 #: What every relayed message carries, as the transport's producer sets it: persistent,
 #: and kombu's default priority.
@@ -47,6 +48,50 @@ LPUSH_VALUES = 500
 _HOLES = tuple(f"\x00django_outbox:{part}\x00" for part in ("body", "headers", "id", "tag"))
 #: kombu's JSON of headers: its encoder (its own types included), built once.
 _encode_headers = JSONEncoder().encode
+#: The headers every message carries (see :meth:`ClaimedMessage.wire_headers`), which
+#: :func:`headers_json` writes itself: a user's header of one of these names changes
+#: their place or value, and the headers' dict is encoded then.
+_STANDARD_HEADERS = ORDERING_HEADERS | {
+    "correlation_id",
+    "causation_id",
+    "event_id",
+    "event_type",
+    "occurred_at",
+    "ordering_key",
+}
+
+
+def headers_json(message: ClaimedMessage, event_id: str) -> str:
+    """kombu's JSON of ``message.wire_headers()`` (the same text; ``event_id`` is the
+    message's event id as text), written from its parts without the dict and the
+    encoder's walk over it, which were a sixth of the relay's time per message on
+    Redis. User headers are encoded by kombu's encoder as they are in the dict; one
+    named like a standard header sends the whole dict through it."""
+    user = message.headers
+    if user and not _STANDARD_HEADERS.isdisjoint(user):
+        return _encode_headers(message.wire_headers())
+    key = message.ordering_key
+    parts = [
+        '{"correlation_id": "',
+        event_id,
+        '", "causation_id": null, ',
+        f"{_encode_headers(user)[1:-1]}, " if user else "",
+        '"event_id": "',
+        event_id,
+        '", "event_type": ',
+        encode_basestring_ascii(message.event_type),
+        ', "occurred_at": "',
+        message.created_at.isoformat(),
+        '", "ordering_key": ',
+        encode_basestring_ascii(key) if key else "null",
+    ]
+    if message.sequence is not None:
+        parts += ', "destination": ', encode_basestring_ascii(message.destination)
+        parts += ', "sequence": ', str(message.sequence)
+    if message.skipped:
+        parts.append(', "skipped": true')
+    parts.append("}")
+    return "".join(parts)
 
 
 class WireFormatError(RuntimeError):
@@ -166,15 +211,15 @@ class RedisWire:
         kombu's JSON raises for headers it cannot encode; nothing is added then."""
         target = self._targets[routing_key]
         head, after_body, after_headers, after_id, tail = target.parts
-        headers = message.wire_headers()
+        event_id = str(message.event_id)
         text = "".join(
             (
                 head,
                 binascii.b2a_base64(message.body, newline=False).decode("ascii"),
                 after_body,
-                _encode_headers(headers),
+                headers_json(message, event_id),
                 after_headers,
-                headers["event_id"],  # a UUID's text: nothing to escape
+                event_id,  # a UUID's text: nothing to escape
                 after_id,
                 f"{next(self._serials):012x}",
                 tail,

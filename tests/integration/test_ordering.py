@@ -621,6 +621,53 @@ def test_a_draining_relay_publishes_a_hot_key_whole_though_its_claims_ahead_find
     assert _published(transport) == [("hot", s) for s in range(1, 451)]
 
 
+@contextlib.contextmanager
+def _slow_finalize(seconds: float) -> Iterator[None]:
+    """Every transaction that marks rows PUBLISHED takes ``seconds`` longer: a trigger
+    sleeps at its first such row. Dropped at the end."""
+    table = connection.ops.quote_name(OutboxMessage._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION outbox_test_slow_finalize() RETURNS trigger LANGUAGE plpgsql AS $$"
+            " BEGIN IF current_setting('outbox_test.slept', true) IS DISTINCT FROM 'yes' THEN"
+            " PERFORM set_config('outbox_test.slept', 'yes', true);"
+            f" PERFORM pg_sleep({seconds:g}); END IF; RETURN NEW; END $$"
+        )
+        cursor.execute(
+            f"CREATE TRIGGER outbox_test_slow_finalize BEFORE UPDATE ON {table} FOR EACH ROW"
+            " WHEN (NEW.status = 'published') EXECUTE FUNCTION outbox_test_slow_finalize()"
+        )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER outbox_test_slow_finalize ON {table}")
+            cursor.execute("DROP FUNCTION outbox_test_slow_finalize()")
+
+
+def test_a_claim_made_ahead_waits_for_the_finalize_of_a_batch_of_ordered_rows(monkeypatch):
+    """Eight keys of two rows, batches of four: the third claim wants the second rows of
+    the first batch's keys. It is made ahead while that batch is finalized (on a thread
+    of its own, slowed here by a trigger), and waits for the finalize instead of coming
+    back empty: every claim but the last ones is full."""
+    _stage_keys({f"k{n}": 2 for n in range(8)})
+    sizes: list[int] = []
+    claim = store.claim
+
+    def counted(*args: object, **kwargs: object) -> list[ClaimedMessage]:
+        claimed = claim(*args, **kwargs)  # type: ignore[arg-type]
+        sizes.append(len(claimed))
+        return claimed
+
+    monkeypatch.setattr(store, "claim", counted)  # a spy: every claim runs as it would
+    transport = MemoryTransport(store=[])
+    with _slow_finalize(0.5), Relay(transports={"default": transport}, batch_size=4) as relay:
+        stats = relay.run(threading.Event(), drain=True)
+    assert stats.published == 16
+    assert sizes[:4] == [4, 4, 4, 4] and not any(sizes[4:])
+    assert sorted(_published(transport)) == [(f"k{n}", s) for n in range(8) for s in (1, 2)]
+
+
 # -- a relay whose settings order no route -------------------------------------------
 
 #: The routes of this module with nothing ordered: a relay of another process's settings.

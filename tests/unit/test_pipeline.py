@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 from django.db import DatabaseError
@@ -88,16 +89,103 @@ def test_threaded_the_newest_batch_is_left_to_finalize_while_the_next_publishes(
     stages.collect(everything=True)
     assert work.reported == ["b1 finalized", "b2 finalized"]
     stages.close()
-    assert set(work.threads) == {"outbox-db_0"}
+    assert set(work.threads) == {"outbox-finalize_0"}
 
 
-def test_threaded_a_claim_ahead_runs_on_the_database_thread():
+def test_threaded_a_claim_ahead_runs_on_the_claim_thread():
     work = Work()
     stages = pipeline(work, threaded=True)
     ahead = stages.claim_ahead()
     assert ahead is not None
     assert ahead() == "claim 1"
-    assert work.threads == ["outbox-db_0"]
+    assert work.threads == ["outbox-claim_0"]
+    stages.close()
+
+
+class HeldFinalize(Work):
+    """A finalize that waits until the test lets it go: what runs meanwhile, runs beside
+    it. Each wait is bounded, so that a test that fails does not hang."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.finalizing = threading.Event()
+        self.release = threading.Event()
+
+    def finalize(self, batch: str) -> str:
+        self.finalizing.set()
+        assert self.release.wait(10), "the test never released the finalize"
+        return super().finalize(batch)
+
+
+def test_threaded_a_claim_ahead_runs_while_a_batch_finalizes():
+    """The claim and the finalize have a thread (and a connection) each: a claim ahead
+    is not queued behind the finalize of the batch before it."""
+    work = HeldFinalize()
+    stages = pipeline(work, threaded=True)
+    stages.finalize("b1")
+    assert work.finalizing.wait(10)
+    ahead = stages.claim_ahead()
+    assert ahead is not None
+    assert ahead() == "claim 1"  # while b1's finalize is held
+    assert work.reported == []
+    work.release.set()
+    stages.close()
+    assert work.reported == ["b1 finalized"]
+
+
+def test_threaded_a_claim_ahead_waits_for_the_finalize_that_gates_it():
+    """A batch with ordered rows gates the next claim: its keys' next rows are
+    claimable only once it is finalized, so the claim starts after that, not beside it."""
+    work = HeldFinalize()
+    stages = pipeline(work, threaded=True)
+    stages.finalize("b1", gate=True)
+    assert work.finalizing.wait(10)
+    ahead = stages.claim_ahead()
+    assert ahead is not None
+    time.sleep(0.2)  # room for a claim that would not wait (the next line would see it)
+    assert work.claims == 0
+    work.release.set()
+    assert ahead() == "claim 1"
+    assert work.threads == ["outbox-finalize_0", "outbox-claim_0"]
+    stages.close()
+
+
+def test_threaded_a_gate_a_claim_already_waited_for_holds_no_later_claim():
+    work = HeldFinalize()
+    work.release.set()
+    stages = pipeline(work, threaded=True)
+    stages.finalize("b1", gate=True)
+    first = stages.claim_ahead()
+    assert first is not None and first() == "claim 1"
+    work.release.clear()
+    work.finalizing.clear()
+    stages.finalize("b2")  # no gate: the next claim runs beside it
+    assert work.finalizing.wait(10)
+    second = stages.claim_ahead()
+    assert second is not None and second() == "claim 2"
+    work.release.set()
+    stages.close()
+    assert work.reported == ["b1 finalized", "b2 finalized"]
+
+
+def test_threaded_a_failed_gate_is_the_collectors_error_not_the_claims():
+    work = Work(fail_on={"b1"})
+    stages = pipeline(work, threaded=True)
+    stages.finalize("b1", gate=True)
+    ahead = stages.claim_ahead()
+    assert ahead is not None and ahead() == "claim 1"
+    with pytest.raises(DatabaseError, match="finalizing b1 failed"):
+        stages.collect(everything=True)
+    stages.close()
+
+
+def test_threaded_each_database_thread_closes_its_connection():
+    closed: list[str] = []
+    work = Work()
+    stages = pipeline(work, threaded=True)
+    stages._close_connection = lambda: closed.append(threading.current_thread().name)  # type: ignore[method-assign]
+    stages.close_connection()
+    assert sorted(closed) == ["outbox-claim_0", "outbox-finalize_0"]
     stages.close()
 
 
