@@ -471,7 +471,7 @@ def stop_on_signals(stop: threading.Event, logger: logging.Logger, after: str) -
 
 def _exit_now(status: int) -> None:
     """Exit without unwinding: no ``finally`` and no atexit hook runs, because those
-    close broker channels and join the database thread, and each of those waits for
+    close broker channels and join the database threads, and each of those waits for
     a peer that may have stopped answering (the very reason for a second signal).
     What was in hand is left to its lease (relay) or to the broker (consumer)."""
     logging.shutdown()  # flush the log handlers

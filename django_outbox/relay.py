@@ -513,7 +513,7 @@ class Relay:
         )
 
     def _finalize(self, batch: _Batch) -> _Finalized:
-        """Record the outcomes: a batch's database writes only (maybe on the database thread)."""
+        """Record the outcomes: a batch's database writes only (maybe on the finalize thread)."""
         messages, token = batch.messages, batch.token
         held = _held_back(messages, batch.outcomes)
         published = [
