@@ -88,7 +88,7 @@ def claim(
             cursor.nextset()  # from the SET's result to the claim's
         build = ClaimedMessage.reader(
             [column.name for column in cursor.description],
-            headers=_headers,
+            headers=_headers(),
             created_at=_created_at(connection),
         )
         return sorted(map(build, cursor.fetchall()), key=lambda message: message.id)
@@ -113,7 +113,7 @@ def _utc(micros: int) -> dt.datetime:
     """The claim's ``created_at`` (microseconds since the epoch), aware, in UTC. Sent as
     a number because Django's loader of ``timestamptz`` text runs in Python: it was a
     tenth of the relay's database thread; this is one addition."""
-    return _EPOCH + dt.timedelta(microseconds=micros)
+    return _EPOCH + dt.timedelta(0, 0, micros)  # positional: a third faster than by keyword
 
 
 def _created_at(connection: BaseDatabaseWrapper) -> Callable[[int], dt.datetime]:
@@ -129,9 +129,23 @@ def _created_at(connection: BaseDatabaseWrapper) -> Callable[[int], dt.datetime]
     return lambda micros: _utc(micros).astimezone(zone)
 
 
-def _headers(text: str) -> dict[str, Any]:
-    """The headers column, JSON text as Django's psycopg setup returns ``jsonb``."""
-    return json.loads(text) if text != "{}" else {}
+def _headers() -> Callable[[str], dict[str, Any]]:
+    """How one claim reads the headers column (JSON text, as Django's psycopg setup
+    returns ``jsonb``): each distinct text is decoded once per claim, since the events
+    staged together share theirs (a trace context, a correlation id); decoding it for
+    every row was most of what tracing cost the claim. Each message gets a dict of its
+    own (a copy of the decoded one)."""
+    decoded: dict[str, dict[str, Any]] = {}
+
+    def read(text: str) -> dict[str, Any]:
+        if text == "{}":
+            return {}
+        headers = decoded.get(text)
+        if headers is None:
+            headers = decoded[text] = json.loads(text)
+        return dict(headers)
+
+    return read
 
 
 def estimated_rows(queryset: QuerySet[Any]) -> int:

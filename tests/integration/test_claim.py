@@ -162,6 +162,24 @@ def test_the_claimed_messages_carry_the_rows_columns(claim):
     assert message.created_at == OutboxMessage.objects.get(pk=row.pk).created_at
 
 
+def test_rows_sharing_their_headers_get_equal_dicts_of_their_own(claim):
+    """The claim decodes each distinct headers text once; a message whose headers a
+    transport changes changes no other message's."""
+    shared = {"traceparent": f"00-{'a' * 32}-{'b' * 16}-01", "tenant": "t1"}
+    for _ in range(3):
+        OutboxMessageFactory(headers=shared)
+    OutboxMessageFactory(headers={"tenant": "t2"})
+    OutboxMessageFactory(headers={})
+    first, second, third, other, empty = claim(10, uuid.uuid4())
+    assert first.headers == second.headers == third.headers == shared
+    assert (other.headers, empty.headers) == ({"tenant": "t2"}, {})
+    first.headers["tenant"] = "changed"
+    empty.headers["x"] = 1
+    assert second.headers == third.headers == shared
+    assert claim(10, uuid.uuid4()) == []  # (claimed already)
+    assert OutboxMessageFactory(headers={}) and claim(10, uuid.uuid4())[0].headers == {}
+
+
 @pytest.mark.parametrize("use_tz", [True, False])
 def test_the_claimed_created_at_is_the_stored_one_to_the_microsecond(claim, settings, use_tz):
     """The claim sends ``created_at`` as microseconds since the epoch: it comes back as
