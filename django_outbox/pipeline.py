@@ -125,21 +125,32 @@ class Pipeline(Generic[ClaimT, BatchT, DoneT]):
         self._on_each_thread(self._close_connection)
 
     def close(self) -> None:
-        """Settle every batch, then close the threads' connections and end them."""
-        self.settle()
-        self._on_each_thread(connections.close_all)
-        for executor in self._threads:
-            executor.shutdown()
+        """Settle every batch, then close the threads' connections and end them (ended
+        whatever was raised)."""
+        try:
+            self.settle()
+            self._on_each_thread(connections.close_all)
+        finally:
+            for executor in self._threads:
+                executor.shutdown()
 
     def _on_each_thread(self, work: Callable[[], object]) -> None:
-        for done in [executor.submit(work) for executor in self._threads]:
-            done.result()
+        """Run ``work`` on each database thread; the first error, once all are done."""
+        done = [executor.submit(work) for executor in self._threads]
+        concurrent.futures.wait(done)
+        for future in done:
+            future.result()
 
     def _close_connection(self) -> None:
         connections[self.using].close()
 
     def _claim_after(self, gates: Sequence[Future[DoneT]]) -> ClaimT | None:
-        concurrent.futures.wait(gates)  # their errors are the collector's to raise
+        """Claim once ``gates`` are finalized; None (no claim) when one of them failed:
+        the collector raises its error next, and the relay would drop this claim, its
+        rows leased for nothing."""
+        concurrent.futures.wait(gates)
+        if any(gate.exception() is not None for gate in gates):
+            return None
         return self._claim()
 
     def _in_thread(self, work: Callable[..., T], *args: Any) -> T:

@@ -134,7 +134,9 @@ def _headers() -> Callable[[str], dict[str, Any]]:
     returns ``jsonb``): each distinct text is decoded once per claim, since the events
     staged together share theirs (a trace context, a correlation id); decoding it for
     every row was most of what tracing cost the claim. Each message gets a dict of its
-    own (a copy of the decoded one)."""
+    own, a copy of the decoded one's top level (nested values are shared; nothing in
+    the package changes headers). A column that is not an object (a row written around
+    ``stage()``) comes back as decoded, for the publish to fail that message alone."""
     decoded: dict[str, dict[str, Any]] = {}
 
     def read(text: str) -> dict[str, Any]:
@@ -143,7 +145,7 @@ def _headers() -> Callable[[str], dict[str, Any]]:
         headers = decoded.get(text)
         if headers is None:
             headers = decoded[text] = json.loads(text)
-        return dict(headers)
+        return headers.copy() if type(headers) is dict else headers
 
     return read
 

@@ -66,9 +66,10 @@ def headers_json(message: ClaimedMessage, event_id: str) -> str:
     message's event id as text), written from its parts without the dict and the
     encoder's walk over it, which were a sixth of the relay's time per message on
     Redis. User headers are encoded by kombu's encoder as they are in the dict; one
-    named like a standard header sends the whole dict through it."""
+    named like a standard header, or headers that are not a dict, send the whole
+    through it (and its error)."""
     user = message.headers
-    if user and not _STANDARD_HEADERS.isdisjoint(user):
+    if type(user) is not dict or (user and not _STANDARD_HEADERS.isdisjoint(user)):
         return _encode_headers(message.wire_headers())
     key = message.ordering_key
     parts = [

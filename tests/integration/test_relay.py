@@ -587,8 +587,8 @@ def test_confirm_publish_in_transport_options_does_not_break_the_confirm_pipelin
 
 @pytest.mark.slow
 def test_the_relay_rides_out_a_postgresql_restart(destination):
-    """With persistent connections, as a daemon runs: both of the relay's threads lose
-    theirs. Regression (found by the chaos suite): the database thread kept its dead
+    """With persistent connections, as a daemon runs: each of the relay's threads loses
+    its own. Regression (found by the chaos suite): the database thread kept its dead
     connection, so the first batch after the outage failed to finalize; it was
     published again when its lease expired and the outage was logged twice."""
     from django.db import connections

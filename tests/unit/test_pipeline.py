@@ -168,15 +168,31 @@ def test_threaded_a_gate_a_claim_already_waited_for_holds_no_later_claim():
     assert work.reported == ["b1 finalized", "b2 finalized"]
 
 
-def test_threaded_a_failed_gate_is_the_collectors_error_not_the_claims():
+def test_threaded_no_claim_is_made_after_a_failed_gate_whose_error_the_collector_raises():
+    """The relay drops the claim made ahead when the collector raises: a claim made after
+    the gate failed would lease its rows for nothing."""
     work = Work(fail_on={"b1"})
     stages = pipeline(work, threaded=True)
     stages.finalize("b1", gate=True)
     ahead = stages.claim_ahead()
-    assert ahead is not None and ahead() == "claim 1"
+    assert ahead is not None and ahead() is None
+    assert work.claims == 0
     with pytest.raises(DatabaseError, match="finalizing b1 failed"):
         stages.collect(everything=True)
+    later = stages.claim_ahead()  # the failed gate holds back no later claim
+    assert later is not None and later() == "claim 1"
     stages.close()
+
+
+def test_close_ends_the_database_threads_though_a_report_raises():
+    work = Work()
+    stages = pipeline(work, threaded=True)
+    stages._report = lambda done: 1 / 0  # type: ignore[method-assign]  # a broken report
+    stages.finalize("b1")
+    with pytest.raises(ZeroDivisionError):
+        stages.close()
+    names = {thread.name for thread in threading.enumerate()}
+    assert not {"outbox-claim_0", "outbox-finalize_0"} & names
 
 
 def test_threaded_each_database_thread_closes_its_connection():

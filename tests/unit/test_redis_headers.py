@@ -65,6 +65,18 @@ def test_the_headers_json_is_kombus_json_of_the_wire_headers(shape):
     assert headers_json(message, str(message.event_id)) == expected
 
 
+@pytest.mark.parametrize("headers", [[1, 2], [], "abc", None], ids=repr)
+def test_headers_that_are_not_a_dict_get_kombus_error_not_a_text(headers):
+    """A row written around stage() can hold headers that are no JSON object (the portable
+    claim returns them as they are): the message fails, as kombu's producer would make
+    it, instead of a text no consumer can read."""
+    message = dataclasses.replace(BASE, headers=headers)
+    with pytest.raises((TypeError, ValueError)) as theirs:
+        _encode_headers(message.wire_headers())
+    with pytest.raises(type(theirs.value)):
+        headers_json(message, str(message.event_id))
+
+
 def test_a_header_kombus_json_cannot_encode_raises_its_error():
     message = dataclasses.replace(BASE, headers={"blob": object()})
     with pytest.raises(TypeError) as theirs:
