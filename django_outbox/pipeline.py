@@ -114,6 +114,7 @@ class Pipeline(Generic[ClaimT, BatchT, DoneT]):
                 self.collect(everything=True)
             except DatabaseError:
                 logger.debug("finalizing a batch failed", exc_info=True)
+        self._gates = []  # those that failed hold back no later claim
 
     def close_old_connections(self) -> None:
         """Let the database threads honour ``CONN_MAX_AGE`` (between idle spells)."""
@@ -129,10 +130,12 @@ class Pipeline(Generic[ClaimT, BatchT, DoneT]):
         whatever was raised)."""
         try:
             self.settle()
-            self._on_each_thread(connections.close_all)
         finally:
-            for executor in self._threads:
-                executor.shutdown()
+            try:
+                self._on_each_thread(connections.close_all)
+            finally:
+                for executor in self._threads:
+                    executor.shutdown()
 
     def _on_each_thread(self, work: Callable[[], object]) -> None:
         """Run ``work`` on each database thread; the first error, once all are done."""

@@ -12,8 +12,9 @@ this class.
 Each batch is three short steps: claim (one statement on PostgreSQL), publish
 outside any transaction, and finalize, where every write is filtered by the
 batch's lease token, so a relay whose lease was taken over changes nothing.
-In :meth:`Relay.run` the database steps of neighbouring batches run on a second
-thread (:class:`~django_outbox.pipeline.Pipeline`) while the relay's thread publishes.
+In :meth:`Relay.run` the database steps of neighbouring batches run on a claim thread
+and a finalize thread (:class:`~django_outbox.pipeline.Pipeline`) while the relay's
+thread publishes.
 """
 
 from __future__ import annotations
@@ -279,7 +280,7 @@ class _Run:
         return {field: getattr(self.totals, field) for field in _COUNTED}, self.last_batch_at
 
     def rest(self) -> None:
-        """Nothing is due: honour ``CONN_MAX_AGE`` on both threads, then wait for a
+        """Nothing is due: honour ``CONN_MAX_AGE`` on every database thread, then wait for a
         wake-up, the poll interval or stop; a drain is done instead."""
         if self.drain:
             self.done = True
@@ -468,6 +469,8 @@ class Relay:
         """Publish ``batch`` through ``route``'s transport. When its broker did not take
         them (an outage), the batch's later destinations on that broker are not
         attempted: each would wait its confirm timeout in turn."""
+        if not all(type(message.headers) is dict for message in batch):
+            return _refusing_malformed(batch, functools.partial(self._publish_route, route))
         # No broker for the route raises OutboxConfigurationError: the relay
         # cannot run as configured.
         transport = self.transport(route)
@@ -823,7 +826,7 @@ class Relay:
 
     def _database_failed(self, state: _Run, exc: DatabaseError) -> None:
         """Log the outage, give up the claim made ahead (its rows wait for their lease),
-        settle the pipeline, close every connection of this relay (both threads' and the
+        settle the pipeline, close every connection of this relay (every thread's and the
         listener's: the outage broke those not in use too), and back off."""
         state.database.failed(exc)
         state.ahead = None
@@ -947,6 +950,27 @@ def _by_destination(messages: list[ClaimedMessage]) -> dict[str, list[ClaimedMes
     for message in messages:
         by_destination.setdefault(message.destination, []).append(message)
     return by_destination
+
+
+#: The failure of an event whose headers are no JSON object: a row written around
+#: ``stage()`` (raw SQL, ``objects.create``), which no transport nor the tracing can read.
+MALFORMED_HEADERS = Failure(
+    "the event's headers are not a JSON object (the row was not written by stage())",
+    permanent=True,
+    kind="malformed_headers",
+)
+
+
+def _refusing_malformed(
+    batch: list[ClaimedMessage], publish: Callable[[list[ClaimedMessage]], list[Outcome]]
+) -> list[Outcome]:
+    """Fail the messages of ``batch`` whose headers are not a dict for good (they would
+    fail every attempt, or stop the relay in the tracing), and ``publish`` the others."""
+    readable = [message for message in batch if type(message.headers) is dict]
+    published = iter(publish(readable) if readable else [])
+    return [
+        next(published) if type(message.headers) is dict else MALFORMED_HEADERS for message in batch
+    ]
 
 
 def _trace_failures(span: tracing.SendSpan, results: Sequence[Outcome]) -> None:

@@ -77,7 +77,7 @@ def drain(using: str = "default") -> list[OutboxEvent]:
     The rows end PUBLISHED and ``event_published`` is sent, as with a real relay; rows
     that fail (a destination with no route) are recorded as the relay records them.
     It calls :meth:`Relay.run_once` until nothing is claimed, never :meth:`Relay.run`:
-    no LISTEN connection, no database thread, no ``close_old_connections()`` (which
+    no LISTEN connection, no database threads, no ``close_old_connections()`` (which
     would close a test's connection). Inside a transaction (``TestCase``) the database
     clock stands still at the transaction's start, before the events were staged: the
     rows due by the wall clock are first made due by the transaction's clock.

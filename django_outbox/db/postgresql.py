@@ -129,7 +129,7 @@ def _created_at(connection: BaseDatabaseWrapper) -> Callable[[int], dt.datetime]
     return lambda micros: _utc(micros).astimezone(zone)
 
 
-def _headers() -> Callable[[str], dict[str, Any]]:
+def _headers() -> Callable[[str], Any]:
     """How one claim reads the headers column (JSON text, as Django's psycopg setup
     returns ``jsonb``): each distinct text is decoded once per claim, since the events
     staged together share theirs (a trace context, a correlation id); decoding it for
@@ -137,9 +137,9 @@ def _headers() -> Callable[[str], dict[str, Any]]:
     own, a copy of the decoded one's top level (nested values are shared; nothing in
     the package changes headers). A column that is not an object (a row written around
     ``stage()``) comes back as decoded, for the publish to fail that message alone."""
-    decoded: dict[str, dict[str, Any]] = {}
+    decoded: dict[str, Any] = {}
 
-    def read(text: str) -> dict[str, Any]:
+    def read(text: str) -> Any:
         if text == "{}":
             return {}
         headers = decoded.get(text)

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import kombu
 import pytest
 from django.db import transaction
+from django.db.models.expressions import RawSQL
 from django.test import override_settings
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
@@ -23,6 +24,7 @@ from opentelemetry.trace import SpanContext, SpanKind, StatusCode
 
 from django_outbox import ReceivedEvent, stage, stage_many
 from django_outbox.consumer import InboxConsumer
+from django_outbox.models import OutboxMessage
 from django_outbox.relay import Relay
 from tests.support import (
     AMQP_URL,
@@ -319,6 +321,31 @@ def test_an_unroutable_batch_fails_the_send_span(spans):
         StatusCode.ERROR,
     )
     assert send.status.description == "2 of 2 not published"
+
+
+#: A well-formed W3C trace context, as a request's span would leave in staged rows.
+TRACEPARENT = f"00-{'1' * 32}-{'2' * 16}-01"
+
+
+@pytest.mark.parametrize("headers", ["[1]", '"text"', "null"])
+def test_a_row_whose_headers_are_no_object_is_abandoned_alone_with_tracing_on(spans, headers):
+    """A row written around stage() (raw SQL here) with headers that are no JSON object:
+    the tracing reads every message's headers as a mapping and would stop the relay at
+    each claim of it; it is abandoned for good instead, and its neighbour published."""
+    destination = unique_destination("trace")
+    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL}):
+        with transaction.atomic():
+            bad = stage("bad", {}, destination=destination, headers={"traceparent": TRACEPARENT})
+            stage("good", {}, destination=destination, headers={"traceparent": TRACEPARENT})
+        OutboxMessage.objects.filter(pk=bad.pk).update(headers=RawSQL(f"'{headers}'::jsonb", []))
+        with Relay() as relay:
+            stats = relay.run_once()
+    assert (stats.published, stats.abandoned) == (1, 1)
+    bad.refresh_from_db()
+    assert (bad.status, bad.attempts) == (OutboxMessage.Status.ABANDONED, 1)
+    assert "headers are not a JSON object" in bad.last_error
+    assert len(drain_raw(destination)) == 1
+    delete_queue(destination)
 
 
 def test_celerys_instrumentation_continues_the_stored_trace(spans):

@@ -184,6 +184,16 @@ def test_threaded_no_claim_is_made_after_a_failed_gate_whose_error_the_collector
     stages.close()
 
 
+def test_threaded_a_failed_gate_settled_after_an_outage_holds_back_no_claim():
+    work = Work(fail_on={"b1"})
+    stages = pipeline(work, threaded=True)
+    stages.finalize("b1", gate=True)
+    stages.settle()  # the relay's outage path: the failed batch is given up
+    ahead = stages.claim_ahead()
+    assert ahead is not None and ahead() == "claim 1"
+    stages.close()
+
+
 def test_close_ends_the_database_threads_though_a_report_raises():
     work = Work()
     stages = pipeline(work, threaded=True)
