@@ -117,6 +117,7 @@ class _Claim:
     token: uuid.UUID
     deadline: float
     started: float  # monotonic clock: when the claim began
+    ordered: bool = False  # it holds ordered rows (only a whole claim can)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +132,9 @@ class _Batch:
     tried: frozenset[str]
     #: When the claim began (monotonic clock; now, when not given).
     started: float = dataclasses.field(default_factory=time.monotonic)
+    #: Whether it holds ordered rows: their keys' next rows are claimable only once
+    #: it is finalized.
+    ordered: bool = False
 
     def _tried_and(self, failed: Callable[[Failure], bool]) -> list[ClaimedMessage]:
         """The messages of the tried destinations whose outcome is a ``failed`` failure."""
@@ -139,12 +143,6 @@ class _Batch:
             for message, outcome in zip(self.messages, self.outcomes, strict=True)
             if outcome is not None and message.destination in self.tried and failed(outcome)
         ]
-
-    @property
-    def ordered(self) -> bool:
-        """Whether the batch holds ordered rows: their keys' next rows are claimable
-        only once it is finalized."""
-        return any(message.sequence is not None for message in self.messages)
 
     @property
     def transient_failures(self) -> list[ClaimedMessage]:
@@ -391,17 +389,19 @@ class Relay:
             token=token,
             ordered=whole,
         )
+        ordered = whole and any(message.sequence is not None for message in messages)
         if whole:
             self._whole_claim_at = started + outbox_settings.POLL_INTERVAL
-            if any(message.sequence is not None for message in messages):
+            if ordered:
                 self._ordered_until = self._whole_claim_at
         if not messages:
             return None
-        return _Claim(messages, token, time.monotonic() + self.lease_seconds / 2, started)
+        deadline = time.monotonic() + self.lease_seconds / 2
+        return _Claim(messages, token, deadline, started, ordered)
 
     def _publish_claim(self, claim: _Claim) -> _Batch:
         outcomes, tried = self._publish(claim.messages, deadline=claim.deadline)
-        return _Batch(claim.messages, outcomes, claim.token, tried, claim.started)
+        return _Batch(claim.messages, outcomes, claim.token, tried, claim.started, claim.ordered)
 
     def transport(self, route: Route) -> Transport:
         """The transport of ``route``: its broker alias's (by the URL's scheme, see
