@@ -275,7 +275,7 @@ class BacklogCollector(Collector):
         yield _scrape_error()
 
     def _gauges(self) -> list[Metric]:
-        backlog = summary(self.using)
+        backlog = summary(self.using, BACKLOG_STATES)
         rows, age, blocked = _backlog_families()
         for status in BACKLOG_STATES:
             rows.add_metric([status], backlog.counts[status].value)

@@ -49,7 +49,7 @@ def record_sample(using: str = "default") -> bool:
     if samples.filter(taken_at=this_minute()).exists():
         return False
     minute = current_minute(using)
-    backlog = summary(using)
+    backlog = summary(using, ("pending", "processing", "failed"))
     published = (
         OutboxMessage.objects.using(using)
         .published()

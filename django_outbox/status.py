@@ -10,6 +10,7 @@ import collections
 import dataclasses
 import datetime as dt
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from django.db.models import Count, Max, Min, OuterRef, Subquery
@@ -92,25 +93,47 @@ class StatusReport:
 
 @dataclasses.dataclass(frozen=True)
 class Summary:
-    counts: dict[str, RowCount]  # every state, zero included; large counts are estimates
+    counts: dict[str, RowCount]  # each state asked for, zero included; large ones estimates
     oldest_due_age: dt.timedelta | None  # how long the oldest due row has waited
 
 
 def oldest_due_age(rows: OutboxQuerySet) -> dt.timedelta | None:
-    """How long the oldest due row has waited; one probe of ``outbox_due_idx``."""
-    oldest = rows.due().aggregate(oldest=Min("available_at"))["oldest"]
-    return None if oldest is None else max(timezone.now() - oldest, dt.timedelta(0))
+    """How long the oldest due row has waited: one probe of each due index, the
+    unordered rows' ``outbox_due_idx`` and the ordered rows' ``outbox_ordered_due_idx``
+    (due rows with or without a sequence are in no one index)."""
+    due = rows.due()
+    probes = (due.filter(sequence__isnull=unordered) for unordered in (True, False))
+    found = [at for probe in probes if (at := probe.aggregate(at=Min("available_at"))["at"])]
+    return max(timezone.now() - min(found), dt.timedelta(0)) if found else None
 
 
-def summary(using: str = "default") -> Summary:
-    """Counts per state and the backlog age, cheap on any table size: each state is
-    counted through its partial index, and only up to ``EXACT_COUNT_LIMIT``
-    rows, past which the planner's estimate stands in (see ``count_rows``)."""
+def summary(using: str = "default", states: Iterable[str] = tuple(OutboxStatus)) -> Summary:
+    """Counts of ``states`` (every state unless told) and the backlog age, cheap on any
+    table size: each count is read from indexes (:func:`count_state`)."""
     rows = OutboxMessage.objects.using(using)
     return Summary(
-        counts={status.value: count_rows(rows.filter(status=status)) for status in OutboxStatus},
+        counts={str(status): count_state(rows, status) for status in states},
         oldest_due_age=oldest_due_age(rows),
     )
+
+
+#: The states that have no partial index of their own. Their rows are all in the two due
+#: indexes: ``outbox_due_idx`` (no sequence) and ``outbox_ordered_due_idx`` (a sequence).
+_IN_DUE_INDEXES = frozenset({OutboxStatus.PENDING, OutboxStatus.PROCESSING})
+
+
+def count_state(rows: OutboxQuerySet, status: str) -> RowCount:
+    """How many of ``rows`` are in ``status``, read from indexes, never the table: a
+    state's partial index, or for PENDING and PROCESSING their unordered and ordered
+    rows apart, each through its due index (a count by status alone would scan the
+    table, published rows and all). Exact up to ``EXACT_COUNT_LIMIT`` rows a count,
+    past which the planner's estimate stands in (see ``count_rows``)."""
+    matching = rows.filter(status=status)
+    if status not in _IN_DUE_INDEXES:
+        return count_rows(matching)
+    unordered = count_rows(matching.filter(sequence__isnull=True))
+    ordered = count_rows(matching.filter(sequence__isnull=False))
+    return RowCount(unordered.value + ordered.value, unordered.exact and ordered.exact)
 
 
 def report(using: str = "default", *, top: int = TOP_KEYS) -> StatusReport:

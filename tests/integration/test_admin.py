@@ -8,13 +8,14 @@ import uuid
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.contrib.messages import get_messages
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
 from django_outbox.db import EXACT_COUNT_LIMIT, RowCount, count_rows
 from django_outbox.models import InboxFailure, OutboxMessage
+from django_outbox.status import summary
 from tests.factories import InboxMessageFactory, OutboxMessageFactory
 
 pytestmark = pytest.mark.django_db
@@ -364,6 +365,35 @@ def test_count_rows_is_exact_up_to_the_limit_then_the_planners_estimate():
     estimate = count_rows(rows, exact_up_to=10)
     assert not estimate.exact
     assert 11 <= estimate.value <= 80
+
+
+def test_the_summary_reads_every_count_from_an_index(rows):
+    """A count by status alone reads the table (published rows and all) for the states
+    without a partial index of their own: on a retained million rows, every scrape and
+    admin page paid for a scan. Each of summary()'s queries must have a plan without
+    one, with sequential scans priced out (``enable_seqscan`` off)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the plans asked for are PostgreSQL's")
+    # An ordered row in each of the states the due indexes hold.
+    OutboxMessageFactory(ordering_key="k", sequence=1)
+    OutboxMessageFactory(ordering_key="k", sequence=2, status=Status.PROCESSING)
+    with CaptureQueriesContext(connection) as queries:
+        counts = summary().counts
+    plans = {}
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        for query in queries:
+            cursor.execute(f"EXPLAIN {query['sql']}")
+            plans[query["sql"]] = "\n".join(line for (line,) in cursor.fetchall())
+    assert len(plans) >= len(Status) + 1
+    assert [sql for sql, plan in plans.items() if "Seq Scan" in plan] == []
+    assert {state: (count.value, count.exact) for state, count in counts.items()} == {
+        "pending": (2, True),
+        "processing": (3, True),
+        "published": (1, True),
+        "failed": (1, True),
+        "abandoned": (1, True),
+    }
 
 
 def test_unfiltered_changelist_never_counts_the_whole_table(admin_client):

@@ -668,6 +668,37 @@ def test_a_claim_made_ahead_waits_for_the_finalize_of_a_batch_of_ordered_rows(mo
     assert sorted(_published(transport)) == [(f"k{n}", s) for n in range(8) for s in (1, 2)]
 
 
+def test_a_claim_made_ahead_does_not_wait_for_the_finalize_of_a_batch_without_ordered_rows(
+    monkeypatch,
+):
+    """The other side of the test above: rows of a route that is not ordered need no
+    finalize before the next claim. Claim ``n`` is made ahead while batch ``n - 1`` is
+    published; gated, it would wait for the finalize of batch ``n - 2`` (slowed here by
+    a trigger to a second); it does not."""
+    _stage_plain(16)
+    ended: list[None] = []  # one item per finalize that ended
+    seen: list[int] = []  # per claim: how many finalizes had ended when it started
+    claim, record = store.claim, store.record
+
+    def claiming(*args: object, **kwargs: object) -> list[ClaimedMessage]:
+        seen.append(len(ended))
+        return claim(*args, **kwargs)  # type: ignore[arg-type]
+
+    def recording(*args: object, **kwargs: object) -> object:
+        try:
+            return record(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            ended.append(None)
+
+    monkeypatch.setattr(store, "claim", claiming)  # spies: every claim and finalize runs
+    monkeypatch.setattr(store, "record", recording)
+    transport = MemoryTransport(store=[])
+    with _slow_finalize(1.0), Relay(transports={"default": transport}, batch_size=4) as relay:
+        stats = relay.run(threading.Event(), drain=True)
+    assert stats.published == 16
+    assert any(finalized < n - 1 for n, finalized in enumerate(seen) if n >= 2), seen
+
+
 # -- a relay whose settings order no route -------------------------------------------
 
 #: The routes of this module with nothing ordered: a relay of another process's settings.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+from collections.abc import Iterable
 
 import pytest
 from django.db import connections
@@ -86,10 +87,10 @@ def test_a_rival_that_takes_the_minute_first_wins_and_nothing_is_raised(
     rival: list[bool] = []
     summary = samples.summary
 
-    def summary_after_a_rival(alias: str) -> Summary:
+    def summary_after_a_rival(alias: str, states: Iterable[str]) -> Summary:
         monkeypatch.setattr(samples, "summary", summary)
         rival.append(samples.record_sample(alias))
-        return summary(alias)
+        return summary(alias, states)
 
     monkeypatch.setattr(samples, "summary", summary_after_a_rival)
     _rows(using, 2)
@@ -106,9 +107,9 @@ def test_two_connections_racing_for_the_minute_insert_one_row(settled, monkeypat
     barrier = threading.Barrier(2, timeout=30)
     summary = samples.summary
 
-    def summary_in_step(alias: str) -> Summary:
+    def summary_in_step(alias: str, states: Iterable[str]) -> Summary:
         barrier.wait()
-        return summary(alias)
+        return summary(alias, states)
 
     monkeypatch.setattr(samples, "summary", summary_in_step)
     results: list[bool] = []
