@@ -13,11 +13,12 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
+from django.db import connections
 from django.db.models import Count, Max, Min, OuterRef, Subquery
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
-from .db import RowCount, count_rows
+from .db import EXACT_COUNT_LIMIT, RowCount, count_rows, infers_partial_indexes
 from .models import InboxFailure, OutboxMessage, OutboxQuerySet, OutboxStatus
 from .store import heads
 
@@ -98,13 +99,30 @@ class Summary:
 
 
 def oldest_due_age(rows: OutboxQuerySet) -> dt.timedelta | None:
-    """How long the oldest due row has waited: one probe of each due index, the
-    unordered rows' ``outbox_due_idx`` and the ordered rows' ``outbox_ordered_due_idx``
-    (due rows with or without a sequence are in no one index)."""
-    due = rows.due()
-    probes = (due.filter(sequence__isnull=unordered) for unordered in (True, False))
-    found = [at for probe in probes if (at := probe.aggregate(at=Min("available_at"))["at"])]
+    """How long the oldest due row has waited: one probe of each due index."""
+    parts = _by_due_index(rows.due())
+    found = [at for part in parts if (at := part.aggregate(at=Min("available_at"))["at"])]
     return max(timezone.now() - min(found), dt.timedelta(0)) if found else None
+
+
+def _by_due_index(rows: OutboxQuerySet) -> list[OutboxQuerySet]:
+    """``rows`` (PENDING, PROCESSING or FAILED ones) in the parts PostgreSQL reads each
+    through one due index: those without a sequence (``outbox_due_idx``) and those with
+    one (``outbox_ordered_due_idx``); no one index holds both. ``rows`` whole on a
+    database that cannot infer a partial index (SQLite: it would scan twice)."""
+    if not infers_partial_indexes(connections[rows.db]):
+        return [rows]
+    return [rows.filter(sequence__isnull=True), rows.filter(sequence__isnull=False)]
+
+
+def _count_by_due_index(rows: OutboxQuerySet) -> RowCount:
+    """``count_rows`` of ``rows`` part by part (:func:`_by_due_index`), exact up to
+    ``EXACT_COUNT_LIMIT`` rows in all: each part counts up to what the others left."""
+    total, exact = 0, True
+    for part in _by_due_index(rows):
+        count = count_rows(part, exact_up_to=max(EXACT_COUNT_LIMIT - total, 0))
+        total, exact = total + count.value, exact and count.exact
+    return RowCount(total, exact)
 
 
 def summary(using: str = "default", states: Iterable[str] = tuple(OutboxStatus)) -> Summary:
@@ -117,23 +135,20 @@ def summary(using: str = "default", states: Iterable[str] = tuple(OutboxStatus))
     )
 
 
-#: The states that have no partial index of their own. Their rows are all in the two due
-#: indexes: ``outbox_due_idx`` (no sequence) and ``outbox_ordered_due_idx`` (a sequence).
+#: The states that have no partial index of their own: their rows are in the due indexes.
 _IN_DUE_INDEXES = frozenset({OutboxStatus.PENDING, OutboxStatus.PROCESSING})
 
 
 def count_state(rows: OutboxQuerySet, status: str) -> RowCount:
-    """How many of ``rows`` are in ``status``, read from indexes, never the table: a
-    state's partial index, or for PENDING and PROCESSING their unordered and ordered
-    rows apart, each through its due index (a count by status alone would scan the
-    table, published rows and all). Exact up to ``EXACT_COUNT_LIMIT`` rows a count,
-    past which the planner's estimate stands in (see ``count_rows``)."""
+    """How many of ``rows`` are in ``status``, read from indexes on PostgreSQL, never
+    the table: a state's partial index, or for PENDING and PROCESSING the due indexes
+    (:func:`_by_due_index`; a count by status alone would scan the table, published
+    rows and all). Exact up to ``EXACT_COUNT_LIMIT`` rows, past which the planner's
+    estimate stands in (see ``count_rows``)."""
     matching = rows.filter(status=status)
-    if status not in _IN_DUE_INDEXES:
-        return count_rows(matching)
-    unordered = count_rows(matching.filter(sequence__isnull=True))
-    ordered = count_rows(matching.filter(sequence__isnull=False))
-    return RowCount(unordered.value + ordered.value, unordered.exact and ordered.exact)
+    if status in _IN_DUE_INDEXES:
+        return _count_by_due_index(matching)
+    return count_rows(matching)
 
 
 def report(using: str = "default", *, top: int = TOP_KEYS) -> StatusReport:
@@ -288,6 +303,6 @@ def retry_wait(using: str = "default") -> RetryWait:
 
 
 def due_rows(using: str = "default") -> RowCount:
-    """Rows due now, which a relay would claim (through ``outbox_due_idx``): what a
+    """Rows due now, which a relay would claim (through the due indexes): what a
     drain that stopped early (the broker unreachable, a signal) left untried."""
-    return count_rows(OutboxMessage.objects.using(using).due())
+    return _count_by_due_index(OutboxMessage.objects.using(using).due())

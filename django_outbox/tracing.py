@@ -241,26 +241,13 @@ def _sending(
         span_attributes["messaging.message.id"] = str(messages[0].event_id)
     else:
         span_attributes["messaging.batch.message_count"] = len(messages)
-    links: list[trace.Link] = []
-    if _may_record():  # no per-row work when no SDK is set: its spans record nothing
-        contexts = _creation_contexts(messages)
-        links = [trace.Link(creation) for creation in contexts[-MAX_LINKS:]]
-        if len(contexts) > MAX_LINKS:
-            span_attributes[LINKS_DROPPED] = len(contexts) - MAX_LINKS
-    # The links are given at the start, where a sampler sees them (and the SDK takes
-    # them without the lock and checks of an add_link each).
     span = _tracer().start_span(
-        f"send {destination}", kind=trace.SpanKind.CLIENT, attributes=span_attributes, links=links
+        f"send {destination}", kind=trace.SpanKind.CLIENT, attributes=span_attributes
     )
+    if span.is_recording():  # no per-row work when nothing records the span
+        _link(span, messages)
     with _current(span):
         yield SendSpan(span)
-
-
-def _may_record() -> bool:
-    """Whether a tracer provider is set whose spans may record: the API's own (a proxy
-    until one is set, or the no-op one) never do."""
-    provider = trace.get_tracer_provider()
-    return not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
 
 
 @contextlib.contextmanager
@@ -281,6 +268,17 @@ def _current(span: Span) -> Iterator[None]:
             logger.exception(
                 "ending the span %r failed", name, extra={"action": "outbox.span_failed"}
             )
+
+
+def _link(span: Span, messages: Sequence[Carrier]) -> None:
+    """Link ``span`` to the creation contexts of the last :data:`MAX_LINKS` of
+    ``messages`` that have one (those the SDK would keep); the number of the others is
+    the span's ``outbox.links_dropped``."""
+    contexts = _creation_contexts(messages)
+    for creation in contexts[-MAX_LINKS:]:
+        span.add_link(creation)
+    if len(contexts) > MAX_LINKS:
+        span.set_attribute(LINKS_DROPPED, len(contexts) - MAX_LINKS)
 
 
 def _creation_contexts(messages: Sequence[Carrier]) -> list[SpanContext]:

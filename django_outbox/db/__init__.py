@@ -72,6 +72,13 @@ def supports_row_estimates(connection: BaseDatabaseWrapper) -> bool:
     return connection.vendor == "postgresql"
 
 
+def infers_partial_indexes(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the planner reads a partial index for a query whose conditions imply the
+    index's (``status = 'pending'`` implies ``status IN ('pending', ...)``). SQLite's
+    takes one only for a query that repeats the index's condition word for word."""
+    return connection.vendor == "postgresql"
+
+
 @dataclasses.dataclass(frozen=True)
 class RowCount:
     value: int
