@@ -65,8 +65,9 @@ class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
 
         PENDING and FAILED rows whose ``available_at`` has come, and PROCESSING
         rows whose lease expired: a claim sets ``available_at`` (and
-        ``locked_until``) to the lease's end, so one condition and one index
-        cover all three.
+        ``locked_until``) to the lease's end, so one condition covers all three,
+        and the two due indexes hold them: the unordered rows' ``outbox_due_idx`` and the
+        ordered rows' ``outbox_ordered_due_idx``.
         """
         return self.filter(status__in=CLAIMABLE, available_at__lte=Now() if now is None else now)
 

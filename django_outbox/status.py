@@ -140,11 +140,12 @@ _IN_DUE_INDEXES = frozenset({OutboxStatus.PENDING, OutboxStatus.PROCESSING})
 
 
 def count_state(rows: OutboxQuerySet, status: str) -> RowCount:
-    """How many of ``rows`` are in ``status``, read from indexes on PostgreSQL, never
-    the table: a state's partial index, or for PENDING and PROCESSING the due indexes
-    (:func:`_by_due_index`; a count by status alone would scan the table, published
-    rows and all). Exact up to ``EXACT_COUNT_LIMIT`` rows, past which the planner's
-    estimate stands in (see ``count_rows``)."""
+    """How many of ``rows`` are in ``status``, on PostgreSQL through an index, never by
+    a scan of the table: a state's partial index, or for PENDING and PROCESSING the due
+    indexes (:func:`_by_due_index`; their entries' rows are read for the status, but
+    published rows are in neither, where a count by status alone scans them all).
+    Exact up to ``EXACT_COUNT_LIMIT`` rows, past which the planner's estimate stands in
+    (see ``count_rows``)."""
     matching = rows.filter(status=status)
     if status in _IN_DUE_INDEXES:
         return _count_by_due_index(matching)

@@ -112,7 +112,8 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
-        """Publish ``messages`` (all of ``route``) in order; one outcome each."""
+        """Publish ``messages`` (all of ``route``) in order; one outcome each. The
+        messages are the relay's record of its claim: read them, never change them."""
 
     @classmethod
     def problems(cls, broker: Broker) -> list[Problem]:

@@ -168,7 +168,7 @@ class Unreadable:
     event_id = uuid.UUID(int=1)
 
     @property
-    def headers(self):  # type: ignore[no-untyped-def]
+    def headers(self):
         raise AssertionError("a row's headers were read for a span that records nothing")
 
 
