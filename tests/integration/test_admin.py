@@ -377,12 +377,7 @@ def test_the_summary_reads_every_count_from_an_index(rows):
     OutboxMessageFactory(ordering_key="k", sequence=2, status=Status.PROCESSING)
     with CaptureQueriesContext(connection) as queries:
         counts = status.summary().counts
-    plans = {}
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SET LOCAL enable_seqscan = off")
-        for query in queries:
-            cursor.execute(f"EXPLAIN {query['sql']}")
-            plans[query["sql"]] = "\n".join(line for (line,) in cursor.fetchall())
+    plans = _plans(queries)
     # Pending and processing in two parts, the other states in one, two oldest-row probes.
     assert len(plans) == 9
     assert [sql for sql, plan in plans.items() if "Seq Scan" in plan] == []
@@ -390,6 +385,31 @@ def test_the_summary_reads_every_count_from_an_index(rows):
     assert {state: count.value for state, count in counts.items()} == dict(
         pending=2, processing=3, published=1, failed=1, abandoned=1
     )
+
+
+def test_the_due_rows_are_counted_through_the_due_indexes(rows):
+    """What a drain counts (its progress total, exact, and the rows it left untried,
+    bounded) is read in two parts, each through its due index, never by a scan."""
+    OutboxMessageFactory(ordering_key="k", sequence=1)
+    with CaptureQueriesContext(connection) as queries:
+        counted = (status.due_count(), status.due_rows())
+    assert counted == (4, RowCount(4, exact=True))
+    assert OutboxMessage.objects.due().count() == 4
+    plans = _plans(queries)
+    assert len(plans) == 4
+    assert [sql for sql, plan in plans.items() if "Seq Scan" in plan] == []
+
+
+def _plans(queries: CaptureQueriesContext) -> dict[str, str]:
+    """Each captured query's plan, with sequential scans priced out: a plan that
+    still has one had no index to read."""
+    plans = {}
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        for query in queries:
+            cursor.execute(f"EXPLAIN {query['sql']}")
+            plans[query["sql"]] = "\n".join(line for (line,) in cursor.fetchall())
+    return plans
 
 
 @pytest.mark.parametrize(

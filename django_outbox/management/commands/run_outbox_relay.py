@@ -22,6 +22,7 @@ from django_outbox.cli import (
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import BatchStats, Relay
 from django_outbox.reporting import DrainProgress, once_result, run_result
+from django_outbox.status import due_count
 
 logger = logging.getLogger("django_outbox.relay")
 
@@ -50,7 +51,7 @@ class Command(BaseCommand):
         stop_on_signals(stop, logger, "the batch in hand")
         progress = None
         if drain and self.stdout.isatty():
-            progress = DrainProgress(OutboxMessage.objects.using(using).due().count())
+            progress = DrainProgress(due_count(using))
         started = time.monotonic()
         show = None if progress is None else lambda stats: self._show(progress, stats)
         with serving(metrics, options):
