@@ -44,7 +44,7 @@ from .consumer import ConsumerStats, InboxConsumer
 from .envelope import ReceivedEvent
 from .redact import SecretFilter
 from .relay import BatchStats
-from .status import blocked_count, summary
+from .status import summary
 
 logger = logging.getLogger(__name__)
 logger.addFilter(SecretFilter(outbox_settings.redact))  # the driver's error on a failed scrape
@@ -244,9 +244,9 @@ class BatchHistogram(Collector):
 
 class BacklogCollector(Collector):
     """The outbox's backlog, read on each scrape through :mod:`django_outbox.status`
-    (``summary()`` and ``blocked_count()``), with a connection of the scraping thread's
-    own, closed afterwards. A database error is logged and exported as
-    ``outbox_scrape_error 1``, without the gauges."""
+    (``summary()``, blocked keys included: on PostgreSQL one statement), with a
+    connection of the scraping thread's own, closed afterwards. A database error is
+    logged and exported as ``outbox_scrape_error 1``, without the gauges."""
 
     def __init__(self, using: str) -> None:
         self.using = using
@@ -275,13 +275,14 @@ class BacklogCollector(Collector):
         yield _scrape_error()
 
     def _gauges(self) -> list[Metric]:
-        backlog = summary(self.using, BACKLOG_STATES)
+        backlog = summary(self.using, BACKLOG_STATES, blocked=True)
         rows, age, blocked = _backlog_families()
         for status in BACKLOG_STATES:
             rows.add_metric([status], backlog.counts[status].value)
         oldest = backlog.oldest_due_age
         age.add_metric([], 0.0 if oldest is None else oldest.total_seconds())
-        blocked.add_metric([], blocked_count(self.using).value)
+        assert backlog.blocked is not None  # asked for
+        blocked.add_metric([], backlog.blocked.value)
         return [rows, age, blocked]
 
 

@@ -103,6 +103,18 @@ def count_rows(queryset: models.QuerySet[Any], *, exact_up_to: int = EXACT_COUNT
     return RowCount(queryset.count(), exact=True)
 
 
+def read_backlog(
+    using: str, parts: tuple[postgresql.BacklogPart, ...], *, limit: int, blocked: bool
+) -> list[Any] | None:
+    """The backlog's figures in one statement (:func:`postgresql.backlog`: each part
+    counted up to ``limit + 1``, the oldest due row of each due index, the blocked keys);
+    None on a database without it, where the caller counts through the ORM."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return None
+    return postgresql.backlog(connection, parts, limit=limit, blocked=blocked)
+
+
 def require_tables(using: str, *tables: type[models.Model]) -> None:
     """Refuse, naming the first missing table, a database where the tables of ``tables``
     do not exist (``migrate`` not run). A database that cannot be asked now passes: the

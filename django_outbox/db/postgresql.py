@@ -150,6 +150,50 @@ def _headers() -> Callable[[str], Any]:
     return read
 
 
+#: A count of the backlog: a state, and for PENDING and PROCESSING (in the due indexes,
+#: with no index of their own) which due index: True the ordered rows', False the others'.
+BacklogPart = tuple[str, bool | None]
+
+_SEQUENCE = {None: "", False: " AND sequence IS NULL", True: " AND sequence IS NOT NULL"}
+
+
+def backlog(
+    connection: BaseDatabaseWrapper, parts: tuple[BacklogPart, ...], *, limit: int, blocked: bool
+) -> list[Any]:
+    """One statement (named query ``backlog``) for the figures of a scrape: the rows of
+    each of ``parts`` counted up to ``limit + 1``, the ``available_at`` of the oldest
+    due row of each due index (None: none), then with ``blocked`` the blocked keys,
+    counted up to ``limit + 1``. Each figure is read through a partial index."""
+    with connection.cursor() as cursor:
+        cursor.execute(_backlog_sql(parts, blocked), [limit + 1] * (len(parts) + blocked))
+        return list(cursor.fetchone())
+
+
+@functools.cache
+def _backlog_sql(parts: tuple[BacklogPart, ...], blocked: bool) -> str:
+    from ..models import CLAIMABLE, OutboxMessage, OutboxStatus
+
+    table = {"table": OutboxMessage._meta.db_table}
+    figures = [
+        queries.sql("backlog_count", identifiers=table, literals={"status": status},
+                    fragments={"part": _SEQUENCE[ordered]})
+        for status, ordered in parts
+    ] + [
+        queries.sql("backlog_oldest_due", identifiers=table,
+                    literals={"claimable": [status.value for status in CLAIMABLE]},
+                    fragments={"part": _SEQUENCE[ordered]})
+        for ordered in (False, True)
+    ]  # fmt: skip
+    if blocked:
+        published = {"published": OutboxStatus.PUBLISHED.value}
+        gate = queries.sql("ordered_gate", identifiers=table, literals=published)
+        figures.append(
+            queries.sql("backlog_blocked", identifiers=table, fragments={"gate": gate},
+                        literals={"abandoned": OutboxStatus.ABANDONED.value})
+        )  # fmt: skip
+    return queries.sql("backlog", fragments={"figures": ",\n       ".join(figures)})
+
+
 def estimated_rows(queryset: QuerySet[Any]) -> int:
     """The planner's row estimate for ``queryset`` (``EXPLAIN (FORMAT JSON)``,
     which plans the query but does not run it).

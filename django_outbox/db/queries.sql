@@ -203,6 +203,38 @@ RETURNING event_id, id, available_at, created_at, sequence
 (%s::uuid, %s, %s, %s::jsonb, %s::jsonb, %s, %s::timestamptz, %s::bigint)
 
 
+-- name: backlog
+-- PostgreSQL: the backlog's figures in one statement, for a scrape, the
+-- admin's summary and the minute's sample: {figures} are backlog_count,
+-- backlog_oldest_due and backlog_blocked, as many as asked for, in order.
+SELECT {figures}
+
+
+-- name: backlog_count
+-- PostgreSQL, a fragment of backlog: the rows in {status}{part}, counted up to
+-- the parameter (the exact limit plus one). Each reads one partial index: the
+-- state's own, or for PENDING and PROCESSING (which have none) one of the due
+-- indexes, the part saying which ("AND sequence IS NULL" or "IS NOT NULL").
+(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = {status}{part} LIMIT %s) AS counted)
+
+
+-- name: backlog_oldest_due
+-- PostgreSQL, a fragment of backlog: the available_at of the oldest due row of
+-- one due index, {part} saying which (as in backlog_count).
+(SELECT min(available_at) FROM {table}
+ WHERE status IN ({claimable}) AND available_at <= now(){part})
+
+
+-- name: backlog_blocked
+-- PostgreSQL, a fragment of backlog: the blocked keys (those whose head is
+-- ABANDONED; {gate} is ordered_gate), counted up to the parameter.
+(SELECT count(*) FROM (
+    SELECT 1 FROM {table} AS head
+    WHERE head.status = {abandoned} AND head.sequence IS NOT NULL AND {gate}
+    LIMIT %s
+) AS blocked)
+
+
 -- name: listen
 -- PostgreSQL: wait for the notifications of notify_function.
 LISTEN {channel}

@@ -377,10 +377,11 @@ def test_the_summary_reads_every_count_from_an_index(rows):
     OutboxMessageFactory(ordering_key="k", sequence=2, status=Status.PROCESSING)
     with CaptureQueriesContext(connection) as queries:
         counts = status.summary().counts
-    plans = _plans(queries)
-    # Pending and processing in two parts, the other states in one, two oldest-row probes.
-    assert len(plans) == 9
-    assert [sql for sql, plan in plans.items() if "Seq Scan" in plan] == []
+    (plan,) = _plans(queries).values()  # one statement
+    assert "Seq Scan" not in plan
+    # Pending and processing in two parts (a due index each), the others by their own.
+    for index in ("due", "ordered_due", "failed", "abandoned", "published"):
+        assert f"outbox_{index}_idx" in plan
     assert all(count.exact for count in counts.values())
     assert {state: count.value for state, count in counts.items()} == dict(
         pending=2, processing=3, published=1, failed=1, abandoned=1
@@ -431,6 +432,63 @@ def test_a_state_counted_in_two_parts_is_exact_up_to_the_limit_in_all(
         assert counted == RowCount(unordered + ordered, exact=True)
     else:
         assert not counted.exact and counted.value >= 4
+
+
+@pytest.mark.parametrize(("unordered", "ordered"), [(2, 1), (3, 0), (0, 3), (2, 2), (4, 1)])
+def test_the_summary_in_one_statement_counts_as_the_orm_does(monkeypatch, unordered, ordered):
+    """On PostgreSQL summary() reads its figures in one statement, each part up to the
+    limit plus one: a state at or under the limit in all is exact, one past it is
+    counted again by count_state (the planner's estimate), as without the statement."""
+    monkeypatch.setattr(status, "EXACT_COUNT_LIMIT", 3)
+    OutboxMessageFactory.create_batch(unordered)
+    for sequence in range(1, ordered + 1):
+        OutboxMessageFactory(ordering_key="k", sequence=sequence)
+    with CaptureQueriesContext(connection) as queries:
+        read = status.summary(states=("pending", "failed")).counts
+    expected = {
+        state: status.count_state(OutboxMessage.objects.all(), state)
+        for state in ("pending", "failed")
+    }
+    assert read["failed"] == expected["failed"] == RowCount(0, exact=True)
+    assert read["pending"].exact == expected["pending"].exact == (unordered + ordered <= 3)
+    if read["pending"].exact:
+        assert read["pending"].value == unordered + ordered
+        assert len(queries) == 1
+    else:
+        assert read["pending"].value >= 4 and len(queries) > 1  # counted again
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_the_summary_counts_the_blocked_keys_in_its_statement(monkeypatch, limit):
+    """Asked for, the blocked keys (a key whose head is ABANDONED; rows behind it do
+    not count, nor an ABANDONED row with an unfinished one before it) are read in the
+    same statement; past the limit they are counted again by blocked_count()."""
+    monkeypatch.setattr(status, "EXACT_COUNT_LIMIT", limit)
+    for key in ("a", "b"):
+        OutboxMessageFactory(ordering_key=key, sequence=1, status=Status.ABANDONED)
+        OutboxMessageFactory(ordering_key=key, sequence=2, status=Status.ABANDONED)
+    OutboxMessageFactory(ordering_key="c", sequence=1)
+    OutboxMessageFactory(ordering_key="c", sequence=2, status=Status.ABANDONED)
+    with CaptureQueriesContext(connection) as queries:
+        read = status.summary(states=(), blocked=True)
+    assert read.blocked == status.blocked_count() == RowCount(2, exact=True)
+    assert len(queries) == (1 if limit >= 2 else 2)  # past the limit: blocked_count()
+    assert status.summary(states=()).blocked is None
+
+
+def test_the_summary_in_one_statement_finds_the_oldest_due_row_of_both_due_indexes():
+    """The backlog age is the older of the two due indexes' oldest due rows: a row
+    not due yet, or published, does not count."""
+    now = timezone.now()
+    OutboxMessageFactory(available_at=now - dt.timedelta(minutes=5))
+    OutboxMessageFactory(ordering_key="k", sequence=1, available_at=now - dt.timedelta(hours=1))
+    OutboxMessageFactory(available_at=now + dt.timedelta(hours=1))
+    OutboxMessageFactory(status=Status.PUBLISHED, available_at=now - dt.timedelta(days=1))
+    read = status.summary(states=()).oldest_due_age
+    assert read is not None and dt.timedelta(minutes=59) < read < dt.timedelta(minutes=61)
+    OutboxMessage.objects.filter(sequence=1).delete()
+    read = status.summary(states=()).oldest_due_age
+    assert read is not None and dt.timedelta(minutes=4) < read < dt.timedelta(minutes=6)
 
 
 @pytest.mark.django_db(databases=["default", "lite"])
