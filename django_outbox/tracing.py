@@ -49,9 +49,9 @@ MAX_HEADER_LENGTH = 512
 _TRACEPARENT = re.compile(
     r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-[\x21-\x7e]*)?", re.ASCII
 )
-#: The links a ``send`` span takes at most: the SDK's default ``SpanLimits.max_links``.
-#: The SDK would keep the last of them and drop the others; the relay does not build
-#: those, and counts them in the span's ``outbox.links_dropped``.
+#: The links a ``send`` span takes at most: the SDK's default ``SpanLimits.max_links``,
+#: one per distinct creation context. The SDK would keep the last of them and drop the
+#: others; the relay does not build those, and counts them in ``outbox.links_dropped``.
 MAX_LINKS = 128
 LINKS_DROPPED = "outbox.links_dropped"
 #: Printable ASCII, spaces and tabs: the only characters a W3C tracestate holds.
@@ -225,7 +225,7 @@ def sending(
     destination: str, attributes: Mapping[str, Any], messages: Sequence[Carrier]
 ) -> contextlib.AbstractContextManager[SendSpan]:
     """The relay's ``send {destination}`` span (kind CLIENT) around the publish of
-    ``messages``, current in the block, linked to each message's creation context;
+    ``messages``, current in the block, linked to their creation contexts;
     ``attributes`` are the broker's (:func:`broker_attributes`)."""
     if trace is None:
         return contextlib.nullcontext(_NOT_SENDING)
@@ -271,9 +271,9 @@ def _current(span: Span) -> Iterator[None]:
 
 
 def _link(span: Span, messages: Sequence[Carrier]) -> None:
-    """Link ``span`` to the creation contexts of the last :data:`MAX_LINKS` of
-    ``messages`` that have one (those the SDK would keep); the number of the others is
-    the span's ``outbox.links_dropped``."""
+    """Link ``span`` once to each distinct creation context of ``messages``, up to
+    :data:`MAX_LINKS` (the last ones seen: those the SDK would keep); the number of the
+    others is the span's ``outbox.links_dropped``."""
     contexts = _creation_contexts(messages)
     for creation in contexts[-MAX_LINKS:]:
         span.add_link(creation)
@@ -282,10 +282,9 @@ def _link(span: Span, messages: Sequence[Carrier]) -> None:
 
 
 def _creation_contexts(messages: Sequence[Carrier]) -> list[SpanContext]:
-    """The creation context of each of ``messages`` that has one, in order. Each
-    distinct pair of headers is parsed once: the events staged in one request share it."""
+    """The distinct creation contexts of ``messages``, in the order first seen. The
+    events staged in one request share theirs: it is parsed, and linked, once."""
     known: dict[tuple[str, str | None], SpanContext | None] = {}
-    contexts = []
     for message in messages:
         headers = message.headers or _NO_ATTRIBUTES
         traceparent, tracestate = headers.get(TRACEPARENT), headers.get(TRACESTATE)
@@ -294,9 +293,7 @@ def _creation_contexts(messages: Sequence[Carrier]) -> list[SpanContext]:
         key = (traceparent, tracestate if isinstance(tracestate, str) else None)
         if key not in known:
             known[key] = _span_context(*key)
-        if (creation := known[key]) is not None:
-            contexts.append(creation)
-    return contexts
+    return [creation for creation in known.values() if creation is not None]
 
 
 def processing(

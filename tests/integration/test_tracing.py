@@ -26,6 +26,7 @@ from django_outbox import ReceivedEvent, stage, stage_many
 from django_outbox.consumer import InboxConsumer
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import Relay
+from django_outbox.tracing import MAX_LINKS
 from tests.support import (
     AMQP_URL,
     REDIS_URL,
@@ -194,7 +195,9 @@ def test_a_batch_links_the_rows_staged_in_a_span_and_a_hostile_traceparent_is_ig
     assert parents == {"a": ids(request_span.get_span_context()), "b": None, "c": None}
 
 
-def test_a_large_batch_links_its_last_rows_up_to_the_limit_and_counts_the_others(spans):
+def test_a_batch_links_each_creation_context_once(spans):
+    """Rows staged in one request share their creation context: the send span links
+    it once, however many of them the batch holds."""
     destination = unique_destination("trace")
     contexts = []
     for request, count in (("first", 100), ("second", 50)):
@@ -208,7 +211,26 @@ def test_a_large_batch_links_its_last_rows_up_to_the_limit_and_counts_the_others
     finally:
         delete_queue(destination)
     (send,) = named(spans, f"send {destination}")
-    assert [ids(link.context) for link in send.links] == [contexts[0]] * 78 + [contexts[1]] * 50
+    assert [ids(link.context) for link in send.links] == contexts
+    assert "outbox.links_dropped" not in send.attributes
+
+
+def test_a_large_batch_links_its_last_contexts_up_to_the_limit_and_counts_the_others(spans):
+    destination = unique_destination("trace")
+    contexts = []
+    for request in range(MAX_LINKS + 22):
+        with tracer.start_as_current_span(f"request {request}") as span, transaction.atomic():
+            stage("a", {}, destination=destination)
+            if request % 2:  # a second event of the request: no second link
+                stage("b", {}, destination=destination)
+        contexts.append(ids(span.get_span_context()))
+    try:
+        with Relay(batch_size=500) as relay:
+            assert relay.run_once().published == MAX_LINKS + 22 + (MAX_LINKS + 22) // 2
+    finally:
+        delete_queue(destination)
+    (send,) = named(spans, f"send {destination}")
+    assert [ids(link.context) for link in send.links] == contexts[22:]
     assert send.attributes["outbox.links_dropped"] == 22
     assert send.dropped_links == 0
 
