@@ -395,6 +395,11 @@ class Problem:
     hint: str
 
 
+#: How many routes of destinations not in ``ROUTES`` (the default route, Django task
+#: queues) ``route_for`` keeps built; past it, it starts again.
+MAX_UNNAMED_ROUTES = 1024
+
+
 class OutboxSettings:
     """Attribute access to the parsed ``OUTBOX`` settings, e.g. ``outbox_settings.BATCH_SIZE``."""
 
@@ -403,6 +408,8 @@ class OutboxSettings:
         self._secrets: list[str] | None = None
 
     def reload(self) -> None:
+        for name in self._cache:  # read since the last reload: kept on the instance
+            self.__dict__.pop(name, None)
         self._cache.clear()
         self._secrets = None
 
@@ -418,6 +425,9 @@ class OutboxSettings:
             if isinstance(result, Problem):
                 raise OutboxConfigurationError(f"{result.msg} {result.hint}")
             self._cache[name] = result
+            # An attribute of the instance from now on: the next reads (staging reads
+            # the routes per event) skip this method until reload() removes it.
+            self.__dict__[name] = result
         return self._cache[name]
 
     def _raw(self, name: str) -> Any:
@@ -532,10 +542,20 @@ class OutboxSettings:
     def route_for(self, destination: str) -> Route | None:
         """The route of ``destination``; None when it is unknown and DEFAULT_ROUTE is off.
         A Django task queue's destination (``django.tasks:<queue>``) has its own route."""
-        route = self.ROUTES.get(destination) or Route.for_tasks(destination)
-        if route is None and self.DEFAULT_ROUTE:
-            route = Route.default(destination, self.DEFAULT_EXCHANGE, ordered=self.DEFAULT_ORDERED)
-        return route
+        named = self.ROUTES.get(destination)
+        if named is not None:
+            return named
+        built: dict[str, Route | None] = self._cache.setdefault("unnamed_routes", {})
+        if destination not in built:  # built once per reload (staging asks per event)
+            if len(built) >= MAX_UNNAMED_ROUTES:
+                built.clear()
+            route = Route.for_tasks(destination)
+            if route is None and self.DEFAULT_ROUTE:
+                route = Route.default(
+                    destination, self.DEFAULT_EXCHANGE, ordered=self.DEFAULT_ORDERED
+                )
+            built[destination] = route
+        return built[destination]
 
     def route_for_queue(self, queue: str) -> Route:
         """The route that declares ``queue`` (or has it as a partition queue), so a

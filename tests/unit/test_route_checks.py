@@ -10,6 +10,7 @@ import pytest
 from django.core import checks
 from django.test.utils import override_settings
 
+from django_outbox import conf
 from django_outbox.checks import check_routes, check_settings
 from django_outbox.conf import outbox_settings
 from tests.support import AMQP_URL, REDIS_URL
@@ -165,3 +166,36 @@ def test_malformed_route_arguments_are_e004(spec, reason):
         hint="See the ROUTES entry of the settings reference in docs/reference/settings.md.",
         id="django_outbox.E004",
     )
+
+
+def test_a_setting_read_is_kept_until_the_settings_change():
+    """A setting read once is an attribute of the instance (staging reads the routes
+    per event); a change of OUTBOX, as override_settings makes, is read afresh."""
+    with override_settings(OUTBOX={**BROKER, "BATCH_SIZE": 7}):
+        assert outbox_settings.BATCH_SIZE == 7
+        assert vars(outbox_settings)["BATCH_SIZE"] == 7
+        with override_settings(OUTBOX={**BROKER, "BATCH_SIZE": 9}):
+            assert "BATCH_SIZE" not in vars(outbox_settings)
+            assert outbox_settings.BATCH_SIZE == 9
+        assert outbox_settings.BATCH_SIZE == 7
+
+
+def test_the_route_of_an_unnamed_destination_is_built_once_and_follows_the_settings():
+    destination = "orders.unnamed"
+    with override_settings(OUTBOX={**BROKER, "DEFAULT_EXCHANGE": "first"}):
+        route = outbox_settings.route_for(destination)
+        assert route is not None and route.exchange == "first"
+        assert outbox_settings.route_for(destination) is route
+        with override_settings(OUTBOX={**BROKER, "DEFAULT_EXCHANGE": "second"}):
+            assert outbox_settings.route_for(destination).exchange == "second"  # type: ignore[union-attr]
+        with override_settings(OUTBOX={**BROKER, "DEFAULT_ROUTE": False}):
+            assert outbox_settings.route_for(destination) is None
+            assert outbox_settings.route_for("django.tasks:default").celery_task  # type: ignore[union-attr]
+
+
+def test_the_routes_of_unnamed_destinations_kept_are_bounded(monkeypatch):
+    monkeypatch.setattr(conf, "MAX_UNNAMED_ROUTES", 3)
+    with override_settings(OUTBOX=BROKER):
+        for n in range(10):
+            assert outbox_settings.route_for(f"d{n}").queue == f"d{n}"  # type: ignore[union-attr]
+        assert len(outbox_settings._cache["unnamed_routes"]) <= 3
