@@ -248,16 +248,14 @@ def _insert(
     rows: list[OutboxMessage],
     ordered: frozenset[str] | None = None,
 ) -> None:
-    from ..models import OutboxMessage, OutboxStatus
-
-    table = {"table": OutboxMessage._meta.db_table}
-    pending = {"pending": OutboxStatus.PENDING.value}
     if ordered is None:
-        values = queries.sql("insert_row", literals=pending)
-        rows_sql = ", ".join([values] * len(rows))
-        sql = queries.sql("insert", identifiers=table, fragments={"rows": rows_sql})
+        sql = _insert_sql(len(rows))
         params = [param for row in rows for param in _row_params(row)]
     else:
+        from ..models import OutboxMessage, OutboxStatus
+
+        table = {"table": OutboxMessage._meta.db_table}
+        pending = {"pending": OutboxStatus.PENDING.value}
         sql, params = _ordered_insert(rows, ordered, table, pending)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -267,6 +265,19 @@ def _insert(
         if sequence:
             row.sequence = sequence[0]
         row._state.adding, row._state.db = False, connection.alias
+
+
+@functools.lru_cache(maxsize=16)  # the few sizes an application stages at once
+def _insert_sql(rows: int) -> str:
+    """The statement ``insert`` of ``rows`` rows (``insert_row`` repeated)."""
+    from ..models import OutboxMessage, OutboxStatus
+
+    values = queries.sql("insert_row", literals={"pending": OutboxStatus.PENDING.value})
+    return queries.sql(
+        "insert",
+        identifiers={"table": OutboxMessage._meta.db_table},
+        fragments={"rows": ", ".join([values] * rows)},
+    )
 
 
 def _ordered_insert(
