@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.db import connections
-from django.db.models import Count, Max, Min, OuterRef, Subquery
+from django.db.models import Count, Max, Min, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
@@ -187,6 +187,19 @@ def _exact_or(rows: int, recount: Callable[[], RowCount]) -> RowCount:
 
 #: The states that have no partial index of their own: their rows are in the due indexes.
 _IN_DUE_INDEXES = frozenset({OutboxStatus.PENDING, OutboxStatus.PROCESSING})
+
+
+def through_due_indexes(rows: OutboxQuerySet, states: Iterable[str]) -> OutboxQuerySet:
+    """``rows`` filtered to ``states``, read through indexes: when every one of them is
+    PENDING or PROCESSING (no partial index of their own), with a condition that holds
+    for every row (``sequence`` null or not) but lets PostgreSQL read both due indexes
+    (a BitmapOr) where the state alone leaves it a scan of the table. The admin's list
+    filtered by state counts and pages this."""
+    states = set(states)
+    rows = rows.filter(status__in=states)
+    if states and states <= _IN_DUE_INDEXES and infers_partial_indexes(connections[rows.db]):
+        return rows.filter(Q(sequence__isnull=True) | Q(sequence__isnull=False))
+    return rows
 
 
 def count_state(rows: OutboxQuerySet, status: str) -> RowCount:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Iterable
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -401,7 +402,7 @@ def test_the_due_rows_are_counted_through_the_due_indexes(rows):
     assert [sql for sql, plan in plans.items() if "Seq Scan" in plan] == []
 
 
-def _plans(queries: CaptureQueriesContext) -> dict[str, str]:
+def _plans(queries: Iterable[dict[str, str]]) -> dict[str, str]:
     """Each captured query's plan, with sequential scans priced out: a plan that
     still has one had no index to read."""
     plans = {}
@@ -489,6 +490,25 @@ def test_the_summary_in_one_statement_finds_the_oldest_due_row_of_both_due_index
     OutboxMessage.objects.filter(sequence=1).delete()
     read = status.summary(states=()).oldest_due_age
     assert read is not None and dt.timedelta(minutes=4) < read < dt.timedelta(minutes=6)
+
+
+@pytest.mark.parametrize("state", [Status.PENDING, Status.PROCESSING])
+def test_the_list_filtered_by_a_state_without_an_index_reads_the_due_indexes(
+    admin_client, rows, state
+):
+    """Filtered by pending or processing (no index of their own), the list's count
+    would be a scan of the table, published rows and all: it reads the due indexes,
+    and lists the same rows."""
+    ordered = OutboxMessageFactory(ordering_key="k", sequence=1, status=state)
+    expected = sorted(OutboxMessage.objects.filter(status=state).values_list("pk", flat=True))
+    with CaptureQueriesContext(connection) as queries:
+        response = admin_client.get(CHANGELIST, {"status__exact": state})
+    assert sorted(listed(response)) == expected and ordered.pk in expected
+    table = OutboxMessage._meta.db_table
+    plans = _plans([q for q in queries if q["sql"].startswith("SELECT") and table in q["sql"]])
+    assert [sql for sql, plan in plans.items() if "Seq Scan" in plan] == []
+    (count,) = [plan for sql, plan in plans.items() if "COUNT(*)" in sql and state in sql]
+    assert "outbox_due_idx" in count and "outbox_ordered_due_idx" in count
 
 
 @pytest.mark.django_db(databases=["default", "lite"])
