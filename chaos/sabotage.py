@@ -89,7 +89,9 @@ def apply(kind: str) -> None:
 
 
 def _without_ordered_gate() -> None:
-    """Replace the claim's per-key gate, the named query ``ordered_gate``, with ``TRUE``."""
+    """Replace the claim's per-key gate, the named query ``ordered_gate``, with ``TRUE``
+    (a scrape's blocked keys, built from it too, would count every abandoned ordered row;
+    nothing in the chaos run scrapes)."""
     from django_outbox.db import postgresql, queries
 
     named = queries._queries()
@@ -97,6 +99,7 @@ def _without_ordered_gate() -> None:
         raise ValueError("--sabotage order: queries.sql has no ordered_gate query to replace")
     named["ordered_gate"] = "TRUE"
     postgresql._claim_sql.cache_clear()  # the claim is built from the named queries once
+    postgresql._backlog_sql.cache_clear()
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ import importlib
 import importlib.util
 import json
 import reprlib
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -406,29 +407,34 @@ class OutboxSettings:
     def __init__(self) -> None:
         self._cache: dict[str, Any] = {}
         self._secrets: list[str] | None = None
+        # Held by a reload and by a read that parses: a read that raced a reload
+        # cannot leave the old value behind it. Reentrant: a setting's parse reads others.
+        self._lock = threading.RLock()
 
     def reload(self) -> None:
-        for name in self._cache:  # read since the last reload: kept on the instance
-            self.__dict__.pop(name, None)
-        self._cache.clear()
-        self._secrets = None
+        with self._lock:
+            for name in SETTINGS:  # those read since the last reload are on the instance
+                self.__dict__.pop(name, None)
+            self._cache.clear()
+            self._secrets = None
 
     @property
     def user_settings(self) -> Any:
         return getattr(settings, "OUTBOX", {})
 
     def __getattr__(self, name: str) -> Any:
+        """A setting's first read after a reload: parse it, and keep it as an attribute
+        of the instance, so that the next reads (staging reads the routes per event)
+        are plain attribute reads until the next reload."""
         if name not in SETTINGS:
             raise AttributeError(f"OUTBOX has no setting {name!r}")
-        if name not in self._cache:
-            result = self._parse(name)
-            if isinstance(result, Problem):
-                raise OutboxConfigurationError(f"{result.msg} {result.hint}")
-            self._cache[name] = result
-            # An attribute of the instance from now on: the next reads (staging reads
-            # the routes per event) skip this method until reload() removes it.
-            self.__dict__[name] = result
-        return self._cache[name]
+        with self._lock:
+            if name not in self._cache:
+                result = self._parse(name)
+                if isinstance(result, Problem):
+                    raise OutboxConfigurationError(f"{result.msg} {result.hint}")
+                self._cache[name] = self.__dict__[name] = result
+            return self._cache[name]
 
     def _raw(self, name: str) -> Any:
         user = self.user_settings
@@ -546,16 +552,17 @@ class OutboxSettings:
         if named is not None:
             return named
         built: dict[str, Route | None] = self._cache.setdefault("unnamed_routes", {})
-        if destination not in built:  # built once per reload (staging asks per event)
-            if len(built) >= MAX_UNNAMED_ROUTES:
-                built.clear()
-            route = Route.for_tasks(destination)
-            if route is None and self.DEFAULT_ROUTE:
-                route = Route.default(
-                    destination, self.DEFAULT_EXCHANGE, ordered=self.DEFAULT_ORDERED
-                )
-            built[destination] = route
-        return built[destination]
+        try:
+            return built[destination]  # built once per reload (staging asks per event)
+        except KeyError:
+            pass
+        route = Route.for_tasks(destination)
+        if route is None and self.DEFAULT_ROUTE:
+            route = Route.default(destination, self.DEFAULT_EXCHANGE, ordered=self.DEFAULT_ORDERED)
+        if len(built) >= MAX_UNNAMED_ROUTES:
+            built.clear()
+        built[destination] = route
+        return route
 
     def route_for_queue(self, queue: str) -> Route:
         """The route that declares ``queue`` (or has it as a partition queue), so a

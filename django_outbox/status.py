@@ -9,9 +9,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime as dt
-import functools
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from django.db import connections
@@ -19,7 +18,14 @@ from django.db.models import Count, Max, Min, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
-from .db import EXACT_COUNT_LIMIT, RowCount, count_rows, infers_partial_indexes, read_backlog
+from .db import (
+    EXACT_COUNT_LIMIT,
+    RowCount,
+    count_rows,
+    estimated,
+    infers_partial_indexes,
+    read_backlog,
+)
 from .models import InboxFailure, OutboxMessage, OutboxQuerySet, OutboxStatus
 from .store import heads
 
@@ -152,11 +158,12 @@ def summary(
 
 
 def _read_summary(using: str, states: tuple[str, ...], blocked: bool) -> Summary | None:
-    """:func:`summary` from one statement of exact counts (``db.read_backlog``: the
-    same index reads as :func:`count_state`, :func:`oldest_due_age` and
-    :func:`blocked_count`, without building nine ORM queries: a scrape's CPU); a
-    figure past ``EXACT_COUNT_LIMIT`` is counted again as those count it, for its
-    estimate. None where the database has no such statement."""
+    """:func:`summary` from one statement (``db.read_backlog``: the same index reads as
+    :func:`count_state`, :func:`oldest_due_age` and :func:`blocked_count`, without
+    building nine ORM queries: most of a scrape's CPU). Each part is counted up to
+    ``EXACT_COUNT_LIMIT`` + 1: a state whose parts add up to at most the limit is
+    exact; past it, each part past the limit is the planner's estimate. None where the
+    database has no such statement."""
     parts = tuple(
         (status, ordered)
         for status in dict.fromkeys(states)
@@ -165,24 +172,31 @@ def _read_summary(using: str, states: tuple[str, ...], blocked: bool) -> Summary
     figures = read_backlog(using, parts, limit=EXACT_COUNT_LIMIT, blocked=blocked)
     if figures is None:
         return None
-    counted: collections.Counter[str] = collections.Counter(dict.fromkeys(states, 0))
-    for (status, _), rows in zip(parts, figures, strict=False):
-        counted[status] += rows
-    everything = OutboxMessage.objects.using(using)
+    rows = OutboxMessage.objects.using(using)
+    counts = {status: RowCount(0, exact=True) for status in states}
+    for (status, ordered), seen in zip(parts, figures, strict=False):
+        part = rows.filter(status=status)
+        if ordered is not None:
+            part = part.filter(sequence__isnull=not ordered)
+        counts[status] = _add(counts[status], _bounded(part, seen))
     return Summary(
         counts={
-            status: _exact_or(rows, functools.partial(count_state, everything, status))
-            for status, rows in counted.items()
+            status: count if count.value <= EXACT_COUNT_LIMIT else RowCount(count.value, False)
+            for status, count in counts.items()
         },
         oldest_due_age=_waited(figures[len(parts) : len(parts) + 2]),
-        blocked=_exact_or(figures[-1], lambda: blocked_count(using)) if blocked else None,
+        blocked=_bounded(heads(rows.abandoned()), figures[-1]) if blocked else None,
     )
 
 
-def _exact_or(rows: int, recount: Callable[[], RowCount]) -> RowCount:
-    """``rows``, counted up to ``EXACT_COUNT_LIMIT`` + 1: exact up to the limit; past
-    it, ``recount()`` (the planner's estimate)."""
-    return RowCount(rows, exact=True) if rows <= EXACT_COUNT_LIMIT else recount()
+def _bounded(rows: OutboxQuerySet, seen: int) -> RowCount:
+    """``seen`` of ``rows``, counted up to ``EXACT_COUNT_LIMIT`` + 1: exact up to the
+    limit, past it the planner's estimate."""
+    return RowCount(seen, exact=True) if seen <= EXACT_COUNT_LIMIT else estimated(rows, seen)
+
+
+def _add(one: RowCount, other: RowCount) -> RowCount:
+    return RowCount(one.value + other.value, one.exact and other.exact)
 
 
 #: The states that have no partial index of their own: their rows are in the due indexes.

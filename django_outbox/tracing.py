@@ -293,7 +293,9 @@ def _creation_contexts(messages: Sequence[Carrier]) -> list[SpanContext]:
         key = (traceparent, tracestate if isinstance(tracestate, str) else None)
         if key not in known:
             known[key] = _span_context(*key)
-    return [creation for creation in known.values() if creation is not None]
+    # Two pairs of headers can name one span (a tracestate dropped as malformed, say).
+    spans = {(c.trace_id, c.span_id): c for c in known.values() if c is not None}
+    return list(spans.values())
 
 
 def processing(

@@ -99,8 +99,14 @@ def count_rows(queryset: models.QuerySet[Any], *, exact_up_to: int = EXACT_COUNT
     if seen <= exact_up_to:
         return RowCount(seen, exact=True)
     if supports_row_estimates(connections[queryset.db]):
-        return RowCount(max(postgresql.estimated_rows(queryset), seen), exact=False)
+        return estimated(queryset, seen)
     return RowCount(queryset.count(), exact=True)
+
+
+def estimated(queryset: models.QuerySet[Any], seen: int) -> RowCount:
+    """PostgreSQL's estimate of the rows of ``queryset``, of which ``seen`` were counted
+    before a limit stopped the count (never less than those)."""
+    return RowCount(max(postgresql.estimated_rows(queryset), seen), exact=False)
 
 
 def read_backlog(

@@ -174,23 +174,34 @@ def _backlog_sql(parts: tuple[BacklogPart, ...], blocked: bool) -> str:
     from ..models import CLAIMABLE, OutboxMessage, OutboxStatus
 
     table = {"table": OutboxMessage._meta.db_table}
+    claimable = {"claimable": [status.value for status in CLAIMABLE]}
     figures = [
-        queries.sql("backlog_count", identifiers=table, literals={"status": status},
-                    fragments={"part": _SEQUENCE[ordered]})
+        queries.sql(
+            "backlog_count",
+            identifiers=table,
+            literals={"status": status},
+            fragments={"part": _SEQUENCE[ordered]},
+        )
         for status, ordered in parts
-    ] + [
-        queries.sql("backlog_oldest_due", identifiers=table,
-                    literals={"claimable": [status.value for status in CLAIMABLE]},
-                    fragments={"part": _SEQUENCE[ordered]})
+    ]
+    figures += [
+        queries.sql(
+            "backlog_oldest_due",
+            identifiers=table,
+            literals=claimable,
+            fragments={"part": _SEQUENCE[ordered]},
+        )
         for ordered in (False, True)
-    ]  # fmt: skip
+    ]
     if blocked:
         published = {"published": OutboxStatus.PUBLISHED.value}
         gate = queries.sql("ordered_gate", identifiers=table, literals=published)
+        abandoned = {"abandoned": OutboxStatus.ABANDONED.value}
         figures.append(
-            queries.sql("backlog_blocked", identifiers=table, fragments={"gate": gate},
-                        literals={"abandoned": OutboxStatus.ABANDONED.value})
-        )  # fmt: skip
+            queries.sql(
+                "backlog_blocked", identifiers=table, literals=abandoned, fragments={"gate": gate}
+            )
+        )
     return queries.sql("backlog", fragments={"figures": ",\n       ".join(figures)})
 
 
@@ -267,9 +278,22 @@ def _insert(
         row._state.adding, row._state.db = False, connection.alias
 
 
-@functools.lru_cache(maxsize=16)  # the few sizes an application stages at once
+#: The largest INSERT whose text is kept, once built: the few events a transaction
+#: usually stages (building a larger one costs little next to running it).
+_KEPT_INSERT_ROWS = 64
+
+
 def _insert_sql(rows: int) -> str:
     """The statement ``insert`` of ``rows`` rows (``insert_row`` repeated)."""
+    return _kept_insert_sql(rows) if rows <= _KEPT_INSERT_ROWS else _build_insert_sql(rows)
+
+
+@functools.lru_cache(maxsize=_KEPT_INSERT_ROWS)
+def _kept_insert_sql(rows: int) -> str:
+    return _build_insert_sql(rows)
+
+
+def _build_insert_sql(rows: int) -> str:
     from ..models import OutboxMessage, OutboxStatus
 
     values = queries.sql("insert_row", literals={"pending": OutboxStatus.PENDING.value})

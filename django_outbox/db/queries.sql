@@ -220,14 +220,16 @@ SELECT {figures}
 
 -- name: backlog_oldest_due
 -- PostgreSQL, a fragment of backlog: the available_at of the oldest due row of
--- one due index, {part} saying which (as in backlog_count).
+-- one due index, {part} saying which (as in backlog_count). Due by the clock of
+-- the ORM's Now() (the statement's, not the transaction's).
 (SELECT min(available_at) FROM {table}
- WHERE status IN ({claimable}) AND available_at <= now(){part})
+ WHERE status IN ({claimable}) AND available_at <= statement_timestamp(){part})
 
 
 -- name: backlog_blocked
 -- PostgreSQL, a fragment of backlog: the blocked keys (those whose head is
--- ABANDONED; {gate} is ordered_gate), counted up to the parameter.
+-- ABANDONED; {gate} is ordered_gate, so chaos --sabotage order changes this
+-- figure too), counted up to the parameter.
 (SELECT count(*) FROM (
     SELECT 1 FROM {table} AS head
     WHERE head.status = {abandoned} AND head.sequence IS NOT NULL AND {gate}
