@@ -95,6 +95,16 @@ def parse_traceparent(value: object) -> tuple[int, int, int] | None:
     """``(trace id, span id, flags)`` of a well-formed W3C ``traceparent``; None for
     anything else: not a string, too long, version ``ff``, a version 00 with more
     fields, an all-zero id, any other character."""
+    fields = _traceparent_fields(value)
+    if fields is None:
+        return None
+    trace_id, span_id, flags = fields
+    return int(trace_id, 16), int(span_id, 16), int(flags, 16)
+
+
+def _traceparent_fields(value: object) -> tuple[str, str, str] | None:
+    """The trace id, span id and flags (hex) of a well-formed ``traceparent``
+    (:func:`parse_traceparent`), read without turning them into numbers."""
     if not isinstance(value, str) or len(value) > MAX_HEADER_LENGTH:
         return None
     match = _TRACEPARENT.fullmatch(value)
@@ -103,8 +113,9 @@ def parse_traceparent(value: object) -> tuple[int, int, int] | None:
     version, trace_id, span_id, flags, rest = match.groups()
     if version == "ff" or (version == "00" and rest):
         return None
-    ids = int(trace_id, 16), int(span_id, 16)
-    return None if 0 in ids else (*ids, int(flags, 16))
+    if not trace_id.strip("0") or not span_id.strip("0"):  # an all-zero id
+        return None
+    return trace_id, span_id, flags
 
 
 def valid_tracestate(value: object) -> str | None:
@@ -146,16 +157,20 @@ def creation_context(headers: Mapping[str, Any] | None) -> SpanContext | None:
 
 
 def _span_context(traceparent: object, tracestate: object) -> SpanContext | None:
-    parsed = parse_traceparent(traceparent)
-    if parsed is None:
-        return None
-    trace_id, span_id, flags = parsed
+    fields = _traceparent_fields(traceparent)
+    return None if fields is None else _remote_context(fields, tracestate)
+
+
+def _remote_context(fields: tuple[str, str, str], tracestate: object) -> SpanContext:
+    """The remote span context of a ``traceparent``'s fields and a ``tracestate`` (kept
+    only if valid)."""
+    trace_id, span_id, flags = fields
     state = valid_tracestate(tracestate)
     return trace.SpanContext(
-        trace_id,
-        span_id,
+        int(trace_id, 16),
+        int(span_id, 16),
         is_remote=True,
-        trace_flags=trace.TraceFlags(flags),
+        trace_flags=trace.TraceFlags(int(flags, 16)),
         trace_state=trace.TraceState.from_header([state]) if state else None,
     )
 
@@ -272,30 +287,40 @@ def _current(span: Span) -> Iterator[None]:
 
 def _link(span: Span, messages: Sequence[Carrier]) -> None:
     """Link ``span`` once to each distinct creation context of ``messages``, up to
-    :data:`MAX_LINKS` (the last ones seen: those the SDK would keep); the number of the
-    others is the span's ``outbox.links_dropped``."""
-    contexts = _creation_contexts(messages)
-    for creation in contexts[-MAX_LINKS:]:
+    :data:`MAX_LINKS` (those seen last: the ones the SDK would keep); the number of
+    the others is the span's ``outbox.links_dropped``."""
+    contexts, left_out = _creation_contexts(messages)
+    for creation in contexts:
         span.add_link(creation)
-    if len(contexts) > MAX_LINKS:
-        span.set_attribute(LINKS_DROPPED, len(contexts) - MAX_LINKS)
+    if left_out:
+        span.set_attribute(LINKS_DROPPED, left_out)
 
 
-def _creation_contexts(messages: Sequence[Carrier]) -> list[SpanContext]:
-    """The distinct creation contexts of ``messages``, in the order first seen. The
-    events staged in one request share theirs: it is parsed, and linked, once."""
-    known: dict[tuple[str, str | None], SpanContext | None] = {}
-    for message in messages:
+def _creation_contexts(messages: Sequence[Carrier]) -> tuple[list[SpanContext], int]:
+    """The distinct creation contexts (spans) of ``messages``, the last :data:`MAX_LINKS`
+    of them in order, and how many others there are. Walked from the last message: a
+    ``traceparent`` seen before is skipped at once (the events staged in one request
+    share theirs), and the contexts left out are checked but never built."""
+    kept: list[SpanContext] = []
+    spans: set[tuple[str, str]] = set()
+    seen: set[str] = set()
+    left_out = 0
+    for message in reversed(messages):
         headers = message.headers or _NO_ATTRIBUTES
-        traceparent, tracestate = headers.get(TRACEPARENT), headers.get(TRACESTATE)
-        if not isinstance(traceparent, str):
-            continue  # no link (and a JSON list or object is no key)
-        key = (traceparent, tracestate if isinstance(tracestate, str) else None)
-        if key not in known:
-            known[key] = _span_context(*key)
-    # Two pairs of headers can name one span (a tracestate dropped as malformed, say).
-    spans = {(c.trace_id, c.span_id): c for c in known.values() if c is not None}
-    return list(spans.values())
+        traceparent = headers.get(TRACEPARENT)
+        if not isinstance(traceparent, str) or traceparent in seen:
+            continue  # no link (and a JSON list or object is no key), or linked already
+        seen.add(traceparent)
+        fields = _traceparent_fields(traceparent)
+        if fields is None or fields[:2] in spans:
+            continue
+        spans.add(fields[:2])
+        if len(kept) < MAX_LINKS:
+            kept.append(_remote_context(fields, headers.get(TRACESTATE)))
+        else:
+            left_out += 1
+    kept.reverse()
+    return kept, left_out
 
 
 def processing(

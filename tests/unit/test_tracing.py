@@ -182,3 +182,27 @@ def test_a_send_span_that_records_nothing_reads_no_row(monkeypatch):
     monkeypatch.setattr(tracing, "_tracer", lambda: tracer)
     with tracing.sending("orders", {}, [Unreadable(), Unreadable()]) as span:
         assert span.span is not None and not span.span.is_recording()
+
+
+class Message:
+    def __init__(self, headers: dict[str, object]) -> None:
+        self.event_id = uuid.uuid4()
+        self.headers = headers
+
+
+def test_a_send_span_links_each_span_once_and_counts_only_valid_ones_left_out(monkeypatch):
+    """Two traceparents that differ in their flags name one span: one link. Past the
+    limit, the contexts left out are counted, a malformed traceparent never."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("test")
+    monkeypatch.setattr(tracing, "_tracer", lambda: tracer)
+    distinct = [tracing.format_traceparent(n, n, 1) for n in range(1, tracing.MAX_LINKS + 4)]
+    messages = [Message({"traceparent": value}) for value in HOSTILE_TRACEPARENTS.values()]
+    messages += [Message({"traceparent": value}) for value in distinct]
+    messages.append(Message({"traceparent": distinct[-1][:-2] + "00"}))  # the last span again
+    with tracing.sending("orders", {}, messages) as span:
+        pass
+    linked = [(link.context.trace_id, link.context.span_id) for link in span.span.links]
+    assert linked == [(n, n) for n in range(4, tracing.MAX_LINKS + 4)]
+    assert span.span.attributes[tracing.LINKS_DROPPED] == 3
