@@ -56,13 +56,15 @@ class Profile:
     retained: int  # PUBLISHED rows kept for the second claim measurement
     claim_rows: int  # rows claimed per claim measurement
     e2e_seconds: float  # at e2e_rate
-    e2e_1000_seconds: float  # at 1,000 events/s
+    e2e_1000_seconds: float  # at 1,000 events/s, e2e_1000_per_commit to a transaction
+    e2e_1000_single_seconds: float  # the same, one event a transaction (0: left out)
     ordered_events: int  # per round: events drained unordered, then ordered over 1,000 keys
     hot_key: int  # events of one key drained by one relay
     fairness_events: int  # the backlog four relays drain together (relay_fairness)
     fairness_batch: int  # their batch size: shares move by whole batches
     batch_size: int = 500
     e2e_rate: float = 200.0
+    e2e_1000_per_commit: int = 10
     ordered_keys: int = 1_000
 
 
@@ -81,6 +83,7 @@ PROFILES = {
         claim_rows=5_000,
         e2e_seconds=5,
         e2e_1000_seconds=5,
+        e2e_1000_single_seconds=0,
         ordered_events=4_000,
         hot_key=3_000,
         fairness_events=20_000,
@@ -100,6 +103,7 @@ PROFILES = {
         claim_rows=25_000,
         e2e_seconds=30,
         e2e_1000_seconds=20,
+        e2e_1000_single_seconds=20,
         ordered_events=20_000,
         hot_key=20_000,
         fairness_events=100_000,
@@ -186,17 +190,26 @@ def _scenarios(
 
 
 def _end_to_end(profile: Profile, env: dict[str, str], amqp: str) -> dict[str, Any]:
-    """Commit-to-consumer latency at 200 events/s (figures ``e2e_*``), then at 1,000
-    (``e2e_1000_*``: DESIGN.md's goal is stated at that rate)."""
+    """Commit-to-consumer latency at 200 events/s, one event a transaction (figures
+    ``e2e_*``), then at 1,000 (``e2e_1000_*``: DESIGN.md's goal is stated at that rate),
+    ``e2e_1000_per_commit`` events a transaction, and in the full profile one
+    (``e2e_1000_single_*``: more commits than this machine's two cores make)."""
     from . import scenarios
 
     figures: dict[str, Any] = {}
-    for name, rate, seconds in (
-        ("e2e", profile.e2e_rate, profile.e2e_seconds),
-        ("e2e_1000", 1_000.0, profile.e2e_1000_seconds),
+    for name, rate, seconds, per_commit in (
+        ("e2e", profile.e2e_rate, profile.e2e_seconds, 1),
+        ("e2e_1000", 1_000.0, profile.e2e_1000_seconds, profile.e2e_1000_per_commit),
+        ("e2e_1000_single", 1_000.0, profile.e2e_1000_single_seconds, 1),
     ):
-        _step(f"end to end at {rate:g} events/s for {seconds:g}s")
-        figures.update(scenarios.end_to_end(env, amqp, rate=rate, seconds=seconds, name=name))
+        if not seconds:
+            continue
+        _step(f"end to end at {rate:g} events/s, {per_commit} a transaction, for {seconds:g}s")
+        figures.update(
+            scenarios.end_to_end(
+                env, amqp, rate=rate, seconds=seconds, name=name, per_commit=per_commit
+            )
+        )
     return figures
 
 

@@ -377,28 +377,33 @@ COMMITS_PER_THREAD = 100
 
 
 def produce(
-    to: str, *, rate: float, seconds: float, first: int = 0, step: int = 1
+    to: str, *, rate: float, seconds: float, first: int = 0, step: int = 1, per_commit: int = 1
 ) -> dict[int, float]:
-    """Commit the events ``first, first + step, ...`` to ``to``, each in a transaction of
-    its own, event ``seq`` due ``seq / rate`` seconds after the start, from enough
-    threads that a slow commit does not hold up the next ones. Nothing is committed
+    """Commit events to ``to`` at ``rate`` per second, ``per_commit`` to a transaction
+    (``stage()`` for one, ``stage_many()`` for more): the transactions ``first, first +
+    step, ...``, transaction ``n`` holding events ``n * per_commit`` to ``(n + 1) *
+    per_commit - 1`` and due ``n * per_commit / rate`` seconds after the start, from
+    enough threads that a slow commit does not hold up the next ones. Nothing is committed
     after ``seconds``: a producer that falls behind the rate commits fewer events rather
     than take longer. Returns each event's commit time (wall clock) by ``seq``."""
-    threads = math.ceil(rate / step / COMMITS_PER_THREAD)
+    commits = rate / per_commit  # per second
+    threads = math.ceil(commits / step / COMMITS_PER_THREAD)
     committed: dict[int, float] = {}
     started = time.perf_counter()
 
     def producer(offset: int) -> None:
         try:
-            for seq in range(first + offset * step, int(rate * seconds), threads * step):
-                pause = started + seq / rate - time.perf_counter()
+            for number in range(first + offset * step, int(commits * seconds), threads * step):
+                pause = started + number / commits - time.perf_counter()
                 if pause > 0:
                     time.sleep(pause)
                 elif time.perf_counter() > started + seconds:
                     return
+                seqs = range(number * per_commit, (number + 1) * per_commit)
                 with transaction.atomic():
-                    stage("bench.order_placed", {**PAYLOAD, "seq": seq}, destination=to)
-                committed[seq] = time.time()
+                    _stage_seqs(to, seqs)
+                at = time.time()
+                committed.update(dict.fromkeys(seqs, at))
         finally:
             connection.close()  # this thread's
 
@@ -408,14 +413,32 @@ def produce(
     return committed
 
 
+def _stage_seqs(to: str, seqs: range) -> None:
+    """Stage the events ``seqs`` to ``to``: one ``stage()``, or one ``stage_many()``."""
+    if len(seqs) == 1:
+        stage("bench.order_placed", {**PAYLOAD, "seq": seqs[0]}, destination=to)
+        return
+    stage_many(
+        {"event_type": "bench.order_placed", "payload": {**PAYLOAD, "seq": seq}, "destination": to}
+        for seq in seqs
+    )
+
+
 def end_to_end(
-    env: dict[str, str], url: str, *, rate: float, seconds: float, name: str = "e2e"
+    env: dict[str, str],
+    url: str,
+    *,
+    rate: float,
+    seconds: float,
+    name: str = "e2e",
+    per_commit: int = 1,
 ) -> dict[str, float]:
-    """Commit events at ``rate`` per second for ``seconds`` (:func:`produce`, in a worker
-    process per ``COMMITS_PER_PROCESS``) with a relay running (woken by NOTIFY) and a
-    consumer reading the queue; the latency is commit to the consumer's receipt. The figures are
-    ``<name>_p50_ms``, ``<name>_p99_ms``, ``<name>_events`` and ``<name>_rate`` (the
-    commits per second reached)."""
+    """Commit events at ``rate`` per second for ``seconds``, ``per_commit`` to a
+    transaction (:func:`produce`, in a worker process per ``COMMITS_PER_PROCESS``) with a
+    relay running (woken by NOTIFY) and a consumer reading the queue; the latency is
+    commit to the consumer's receipt. The figures are ``<name>_p50_ms``,
+    ``<name>_p99_ms``, ``<name>_events`` and ``<name>_rate`` (the events per second
+    committed)."""
     reset_outbox()
     to = destination("e2e")
     with kombu.Connection(url) as broker:
@@ -427,10 +450,11 @@ def end_to_end(
     relay = Worker(
         {**env, "OUTBOX_BENCH_ORDERED": "0"}, "relay", "--url", url, "--batch-size", "500"
     )
-    step = math.ceil(rate / COMMITS_PER_PROCESS)
+    step = math.ceil(rate / per_commit / COMMITS_PER_PROCESS)
     producers = [
         Worker(env, "produce", "--destination", to, "--rate", str(rate),
-               "--seconds", str(seconds), "--first", str(first), "--step", str(step))
+               "--seconds", str(seconds), "--first", str(first), "--step", str(step),
+               "--per-commit", str(per_commit))
         for first in range(step)
     ]  # fmt: skip
     consumer.go()

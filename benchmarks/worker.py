@@ -4,6 +4,7 @@
         [--telemetry]
     python -m benchmarks.worker consume --url URL --queue Q --timeout SECONDS
     python -m benchmarks.worker produce --destination D --rate R --seconds S --first F --step K
+        --per-commit N
 
 A worker sets itself up (Django, broker connection), prints ``ready``, and waits for
 a line on stdin, so that the runner can start several together and time only the
@@ -202,7 +203,12 @@ def produce(args: argparse.Namespace) -> None:
     _ready()
     started = time.time()
     committed = commit_events(
-        args.destination, rate=args.rate, seconds=args.seconds, first=args.first, step=args.step
+        args.destination,
+        rate=args.rate,
+        seconds=args.seconds,
+        first=args.first,
+        step=args.step,
+        per_commit=args.per_commit,
     )
     emit({"started": started, "committed": {str(seq): at for seq, at in committed.items()}})
 
@@ -228,6 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     produce_parser.add_argument("--seconds", type=float, required=True)
     produce_parser.add_argument("--first", type=int, required=True)
     produce_parser.add_argument("--step", type=int, required=True)
+    produce_parser.add_argument("--per-commit", type=int, default=1)
     produce_parser.set_defaults(run=produce)
     args = parser.parse_args(argv)
     args.run(args)
