@@ -18,7 +18,7 @@ import datetime as dt
 import json
 import operator
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .exceptions import InvalidMessage
@@ -111,6 +111,20 @@ ORDERING_HEADERS = frozenset({"destination", "sequence", "skipped"})
 
 #: The outbox columns a claim reads, named as :class:`ClaimedMessage`'s fields.
 CLAIMED_FIELDS = tuple(field.name for field in dataclasses.fields(ClaimedMessage))
+
+
+class ClaimedBatch(list[ClaimedMessage]):
+    """The messages of one claim, in id order, and ``left_behind``: whether the claim
+    picked due rows that its row or byte bound then left out. (A full batch may leave
+    rows due without saying so: the picking stops at the row bound.) A relay claims
+    again at once after a full batch or one that left rows behind; after any other,
+    rows staged since tell it by ``NOTIFY``."""
+
+    __slots__ = ("left_behind",)
+
+    def __init__(self, messages: Iterable[ClaimedMessage] = (), *, left_behind: bool) -> None:
+        super().__init__(messages)
+        self.left_behind = left_behind
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -118,6 +118,7 @@ class _Claim:
     deadline: float
     started: float  # monotonic clock: when the claim began
     ordered: bool = False  # it holds ordered rows (only a whole claim can)
+    left_behind: bool = True  # its bounds left due rows out (ClaimedBatch.left_behind)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +229,10 @@ class _Run:
     #: published, even after a stop request, so that no row waits for its lease.
     ahead: Callable[[], _Claim | None] | None = None
     done: bool = False  # a drain that ran dry or gave up on the broker
+    #: The last batch took every due row its claim saw and published them all, and a
+    #: listener is open: the relay rests until a NOTIFY (or the poll interval) instead
+    #: of claiming again at once (two claims that would mostly come back empty).
+    caught_up: bool = False
 
     def going(self) -> bool:
         """Until stopped (after the claim made ahead is published) or, draining, done."""
@@ -397,7 +402,7 @@ class Relay:
         if not messages:
             return None
         deadline = time.monotonic() + self.lease_seconds / 2
-        return _Claim(messages, token, deadline, started, ordered)
+        return _Claim(messages, token, deadline, started, ordered, messages.left_behind)
 
     def _publish_claim(self, claim: _Claim) -> _Batch:
         outcomes, tried = self._publish(claim.messages, deadline=claim.deadline)
@@ -781,7 +786,8 @@ class Relay:
             self.close()
 
     def _turn(self, state: _Run) -> bool:
-        """Publish a batch, or ride out a database error; False when nothing was due."""
+        """Publish a batch, or ride out a database error; False when the relay is to
+        rest: nothing was due, or the batch caught up with what was (``_Run.caught_up``)."""
         try:
             batch = self._next_batch(state)
         except DatabaseError as exc:
@@ -795,7 +801,7 @@ class Relay:
                 state.stalled.setdefault(kind, set()).update(destinations)
             if state.queues:  # only while a queue stalled: a pass over every message
                 state.queues_confirmed(batch.confirmed)
-        return batch is not None
+        return batch is not None and not state.caught_up
 
     def _next_batch(self, state: _Run) -> _Batch | None:
         """One batch: take the claim made ahead (or claim now), claim the next one ahead
@@ -813,14 +819,16 @@ class Relay:
             # for empty.
             state.pipeline.collect(everything=True)
             claim = self._claim(whole=state.drain)
-        batch = None
+        batch, state.caught_up = None, False
         if claim is not None:
             more_due = len(claim.messages) == self.batch_size
             if more_due and not (state.stop.is_set() or state.brokers_down()):
                 state.ahead = state.pipeline.claim_ahead()
             batch = self._publish_claim(claim)
             state.pipeline.finalize(batch, gate=batch.ordered)
-        state.pipeline.collect(everything=batch is None)
+            state.caught_up = _caught_up(state, claim, batch, more_due)
+        # A batch the relay rests after is reported before the rest.
+        state.pipeline.collect(everything=batch is None or state.caught_up)
         state.database.recovered()
         return batch
 
@@ -902,6 +910,16 @@ class Relay:
         else:
             broker = f"the broker {mask_url(known.url)}"
         return broker
+
+
+def _caught_up(state: _Run, claim: _Claim, batch: _Batch, more_due: bool) -> bool:
+    """Whether ``batch`` left nothing due that a NOTIFY would not announce: its claim
+    was neither full nor cut by its bounds, it frees no ordered key's next row, no row
+    failed (one may be due again at once), and a listener is open (a drain and a relay
+    that polls claim until a claim comes back empty)."""
+    if more_due or claim.left_behind or batch.ordered or state.drain:
+        return False
+    return state.wakeup.listener is not None and all(out is None for out in batch.outcomes)
 
 
 def _sample(using: str) -> None:

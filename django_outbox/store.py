@@ -48,7 +48,7 @@ from django.db import models, transaction
 from django.db.models.functions import Now
 
 from . import db
-from .envelope import ClaimedMessage
+from .envelope import ClaimedBatch
 from .exceptions import RequeueRefused, SkipRefused
 from .expressions import now_plus
 from .models import REQUEUEABLE, OutboxMessage, OutboxQuerySet, OutboxStatus
@@ -65,7 +65,7 @@ def claim(
     token: uuid.UUID,
     max_bytes: int | None = None,
     ordered: bool = True,
-) -> list[ClaimedMessage]:
+) -> ClaimedBatch:
     """PENDING/FAILED rows that are due -> PROCESSING under ``token`` for ``lease_seconds``
     (with ``ordered`` False, the unordered ones only).
 

@@ -25,7 +25,7 @@ from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from ..conf import outbox_settings
-from ..envelope import CLAIMED_FIELDS, ClaimedMessage
+from ..envelope import CLAIMED_FIELDS, ClaimedBatch, ClaimedMessage
 from ..exceptions import OutboxConfigurationError
 from ..expressions import now_plus
 from . import postgresql
@@ -149,7 +149,7 @@ def claim(
     token: uuid.UUID,
     max_bytes: int | None = None,
     ordered: bool = True,
-) -> list[ClaimedMessage]:
+) -> ClaimedBatch:
     """Claim up to ``limit`` due rows, oldest first, for ``lease_seconds``; with
     ``ordered`` False, rows of ordered routes are left alone.
 
@@ -158,7 +158,8 @@ def claim(
     first row, so a row larger than the bound goes out alone. Rows locked by
     another relay's claim in progress are skipped, not waited for. Claimed rows
     are PROCESSING with ``lease_token=token`` and ``locked_until`` = database
-    now + lease. Returned in id order.
+    now + lease. Returned in id order, with whether due rows were left out by the
+    bounds (``left_behind``).
     """
     connection = connections[using]
     if max_bytes is None:
@@ -220,7 +221,7 @@ def _claim_portable(
     token: uuid.UUID,
     *,
     ordered: bool = True,
-) -> list[ClaimedMessage]:
+) -> ClaimedBatch:
     """Any database Django supports: a few statements in one transaction (the
     unordered rows, the heads of ordered keys, one per head for its run, the lease,
     the read). Without SKIP LOCKED (SQLite) it is safe for one relay per database
@@ -234,10 +235,10 @@ def _claim_portable(
             due = due.select_for_update(skip_locked=True)
         else:
             write_first(using)
-        found = sorted(_candidates(due, limit, ordered=ordered))[:limit]
-        ids = _within_bytes(((pk, size) for *_, pk, size in found), max_bytes)
+        candidates = sorted(_candidates(due, limit, ordered=ordered))
+        ids = _within_bytes(((pk, size) for *_, pk, size in candidates[:limit]), max_bytes)
         if not ids:
-            return []
+            return ClaimedBatch(left_behind=False)
         lease_end = now_plus(lease_seconds)
         rows.filter(id__in=ids).update(
             status=OutboxStatus.PROCESSING,
@@ -258,7 +259,7 @@ def _claim_portable(
         )
         # The JSONField decoded the payload; the wire wants it as text again.
         build = ClaimedMessage.reader(CLAIMED_FIELDS, payload=_json_text)
-        return [build(row) for row in claimed]
+        return ClaimedBatch(map(build, claimed), left_behind=len(candidates) > len(ids))
 
 
 #: A claim's candidate: (place in its key's run, the head's ``available_at``, the

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
-from ..envelope import ClaimedMessage
+from ..envelope import ClaimedBatch, ClaimedMessage
 from . import queries
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def claim(
     token: uuid.UUID,
     *,
     ordered: bool = True,
-) -> list[ClaimedMessage]:
+) -> ClaimedBatch:
     """One query, so one implicit transaction and one round trip: pick due
     unordered rows through ``outbox_due_idx`` and the heads of ordered keys with
     the runs after them (named query ``claim``), all with SKIP LOCKED, lease
@@ -77,8 +77,9 @@ def claim(
     are leased (the first one always), and every key keeps a prefix of its run:
     a locking CTE cannot hold the window function, so a later CTE sums the sizes.
     Picked rows left out are unlocked when the statement ends, and the next claim
-    takes them. Without ``ordered`` only unordered rows are claimed (``claim_unordered``:
-    cheaper to plan), and the claim's commit does not wait for its WAL flush."""
+    takes them (the batch's ``left_behind``). Without ``ordered`` only unordered rows
+    are claimed (``claim_unordered``: cheaper to plan), and the claim's commit does not
+    wait for its WAL flush."""
     params: list[Any] = [limit, limit, limit, limit] if ordered else [limit, limit]
     params += [max_bytes, lease_seconds, lease_seconds, worker, token]
     with connection.cursor() as cursor:
@@ -86,12 +87,14 @@ def claim(
         cursor.execute(_claim_sql(ordered, unflushed), params)
         if unflushed:
             cursor.nextset()  # from the SET's result to the claim's
+        columns = [column.name for column in cursor.description]
         build = ClaimedMessage.reader(
-            [column.name for column in cursor.description],
-            headers=_headers(),
-            created_at=_created_at(connection),
+            columns, headers=_headers(), created_at=_created_at(connection)
         )
-        return sorted(map(build, cursor.fetchall()), key=lambda message: message.id)
+        rows = cursor.fetchall()
+        considered = rows[0][columns.index("considered")] if rows else 0
+        messages = sorted(map(build, rows), key=lambda message: message.id)
+        return ClaimedBatch(messages, left_behind=considered > len(messages))
 
 
 def _unflushed(connection: BaseDatabaseWrapper, cursor: Any) -> bool:

@@ -113,7 +113,9 @@ SELECT id FROM running WHERE n <= %s AND (n = 1 OR total <= %s)
 -- PostgreSQL, the end of claim and claim_unordered: lease the rows of "bounded"
 -- and return them (parameters: lease seconds twice, worker, token). The columns
 -- are named after ClaimedMessage's fields; created_at as microseconds since the
--- epoch (see postgresql.claim).
+-- epoch (see postgresql.claim); considered, the same in every row, counts the
+-- rows the claim picked before its row and byte bounds (more than it returns:
+-- it left due rows behind).
 UPDATE {table} AS o
 SET status = {processing},
     available_at = now() + make_interval(secs => %s),
@@ -127,7 +129,8 @@ RETURNING o.id AS id, o.event_id AS event_id, o.event_type AS event_type,
           o.headers::text AS headers, o.ordering_key AS ordering_key,
           o.attempts AS attempts,
           (extract(epoch FROM o.created_at) * 1000000)::bigint AS created_at,
-          o.sequence AS sequence, o.skipped_at IS NOT NULL AS skipped
+          o.sequence AS sequence, o.skipped_at IS NOT NULL AS skipped,
+          (SELECT count(*) FROM running) AS considered
 
 
 -- name: ordered_gate

@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.test.utils import override_settings
 
 from django_outbox import PayloadTooLarge, db, stage, stage_many
+from django_outbox.envelope import ClaimedBatch
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import Relay
 from tests.support import consume, delete_queue, unique_destination
@@ -79,37 +80,38 @@ def stage_sizes(*sizes: int) -> list[int]:
     return ids
 
 
-def claim_through_the_setting(max_bytes: int) -> list[int]:
+def claim_through_the_setting(max_bytes: int) -> ClaimedBatch:
     """The relay's claim (the PostgreSQL statement), bounded by ``MAX_BATCH_BYTES``."""
     with outbox(MAX_BATCH_BYTES=max_bytes):
-        claimed = db.claim("default", limit=500, lease_seconds=60, worker="w", token=uuid.uuid4())
-    return [m.id for m in claimed]
+        return db.claim("default", limit=500, lease_seconds=60, worker="w", token=uuid.uuid4())
 
 
-def claim_portable(max_bytes: int) -> list[int]:
+def claim_portable(max_bytes: int) -> ClaimedBatch:
     """The claim of databases other than PostgreSQL (it runs on PostgreSQL too)."""
-    claimed = db._claim_portable("default", 500, max_bytes, 60, "w", uuid.uuid4())
-    return [m.id for m in claimed]
+    return db._claim_portable("default", 500, max_bytes, 60, "w", uuid.uuid4())
 
 
-def claim_unordered(max_bytes: int) -> list[int]:
+def claim_unordered(max_bytes: int) -> ClaimedBatch:
     """The claim a relay whose settings order no route sends between its whole claims."""
     token = uuid.uuid4()
-    claimed = db.claim(
+    return db.claim(
         "default", limit=500, max_bytes=max_bytes, lease_seconds=60, worker="w", token=token,
         ordered=False,
     )  # fmt: skip
-    return [m.id for m in claimed]
 
 
 @pytest.mark.parametrize("claim", [claim_through_the_setting, claim_unordered, claim_portable])
 def test_a_batch_is_split_by_bytes_and_the_next_claim_takes_the_rest(claim):
     ids = stage_sizes(1000, 1000, 1000, 1000, 600)
 
-    batches = []
+    batches, left_behind = [], []
     while batch := claim(2500):
-        batches.append(batch)
+        batches.append([m.id for m in batch])
+        left_behind.append(batch.left_behind)
     assert batches == [ids[0:2], ids[2:4], ids[4:5]]
+    # The relay claims again at once after a claim that left rows behind, and only then.
+    assert left_behind == [True, True, False]
+    assert claim(2500).left_behind is False  # nothing due: nothing left behind
 
 
 @pytest.mark.parametrize("ordered", [True, False], ids=["whole", "unordered"])
