@@ -6,7 +6,8 @@ RESULTS is the runner's JSON object: a ``.json`` file, or the runner's whole out
 - ``throughput.png``: every rate (ev/s of the relay, msg/s of the raw ceilings) as a
   bar, on a log scale (the redis-py pipeline is 100 times the slowest ceiling);
 - ``latency.png``: each latency scenario's percentiles (``<scenario>_p<N>_ms``) as
-  bars, with the goal of a percentile that has one drawn over its bar.
+  bars, on a log scale (a saturated scenario is a hundred times the others), with the
+  goal of a percentile that has one drawn over its bar.
 
 Needs matplotlib (the ``dev`` extra); without it, a one-line error says so.
 """
@@ -74,7 +75,7 @@ def plot_throughput(figures: dict[str, Any], out: Path, pyplot: Any) -> Path:
 
 def plot_latency(figures: dict[str, Any], out: Path, pyplot: Any) -> Path:
     groups = percentiles(figures)
-    figure, axes = pyplot.subplots(figsize=(6, 3.6))
+    figure, axes = pyplot.subplots(figsize=(7.5, 3.8))
     positions = []
     for offset, (scenario, points) in enumerate(groups.items()):
         for index, (n, ms) in enumerate(points):
@@ -84,8 +85,9 @@ def plot_latency(figures: dict[str, Any], out: Path, pyplot: Any) -> Path:
             axes.annotate(f"{ms:.2f} ms", (x, ms), ha="center", va="bottom", fontsize=8)
             if goal := GOALS.get(f"{scenario}_p{n}_ms"):
                 axes.hlines(goal[1], x - 0.4, x + 0.4, colors="#b3261e", linestyles="dashed")
-    axes.set_xticks([x for x, _ in positions], [label for _, label in positions])
-    axes.set_ylabel("milliseconds")
+    axes.set_xticks([x for x, _ in positions], [label for _, label in positions], fontsize=7)
+    axes.set_yscale("log")
+    axes.set_ylabel("milliseconds (log scale)")
     axes.set_title(f"Latency percentiles ({_run(figures)}); dashed: the goal", fontsize=10)
     return _save(figure, out / "latency.png", pyplot)
 

@@ -61,14 +61,16 @@ class WakeUp:
         if self.listener is None:
             self.listener = self._listen()
 
-    def wait(self) -> None:
-        """Return on a wake-up, after the poll interval, or once stop is set."""
-        deadline = self._clock() + self.poll_interval
+    def wait(self, timeout: float | None = None) -> bool:
+        """Return True on a wake-up; False after ``timeout`` seconds (default: the poll
+        interval) or once stop is set."""
+        deadline = self._clock() + (self.poll_interval if timeout is None else timeout)
         while not self.stop.is_set() and (remaining := deadline - self._clock()) > 0:
             if self.listener is None:
                 self.stop.wait(remaining)
             elif self._woken(min(remaining, WAIT_SLICE)):
-                return
+                return True
+        return False
 
     def close(self) -> None:
         """Close the listener, if any (after a database outage, and when the relay stops)."""
