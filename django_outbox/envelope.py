@@ -116,9 +116,9 @@ CLAIMED_FIELDS = tuple(field.name for field in dataclasses.fields(ClaimedMessage
 class ClaimedBatch(list[ClaimedMessage]):
     """The messages of one claim, in id order, and ``left_behind``: whether the claim
     picked due rows that its row or byte bound then left out. (A full batch may leave
-    rows due without saying so: the picking stops at the row bound.) A relay claims
-    again at once after a full batch or one that left rows behind; after any other,
-    rows staged since tell it by ``NOTIFY``."""
+    rows due without saying so: the picking stops at the row bound.) A relay that
+    hears NOTIFYs rests after a batch whose claim left nothing behind, on the other
+    conditions of docs/relay.md's "The loop"; otherwise it claims again at once."""
 
     __slots__ = ("left_behind",)
 

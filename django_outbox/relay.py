@@ -233,6 +233,9 @@ class _Run:
     #: listener is open: the relay rests until a NOTIFY (or the poll interval) instead
     #: of claiming again at once (two claims that would mostly come back empty).
     caught_up: bool = False
+    #: A batch that may free rows (ordered rows, a failure) was handed to the finalize
+    #: since the pipeline was last empty: a claim made meanwhile may have missed them.
+    freeing: bool = False
 
     def going(self) -> bool:
         """Until stopped (after the claim made ahead is published) or, draining, done."""
@@ -281,6 +284,13 @@ class _Run:
     def snapshot(self) -> tuple[dict[str, int], dt.datetime | None]:
         """The totals and the last batch with rows, for the heartbeat."""
         return {field: getattr(self.totals, field) for field in _COUNTED}, self.last_batch_at
+
+    def settled(self) -> bool:
+        """Whether a claim made now sees every row the batches handed to the finalize
+        free: none of them can free any, or the pipeline finished them all."""
+        if not self.pipeline.pending:
+            self.freeing = False
+        return not self.freeing
 
     def rest(self) -> None:
         """Nothing is due: honour ``CONN_MAX_AGE`` on every database thread, then wait for a
@@ -809,15 +819,18 @@ class Relay:
         reports the batches it finished. Returns the batch, or None when nothing was due."""
         if state.ahead is not None:
             claim, state.ahead = state.ahead(), None
+            settled = False  # made beside the batch before it
         else:
             if not state.drain:
                 state.wakeup.listen()
+            settled = state.settled()
             claim = self._claim()
         if claim is None and (state.pipeline.pending or state.drain):
             # The heads of ordered keys may be in the batch still being finalized:
             # finish it and claim once more (whole, draining) before taking the table
             # for empty.
             state.pipeline.collect(everything=True)
+            settled = True
             claim = self._claim(whole=state.drain)
         batch, state.caught_up = None, False
         if claim is not None:
@@ -825,8 +838,9 @@ class Relay:
             if more_due and not (state.stop.is_set() or state.brokers_down()):
                 state.ahead = state.pipeline.claim_ahead()
             batch = self._publish_claim(claim)
+            state.freeing |= _frees_rows(batch)
             state.pipeline.finalize(batch, gate=batch.ordered)
-            state.caught_up = _caught_up(state, claim, batch, more_due)
+            state.caught_up = settled and not more_due and _caught_up(state, claim, batch)
         if state.caught_up and state.wakeup.wait(CAUGHT_UP_WAIT):
             # A NOTIFY came while the batch was being finalized: claim at once, beside
             # that finalize, as after a batch that did not catch up.
@@ -922,14 +936,20 @@ class Relay:
 CAUGHT_UP_WAIT = 0.05
 
 
-def _caught_up(state: _Run, claim: _Claim, batch: _Batch, more_due: bool) -> bool:
-    """Whether ``batch`` left nothing due that a NOTIFY would not announce: its claim
-    was neither full nor cut by its bounds, it frees no ordered key's next row, no row
-    failed (one may be due again at once), and a listener is open (a drain and a relay
-    that polls claim until a claim comes back empty)."""
-    if more_due or claim.left_behind or batch.ordered or state.drain:
+def _frees_rows(batch: _Batch) -> bool:
+    """Whether finalizing ``batch`` may make rows due: the next rows of its ordered keys,
+    or a failed row due again at once (held back, or not attempted)."""
+    return batch.ordered or not all(outcome is None for outcome in batch.outcomes)
+
+
+def _caught_up(state: _Run, claim: _Claim, batch: _Batch) -> bool:
+    """Whether a batch whose claim was neither full nor made beside a finalize that may
+    free rows left nothing due that a NOTIFY would not announce: its claim left no row
+    out, the batch itself frees none, and NOTIFYs reach the relay (its listener has heard
+    one). A drain and a relay that only polls claim until a claim comes back empty."""
+    if claim.left_behind or _frees_rows(batch) or state.drain:
         return False
-    return state.wakeup.listener is not None and all(out is None for out in batch.outcomes)
+    return state.wakeup.heard
 
 
 def _sample(using: str) -> None:

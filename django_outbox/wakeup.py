@@ -37,6 +37,8 @@ class WakeUp:
     ``listen`` opens a listener (None where the database cannot notify: then the
     relay only polls). When the LISTEN connection breaks, the wait logs it
     (``outbox.listen_lost``) and polls until the next :meth:`listen` opens a new one.
+    ``heard`` says whether a NOTIFY came on the open listener: a LISTEN that works is
+    no proof that notifications arrive (the trigger dropped, a transaction pooler).
     """
 
     def __init__(
@@ -52,6 +54,7 @@ class WakeUp:
         self.poll_interval = poll_interval
         self.using = using
         self.listener: Listener | None = None
+        self.heard = False
         self._listen = listen
         self._clock = clock
 
@@ -59,7 +62,7 @@ class WakeUp:
         """Open the listener if there is none (before a claim, so that rows staged
         while the claim runs wake the next wait). A database error is raised."""
         if self.listener is None:
-            self.listener = self._listen()
+            self.listener, self.heard = self._listen(), False
 
     def wait(self, timeout: float | None = None) -> bool:
         """Return True on a wake-up; False after ``timeout`` seconds (default: the poll
@@ -69,12 +72,13 @@ class WakeUp:
             if self.listener is None:
                 self.stop.wait(remaining)
             elif self._woken(min(remaining, WAIT_SLICE)):
+                self.heard = True
                 return True
         return False
 
     def close(self) -> None:
         """Close the listener, if any (after a database outage, and when the relay stops)."""
-        listener, self.listener = self.listener, None
+        listener, self.listener, self.heard = self.listener, None, False
         if listener is not None:
             try:
                 listener.close()

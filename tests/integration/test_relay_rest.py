@@ -18,9 +18,16 @@ from django_outbox import stage, stage_many, store
 from django_outbox.envelope import ClaimedBatch
 from tests.integration.test_payload_size import blob
 from tests.integration.test_slow_paths import running_relay
-from tests.support import consume, delete_queue, status_counts, unique_destination, wait_until
+from tests.support import (
+    consume,
+    delete_queue,
+    stage_events,
+    status_counts,
+    unique_destination,
+    wait_until,
+)
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.disrupts]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 POLL_INTERVAL = 30
 
@@ -85,3 +92,28 @@ def test_rows_a_claim_left_behind_by_its_byte_bound_are_claimed_at_once(destinat
             what="the five events published before the poll",
         )
     assert [size for size in claims if size] == [2, 2, 1]
+
+
+def test_rows_freed_by_the_finalize_of_the_batch_before_are_claimed_at_once(destination, claims):
+    """One transaction: 30 events of one key of an ordered route, then 25 unordered. The
+    first claim (20 rows, full) takes the key's head and 19 unordered events; the claim
+    made ahead beside its publish finds the key busy and takes the last 6 unordered
+    events, not full and all published. That batch caught up with nothing: its claim ran
+    before the first batch's finalize freed the key's next rows, which no NOTIFY will
+    announce. The relay claims again instead of resting for the poll."""
+    ordered = unique_destination("ordered")
+    routes = {"ROUTES": {ordered: {"ordered": True, "queue": ordered}}}
+    try:
+        with running_relay(POLL_INTERVAL=POLL_INTERVAL, **routes):
+            wait_until(lambda: claims, timeout=30, what="the relay's first claim")
+            with transaction.atomic():
+                stage_events(30, ordered, keys=1)
+                stage_events(25, destination)
+            wait_until(
+                lambda: status_counts()["published"] == 55,
+                timeout=POLL_INTERVAL / 3,
+                what="the 55 events published before the poll",
+            )
+    finally:
+        delete_queue(ordered)
+    assert next(size for size in claims if size) == 20, claims

@@ -103,7 +103,9 @@ def test_identifiers_and_literals_are_quoted_and_escaped():
 def test_the_claim_names_every_column_it_returns_after_claimed_message():
     sql = postgresql._claim_sql()
     returning = sql[sql.index("RETURNING") :]
-    assert re.findall(r"AS (\w+)", returning) == list(CLAIMED_FIELDS)
+    # ClaimedMessage's fields, then the count of the rows the claim considered
+    # (ClaimedBatch.left_behind).
+    assert re.findall(r"AS (\w+)", returning) == [*CLAIMED_FIELDS, "considered"]
     claimable = ", ".join(f"'{status.value}'" for status in CLAIMABLE)
     assert f"status IN ({claimable})" in sql
     assert f'FROM "{OutboxMessage._meta.db_table}"' in sql

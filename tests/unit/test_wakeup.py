@@ -65,7 +65,7 @@ def test_a_notify_ends_the_wait():
     listener = Listener(clock, [False, True])
     waiting = wakeup(clock, Stop(clock), listener)
     waiting.listen()
-    waiting.wait()
+    assert waiting.wait() is True
     assert listener.waits == [WAIT_SLICE, WAIT_SLICE]
     assert clock.now == WAIT_SLICE
 
@@ -75,9 +75,37 @@ def test_without_a_notify_the_wait_lasts_the_poll_interval_in_slices():
     listener = Listener(clock, [False] * 10)
     waiting = wakeup(clock, Stop(clock), listener, poll=1.2)
     waiting.listen()
-    waiting.wait()
+    assert waiting.wait() is False
     assert listener.waits == pytest.approx([0.5, 0.5, 0.2])
     assert clock.now == pytest.approx(1.2)
+
+
+@pytest.mark.parametrize(("notified", "waited"), [(True, 0.0), (False, 0.05)])
+def test_a_wait_of_its_own_timeout_says_whether_it_was_woken(notified, waited):
+    """The relay's short wait after a batch that caught up (CAUGHT_UP_WAIT): one slice
+    of that timeout, not of the 30 s poll interval."""
+    clock = Clock()
+    listener = Listener(clock, [notified])
+    waiting = wakeup(clock, Stop(clock), listener, poll=30.0)
+    waiting.listen()
+    assert waiting.wait(0.05) is notified
+    assert listener.waits == [0.05]
+    assert clock.now == pytest.approx(waited)
+
+
+def test_heard_says_a_notify_came_on_the_open_listener():
+    """The relay rests after a batch that caught up only once NOTIFYs are known to reach
+    it: a LISTEN that works proves nothing (the trigger dropped, a transaction pooler)."""
+    clock = Clock()
+    listener = Listener(clock, [False, False, True])  # two slices of the poll, then a NOTIFY
+    waiting = wakeup(clock, Stop(clock), listener, poll=1.0)
+    waiting.listen()
+    waiting.wait()  # the poll interval, unheard
+    assert waiting.heard is False
+    waiting.wait()
+    assert waiting.heard is True
+    waiting.close()  # a new listener has heard nothing yet
+    assert waiting.heard is False
 
 
 def test_without_a_listener_the_wait_is_on_the_stop_event():
