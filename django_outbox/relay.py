@@ -117,8 +117,8 @@ class _Claim:
     token: uuid.UUID
     deadline: float
     started: float  # monotonic clock: when the claim began
-    ordered: bool = False  # it holds ordered rows (only a whole claim can)
-    left_behind: bool = True  # its bounds left due rows out (ClaimedBatch.left_behind)
+    ordered: bool  # it holds ordered rows (only a whole claim can)
+    left_behind: bool  # its bounds left due rows out (ClaimedBatch.left_behind)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,9 +229,10 @@ class _Run:
     #: published, even after a stop request, so that no row waits for its lease.
     ahead: Callable[[], _Claim | None] | None = None
     done: bool = False  # a drain that ran dry or gave up on the broker
-    #: The last batch took every due row its claim saw and published them all, and a
-    #: listener is open: the relay rests until a NOTIFY (or the poll interval) instead
-    #: of claiming again at once (two claims that would mostly come back empty).
+    #: The last batch caught up with what was due (``_caught_up``: its claim saw every
+    #: due row and left none out, it freed none, and the listener hears NOTIFYs): the
+    #: relay rests until a NOTIFY (or the poll interval) instead of claiming again at
+    #: once (two claims that would mostly come back empty).
     caught_up: bool = False
     #: A batch that may free rows (ordered rows, a failure) was handed to the finalize
     #: since the pipeline was last empty: a claim made meanwhile may have missed them.
@@ -830,7 +831,7 @@ class Relay:
             # finish it and claim once more (whole, draining) before taking the table
             # for empty.
             state.pipeline.collect(everything=True)
-            settled = True
+            settled = state.settled()  # True, and the batches collected forgotten
             claim = self._claim(whole=state.drain)
         batch, state.caught_up = None, False
         if claim is not None:
@@ -841,9 +842,9 @@ class Relay:
             state.freeing |= _frees_rows(batch)
             state.pipeline.finalize(batch, gate=batch.ordered)
             state.caught_up = settled and not more_due and _caught_up(state, claim, batch)
-        if state.caught_up and state.wakeup.wait(CAUGHT_UP_WAIT):
-            # A NOTIFY came while the batch was being finalized: claim at once, beside
-            # that finalize, as after a batch that did not catch up.
+        if state.caught_up and (state.wakeup.wait(CAUGHT_UP_WAIT) or not state.wakeup.heard):
+            # A NOTIFY came while the batch was being finalized (or the listener broke):
+            # claim at once, beside that finalize, as after a batch that did not catch up.
             state.caught_up = False
         # A batch the relay rests after is reported before the rest.
         state.pipeline.collect(everything=batch is None or state.caught_up)
