@@ -37,7 +37,7 @@ from django.utils import timezone
 
 from . import db, retention, samples, store, tracing
 from .conf import outbox_settings
-from .envelope import ClaimedMessage
+from .envelope import ClaimedBatch, ClaimedMessage
 from .exceptions import BrokerUnreachable, OutboxConfigurationError
 from .failures import FailureCounts, Reason
 from .heartbeat import Heartbeat, HeartbeatThread, process_name
@@ -113,12 +113,11 @@ class _Claim:
     """Rows claimed under one lease token; publishing must start before ``deadline``
     (monotonic clock: half the lease after the claim)."""
 
-    messages: list[ClaimedMessage]
+    messages: ClaimedBatch  # with left_behind: its bounds left due rows out
     token: uuid.UUID
     deadline: float
     started: float  # monotonic clock: when the claim began
     ordered: bool  # it holds ordered rows (only a whole claim can)
-    left_behind: bool  # its bounds left due rows out (ClaimedBatch.left_behind)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -413,7 +412,7 @@ class Relay:
         if not messages:
             return None
         deadline = time.monotonic() + self.lease_seconds / 2
-        return _Claim(messages, token, deadline, started, ordered, messages.left_behind)
+        return _Claim(messages, token, deadline, started, ordered)
 
     def _publish_claim(self, claim: _Claim) -> _Batch:
         outcomes, tried = self._publish(claim.messages, deadline=claim.deadline)
@@ -839,9 +838,10 @@ class Relay:
             if more_due and not (state.stop.is_set() or state.brokers_down()):
                 state.ahead = state.pipeline.claim_ahead()
             batch = self._publish_claim(claim)
-            state.freeing |= _frees_rows(batch)
+            frees = _frees_rows(batch)
+            state.freeing |= frees
             state.pipeline.finalize(batch, gate=batch.ordered)
-            state.caught_up = settled and not more_due and _caught_up(state, claim, batch)
+            state.caught_up = settled and not (more_due or frees) and _caught_up(state, claim)
         if state.caught_up and (state.wakeup.wait(CAUGHT_UP_WAIT) or not state.wakeup.heard):
             # A NOTIFY came while the batch was being finalized (or the listener broke):
             # claim at once, beside that finalize, as after a batch that did not catch up.
@@ -943,12 +943,12 @@ def _frees_rows(batch: _Batch) -> bool:
     return batch.ordered or not all(outcome is None for outcome in batch.outcomes)
 
 
-def _caught_up(state: _Run, claim: _Claim, batch: _Batch) -> bool:
-    """Whether a batch whose claim was neither full nor made beside a finalize that may
-    free rows left nothing due that a NOTIFY would not announce: its claim left no row
-    out, the batch itself frees none, and NOTIFYs reach the relay (its listener has heard
-    one). A drain and a relay that only polls claim until a claim comes back empty."""
-    if claim.left_behind or _frees_rows(batch) or state.drain:
+def _caught_up(state: _Run, claim: _Claim) -> bool:
+    """Whether a batch that frees no rows, whose claim was neither full nor made beside a
+    finalize that may free rows, left nothing due that a NOTIFY would not announce: its
+    claim left no row out, and NOTIFYs reach the relay (its listener has heard one). A
+    drain and a relay that only polls claim until a claim comes back empty."""
+    if claim.messages.left_behind or state.drain:
         return False
     return state.wakeup.heard
 
