@@ -1,7 +1,8 @@
 """Deliberately broken guarantees, to show that the audit catches them.
 
 ``python -m chaos --sabotage lease`` starts relays whose finalize ignores the
-lease token (a relay whose lease was taken over writes anyway);
+lease token (a relay whose lease was taken over writes anyway: the ORM's ``leased()``
+and PostgreSQL's fragment ``lease_held`` both let every row through);
 ``--sabotage inbox`` starts a consumer without the inbox (every delivery runs the
 handler); ``--sabotage parking`` starts a consumer that parks a message at its first
 redelivery, as if a consumer kill were the message's fault; ``--sabotage order`` starts
@@ -57,6 +58,7 @@ def apply(kind: str) -> None:
         from django_outbox.models import OutboxQuerySet
 
         OutboxQuerySet.leased = lambda self, token: self  # type: ignore[method-assign]
+        _replace_query("lease_held", "%s IS NOT NULL")  # PostgreSQL's published mark
     elif kind == "inbox":
         from django_outbox import consumer
 
@@ -92,14 +94,21 @@ def _without_ordered_gate() -> None:
     """Replace the claim's per-key gate, the named query ``ordered_gate``, with ``TRUE``
     (a scrape's blocked keys, built from it too, would count every abandoned ordered row;
     nothing in the chaos run scrapes)."""
+    _replace_query("ordered_gate", "TRUE")
+
+
+def _replace_query(name: str, sql: str) -> None:
+    """Replace the named query ``name`` of queries.sql with ``sql``, and forget the
+    statements built from the named queries once."""
     from django_outbox.db import postgresql, queries
 
     named = queries._queries()
-    if "ordered_gate" not in named:
-        raise ValueError("--sabotage order: queries.sql has no ordered_gate query to replace")
-    named["ordered_gate"] = "TRUE"
-    postgresql._claim_sql.cache_clear()  # the claim is built from the named queries once
+    if name not in named:
+        raise ValueError(f"--sabotage: queries.sql has no {name} query to replace")
+    named[name] = sql
+    postgresql._claim_sql.cache_clear()
     postgresql._backlog_sql.cache_clear()
+    postgresql._mark_published_sql.cache_clear()
 
 
 @contextlib.contextmanager

@@ -124,18 +124,25 @@ def record(
     rows = OutboxMessage.objects.using(using)
     several = bool(published) + len(failed) + bool(held) > 1
     lost: set[int] = set()
-    writes: list[tuple[Sequence[int], Callable[[OutboxQuerySet], int]]] = [
-        (published, _mark_published),
-        (held, _mark_held),
+
+    def leased(ids: Sequence[int]) -> OutboxQuerySet:
+        return rows.filter(db.AnyOf(models.F("id"), ids)).leased(token)
+
+    writes: list[tuple[Sequence[int], Callable[[Sequence[int]], int]]] = [
+        (published, functools.partial(db.mark_published, using, token=token)),
+        (held, functools.partial(_mark_leased, leased, _mark_held)),
     ]
-    writes += [(group.ids, functools.partial(_mark_failed, group=group)) for group in failed]
+    writes += [
+        (
+            group.ids,
+            functools.partial(_mark_leased, leased, functools.partial(_mark_failed, group=group)),
+        )
+        for group in failed
+    ]
     with transaction.atomic(using=using) if several else contextlib.nullcontext():
         for ids, mark in writes:
-            if not ids:
-                continue
-            leased = rows.filter(db.AnyOf(models.F("id"), ids)).leased(token)
-            if mark(leased) != len(ids):
-                lost |= _not_held(ids, leased)
+            if ids and mark(ids) != len(ids):
+                lost |= _not_held(ids, leased(ids))
         for group in failed:
             failed_rows = rows.filter(id__in=group.ids).leased(token)
             _park_after_failure(using, _heads_by_key(failed_rows), group.abandon)
@@ -239,12 +246,6 @@ def _next_abandoned(using: str, heads: _Heads) -> dict[tuple[str, str], int]:
     return stops
 
 
-def _mark_published(rows: OutboxQuerySet) -> int:
-    return rows.update(
-        status=OutboxStatus.PUBLISHED, published_at=Now(), locked_until=None, last_error=""
-    )
-
-
 def _mark_held(rows: OutboxQuerySet) -> int:
     return rows.update(status=OutboxStatus.PENDING, available_at=Now(), locked_until=None)
 
@@ -255,6 +256,15 @@ def _mark_failed(rows: OutboxQuerySet, group: FailedRows) -> int:
     if group.abandon:
         return rows.update(status=OutboxStatus.ABANDONED, abandoned_at=Now(), **failed)
     return rows.update(status=OutboxStatus.FAILED, available_at=now_plus(group.delay), **failed)
+
+
+def _mark_leased(
+    leased: Callable[[Sequence[int]], OutboxQuerySet],
+    mark: Callable[[OutboxQuerySet], int],
+    ids: Sequence[int],
+) -> int:
+    """``mark`` the rows of ``ids`` still under the batch's lease (``leased``)."""
+    return mark(leased(ids))
 
 
 def _not_held(ids: Sequence[int], held: OutboxQuerySet) -> set[int]:

@@ -4,7 +4,7 @@ Callers ask capability questions (``supports_skip_locked``) or call
 operations that pick the vendor's way (the claim, the staging INSERT, LISTEN).
 Vendor SQL lives in ``queries.sql`` (named queries, see :mod:`.queries`), run
 by the submodules named after Django's ``connection.vendor``. Only
-:mod:`django_outbox.store` calls :func:`claim`.
+:mod:`django_outbox.store` calls :func:`claim` and :func:`mark_published`.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import datetime as dt
 import json
 import math
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connections, models, transaction
 from django.db.models.constants import OnConflict
-from django.db.models.functions import Cast
+from django.db.models.functions import Cast, Now
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
@@ -169,6 +169,22 @@ def claim(
             connection, limit, max_bytes, lease_seconds, worker, token, ordered=ordered
         )
     return _claim_portable(using, limit, max_bytes, lease_seconds, worker, token, ordered=ordered)
+
+
+def mark_published(using: str, ids: Sequence[int], token: uuid.UUID) -> int:
+    """PROCESSING -> PUBLISHED for the rows of ``ids`` still leased under ``token``
+    (``published_at`` the database's now, lease and last error cleared); returns how
+    many. Rows another relay took over are left alone. On PostgreSQL one statement
+    of constant text (:func:`.postgresql.mark_published`), elsewhere the ORM."""
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        return postgresql.mark_published(connection, ids, token)
+    from ..models import OutboxMessage, OutboxStatus
+
+    rows = OutboxMessage.objects.using(using).filter(AnyOf(models.F("id"), ids)).leased(token)
+    return rows.update(
+        status=OutboxStatus.PUBLISHED, published_at=Now(), locked_until=None, last_error=""
+    )
 
 
 def insert(

@@ -1,5 +1,6 @@
-"""PostgreSQL only: the claim, the staging INSERT, LISTEN and row estimates (their SQL
-is in ``queries.sql``; the NOTIFY trigger is installed by the migrations)."""
+"""PostgreSQL only: the claim, the published mark, the staging INSERT, LISTEN and row
+estimates (their SQL is in ``queries.sql``; the NOTIFY trigger is installed by the
+migrations)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import functools
 import json
 import uuid
 import zoneinfo
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -95,6 +96,29 @@ def claim(
         considered = rows[0][columns.index("considered")] if rows else 0
         messages = sorted(map(build, rows), key=lambda message: message.id)
         return ClaimedBatch(messages, left_behind=considered > len(messages))
+
+
+@functools.cache
+def _mark_published_sql() -> str:
+    """The named query ``mark_published`` for the outbox table, its lease check
+    ``lease_held``. Cached: clear it after replacing a named query."""
+    from ..models import OutboxMessage, OutboxStatus
+
+    return queries.sql(
+        "mark_published",
+        identifiers={"table": OutboxMessage._meta.db_table},
+        literals={"published": OutboxStatus.PUBLISHED.value},
+        fragments={"lease_held": queries.sql("lease_held")},
+    )
+
+
+def mark_published(connection: BaseDatabaseWrapper, ids: Sequence[int], token: uuid.UUID) -> int:
+    """PROCESSING -> PUBLISHED for the rows of ``ids`` still leased under ``token``; how
+    many. One statement of constant text: Django's compile of the same UPDATE cost the
+    relay 0.45 ms of CPU per batch, a quarter of what it spent per event at a trickle."""
+    with connection.cursor() as cursor:
+        cursor.execute(_mark_published_sql(), [f"{{{','.join(map(str, ids))}}}", token])
+        return cursor.rowcount
 
 
 def _unflushed(connection: BaseDatabaseWrapper, cursor: Any) -> bool:

@@ -138,6 +138,25 @@ RETURNING o.id AS id, o.event_id AS event_id, o.event_type AS event_type,
           (SELECT count(*) FROM running) AS considered
 
 
+-- name: mark_published
+-- PostgreSQL: PROCESSING -> PUBLISHED for the rows of one batch that are still
+-- under its lease (the fragment lease_held); store.record's published rows.
+-- Parameters: the ids as one array's text ("{1,2,3}", which the relay writes in
+-- microseconds: the driver's quoting of a list of 500 ids took half a
+-- millisecond), token. published_at is the statement's time, as Django's Now().
+UPDATE {table}
+SET status = {published}, published_at = statement_timestamp(),
+    locked_until = NULL, last_error = ''
+WHERE id = ANY(%s::bigint[]) AND {lease_held}
+
+
+-- name: lease_held
+-- PostgreSQL, a boolean fragment of mark_published: the row is still under the
+-- lease whose token is the parameter (a relay whose lease was taken over writes
+-- nothing). chaos --sabotage lease replaces it with a test that every row passes.
+lease_token = %s
+
+
 -- name: ordered_gate
 -- PostgreSQL, a boolean fragment of claim: the ordered row "head" is the head
 -- of its key (no earlier row of its destination and ordering key is

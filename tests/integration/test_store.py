@@ -76,6 +76,7 @@ def test_claim_leases_due_rows_and_reclaims_expired_leases_only(using):
 def test_record_publishes_fails_and_abandons_under_the_lease(using):
     token = uuid.uuid4()
     ok, retry, free, poison = (_row(using, **_lease(5, token), attempts=1) for _ in range(4))
+    OutboxMessage.objects.using(using).filter(pk=ok.pk).update(last_error="an earlier try")
     lost = store.record(
         using,
         token,
@@ -89,6 +90,7 @@ def test_record_publishes_fails_and_abandons_under_the_lease(using):
     assert lost == set()
     ok, retry, free, poison = (_fresh(using, row) for row in (ok, retry, free, poison))
     assert (ok.status, ok.lease_token, ok.locked_until) == (Status.PUBLISHED, token, None)
+    assert ok.last_error == ""
     assert ok.published_at is not None
     assert (retry.status, retry.attempts, retry.last_error) == (Status.FAILED, 2, "broker down")
     assert retry.available_at > timezone.now() + dt.timedelta(seconds=100)

@@ -57,6 +57,8 @@ def test_every_query_of_the_package_file_loads():
         "claim_bounded",
         "claim_lease",
         "ordered_gate",
+        "mark_published",
+        "lease_held",
         "insert",
         "insert_row",
         "insert_ordered",
