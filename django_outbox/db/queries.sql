@@ -28,7 +28,7 @@ WITH picked AS (
     {unordered_rows}
 ), heads AS (
     SELECT id, available_at, destination, ordering_key, sequence,
-           payload::text AS text
+           octet_length(payload::text) AS size
     FROM {table} AS head
     WHERE status IN ({claimable}) AND available_at <= now() AND sequence IS NOT NULL
       AND {ordered_gate}
@@ -36,11 +36,11 @@ WITH picked AS (
     LIMIT %s
     FOR UPDATE SKIP LOCKED
 ), runs AS (
-    SELECT run.id, head.available_at, head.id AS head_id, run.text,
+    SELECT run.id, head.available_at, head.id AS head_id, run.size,
            run.sequence - head.sequence AS place,
            row_number() OVER (PARTITION BY head.id ORDER BY run.sequence) AS n
     FROM heads AS head CROSS JOIN LATERAL (
-        SELECT later.id, later.sequence, later.payload::text AS text
+        SELECT later.id, later.sequence, octet_length(later.payload::text) AS size
         FROM {table} AS later
         WHERE later.destination = head.destination
           AND later.ordering_key = head.ordering_key
@@ -52,14 +52,13 @@ WITH picked AS (
         FOR UPDATE SKIP LOCKED
     ) AS run
 ), candidates AS (
-    SELECT id, 0 AS place, available_at, id AS head_id, text FROM picked
+    SELECT id, 0 AS place, available_at, id AS head_id, size FROM picked
     UNION ALL
-    SELECT id, 0, available_at, id, text FROM heads
+    SELECT id, 0, available_at, id, size FROM heads
     UNION ALL
-    SELECT id, place, available_at, head_id, text FROM runs WHERE place = n
+    SELECT id, place, available_at, head_id, size FROM runs WHERE place = n
 ), running AS (
-    SELECT id, text, row_number() OVER w AS n, sum(octet_length(text)) OVER w AS total
-    FROM candidates
+    SELECT id, row_number() OVER w AS n, sum(size) OVER w AS total FROM candidates
     WINDOW w AS (ORDER BY place, available_at, head_id)
 ), bounded AS (
     {bounded}
@@ -75,8 +74,7 @@ WITH picked AS (
 WITH picked AS (
     {unordered_rows}
 ), running AS (
-    SELECT id, text, row_number() OVER w AS n, sum(octet_length(text)) OVER w AS total
-    FROM picked
+    SELECT id, row_number() OVER w AS n, sum(size) OVER w AS total FROM picked
     WINDOW w AS (ORDER BY available_at, id)
 ), bounded AS (
     {bounded}
@@ -96,10 +94,8 @@ SET LOCAL synchronous_commit = off
 
 -- name: claim_unordered_rows
 -- PostgreSQL, a fragment of claim and claim_unordered: the due unordered rows,
--- oldest first, locked (parameter: limit), with their payload as text: made
--- once per row, for the byte bound and the batch (jsonb's text output is a
--- tenth of the claim's time here).
-SELECT id, available_at, payload::text AS text FROM {table}
+-- oldest first, locked (parameter: limit), with their payload text's size.
+SELECT id, available_at, octet_length(payload::text) AS size FROM {table}
 WHERE status IN ({claimable}) AND available_at <= now() AND sequence IS NULL
 ORDER BY available_at, id
 LIMIT %s
@@ -109,16 +105,15 @@ FOR UPDATE SKIP LOCKED
 -- name: claim_bounded
 -- PostgreSQL, a fragment of claim and claim_unordered: the numbered candidates
 -- ("running") cut to limit rows and max_bytes of payload text, the first row
--- always (parameters: limit, max_bytes), with their payload text.
-SELECT id, text FROM running WHERE n <= %s AND (n = 1 OR total <= %s)
+-- always (parameters: limit, max_bytes).
+SELECT id FROM running WHERE n <= %s AND (n = 1 OR total <= %s)
 
 
 -- name: claim_lease
 -- PostgreSQL, the end of claim and claim_unordered: lease the rows of "bounded"
 -- and return them (parameters: lease seconds twice, worker, token). The columns
 -- are named after ClaimedMessage's fields; created_at as microseconds since the
--- epoch (see postgresql.claim); the payload is the text the candidates were
--- measured by; considered, the same in every row, counts the
+-- epoch (see postgresql.claim); considered, the same in every row, counts the
 -- rows the claim picked before its row and byte bounds (more than it returns:
 -- it left due rows behind).
 UPDATE {table} AS o
@@ -130,7 +125,7 @@ SET status = {processing},
 FROM bounded
 WHERE o.id = bounded.id
 RETURNING o.id AS id, o.event_id AS event_id, o.event_type AS event_type,
-          o.destination AS destination, bounded.text AS payload,
+          o.destination AS destination, o.payload::text AS payload,
           o.headers::text AS headers, o.ordering_key AS ordering_key,
           o.attempts AS attempts,
           (extract(epoch FROM o.created_at) * 1000000)::bigint AS created_at,
