@@ -128,20 +128,14 @@ def record(
     def leased(ids: Sequence[int]) -> OutboxQuerySet:
         return rows.filter(db.AnyOf(models.F("id"), ids)).leased(token)
 
-    writes: list[tuple[Sequence[int], Callable[[Sequence[int]], int]]] = [
-        (published, functools.partial(db.mark_published, using, token=token)),
-        (held, functools.partial(_mark_leased, leased, _mark_held)),
-    ]
-    writes += [
-        (
-            group.ids,
-            functools.partial(_mark_leased, leased, functools.partial(_mark_failed, group=group)),
-        )
-        for group in failed
-    ]
+    writes: list[tuple[Sequence[int], Callable[[OutboxQuerySet], int]]] = [(held, _mark_held)]
+    writes += [(group.ids, functools.partial(_mark_failed, group=group)) for group in failed]
     with transaction.atomic(using=using) if several else contextlib.nullcontext():
+        # The published mark is vendor SQL (db.mark_published); the other writes the ORM.
+        if published and db.mark_published(using, published, token) != len(published):
+            lost |= _not_held(published, leased(published))
         for ids, mark in writes:
-            if ids and mark(ids) != len(ids):
+            if ids and mark(leased(ids)) != len(ids):
                 lost |= _not_held(ids, leased(ids))
         for group in failed:
             failed_rows = rows.filter(id__in=group.ids).leased(token)
@@ -256,15 +250,6 @@ def _mark_failed(rows: OutboxQuerySet, group: FailedRows) -> int:
     if group.abandon:
         return rows.update(status=OutboxStatus.ABANDONED, abandoned_at=Now(), **failed)
     return rows.update(status=OutboxStatus.FAILED, available_at=now_plus(group.delay), **failed)
-
-
-def _mark_leased(
-    leased: Callable[[Sequence[int]], OutboxQuerySet],
-    mark: Callable[[OutboxQuerySet], int],
-    ids: Sequence[int],
-) -> int:
-    """``mark`` the rows of ``ids`` still under the batch's lease (``leased``)."""
-    return mark(leased(ids))
 
 
 def _not_held(ids: Sequence[int], held: OutboxQuerySet) -> set[int]:
