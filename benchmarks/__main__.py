@@ -254,31 +254,48 @@ def _redis(
     profile: Profile, redis: str, drain: Callable[..., Any], profile_dir: Path | None
 ) -> dict[str, Any]:
     """The relay to Redis against kombu's publish per message and redis-py's pipeline,
-    both ceilings measured in every round next to the relay's drain."""
-    figures: dict[str, Any] = {}
-    _step(f"Redis: {profile.rounds} x (redis-py pipeline and kombu ceilings, relay)")
+    both ceilings measured in every round next to the relay's drains: one keeping the
+    PUBLISHED rows (the default), one deleting them at their confirm
+    (``PUBLISHED_RETENTION`` 0, figures ``*deleting*``), in turn first."""
+    from . import pgcost
+
+    _step(f"Redis: {profile.rounds} x (redis-py pipeline and kombu ceilings, relay x 2)")
     pipelines: list[float] = []
-    relays: list[float] = []
+    kept: list[dict[str, Any]] = []
+    deleted: list[dict[str, Any]] = []
 
     def ceilings() -> float:
         pipelines.append(raw.redis_pipeline(redis, profile.redis_relay, profile.batch_size))
         return raw.kombu_redis(redis, profile.redis_raw)
 
     def relay() -> float:
-        relays.append(drain(redis, profile.redis_relay, "redis")["events_per_s"])
-        return relays[-1]
+        for keep in (True, False) if len(kept) % 2 == 0 else (False, True):
+            runs = kept if keep else deleted
+            runs.append(drain(redis, profile.redis_relay, "redis", keep_published=keep))
+        return float(kept[-1]["events_per_s"])
 
     top, rate, ratios = _rounds(profile.rounds, ceilings, relay)
-    pipeline_ratios = [done / ceiling for done, ceiling in zip(relays, pipelines, strict=True)]
-    figures["raw_redis_msgs_per_s"] = top
-    figures["relay_redis_ev_per_s"] = rate
-    figures["redis_vs_raw"] = statistics.median(ratios)
-    figures["raw_redis_pipeline_msgs_per_s"] = statistics.median(pipelines)
-    figures["redis_vs_pipeline"] = statistics.median(pipeline_ratios)
-    figures["redis_vs_pipeline_rounds"] = pipeline_ratios
     if profile_dir is not None:
         drain(redis, profile.redis_relay, "redis", profile_dir=profile_dir)
-    return figures
+    return {
+        "raw_redis_msgs_per_s": top,
+        "relay_redis_ev_per_s": rate,
+        "redis_vs_raw": statistics.median(ratios),
+        "raw_redis_pipeline_msgs_per_s": statistics.median(pipelines),
+        **_per_round("redis_vs_pipeline", kept, pipelines),
+        "relay_redis_deleting_ev_per_s": statistics.median(r["events_per_s"] for r in deleted),
+        **_per_round("redis_deleting_vs_pipeline", deleted, pipelines),
+        **_per_round("deleting_vs_keeping", deleted, [r["events_per_s"] for r in kept]),
+        **{f"redis_{k}": v for k, v in pgcost.medians(kept).items()},
+        **{f"redis_deleting_{k}": v for k, v in pgcost.medians(deleted).items()},
+    }
+
+
+def _per_round(name: str, runs: list[dict[str, Any]], bases: list[float]) -> dict[str, Any]:
+    """Figure ``name``: the median over the rounds of each drain's events/s against its
+    round's ``bases``, each round's in ``name_rounds``."""
+    ratios = [run["events_per_s"] / base for run, base in zip(runs, bases, strict=True)]
+    return {name: statistics.median(ratios), f"{name}_rounds": ratios}
 
 
 def _fairness(profile: Profile, amqp: str, drain: Callable[..., Any]) -> dict[str, Any]:

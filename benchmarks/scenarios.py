@@ -116,11 +116,13 @@ def relay_drain(
     profile_dir: Path | None = None,
     keys: int = 0,
     telemetry: bool = False,
+    keep_published: bool = True,
 ) -> dict[str, Any]:
     """Stage ``count`` events, then let ``processes`` relays drain them together. With
     ``keys``, the events go to the ordered route, spread over that many keys; with
     ``telemetry``, they are staged under spans and the relays run with metrics and
-    tracing on (:mod:`benchmarks.telemetry`).
+    tracing on (:mod:`benchmarks.telemetry`); without ``keep_published``, the relays'
+    ``PUBLISHED_RETENTION`` is 0 (they delete each row at its confirm).
 
     Returns the events/s from the first relay's start to the last one's finish, the
     relays' CPU (user + system, all their threads) per event, the first relay's RSS
@@ -135,6 +137,7 @@ def relay_drain(
     with connection.cursor() as cursor:
         cursor.execute(f'VACUUM ANALYZE "{TABLE}"')
     vacuumed = Reading.take(TABLE)
+    env = {**env, "OUTBOX_BENCH_KEEP_PUBLISHED": "1" if keep_published else "0"}
     results = _run_relays(env, url, processes, batch_size, tag, profile_dir, telemetry, keys > 0)
     drained = Reading.take(TABLE)
     delete_queue(url, to)

@@ -34,6 +34,10 @@ OUTBOX = {
     "BROKER_URL": env("OUTBOX_BROKER_URL", default="amqp://guest:guest@127.0.0.1:55672//"),
     "ROUTES": {ORDERED: {"queue": ORDERED, "ordered": True}} if _ORDERS else {},
 }
+#: The relays of a drain that keeps no PUBLISHED row (``OUTBOX_BENCH_KEEP_PUBLISHED=0``)
+#: delete each row at its confirm.
+if not env.bool("OUTBOX_BENCH_KEEP_PUBLISHED", default=True):
+    OUTBOX["PUBLISHED_RETENTION"] = 0
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGGING = {
     "version": 1,

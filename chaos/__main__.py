@@ -53,6 +53,10 @@ class Profile:
     producers: int = 3
     rate: float = 40.0  # events per second per producer, on average
     relays: int = 2
+    #: The first relay keeps no PUBLISHED row (it deletes each row at its confirm), and
+    #: relay_stop always stops it: its rows go to a relay that keeps them, so a delete it
+    #: makes as a zombie finds a row to break (the audit's stale_delete line).
+    deleting: bool = False
     batch_size: int = 100
     lease: float = 5.0
     gap: tuple[float, float] = (1.0, 4.0)  # seconds of quiet between faults
@@ -82,6 +86,17 @@ PROFILES = {
         ),
         seed=20261121,
         rate=20.0,
+    ),
+    # About a minute and a half, after ci: the first relay deletes the rows the broker
+    # confirmed (PUBLISHED_RETENTION 0), the second marks them PUBLISHED; the first is
+    # killed, stopped as a zombie (its rows taken over by the second) and sees its
+    # database crash.
+    "ci-deleting": Profile(
+        seconds=0,
+        schedule=("relay_kill", "relay_stop", "postgres_crash"),
+        seed=20261128,
+        rate=20.0,
+        deleting=True,
     ),
     # Thirty minutes: faults drawn at random until time is up. At 25 events/s per
     # producer: at 50 the one consumer handled no more than was committed (about 120
@@ -153,6 +168,7 @@ class Run:
             "MAX_ATTEMPTS": 1000,  # a long outage must not abandon anything
             "POLL_INTERVAL": 0.5,
         }
+        self.outbox = outbox
         self.env = worker_env(services.database_url, services.env, json.dumps(outbox))
         if sabotage:
             self.env["CHAOS_SABOTAGE"] = sabotage
@@ -226,6 +242,7 @@ class Run:
             proxy=self.proxy,
             disk=self.disk,
             task_worker=self.task_worker,
+            zombie=self.relays[0] if self.profile.deleting else None,
         )
         self._wait(lambda: db.value(f"SELECT count(*) FROM {db.HANDLED}") > 0, 120, "first event")
         faults: list[Fault] = []
@@ -239,19 +256,28 @@ class Run:
             return 1
         return self._finish(faults, started, drain=True)
 
+    def _relay_env(self, i: int) -> dict[str, str]:
+        """Relay ``i``'s environment. Of two relays or more, the last one's settings order
+        no route (chaos.settings): it claims unordered rows alone between whole claims,
+        without waiting for those claims' WAL flush. In a ``deleting`` profile the first
+        one keeps no PUBLISHED row (PUBLISHED_RETENTION 0): it deletes each row the broker
+        confirmed (chaos migration 0006 keeps a copy of each deleted row for the audit)."""
+        last = i == self.profile.relays > 1
+        env = {**self.relay_env, "CHAOS_ORDERS_NOTHING": "1" if last else "0"}
+        if self.profile.deleting and i == 1:
+            # No retention pass in a run (its first comes at random within the interval,
+            # here 30 years): every row this relay deletes is one it was confirmed.
+            keep_none = {"PUBLISHED_RETENTION": 0, "CLEANUP_INTERVAL": 10**9}
+            env["CHAOS_OUTBOX"] = json.dumps({**self.outbox, **keep_none})
+        return env
+
     def _create_processes(self) -> None:
         """The relays, the consumers, the producers and (Django 6) the task worker."""
         from .audit import DESTINATION
 
         p = self.profile
-        # The last relay's settings order no route (chaos.settings): it claims unordered
-        # rows alone between whole claims, without waiting for those claims' WAL flush.
         self.relays = [
-            self._proc(
-                f"relay-{i}",
-                manage("run_outbox_relay"),
-                {**self.relay_env, "CHAOS_ORDERS_NOTHING": "1" if i == p.relays > 1 else "0"},
-            )
+            self._proc(f"relay-{i}", manage("run_outbox_relay"), self._relay_env(i))
             for i in range(1, p.relays + 1)
         ]
         self.consumer = self._consumer("consumer", DESTINATION)

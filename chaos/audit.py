@@ -187,7 +187,7 @@ def task_checks() -> list[tuple[str, str]]:
 def _must_be_zero(faults: Sequence[Fault]) -> list[tuple[str, float]]:
     """The checks every run has, each a label and its value (0 when it holds)."""
     o, h, r, b, v = db.ORDER, db.HANDLED, db.ROLLED_BACK, db.BROKER, db.VIOLATION
-    outbox, parked = db.OUTBOX, f"{db.INBOX_FAILURE} WHERE parked_at IS NOT NULL"
+    outbox, parked = db.OUTBOX_ROWS, f"{db.INBOX_FAILURE} WHERE parked_at IS NOT NULL"
     gaps = (
         f"SELECT count(*) FROM (SELECT 1 FROM {outbox} WHERE sequence IS NOT NULL "
         "GROUP BY destination, ordering_key "
@@ -218,6 +218,10 @@ def _must_be_zero(faults: Sequence[Fault]) -> list[tuple[str, float]]:
         (
             "rows finalized by a relay not holding their lease (trigger)",
             db.value(f"SELECT count(*) FROM {v} WHERE kind = 'stale_write'"),
+        ),
+        (
+            "rows deleted by a relay not holding their lease (trigger)",
+            db.value(f"SELECT count(*) FROM {v} WHERE kind = 'stale_delete'"),
         ),
         (
             "zombie relays' rows taken over, not reported lease_lost",
@@ -314,7 +318,7 @@ def out_of_order() -> int:
 def _events() -> str:
     """The outbox's rows of events, without the Django tasks' (whose id is their result's,
     not an order's: the tasks' checks look at them)."""
-    return f"(SELECT * FROM {db.OUTBOX} WHERE NOT starts_with(destination, '{TASKS_PREFIX}'))"
+    return f"(SELECT * FROM {db.OUTBOX_ROWS} WHERE NOT starts_with(destination, '{TASKS_PREFIX}'))"
 
 
 def _without(table: str, other: str, *, count: str = "count(*)") -> int:
@@ -336,15 +340,17 @@ def totals(task_log: Path | None = None) -> dict[str, int]:
     kinds = dict(db.rows(f"SELECT kind, count(*) FROM {r} GROUP BY kind"))
     published = db.value(f"SELECT coalesce(sum(copies), 0) FROM {b}")
     ordered, keys = db.rows(
-        f"SELECT count(*), count(DISTINCT ordering_key) FROM {db.OUTBOX} WHERE destination = %s",
+        f"SELECT count(*), count(DISTINCT ordering_key) FROM {db.OUTBOX_ROWS} "
+        "WHERE destination = %s",
         [ORDERED],
     )[0]
     tried, attempts, most = db.rows(
         f"SELECT count(*) FILTER (WHERE attempts > 0), coalesce(sum(attempts), 0), "
-        f"coalesce(max(attempts), 0) FROM {db.OUTBOX}"
+        f"coalesce(max(attempts), 0) FROM {db.OUTBOX_ROWS}"
     )[0]
     return {
         **task_totals(task_log),
+        "deleted": db.value(f"SELECT count(*) FROM {db.DELETED}"),
         "rows_with_attempts": tried,
         "attempts": attempts,
         "most_attempts": most,
@@ -387,12 +393,12 @@ def relay_fault_copies(faults: Sequence[Fault], workers: dict[str, str]) -> list
         if fault.kind not in ("relay_kill", "relay_stop"):
             continue
         again = db.value(
-            f"SELECT count(*) FROM {db.OUTBOX} JOIN {db.BROKER} USING (event_id) "
-            f"WHERE {db.OUTBOX}.id = ANY(%s) AND copies > 1",
+            f"SELECT count(*) FROM {db.OUTBOX_ROWS} o JOIN {db.BROKER} USING (event_id) "
+            "WHERE o.id = ANY(%s) AND copies > 1",
             [fault.done.held_ids],
         )
         by = db.rows(
-            f"SELECT locked_by, count(*) FROM {db.OUTBOX} WHERE id = ANY(%s) "
+            f"SELECT locked_by, count(*) FROM {db.OUTBOX_ROWS} WHERE id = ANY(%s) "
             "GROUP BY locked_by ORDER BY 2 DESC",
             [fault.done.held_ids],
         )
@@ -457,6 +463,7 @@ def _counted_rows(counted: dict[str, int]) -> list[str]:
         ),
         _row("events delivered (handled by the consumer)", counted["delivered"]),
         _row("messages RabbitMQ received", counted["broker_messages"]),
+        _row("outbox rows deleted (at their confirm: ci-deleting's relay-1)", counted["deleted"]),
         _row(
             "attempts spent in all (rows / attempts / most on one row)",
             f"{counted['rows_with_attempts']:,} / {counted['attempts']:,} / "

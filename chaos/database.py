@@ -13,6 +13,11 @@ from .destinations import CLUSTERED
 from .models import BrokerCopy, Handled, Order, OrderedCopy, RolledBack, TaskEffect, Violation
 
 OUTBOX = OutboxMessage._meta.db_table
+#: The outbox as the audit reads it: the table's rows and the rows deleted from it
+#: (chaos migration 0006), a row deleted at its confirm as PUBLISHED.
+OUTBOX_ROWS = "chaos_outbox_row"
+#: The rows deleted from the outbox, as they were before their delete (migration 0006).
+DELETED = "chaos_deleted_row"
 INBOX = InboxMessage._meta.db_table
 ORDER = Order._meta.db_table
 HANDLED = Handled._meta.db_table
@@ -83,7 +88,8 @@ def published_within(event_id: str, seconds: float) -> float | None:
     """The seconds until the event's row was PUBLISHED; None if not within ``seconds``."""
     began = time.monotonic()
     while time.monotonic() - began < seconds:
-        if value(f"SELECT status FROM {OUTBOX} WHERE event_id = %s", (event_id,)) == "published":
+        status = value(f"SELECT status FROM {OUTBOX_ROWS} WHERE event_id = %s", (event_id,))
+        if status == "published":
             return time.monotonic() - began
         time.sleep(0.1)
     return None
@@ -99,7 +105,7 @@ def held(worker: str) -> tuple[list[int], int]:
     found = rows(
         f"SELECT o.id, EXISTS (SELECT 1 FROM {HANDLED} h WHERE h.event_id = o.event_id) "
         f"OR EXISTS (SELECT 1 FROM {TASK_EFFECT} t WHERE t.result_id = o.event_id) "
-        f"FROM {OUTBOX} o WHERE o.status = 'processing' AND o.locked_by = %s",
+        f"FROM {OUTBOX_ROWS} o WHERE o.status = 'processing' AND o.locked_by = %s",
         [worker],
     )
     return [row[0] for row in found], sum(1 for row in found if row[1])
@@ -108,7 +114,7 @@ def held(worker: str) -> tuple[list[int], int]:
 def still_held(ids: list[int], worker: str) -> int:
     return int(
         value(
-            f"SELECT count(*) FROM {OUTBOX} WHERE id = ANY(%s) AND status = 'processing' "
+            f"SELECT count(*) FROM {OUTBOX_ROWS} WHERE id = ANY(%s) AND status = 'processing' "
             "AND locked_by = %s",
             [ids, worker],
         )
@@ -127,7 +133,7 @@ def backend_state(application_name: str) -> str | None:
 
 def settled() -> bool:
     """Every outbox row PUBLISHED and every committed order handled."""
-    open_rows = value(f"SELECT count(*) FROM {OUTBOX} WHERE status <> 'published'")
+    open_rows = value(f"SELECT count(*) FROM {OUTBOX_ROWS} WHERE status <> 'published'")
     return open_rows == 0 and unhandled(last_order()) == 0
 
 
@@ -137,24 +143,27 @@ def attempts() -> int:
     a cluster connection a node restart left stale may reset at any time)."""
     return int(
         value(
-            f"SELECT coalesce(sum(attempts), 0) FROM {OUTBOX} WHERE destination <> %s",
+            f"SELECT coalesce(sum(attempts), 0) FROM {OUTBOX_ROWS} WHERE destination <> %s",
             (CLUSTERED,),
         )
     )
 
 
 def published() -> int:
-    return int(value(f"SELECT count(*) FROM {OUTBOX} WHERE status = 'published'"))
+    return int(value(f"SELECT count(*) FROM {OUTBOX_ROWS} WHERE status = 'published'"))
 
 
 def last_outbox() -> int:
-    return int(value(f"SELECT coalesce(max(id), 0) FROM {OUTBOX}"))
+    return int(value(f"SELECT coalesce(max(id), 0) FROM {OUTBOX_ROWS}"))
 
 
 def unpublished(up_to: int) -> int:
     """Outbox rows with ids up to ``up_to`` not PUBLISHED yet."""
     return int(
-        value(f"SELECT count(*) FROM {OUTBOX} WHERE id <= %s AND status <> 'published'", [up_to])
+        value(
+            f"SELECT count(*) FROM {OUTBOX_ROWS} WHERE id <= %s AND status <> 'published'",
+            [up_to],
+        )
     )
 
 

@@ -112,8 +112,11 @@ class Injector:
         proxy: Proxy,
         disk: Disk,
         task_worker: Proc | None = None,
+        zombie: Proc | None = None,
     ) -> None:
         self.proxy = proxy
+        #: The relay relay_stop stops (None: one of them at random).
+        self.zombie = zombie
         self.task_worker = task_worker
         self.disk = disk
         self.relays = relays
@@ -182,7 +185,7 @@ class Injector:
     def relay_stop(self) -> Done:
         """SIGSTOP a relay holding a claim, until another relay has taken all of it
         over (its lease expired), then SIGCONT it: a zombie that must write nothing."""
-        relay = self.rng.choice(self.relays)
+        relay = self.zombie or self.rng.choice(self.relays)
         worker, log = relay.worker, relay.log
         lost_before = lease_lost_rows(log)
         tries, ids, _ = self._freeze_relay(relay, published=False)

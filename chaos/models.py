@@ -63,7 +63,9 @@ class Violation(models.Model):
     * ``set_back``: a PUBLISHED row put back into another state (only an operator's
       requeue may do that, and the chaos suite requeues nothing);
     * ``stale_write``: a relay finalizing a row leased to another relay (the lease
-      token exists to stop exactly that).
+      token exists to stop exactly that);
+    * ``stale_delete``: the same, by a relay that deletes the rows the broker confirmed
+      (``PUBLISHED_RETENTION`` 0), recorded by the trigger of migration 0006.
     """
 
     kind = models.CharField(max_length=20)

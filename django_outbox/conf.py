@@ -75,6 +75,16 @@ def _duration(value: object) -> dt.timedelta:
     return dt.timedelta(seconds=_seconds(value))
 
 
+def _duration_or_zero(value: object) -> dt.timedelta:
+    """A duration that may be 0 (nothing kept)."""
+    if isinstance(value, dt.timedelta):
+        value = value.total_seconds()
+    try:
+        return dt.timedelta(seconds=_seconds_or_zero(value))
+    except _Invalid:
+        raise _Invalid("must be 0, a positive number of seconds or a timedelta") from None
+
+
 def _fraction(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
         raise _Invalid("must be a number between 0 and 1")
@@ -273,8 +283,9 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "PUBLISHED_RETENTION",
             dt.timedelta(days=7),
-            _duration,
-            "how long PUBLISHED rows are kept (timedelta or seconds).",
+            _duration_or_zero,
+            "how long PUBLISHED rows are kept (timedelta or seconds); 0: a row is deleted "
+            "when the broker confirms it, and no PUBLISHED row is kept.",
         ),
         Setting(
             "ABANDONED_RETENTION",
@@ -815,6 +826,7 @@ _ENV_CASTS: dict[Callable[[Any], Any] | None, tuple[Callable[[str], Any], str]] 
     _seconds: (float, "a positive number of seconds"),
     _duration: (float, "a positive number of seconds"),
     _seconds_or_zero: (float, "0 or a positive number of seconds"),
+    _duration_or_zero: (float, "0 or a positive number of seconds"),
     _fraction: (float, "a number between 0 and 1"),
     _bool: (_env_bool, "true or false (also 1/0, yes/no, on/off)"),
     _optional_str: (str, "a kombu URL such as amqp://user:password@host//"),  # BROKER_URL

@@ -31,7 +31,8 @@ class OutboxStatus(models.TextChoices):
     PROCESSING = "processing", _("Processing")
     """Claimed by a relay holding a lease until ``locked_until``."""
     PUBLISHED = "published", _("Published")
-    """Confirmed by the broker; kept until ``PUBLISHED_RETENTION`` passes."""
+    """Confirmed by the broker; kept until ``PUBLISHED_RETENTION`` passes (with 0, a
+    confirmed row is deleted instead and never has this state)."""
     FAILED = "failed", _("Failed")
     """The last publish failed; retried at ``available_at`` with backoff."""
     ABANDONED = "abandoned", _("Abandoned")

@@ -4,6 +4,7 @@ lease columns happens here (the vendor SQL it runs lives in :mod:`django_outbox.
 The state machine (DESIGN section 3) and the function behind each transition::
 
     PENDING --claim--> PROCESSING --confirm--> PUBLISHED --retention--> (deleted)
+                           |  with PUBLISHED_RETENTION 0: --confirm--> (deleted)
                            |  lease expired: claimable again (reclaim)
                            +--error--> FAILED --available_at reached, claim--> PROCESSING
                                          +--attempts exhausted / poison--> ABANDONED
@@ -16,7 +17,8 @@ Each transition and the function that makes it:
 - PENDING, FAILED (due) -> PROCESSING: :func:`claim`.
 - PROCESSING with an expired lease -> PROCESSING under a new lease (reclaim):
   :func:`claim`, the same statement.
-- PROCESSING -> PUBLISHED: :func:`record` (``published``).
+- PROCESSING -> PUBLISHED: :func:`record` (``published``); -> deleted instead when
+  ``PUBLISHED_RETENTION`` is 0 (no PUBLISHED row is kept).
 - PROCESSING -> FAILED or ABANDONED: :func:`record` (``failed``, :class:`FailedRows`).
 - PROCESSING -> PENDING, an ordered row after its key's first failure in a batch:
   :func:`record` (``held``).
@@ -48,6 +50,7 @@ from django.db import models, transaction
 from django.db.models.functions import Now
 
 from . import db
+from .conf import outbox_settings
 from .envelope import ClaimedBatch
 from .exceptions import RequeueRefused, SkipRefused
 from .expressions import now_plus
@@ -113,7 +116,8 @@ def record(
     """Record a published batch's outcomes under its lease ``token``.
 
     PROCESSING -> PUBLISHED for the ``published`` ids (the token stays, as a
-    record of which claim published the row); PROCESSING -> FAILED (due again
+    record of which claim published the row), or deleted at once when
+    ``PUBLISHED_RETENTION`` is 0; PROCESSING -> FAILED (due again
     after ``delay``) or ABANDONED for each group of ``failed``; PROCESSING ->
     PENDING for the ``held`` ids (ordered rows after their key's first failure in
     the batch: due now, no attempt spent, the lease cleared; the failed row before
@@ -131,9 +135,7 @@ def record(
     writes: list[tuple[Sequence[int], Callable[[OutboxQuerySet], int]]] = [(held, _mark_held)]
     writes += [(group.ids, functools.partial(_mark_failed, group=group)) for group in failed]
     with transaction.atomic(using=using) if several else contextlib.nullcontext():
-        # The published mark is vendor SQL (db.mark_published); the other writes the ORM.
-        if published and db.mark_published(using, published, token) != len(published):
-            lost |= _not_held(published, leased(published))
+        lost |= _record_published(using, published, token, leased)
         for ids, mark in writes:
             if ids and mark(leased(ids)) != len(ids):
                 lost |= _not_held(ids, leased(ids))
@@ -250,6 +252,24 @@ def _mark_failed(rows: OutboxQuerySet, group: FailedRows) -> int:
     if group.abandon:
         return rows.update(status=OutboxStatus.ABANDONED, abandoned_at=Now(), **failed)
     return rows.update(status=OutboxStatus.FAILED, available_at=now_plus(group.delay), **failed)
+
+
+def _record_published(
+    using: str,
+    ids: Sequence[int],
+    token: uuid.UUID,
+    leased: Callable[[Sequence[int]], OutboxQuerySet],
+) -> set[int]:
+    """PROCESSING -> PUBLISHED for ``ids`` under ``token``, or deleted at once when
+    ``PUBLISHED_RETENTION`` is 0; returns the ids no longer under ``token``. Vendor SQL
+    (:func:`django_outbox.db.mark_published`, ``delete_published``), as the hot path."""
+    if not ids:
+        return set()
+    if not outbox_settings.PUBLISHED_RETENTION:
+        return set(ids) - db.delete_published(using, ids, token)
+    if db.mark_published(using, ids, token) == len(ids):
+        return set()
+    return _not_held(ids, leased(ids))
 
 
 def _not_held(ids: Sequence[int], held: OutboxQuerySet) -> set[int]:

@@ -4,7 +4,8 @@ Callers ask capability questions (``supports_skip_locked``) or call
 operations that pick the vendor's way (the claim, the staging INSERT, LISTEN).
 Vendor SQL lives in ``queries.sql`` (named queries, see :mod:`.queries`), run
 by the submodules named after Django's ``connection.vendor``. Only
-:mod:`django_outbox.store` calls :func:`claim` and :func:`mark_published`.
+:mod:`django_outbox.store` calls :func:`claim`, :func:`mark_published` and
+:func:`delete_published`.
 """
 
 from __future__ import annotations
@@ -185,6 +186,25 @@ def mark_published(using: str, ids: Sequence[int], token: uuid.UUID) -> int:
     return rows.update(
         status=OutboxStatus.PUBLISHED, published_at=Now(), locked_until=None, last_error=""
     )
+
+
+def delete_published(using: str, ids: Sequence[int], token: uuid.UUID) -> set[int]:
+    """PROCESSING -> deleted for the rows of ``ids`` still leased under ``token`` (the
+    published rows when ``PUBLISHED_RETENTION`` is 0); returns the ids deleted. Rows
+    another relay took over are left alone. On PostgreSQL one statement of constant
+    text (:func:`.postgresql.delete_published`), elsewhere the ORM: the leased rows
+    locked, then deleted, in one transaction."""
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        return postgresql.delete_published(connection, ids, token)
+    from ..models import OutboxMessage
+
+    rows = OutboxMessage.objects.using(using)
+    with transaction.atomic(using=using):
+        leased = rows.filter(AnyOf(models.F("id"), ids)).leased(token).select_for_update()
+        held = set(leased.values_list("id", flat=True))
+        rows.filter(id__in=held).delete()
+    return held
 
 
 def insert(

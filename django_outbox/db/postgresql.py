@@ -99,17 +99,24 @@ def claim(
 
 
 @functools.cache
-def _mark_published_sql() -> str:
-    """The named query ``mark_published`` for the outbox table, its lease check
-    ``lease_held``. Cached: clear it after replacing a named query."""
+def _mark_published_sql(name: str = "mark_published") -> str:
+    """The named query ``name`` (``mark_published`` or ``delete_published``) for the
+    outbox table, its lease check ``lease_held``. Cached: clear it after replacing a
+    named query."""
     from ..models import OutboxMessage, OutboxStatus
 
     return queries.sql(
-        "mark_published",
+        name,
         identifiers={"table": OutboxMessage._meta.db_table},
         literals={"published": OutboxStatus.PUBLISHED.value},
         fragments={"lease_held": queries.sql("lease_held")},
     )
+
+
+def _id_array(ids: Sequence[int]) -> str:
+    """``ids`` as the text of a PostgreSQL array: the driver's quoting of a list of 500
+    ids took half a millisecond."""
+    return f"{{{','.join(map(str, ids))}}}"
 
 
 def mark_published(connection: BaseDatabaseWrapper, ids: Sequence[int], token: uuid.UUID) -> int:
@@ -117,8 +124,18 @@ def mark_published(connection: BaseDatabaseWrapper, ids: Sequence[int], token: u
     many. One statement of constant text: Django's compile of the same UPDATE cost the
     relay 0.45 ms of CPU per batch, a quarter of what it spent per event at a trickle."""
     with connection.cursor() as cursor:
-        cursor.execute(_mark_published_sql(), [f"{{{','.join(map(str, ids))}}}", token])
+        cursor.execute(_mark_published_sql(), [_id_array(ids), token])
         return cursor.rowcount
+
+
+def delete_published(
+    connection: BaseDatabaseWrapper, ids: Sequence[int], token: uuid.UUID
+) -> set[int]:
+    """Delete the rows of ``ids`` still leased under ``token``; returns their ids. One
+    statement of constant text, as :func:`mark_published`."""
+    with connection.cursor() as cursor:
+        cursor.execute(_mark_published_sql("delete_published"), [_id_array(ids), token])
+        return {pk for (pk,) in cursor.fetchall()}
 
 
 def _unflushed(connection: BaseDatabaseWrapper, cursor: Any) -> bool:

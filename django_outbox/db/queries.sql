@@ -145,8 +145,19 @@ SET status = {published}, published_at = statement_timestamp(),
 WHERE id = ANY(%s::bigint[]) AND {lease_held}
 
 
+-- name: delete_published
+-- PostgreSQL: PROCESSING -> deleted, store.record's published rows when
+-- PUBLISHED_RETENTION is 0 (no PUBLISHED row is kept): the rows of one batch
+-- still under its lease (lease_held), as mark_published. A delete writes no new
+-- row version and no index entry. Parameters as mark_published; returns the
+-- ids deleted (the others were taken over by another relay).
+DELETE FROM {table}
+WHERE id = ANY(%s::bigint[]) AND {lease_held}
+RETURNING id
+
+
 -- name: lease_held
--- PostgreSQL, a boolean fragment of mark_published: the row is still under the
+-- PostgreSQL, a boolean fragment of mark_published and delete_published: the row is still under the
 -- lease whose token is the parameter (a relay whose lease was taken over writes
 -- nothing). chaos --sabotage lease replaces it with a test that every row passes.
 lease_token = %s

@@ -368,6 +368,30 @@ def test_a_failure_mid_run_publishes_only_the_prefix_and_holds_the_rest():
     assert _published(transport) == [("a", 3), ("a", 4), ("a", 5)]
 
 
+def test_with_no_published_retention_a_key_flows_over_its_deleted_rows():
+    """PUBLISHED_RETENTION 0 deletes each confirmed row: the gate reads a deleted
+    earlier row as finished, so a key goes on in order, through a failure too."""
+    with override_settings(OUTBOX={**ROUTES, "PUBLISHED_RETENTION": 0}):
+        _stage_keys({"a": 5, "b": 3})
+        transport = _FailingTransport(fail={("a", 3)})
+        with _relay(transport) as relay:
+            assert relay.run_once().published == 5
+        left = OutboxMessage.objects.order_by("sequence")
+        assert list(left.values_list("ordering_key", "sequence", "status")) == [
+            ("a", 3, Status.FAILED),
+            ("a", 4, Status.PENDING),
+            ("a", 5, Status.PENDING),
+        ]
+        left.update(available_at=Now())  # a3's retry is due
+        _stage_keys({"a": 2})
+        transport.fail = set()
+        transport.store.clear()
+        with _relay(transport) as relay:
+            relay.run_once()
+        assert _published(transport) == [("a", s) for s in (3, 4, 5, 6, 7)]
+        assert not OutboxMessage.objects.exists()
+
+
 def _due_ordered() -> list[tuple[str, int]]:
     """The ordered rows a claim's walk of outbox_ordered_due_idx would visit now."""
     due = OutboxMessage.objects.due().filter(sequence__isnull=False)

@@ -206,3 +206,27 @@ def test_record_sends_the_batchs_ids_as_one_parameter_on_postgresql(using):
         assert " IN (" in update
     assert {_fresh(using, row).status for row in mine} == {Status.PUBLISHED}
     assert _fresh(using, other).status == Status.PROCESSING
+
+
+def test_with_no_published_retention_a_confirmed_row_is_deleted_under_its_lease(using, settings):
+    settings.OUTBOX = {**settings.OUTBOX, "PUBLISHED_RETENTION": 0}
+    token, other = uuid.uuid4(), uuid.uuid4()
+    kept, taken, retry = (_row(using, **_lease(5, token)) for _ in range(3))
+    expired = _row(using, **_lease(-5, token))  # not yet reclaimed: still this lease's
+    OutboxMessage.objects.using(using).filter(pk=taken.pk).update(lease_token=other)
+    lost = store.record(
+        using,
+        token,
+        published=[kept.pk, taken.pk, expired.pk],
+        failed=[store.FailedRows([retry.pk], "broker down", abandon=False, delay=1)],
+    )
+    assert lost == {taken.pk}
+    rows = OutboxMessage.objects.using(using)
+    assert set(rows.values_list("pk", flat=True)) == {taken.pk, retry.pk}
+    assert (_fresh(using, taken).status, _fresh(using, taken).lease_token) == (
+        Status.PROCESSING,
+        other,
+    )
+    assert _fresh(using, retry).status == Status.FAILED
+    assert store.record(using, other, published=[taken.pk], failed=[]) == set()
+    assert not rows.filter(pk=taken.pk).exists()

@@ -76,7 +76,7 @@ def test_bad_value_names_the_setting_the_expectation_and_the_default():
             "must be a positive number of seconds or a timedelta",
         ),
         ("RETRY_JITTER", 1.5, "must be a number between 0 and 1"),
-        ("PUBLISHED_RETENTION", None, "must be a positive number of seconds or a timedelta"),
+        ("PUBLISHED_RETENTION", None, "must be 0, a positive number of seconds or a timedelta"),
         ("POLL_INTERVAL", 0, "must be a positive number of seconds or a timedelta"),
         ("DEFAULT_ROUTE", "yes", "must be True or False"),
         ("DEFAULT_EXCHANGE", "has space", "must be an exchange name of letters, digits and ._:/-"),
@@ -280,3 +280,10 @@ def test_manage_py_check_refuses_a_missing_filesystem_folder(tmp_path):
     ):
         with pytest.raises(SystemCheckError, match=r"django_outbox\.E012"):
             call_command("check", databases=[])  # Django 6.1 checks every alias's JSON support
+
+
+@pytest.mark.parametrize("value", [0, 0.0, dt.timedelta(0)])
+def test_no_published_retention_is_a_valid_setting(value):
+    assert run_with({**BROKER, "PUBLISHED_RETENTION": value}) == []
+    with override_settings(OUTBOX={**BROKER, "PUBLISHED_RETENTION": value}):
+        assert outbox_settings.PUBLISHED_RETENTION == dt.timedelta(0)

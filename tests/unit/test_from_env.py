@@ -42,6 +42,7 @@ def test_only_the_variables_that_are_set_appear():
         ("RETRY_MAX_DELAY", "600", 600.0),
         ("RETRY_JITTER", "0", 0.0),
         ("PUBLISHED_RETENTION", "86400", 86400.0),
+        ("PUBLISHED_RETENTION", "0", 0.0),
         ("ABANDONED_RETENTION", "1e6", 1e6),
         ("INBOX_RETENTION", "3600", 3600.0),
         ("CLEANUP_INTERVAL", "60", 60.0),
@@ -108,7 +109,7 @@ def test_a_prefix_and_an_environ_env(monkeypatch):
         ("ROUTES", '{"orders": {"queue": 5}}', "must be a JSON object of routes: route 'orders'"),
         ("BROKER_TRANSPORT_OPTIONS", "[]", "must be a JSON object: must be a dict"),
         # A number a timedelta cannot hold is refused like any other, not an OverflowError.
-        ("PUBLISHED_RETENTION", "inf", "must be a positive number of seconds; got 'inf'"),
+        ("PUBLISHED_RETENTION", "inf", "must be 0 or a positive number of seconds; got 'inf'"),
         ("INBOX_RETENTION", "1e30", "must be a positive number of seconds; got '1e30'"),
         ("LEASE_SECONDS", "1e400", "must be a positive number of seconds; got '1e400'"),
         # django-environ reads a leading $ as another variable's name.

@@ -58,6 +58,7 @@ def test_every_query_of_the_package_file_loads():
         "claim_lease",
         "ordered_gate",
         "mark_published",
+        "delete_published",
         "lease_held",
         "insert",
         "insert_row",
