@@ -121,14 +121,13 @@ def relay_drain(
     """Stage ``count`` events, then let ``processes`` relays drain them together. With
     ``keys``, the events go to the ordered route, spread over that many keys; with
     ``telemetry``, they are staged under spans and the relays run with metrics and
-    tracing on (:mod:`benchmarks.telemetry`); without ``keep_published``, the relays'
-    ``PUBLISHED_RETENTION`` is 0 (they delete each row at its confirm).
+    tracing on (:mod:`benchmarks.telemetry`); without ``keep_published``, they delete
+    each row at its confirm (``PUBLISHED_RETENTION`` 0).
 
     Returns the events/s from the first relay's start to the last one's finish, the
-    relays' CPU (user + system, all their threads) per event, the first relay's RSS
-    and SQL counts, and what the drain cost the PostgreSQL server per event
-    (:meth:`benchmarks.pgcost.Reading.cost`), and staging the backlog in WAL bytes per
-    event (``staging_wal_bytes_per_event``)."""
+    relays' CPU per event, the first relay's RSS and SQL counts, what the drain cost the
+    PostgreSQL server per event (:meth:`benchmarks.pgcost.Reading.cost`), and the WAL
+    of staging the backlog per event (``staging_wal_bytes_per_event``)."""
     reset_outbox()
     to = settings.ORDERED if keys else destination(tag)
     unstaged = Reading.take(TABLE)
@@ -141,9 +140,7 @@ def relay_drain(
     results = _run_relays(env, url, processes, batch_size, tag, profile_dir, telemetry, keys > 0)
     drained = Reading.take(TABLE)
     delete_queue(url, to)
-    published = sum(r["published"] for r in results)
-    if published != count or any(r["failed"] for r in results):
-        raise RuntimeError(f"{tag}: {published} of {count} published; results {results}")
+    _check_drained(tag, count, results)
     elapsed = max(r["finished"] for r in results) - min(r["started"] for r in results)
     first = results[0]
     return {
@@ -158,6 +155,13 @@ def relay_drain(
         **vacuumed.cost(drained, count),
         "staging_wal_bytes_per_event": unstaged.cost(staged, count)["wal_bytes_per_event"],
     }
+
+
+def _check_drained(tag: str, count: int, results: list[dict[str, Any]]) -> None:
+    """Raise unless the relays' ``results`` published ``count`` events and failed none."""
+    published = sum(r["published"] for r in results)
+    if published != count or any(r["failed"] for r in results):
+        raise RuntimeError(f"{tag}: {published} of {count} published; results {results}")
 
 
 def _run_relays(

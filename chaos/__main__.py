@@ -54,8 +54,8 @@ class Profile:
     rate: float = 40.0  # events per second per producer, on average
     relays: int = 2
     #: The first relay keeps no PUBLISHED row (it deletes each row at its confirm), and
-    #: relay_stop always stops it: its rows go to a relay that keeps them, so a delete it
-    #: makes as a zombie finds a row to break (the audit's stale_delete line).
+    #: relay_kill and relay_stop always pick it: its rows go to a relay that keeps them,
+    #: so a delete it makes as a zombie finds a row to break (the audit's stale_delete).
     deleting: bool = False
     batch_size: int = 100
     lease: float = 5.0

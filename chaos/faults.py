@@ -115,7 +115,7 @@ class Injector:
         zombie: Proc | None = None,
     ) -> None:
         self.proxy = proxy
-        #: The relay relay_stop stops (None: one of them at random).
+        #: The relay relay_kill kills and relay_stop stops (None: one at random each time).
         self.zombie = zombie
         self.task_worker = task_worker
         self.disk = disk
@@ -164,7 +164,7 @@ class Injector:
         """SIGKILL a relay holding a claim: every other kill while it holds rows it has
         published (the consumer handled them, or the task worker ran them) but not yet
         finalized."""
-        relay = self.rng.choice(self.relays)
+        relay = self.zombie or self.rng.choice(self.relays)
         pid = relay.pid
         self._kills += 1
         tries, ids, handled = self._freeze_relay(relay, published=self._kills % 2 == 1)

@@ -45,6 +45,7 @@ from django.utils.translation import gettext_lazy as _
 
 from . import samples, store
 from .charts import BarChart, Layer, render
+from .conf import outbox_settings
 from .db import RowCount, count_rows, write_first
 from .exceptions import SkipRefused
 from .heartbeat import WorkerState, clock_of, state_of, with_database_clock
@@ -441,7 +442,9 @@ class OutboxMessageAdmin(DeliveryAdmin):
         """The last hour's backlog and publish rate as two SVG charts, from the samples
         relays take once a minute (:mod:`django_outbox.samples`); none without samples.
         A sample counts what was published in the minute *before* it, so the rate's bars
-        stand at that minute and its chart ends with the last whole minute."""
+        stand at that minute and its chart ends with the last whole minute. With
+        ``PUBLISHED_RETENTION`` 0 no published row is kept to count: a note says so in
+        place of the rate."""
         window = samples.recent(using)
         if not window.samples:
             return []
@@ -453,6 +456,12 @@ class OutboxMessageAdmin(DeliveryAdmin):
             minutes=window.minutes,
             values={s.taken_at: (s.pending, s.failed) for s in window.samples},
         )
+        if not outbox_settings.PUBLISHED_RETENTION:
+            note = gettext(
+                "No publish rate: PUBLISHED_RETENTION is 0, so a published message is "
+                "deleted at once and none is kept to count."
+            )
+            return [render(backlog), format_html('<p class="help">{}</p>', note)]
         rate = BarChart(
             title=gettext("Published per minute"),
             layers=(_state_layer(OutboxStatus.PUBLISHED),),

@@ -80,9 +80,12 @@ def _duration_or_zero(value: object) -> dt.timedelta:
     if isinstance(value, dt.timedelta):
         value = value.total_seconds()
     try:
-        return dt.timedelta(seconds=_seconds_or_zero(value))
+        duration = dt.timedelta(seconds=_seconds_or_zero(value))
     except _Invalid:
-        raise _Invalid("must be 0, a positive number of seconds or a timedelta") from None
+        duration = None
+    if duration is None or (not duration and value != 0):  # under a microsecond is not 0
+        raise _Invalid("must be 0, a positive number of seconds or a timedelta")
+    return duration
 
 
 def _fraction(value: object) -> float:

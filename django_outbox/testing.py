@@ -6,7 +6,8 @@
 ``drain(using="default")``
     Relays every due row in-process through the in-memory transport
     (:class:`~django_outbox.transports.memory.MemoryTransport`, no broker) and
-    returns the published events, in publish order; the rows end PUBLISHED.
+    returns the published events, in publish order; the rows end PUBLISHED (deleted
+    with ``PUBLISHED_RETENTION`` 0).
 
 Both give :class:`OutboxEvent` objects: a :class:`~django_outbox.ReceivedEvent`
 (the payload decoded, every wire header, as a consumer's handler gets it) that
@@ -74,7 +75,8 @@ def drain(using: str = "default") -> list[OutboxEvent]:
     keeps every message (Celery routes' too) and sends none anywhere; return the
     published events in publish order.
 
-    The rows end PUBLISHED and ``event_published`` is sent, as with a real relay; rows
+    The rows end PUBLISHED (or are deleted, with ``PUBLISHED_RETENTION`` 0) and
+    ``event_published`` is sent, as with a real relay; rows
     that fail (a destination with no route) are recorded as the relay records them.
     It calls :meth:`Relay.run_once` until nothing is claimed, never :meth:`Relay.run`:
     no LISTEN connection, no database threads, no ``close_old_connections()`` (which

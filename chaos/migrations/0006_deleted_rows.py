@@ -2,9 +2,9 @@
 the first relay keeps no PUBLISHED row (``PUBLISHED_RETENTION`` 0, no retention pass:
 see ``chaos.__main__``), so every delete of an outbox row is that relay's, at the
 row's confirm. A trigger copies every deleted row to ``chaos_deleted_row`` and records
-as a ``stale_delete`` violation the delete of a row that was not PROCESSING under the
-deleting relay's own lease (the lease token must stop it, as it stops a
-``stale_write``). The view ``chaos_outbox_row`` is the outbox as the audit reads it:
+as a ``stale_delete`` violation the delete of a row that was not PROCESSING, or whose
+lease names another process (the lease token must stop it, as it stops a
+``stale_write``; like that trigger, it tells processes apart, not leases). The view ``chaos_outbox_row`` is the outbox as the audit reads it:
 the table's rows, then the deleted ones, a deleted PROCESSING row as PUBLISHED (the
 relay deletes only what the broker confirmed)."""
 

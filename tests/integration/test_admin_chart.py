@@ -59,3 +59,15 @@ def test_an_hour_of_samples_draws_the_backlog_and_the_rate_with_gaps(client):
     assert (
         'aria-label="Published per minute, the last 60 minutes: 57 sampled, highest 3540"' in page
     )
+
+
+def test_with_no_published_retention_a_note_stands_in_for_the_rate(client, settings):
+    settings.OUTBOX = {**settings.OUTBOX, "PUBLISHED_RETENTION": 0}
+    hour_of_samples(missing=set())
+    response = logged_in(client, "view_outboxmessage").get(CHANGELIST)
+
+    page = response.content.decode()
+    assert page.count('class="outbox-chart"') == 1
+    assert 'aria-label="Backlog, the last 60 minutes: 60 sampled' in page
+    assert "Published per minute" not in page
+    assert "No publish rate: PUBLISHED_RETENTION is 0" in page
