@@ -266,7 +266,8 @@ class Run:
         env = {**self.relay_env, "CHAOS_ORDERS_NOTHING": "1" if last else "0"}
         if self.profile.deleting and i == 1:
             # No retention pass in a run (its first comes at random within the interval,
-            # here 30 years): every row this relay deletes is one it was confirmed.
+            # here 30 years): every row this relay deletes is one whose publish was
+            # confirmed.
             keep_none = {"PUBLISHED_RETENTION": 0, "CLEANUP_INTERVAL": 10**9}
             env["CHAOS_OUTBOX"] = json.dumps({**self.outbox, **keep_none})
         return env

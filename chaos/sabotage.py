@@ -108,7 +108,7 @@ def _replace_query(name: str, sql: str) -> None:
     named[name] = sql
     postgresql._claim_sql.cache_clear()
     postgresql._backlog_sql.cache_clear()
-    postgresql._mark_published_sql.cache_clear()
+    postgresql._finalize_sql.cache_clear()
 
 
 @contextlib.contextmanager

@@ -76,14 +76,16 @@ def _duration(value: object) -> dt.timedelta:
 
 
 def _duration_or_zero(value: object) -> dt.timedelta:
-    """A duration that may be 0 (nothing kept)."""
-    if isinstance(value, dt.timedelta):
-        value = value.total_seconds()
+    """A duration that may be 0 (nothing kept); a positive one under a microsecond,
+    which a timedelta cannot hold, is refused rather than read as 0."""
+    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds == 0:
+        return dt.timedelta(0)
     try:
-        duration = dt.timedelta(seconds=_seconds_or_zero(value))
+        duration = _duration(seconds)
     except _Invalid:
-        duration = None
-    if duration is None or (not duration and value != 0):  # under a microsecond is not 0
+        duration = dt.timedelta(0)
+    if not duration:
         raise _Invalid("must be 0, a positive number of seconds or a timedelta")
     return duration
 

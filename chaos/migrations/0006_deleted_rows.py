@@ -4,9 +4,10 @@ see ``chaos.__main__``), so every delete of an outbox row is that relay's, at th
 row's confirm. A trigger copies every deleted row to ``chaos_deleted_row`` and records
 as a ``stale_delete`` violation the delete of a row that was not PROCESSING, or whose
 lease names another process (the lease token must stop it, as it stops a
-``stale_write``; like that trigger, it tells processes apart, not leases). The view ``chaos_outbox_row`` is the outbox as the audit reads it:
-the table's rows, then the deleted ones, a deleted PROCESSING row as PUBLISHED (the
-relay deletes only what the broker confirmed)."""
+``stale_write``; like that trigger, it tells processes apart, not leases). The view
+``chaos_outbox_row`` is the outbox as the audit reads it: the table's rows, then the
+deleted ones, a deleted PROCESSING row as PUBLISHED (the relay deletes only what the
+broker confirmed)."""
 
 from django.db import migrations
 

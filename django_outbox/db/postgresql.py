@@ -99,10 +99,10 @@ def claim(
 
 
 @functools.cache
-def _mark_published_sql(name: str = "mark_published") -> str:
-    """The named query ``name`` (``mark_published`` or ``delete_published``) for the
-    outbox table, its lease check ``lease_held``. Cached: clear it after replacing a
-    named query."""
+def _finalize_sql(name: str) -> str:
+    """The finalize's named query ``name`` (``mark_published`` or ``delete_published``)
+    for the outbox table, its lease check ``lease_held``. Cached: clear it after
+    replacing a named query."""
     from ..models import OutboxMessage, OutboxStatus
 
     return queries.sql(
@@ -124,7 +124,7 @@ def mark_published(connection: BaseDatabaseWrapper, ids: Sequence[int], token: u
     many. One statement of constant text: Django's compile of the same UPDATE cost the
     relay 0.45 ms of CPU per batch, a quarter of what it spent per event at a trickle."""
     with connection.cursor() as cursor:
-        cursor.execute(_mark_published_sql(), [_id_array(ids), token])
+        cursor.execute(_finalize_sql("mark_published"), [_id_array(ids), token])
         return cursor.rowcount
 
 
@@ -134,7 +134,7 @@ def delete_published(
     """Delete the rows of ``ids`` still leased under ``token``; returns their ids. One
     statement of constant text, as :func:`mark_published`."""
     with connection.cursor() as cursor:
-        cursor.execute(_mark_published_sql("delete_published"), [_id_array(ids), token])
+        cursor.execute(_finalize_sql("delete_published"), [_id_array(ids), token])
         return {pk for (pk,) in cursor.fetchall()}
 
 

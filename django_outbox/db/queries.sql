@@ -157,9 +157,10 @@ RETURNING id
 
 
 -- name: lease_held
--- PostgreSQL, a boolean fragment of mark_published and delete_published: the row is still under the
--- lease whose token is the parameter (a relay whose lease was taken over writes
--- nothing). chaos --sabotage lease replaces it with a test that every row passes.
+-- PostgreSQL, a boolean fragment of mark_published and delete_published: the
+-- row is still under the lease whose token is the parameter (a relay whose lease
+-- was taken over writes nothing). chaos --sabotage lease replaces it with a test
+-- that every row passes.
 lease_token = %s
 
 
