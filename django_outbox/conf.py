@@ -72,22 +72,23 @@ def _seconds_or_zero(value: object) -> float:
 
 
 def _duration(value: object) -> dt.timedelta:
-    return dt.timedelta(seconds=_seconds(value))
+    """A positive duration; one under a microsecond, which a timedelta cannot hold, is
+    refused rather than read as 0 (a retention of 0 would delete rows at once)."""
+    duration = dt.timedelta(seconds=_seconds(value))
+    if not duration:
+        raise _Invalid("must be a positive number of seconds or a timedelta")
+    return duration
 
 
 def _duration_or_zero(value: object) -> dt.timedelta:
-    """A duration that may be 0 (nothing kept); a positive one under a microsecond,
-    which a timedelta cannot hold, is refused rather than read as 0."""
+    """A duration that may be 0 (nothing kept), else as :func:`_duration`."""
     seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
     if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds == 0:
         return dt.timedelta(0)
     try:
-        duration = _duration(seconds)
+        return _duration(seconds)
     except _Invalid:
-        duration = dt.timedelta(0)
-    if not duration:
-        raise _Invalid("must be 0, a positive number of seconds or a timedelta")
-    return duration
+        raise _Invalid("must be 0, a positive number of seconds or a timedelta") from None
 
 
 def _fraction(value: object) -> float:

@@ -78,6 +78,7 @@ def test_bad_value_names_the_setting_the_expectation_and_the_default():
         ("RETRY_JITTER", 1.5, "must be a number between 0 and 1"),
         ("PUBLISHED_RETENTION", None, "must be 0, a positive number of seconds or a timedelta"),
         ("PUBLISHED_RETENTION", 1e-7, "must be 0, a positive number of seconds or a timedelta"),
+        ("ABANDONED_RETENTION", 1e-7, "must be a positive number of seconds or a timedelta"),
         ("POLL_INTERVAL", 0, "must be a positive number of seconds or a timedelta"),
         ("DEFAULT_ROUTE", "yes", "must be True or False"),
         ("DEFAULT_EXCHANGE", "has space", "must be an exchange name of letters, digits and ._:/-"),
