@@ -345,19 +345,24 @@ class Injector:
         return tries, state, names
 
     def _freeze_relay(self, relay: Proc, *, published: bool) -> tuple[int, list[int], int]:
-        """Freeze ``relay`` while it holds a claim (with ``published``: rows the consumer
-        has already handled, or the task worker run). Returns the tries, the rows it holds
-        and how many of them were handled."""
-        worker = relay.worker
+        """Freeze ``relay`` while it holds a claim made since this call (with
+        ``published``: rows the consumer has already handled, or the task worker run).
+        Returns the tries, the rows it holds and how many of them were handled. Rows it
+        claimed before are not counted: after a database outage or a full disk they may
+        be a batch it gave up, which it would rightly not report as lease lost."""
+        worker, since = relay.worker, db.now()
+
+        def look() -> tuple[list[int], int]:
+            return db.held(worker, since, self.lease)
 
         def until_it_holds_rows() -> None:
             deadline = time.monotonic() + 10
-            while not db.held(worker)[0] and time.monotonic() < deadline:
+            while not look()[0] and time.monotonic() < deadline:
                 time.sleep(POLL)
 
         tries, (ids, handled) = self._freeze(
             relay,
-            lambda: db.held(worker),
+            look,
             lambda seen: seen[1] if published else seen[0],
             before=until_it_holds_rows,
             settle=0.05,  # the consumer catches up with what the relay published
