@@ -444,26 +444,18 @@ def end_to_end(
     transaction (:func:`produce`, in a worker process per ``COMMITS_PER_PROCESS``) with a
     relay running (woken by NOTIFY) and a consumer reading the queue; the latency is
     commit to the consumer's receipt. The figures are ``<name>_p50_ms``,
-    ``<name>_p99_ms``, ``<name>_events`` and ``<name>_rate`` (the events per second
-    committed)."""
+    ``<name>_p99_ms``, ``<name>_events``, ``<name>_rate`` (the events per second
+    committed) and ``<name>_relay_cpu_ms_per_event`` (the relay process's CPU, all its
+    threads, over the events)."""
     reset_outbox()
-    to = destination("e2e")
-    with kombu.Connection(url) as broker:
-        exchange = kombu.Exchange(EXCHANGE, "topic", durable=True)
-        kombu.Queue(to, exchange, routing_key=to, durable=True)(broker.default_channel).declare()
+    to = _declared_queue(url, destination("e2e"))
     consumer = Worker(
         env, "consume", "--url", url, "--queue", to, "--timeout", str(seconds + 60),
     )  # fmt: skip
     relay = Worker(
         {**env, "OUTBOX_BENCH_ORDERED": "0"}, "relay", "--url", url, "--batch-size", "500"
     )
-    step = math.ceil(rate / per_commit / COMMITS_PER_PROCESS)
-    producers = [
-        Worker(env, "produce", "--destination", to, "--rate", str(rate),
-               "--seconds", str(seconds), "--first", str(first), "--step", str(step),
-               "--per-commit", str(per_commit))
-        for first in range(step)
-    ]  # fmt: skip
+    producers = _producers(env, to, rate=rate, seconds=seconds, per_commit=per_commit)
     consumer.go()
     relay.go()
     # The relay's start jitter, its first (empty) claim, then LISTEN: latency is measured
@@ -477,14 +469,47 @@ def end_to_end(
     consumer.send(f"expect {len(committed)}")
     received = consumer.result(timeout=seconds + 120)["received"]
     relay.terminate()
-    relay.result(timeout=60)
+    relay_cpu_s = relay.result(timeout=60)["cpu_s"]
     delete_queue(url, to)
+    return {
+        **_latencies(name, committed, received),
+        f"{name}_events": len(committed),
+        f"{name}_rate": reached,
+        # Its settling second and its wait for the consumer included.
+        f"{name}_relay_cpu_ms_per_event": relay_cpu_s / len(committed) * 1000,
+    }
+
+
+def _declared_queue(url: str, name: str) -> str:
+    """Declare the durable queue ``name``, bound to the benchmark's exchange by its name."""
+    with kombu.Connection(url) as broker:
+        exchange = kombu.Exchange(EXCHANGE, "topic", durable=True)
+        queue = kombu.Queue(name, exchange, routing_key=name, durable=True)
+        queue(broker.default_channel).declare()
+    return name
+
+
+def _producers(
+    env: dict[str, str], to: str, *, rate: float, seconds: float, per_commit: int
+) -> list[Worker]:
+    """The producer processes of :func:`end_to_end`, one per ``COMMITS_PER_PROCESS``."""
+    step = math.ceil(rate / per_commit / COMMITS_PER_PROCESS)
+    return [
+        Worker(env, "produce", "--destination", to, "--rate", str(rate),
+               "--seconds", str(seconds), "--first", str(first), "--step", str(step),
+               "--per-commit", str(per_commit))
+        for first in range(step)
+    ]  # fmt: skip
+
+
+def _latencies(
+    name: str, committed: dict[int, float], received: dict[str, float]
+) -> dict[str, float]:
+    """p50 and p99 of commit to receipt (ms), once every committed event was received."""
     if len(received) != len(committed):
         raise RuntimeError(f"{name}: the consumer received {len(received)} of {len(committed)}")
     latencies = sorted((at - committed[int(seq)]) * 1000 for seq, at in received.items())
     return {
         f"{name}_p50_ms": latencies[len(latencies) // 2],
         f"{name}_p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
-        f"{name}_events": len(committed),
-        f"{name}_rate": reached,
     }

@@ -85,17 +85,38 @@ class Pipeline(Generic[ClaimT, BatchT, DoneT]):
         gates, self._gates = self._gates, []
         return self._claimer.submit(self._in_thread, self._claim_after, gates).result
 
-    def finalize(self, batch: BatchT, *, gate: bool = False) -> None:
+    def finalize(self, batch: BatchT, *, gate: bool = False, here: bool = False) -> None:
         """Start finalizing ``batch`` (inline: when collected). With ``gate`` the next
-        claim ahead waits for it."""
+        claim ahead waits for it. With ``here`` it is finalized now, on the caller's
+        thread, after the batches before it (those are reported): a relay about to wait
+        for the next NOTIFY has nothing to overlap the finalize with, and handing it to
+        the database thread cost that thread's wake-up (see docs/scaling.md#at-a-trickle).
+        An earlier batch's finalize error is raised as :meth:`collect` raises it, once
+        this batch is finalized."""
         if self._finalizer is None:
             self._pending.append(functools.partial(self._finalize, batch))
+            return
+        if here:
+            try:
+                self.collect(everything=True)  # what collect raises, after this batch
+            finally:
+                self._pending.append(self._finalized_here(batch))
             return
         future = self._finalizer.submit(self._in_thread, self._finalize, batch)
         self._pending.append(future.result)
         self._gates = [done for done in self._gates if not done.done()]
         if gate:
             self._gates.append(future)
+
+    def _finalized_here(self, batch: BatchT) -> Callable[[], DoneT]:
+        """Finalize ``batch`` on this thread; what the collector calls for it (the
+        finalize's error is raised there, as a database thread's is)."""
+        done: Future[DoneT] = Future()
+        try:
+            done.set_result(self._finalize(batch))
+        except Exception as exc:
+            done.set_exception(exc)
+        return done.result
 
     def collect(self, *, everything: bool) -> None:
         """Wait for the batches started before the newest one (``everything``: for all

@@ -840,11 +840,11 @@ class Relay:
             batch = self._publish_claim(claim)
             frees = _frees_rows(batch)
             state.freeing |= frees
-            state.pipeline.finalize(batch, gate=batch.ordered)
             state.caught_up = settled and not (more_due or frees) and _caught_up(state, claim)
+            state.pipeline.finalize(batch, gate=batch.ordered, here=state.caught_up)
         if state.caught_up and (state.wakeup.wait(CAUGHT_UP_WAIT) or not state.wakeup.heard):
-            # A NOTIFY came while the batch was being finalized (or the listener broke):
-            # claim at once, beside that finalize, as after a batch that did not catch up.
+            # A NOTIFY came (or the listener broke): claim at once, as after a batch that
+            # did not catch up.
             state.caught_up = False
         # A batch the relay rests after is reported before the rest.
         state.pipeline.collect(everything=batch is None or state.caught_up)
@@ -931,9 +931,9 @@ class Relay:
         return broker
 
 
-#: Seconds a relay whose batch caught up waits for a NOTIFY before it waits for that
-#: batch's finalize (about a millisecond) and rests: a commit meanwhile is claimed
-#: beside the finalize, not after it, and the batch is reported before the rest.
+#: Seconds a relay whose batch caught up (finalized at once, on the relay's thread) waits
+#: for a NOTIFY before it rests: a commit meanwhile is claimed at once, without the rest's
+#: connection checks, and the batch is reported before the rest.
 CAUGHT_UP_WAIT = 0.05
 
 

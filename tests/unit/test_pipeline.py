@@ -205,6 +205,39 @@ def test_close_ends_the_database_threads_though_a_report_raises():
     assert not {"outbox-claim_0", "outbox-finalize_0"} & names
 
 
+def test_threaded_a_batch_finalized_here_runs_on_the_callers_thread_after_the_others():
+    """A relay whose batch caught up finalizes it itself: the batches before it are
+    finalized (on the database thread) and reported first, and the finalize thread is
+    not woken for it."""
+    work = HeldFinalize()
+    stages = pipeline(work, threaded=True)
+    stages.finalize("b1")
+    assert work.finalizing.wait(10)
+    threading.Timer(0.2, work.release.set).start()  # b2 must wait for b1's finalize
+    stages.finalize("b2", here=True)
+    assert work.reported == ["b1 finalized"]
+    assert work.threads == ["outbox-finalize_0", threading.current_thread().name]
+    stages.collect(everything=True)
+    assert work.reported == ["b1 finalized", "b2 finalized"]
+    stages.close()
+
+
+def test_threaded_a_finalize_here_that_fails_raises_when_collected():
+    """As a database thread's: finalize() returns, the collector raises the error. The
+    next batch finalized here collects it first: the error is raised once that batch is
+    finalized all the same, and that batch is reported by the settle after the outage."""
+    work = Work(fail_on={"b1"})
+    stages = pipeline(work, threaded=True)
+    stages.finalize("b1", here=True)
+    with pytest.raises(DatabaseError, match="finalizing b1 failed"):
+        stages.finalize("b2", here=True)
+    assert work.threads == [threading.current_thread().name] * 2
+    assert work.reported == []
+    stages.settle()
+    assert work.reported == ["b2 finalized"]
+    stages.close()
+
+
 def test_threaded_each_database_thread_closes_its_connection():
     closed: list[str] = []
     work = Work()
