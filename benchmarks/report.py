@@ -76,6 +76,7 @@ ROWS = (
     ("e2e_1000_single_rate", "the same, one event a transaction", "ev/s"),
     ("e2e_1000_single_p50_ms", "  commit -> consumer at that rate, p50", "ms"),
     ("e2e_1000_single_p99_ms", "  the same, p99", "ms"),
+    ("e2e_1000_single_relay_cpu_ms_per_event", "  relay CPU per event at that rate", "ms"),
     ("rss_start_mb", "relay RSS at the start of the drain", "MiB"),
     ("rss_growth_mb", "  growth over the drain", "MiB"),
     ("sql_per_event", "SQL statements per published event", ""),

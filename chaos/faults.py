@@ -18,7 +18,7 @@ import random
 import signal
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from benchmarks.services import Services
 
@@ -49,6 +49,10 @@ KINDS = (
 )
 POLL = 0.005  # seconds between looks at the outbox while aiming a relay fault
 MAX_TRIES = 50  # freezes of a process before a fault lands wherever it is
+#: Faults after which a relay may have given a batch up: a finalize that failed (the
+#: database down or its disk full) leaves its rows PROCESSING under the relay's name until
+#: their lease expires, and the relay holds them no more.
+DATABASE_FAULTS = frozenset({"postgres_restart", "postgres_crash", "disk_full"})
 
 
 class NotRecovered(Exception):
@@ -128,6 +132,7 @@ class Injector:
         self.recovery_timeout = 4 * lease + 90
         self._kills = 0
         self._handled_up_to = 0  # every order up to this id was handled at a recovery
+        self._database_back: Any = None  # the database's time after the last DATABASE_FAULTS
 
     def inject(self, kind: str) -> Fault:
         method: Callable[[], Done] = getattr(self, kind)
@@ -138,6 +143,8 @@ class Injector:
         except NotRecovered as exc:  # the audit still needs what the fault did
             exc.fault = Fault(kind, at - self.started, time.monotonic() - at, str(exc), done)
             raise
+        if kind in DATABASE_FAULTS:
+            self._database_back = db.now()
         return Fault(kind, at - self.started, recovery, done.facts(), done)
 
     def _recovered(self, at: float, ended: float) -> float:
@@ -345,15 +352,15 @@ class Injector:
         return tries, state, names
 
     def _freeze_relay(self, relay: Proc, *, published: bool) -> tuple[int, list[int], int]:
-        """Freeze ``relay`` while it holds a claim made since this call (with
-        ``published``: rows the consumer has already handled, or the task worker run).
-        Returns the tries, the rows it holds and how many of them were handled. Rows it
-        claimed before are not counted: after a database outage or a full disk they may
-        be a batch it gave up, which it would rightly not report as lease lost."""
-        worker, since = relay.worker, db.now()
+        """Freeze ``relay`` while it holds a claim (with ``published``: rows the consumer
+        has already handled, or the task worker run). Returns the tries, the rows it holds
+        and how many of them were handled. Rows it claimed before the last of the
+        DATABASE_FAULTS recovered are not counted: they may be a batch it gave up, which
+        it would rightly not report as lease lost."""
+        worker, since = relay.worker, self._database_back
 
         def look() -> tuple[list[int], int]:
-            return db.held(worker, since, self.lease)
+            return db.held(worker, claimed_after=since, lease=self.lease)
 
         def until_it_holds_rows() -> None:
             deadline = time.monotonic() + 10

@@ -38,9 +38,11 @@ class Pipeline(Generic[ClaimT, BatchT, DoneT]):
 
     It knows the relay only by three callables: ``claim()`` (a claim, or None when
     nothing is due), ``finalize(batch)`` (the database writes of a published batch)
-    and ``report(finalized)`` (log, signal and count it). Each batch is reported as
-    soon as it is finalized, so a later batch whose finalize fails loses no
-    earlier batch's report.
+    and ``report(finalized)`` (log, signal and count it). Each batch is reported when
+    the caller next collects after its finalize, so a later batch whose finalize fails
+    loses no earlier batch's report. A batch the caller will not publish beside (the
+    relay's last before it waits for a NOTIFY) may be finalized on the caller's thread
+    instead (``finalize(batch, here=True)``).
 
     Without ``threaded`` (a database that takes one writer at a time, no SKIP
     LOCKED: SQLite) nothing is claimed ahead and each batch is finalized inline
@@ -100,23 +102,30 @@ class Pipeline(Generic[ClaimT, BatchT, DoneT]):
             try:
                 self.collect(everything=True)  # what collect raises, after this batch
             finally:
-                self._pending.append(self._finalized_here(batch))
+                self._started(self._finalized_here(batch), gate=gate)
             return
-        future = self._finalizer.submit(self._in_thread, self._finalize, batch)
+        self._started(self._finalizer.submit(self._in_thread, self._finalize, batch), gate=gate)
+
+    def _started(self, future: Future[DoneT], *, gate: bool) -> None:
+        """Queue ``future`` for the collector; with ``gate``, the next claim ahead waits
+        for it (and is not made if it failed)."""
         self._pending.append(future.result)
         self._gates = [done for done in self._gates if not done.done()]
         if gate:
             self._gates.append(future)
 
-    def _finalized_here(self, batch: BatchT) -> Callable[[], DoneT]:
-        """Finalize ``batch`` on this thread; what the collector calls for it (the
-        finalize's error is raised there, as a database thread's is)."""
+    def _finalized_here(self, batch: BatchT) -> Future[DoneT]:
+        """Finalize ``batch`` on this thread, as a database thread would: its error is
+        kept for the collector, and a database error closes the connection."""
         done: Future[DoneT] = Future()
         try:
             done.set_result(self._finalize(batch))
+        except DatabaseError as exc:
+            self._close_connection()  # reopened on next use, not found broken by the claim
+            done.set_exception(exc)
         except Exception as exc:
             done.set_exception(exc)
-        return done.result
+        return done
 
     def collect(self, *, everything: bool) -> None:
         """Wait for the batches started before the newest one (``everything``: for all

@@ -14,7 +14,8 @@ outside any transaction, and finalize, where every write is filtered by the
 batch's lease token, so a relay whose lease was taken over changes nothing.
 In :meth:`Relay.run` the database steps of neighbouring batches run on a claim thread
 and a finalize thread (:class:`~django_outbox.pipeline.Pipeline`) while the relay's
-thread publishes.
+thread publishes; a batch that caught up with what was due, after which the relay
+waits for a NOTIFY, is finalized on the relay's thread.
 """
 
 from __future__ import annotations

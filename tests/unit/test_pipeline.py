@@ -238,6 +238,23 @@ def test_threaded_a_finalize_here_that_fails_raises_when_collected():
     stages.close()
 
 
+def test_threaded_a_failed_finalize_here_closes_the_callers_connection_and_gates_as_a_thread():
+    """As on a database thread: the connection the error broke is closed (the next claim
+    opens a fresh one), and a failed gate holds back the claim ahead the collector's
+    error would make the relay drop."""
+    closed: list[str] = []
+    work = Work(fail_on={"b1"})
+    stages = pipeline(work, threaded=True)
+    stages._close_connection = lambda: closed.append(threading.current_thread().name)  # type: ignore[method-assign]
+    stages.finalize("b1", gate=True, here=True)
+    assert closed == [threading.current_thread().name]
+    ahead = stages.claim_ahead()
+    assert ahead is not None and ahead() is None
+    assert work.claims == 0
+    stages.settle()
+    stages.close()
+
+
 def test_threaded_each_database_thread_closes_its_connection():
     closed: list[str] = []
     work = Work()
