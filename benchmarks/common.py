@@ -8,6 +8,8 @@ import os
 import uuid
 from typing import Any
 
+import kombu
+
 #: The default route's exchange (OUTBOX["DEFAULT_EXCHANGE"] is left at its default).
 EXCHANGE = "outbox"
 #: One event's payload; every scenario, raw or relay, sends this size.
@@ -19,6 +21,12 @@ PAYLOAD: dict[str, Any] = {
     "lines": [{"sku": f"SKU-{n:05d}", "quantity": n + 1, "price": "99.90"} for n in range(3)],
 }
 BODY = json.dumps(PAYLOAD).encode()
+
+
+def bound_queue(name: str) -> kombu.Queue:
+    """The durable queue ``name``, bound by its name to the relay's default exchange."""
+    exchange = kombu.Exchange(EXCHANGE, "topic", durable=True)
+    return kombu.Queue(name, exchange, routing_key=name, durable=True)
 
 
 def wire_headers() -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import kombu
 
-from .common import BODY, EXCHANGE, wire_headers
+from .common import BODY, EXCHANGE, bound_queue, wire_headers
 
 CONTENT = {"content_type": "application/json", "content_encoding": "utf-8"}
 
@@ -27,8 +27,7 @@ def bench_queue(url: str, prefix: str) -> Iterator[tuple[kombu.Connection, str]]
     the queue is deleted afterwards."""
     name = f"bench-{prefix}-{uuid.uuid4().hex[:8]}"
     with kombu.Connection(url) as connection:
-        exchange = kombu.Exchange(EXCHANGE, "topic", durable=True)
-        queue = kombu.Queue(name, exchange, routing_key=name, durable=True)
+        queue = bound_queue(name)
         queue(connection.default_channel).declare()
         try:
             yield connection, name

@@ -29,7 +29,7 @@ from django_outbox import db, stage, stage_many
 from django_outbox.conf import outbox_settings
 from django_outbox.models import OutboxMessage
 
-from .common import EXCHANGE, PAYLOAD
+from .common import PAYLOAD, bound_queue
 from .models import Customer, Order, OrderLine
 from .pgcost import Reading
 from .services import REPO
@@ -101,8 +101,7 @@ def backlog(count: int, to: str, chunk: int = 2000, *, keys: int = 0, traced: bo
 
 def delete_queue(url: str, name: str) -> None:
     with kombu.Connection(url) as broker:
-        exchange = kombu.Exchange(EXCHANGE, "topic", durable=True)
-        kombu.Queue(name, exchange, routing_key=name)(broker.default_channel).delete()
+        bound_queue(name)(broker.default_channel).delete()
 
 
 def relay_drain(
@@ -481,11 +480,9 @@ def end_to_end(
 
 
 def _declared_queue(url: str, name: str) -> str:
-    """Declare the durable queue ``name``, bound to the benchmark's exchange by its name."""
+    """Declare the queue ``name`` (:func:`~benchmarks.common.bound_queue`)."""
     with kombu.Connection(url) as broker:
-        exchange = kombu.Exchange(EXCHANGE, "topic", durable=True)
-        queue = kombu.Queue(name, exchange, routing_key=name, durable=True)
-        queue(broker.default_channel).declare()
+        bound_queue(name)(broker.default_channel).declare()
     return name
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from typing import Any
 
@@ -99,16 +100,18 @@ def last_order() -> int:
     return int(value(f"SELECT coalesce(max(id), 0) FROM {ORDER}"))
 
 
-def held(worker: str, *, claimed_after: Any, lease: float) -> tuple[list[int], int]:
+def held(worker: str, *, claimed_after: dt.datetime | None, lease: float) -> tuple[list[int], int]:
     """The rows ``worker`` holds PROCESSING, and how many of them the consumer has
     already handled, or the task worker run (published, not yet finalized). With
-    ``claimed_after`` (a database time), only the rows it claimed after it."""
-    fresh = "AND o.locked_until > %s + make_interval(secs => %s)" if claimed_after else ""
+    ``claimed_after`` (a database time), only the rows it claimed after it (a claim's
+    lease ends ``lease`` seconds after its transaction began)."""
     found = rows(
         f"SELECT o.id, EXISTS (SELECT 1 FROM {HANDLED} h WHERE h.event_id = o.event_id) "
         f"OR EXISTS (SELECT 1 FROM {TASK_EFFECT} t WHERE t.result_id = o.event_id) "
-        f"FROM {OUTBOX} o WHERE o.status = 'processing' AND o.locked_by = %s {fresh}",
-        [worker, *([claimed_after, lease] if claimed_after else [])],
+        f"FROM {OUTBOX} o WHERE o.status = 'processing' AND o.locked_by = %s "
+        "AND o.locked_until > coalesce(%s, '-infinity'::timestamptz) "
+        "+ make_interval(secs => %s)",
+        [worker, claimed_after, lease],
     )
     return [row[0] for row in found], sum(1 for row in found if row[1])
 

@@ -14,11 +14,12 @@ transaction in ``pg_stat_activity``), and either kills it there or lets it go on
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import random
 import signal
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from benchmarks.services import Services
 
@@ -132,7 +133,8 @@ class Injector:
         self.recovery_timeout = 4 * lease + 90
         self._kills = 0
         self._handled_up_to = 0  # every order up to this id was handled at a recovery
-        self._database_back: Any = None  # the database's time after the last DATABASE_FAULTS
+        #: The database's time once the last of the DATABASE_FAULTS recovered.
+        self._database_back: dt.datetime | None = None
 
     def inject(self, kind: str) -> Fault:
         method: Callable[[], Done] = getattr(self, kind)

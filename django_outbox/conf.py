@@ -61,9 +61,14 @@ def _seconds(value: object) -> float:
     return float(value)
 
 
+def _is_zero(value: object) -> bool:
+    """0 or 0.0 (a number, not False): what turns a feature off, or keeps nothing."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == 0
+
+
 def _seconds_or_zero(value: object) -> float:
     """A number of seconds that may be 0 (a feature turned off)."""
-    if isinstance(value, int | float) and not isinstance(value, bool) and value == 0:
+    if _is_zero(value):
         return 0.0
     try:
         return _seconds(value)
@@ -83,7 +88,7 @@ def _duration(value: object) -> dt.timedelta:
 def _duration_or_zero(value: object) -> dt.timedelta:
     """A duration that may be 0 (nothing kept), else as :func:`_duration`."""
     seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
-    if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds == 0:
+    if _is_zero(seconds):
         return dt.timedelta(0)
     try:
         return _duration(seconds)

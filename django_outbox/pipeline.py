@@ -119,10 +119,7 @@ class Pipeline(Generic[ClaimT, BatchT, DoneT]):
         kept for the collector, and a database error closes the connection."""
         done: Future[DoneT] = Future()
         try:
-            done.set_result(self._finalize(batch))
-        except DatabaseError as exc:
-            self._close_connection()  # reopened on next use, not found broken by the claim
-            done.set_exception(exc)
+            done.set_result(self._in_thread(self._finalize, batch))
         except Exception as exc:
             done.set_exception(exc)
         return done
