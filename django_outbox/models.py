@@ -41,6 +41,25 @@ class OutboxStatus(models.TextChoices):
 
 #: States a relay claims from (PROCESSING only once its lease has expired).
 CLAIMABLE = (OutboxStatus.PENDING, OutboxStatus.FAILED, OutboxStatus.PROCESSING)
+
+
+def _set_exactly_in(status: OutboxStatus, column: str) -> models.Q:
+    """``column`` is set on the rows in ``status`` and on no other row."""
+    return models.Q(status=status, **{f"{column}__isnull": False}) | (
+        ~models.Q(status=status) & models.Q(**{f"{column}__isnull": True})
+    )
+
+
+#: Rows not yet PUBLISHED nor ABANDONED, told by the columns a claim never writes (a
+#: row's ``published_at`` is set exactly when it is PUBLISHED, its ``abandoned_at``
+#: when it is ABANDONED): the condition of the due indexes and of the key's
+#: unfinished events, so that a claim, which changes ``status`` and the lease only,
+#: writes a HOT update (no index entry; docs/relay.md).
+UNFINISHED = models.Q(published_at__isnull=True, abandoned_at__isnull=True)
+#: FAILED rows among the unfinished ones, told without ``status`` as well: a failure
+#: always writes a ``last_error`` (store._mark_failed). The condition of
+#: ``outbox_failed_idx``, which a claim out of FAILED leaves the row in.
+ERRORED = UNFINISHED & ~models.Q(last_error="")
 #: States an operator may requeue.
 REQUEUEABLE = (OutboxStatus.FAILED, OutboxStatus.ABANDONED)
 #: States an operator may abandon (and PROCESSING once its lease has expired; see
@@ -53,24 +72,26 @@ class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
         return self.filter(status=OutboxStatus.PENDING)
 
     def failed(self) -> OutboxQuerySet:
-        return self.filter(status=OutboxStatus.FAILED)
+        return self.filter(ERRORED, status=OutboxStatus.FAILED)  # through outbox_failed_idx
 
     def abandoned(self) -> OutboxQuerySet:
-        return self.filter(status=OutboxStatus.ABANDONED)
+        return self.filter(status=OutboxStatus.ABANDONED, abandoned_at__isnull=False)
 
     def published(self) -> OutboxQuerySet:
-        return self.filter(status=OutboxStatus.PUBLISHED)
+        return self.filter(status=OutboxStatus.PUBLISHED, published_at__isnull=False)
 
     def due(self, now: dt.datetime | Now | None = None) -> OutboxQuerySet:
         """Rows a relay may claim at ``now`` (default: the database clock).
 
         PENDING and FAILED rows whose ``available_at`` has come, and PROCESSING
-        rows whose lease expired: a claim sets ``available_at`` (and
-        ``locked_until``) to the lease's end, so one condition covers all three,
-        and the two due indexes hold them: the unordered rows' ``outbox_due_idx`` and the
-        ordered rows' ``outbox_ordered_due_idx``.
+        rows whose lease (``locked_until``) expired: a claim leaves ``available_at``
+        as it was, so the two due indexes (the unordered rows' ``outbox_due_idx``,
+        the ordered rows' ``outbox_ordered_due_idx``) hold the rows in flight too,
+        and the lease is read from the row.
         """
-        return self.filter(status__in=CLAIMABLE, available_at__lte=Now() if now is None else now)
+        now = Now() if now is None else now
+        due = self.filter(UNFINISHED, status__in=CLAIMABLE, available_at__lte=now)
+        return due.exclude(status=OutboxStatus.PROCESSING, locked_until__gt=now)
 
     def leased(self, token: uuid.UUID) -> OutboxQuerySet:
         """Rows whose current lease is ``token``: every write a relay makes after
@@ -138,21 +159,32 @@ class OutboxMessage(models.Model):
                 condition=models.Q(status__in=OutboxStatus.values),
                 name="outbox_status_valid",
             ),
+            # What UNFINISHED and the partial indexes rely on: published_at is set
+            # exactly on PUBLISHED rows, abandoned_at exactly on ABANDONED ones.
+            models.CheckConstraint(
+                condition=_set_exactly_in(OutboxStatus.PUBLISHED, "published_at"),
+                name="outbox_published_at_iff_published",
+            ),
+            models.CheckConstraint(
+                condition=_set_exactly_in(OutboxStatus.ABANDONED, "abandoned_at"),
+                name="outbox_abandoned_at_iff_abandoned",
+            ),
             # The unfinished events of each key in order, one per place: a key's head
             # (ordered_gate) and the run after it. Partial, so that the claim's probes
             # never read a key's published past; unique, a backstop under the counter
             # (OutboxSequence), which numbers each key's events 1, 2, 3, ... once.
             models.UniqueConstraint(
                 fields=["destination", "ordering_key", "sequence"],
-                condition=models.Q(sequence__isnull=False)
-                & ~models.Q(status=OutboxStatus.PUBLISHED),
+                condition=models.Q(sequence__isnull=False, published_at__isnull=True),
                 name="outbox_key_unfinished_idx",
             ),
         ]
         # On PostgreSQL the table's fillfactor is 50 (migration 0007: Django has no option
         # for it): the claim and the finalize write a row's next version on its own page,
-        # and the WAL record leaves out the unchanged payload. Never HOT: every partial
-        # index below names status, and both change it (docs/relay.md).
+        # and the WAL record leaves out the unchanged payload. No index names a column
+        # the claim writes (status, locked_until, locked_by, lease_token), so the claim
+        # is a HOT update: no index entry (docs/relay.md). The finalize sets published_at
+        # and takes new entries.
         indexes = [
             # The claim: due rows oldest first, expired leases included (see due()).
             # Partial, so PUBLISHED rows kept for retention never enter it and the
@@ -160,31 +192,31 @@ class OutboxMessage(models.Model):
             models.Index(
                 fields=["available_at", "id"],
                 name="outbox_due_idx",
-                condition=models.Q(status__in=CLAIMABLE, sequence__isnull=True),
+                condition=UNFINISHED & models.Q(sequence__isnull=True),
             ),
             # The claim of ordered rows (those with a sequence): the same, apart.
             models.Index(
                 fields=["available_at", "id"],
                 name="outbox_ordered_due_idx",
-                condition=models.Q(status__in=CLAIMABLE, sequence__isnull=False),
+                condition=UNFINISHED & models.Q(sequence__isnull=False),
             ),
             # FAILED rows by their next retry: outbox_status's recent errors and
             # attempts, and the rows waiting for a retry, read only the failing rows.
             models.Index(
                 fields=["available_at"],
                 name="outbox_failed_idx",
-                condition=models.Q(status=OutboxStatus.FAILED),
+                condition=ERRORED,
             ),
             # Retention cleanup, one index per final state.
             models.Index(
                 fields=["published_at"],
                 name="outbox_published_idx",
-                condition=models.Q(status=OutboxStatus.PUBLISHED),
+                condition=models.Q(published_at__isnull=False),
             ),
             models.Index(
                 fields=["abandoned_at"],
                 name="outbox_abandoned_idx",
-                condition=models.Q(status=OutboxStatus.ABANDONED),
+                condition=models.Q(abandoned_at__isnull=False),
             ),
         ]
 

@@ -73,8 +73,9 @@ def claim(
     (with ``ordered`` False, the unordered ones only).
 
     Also the **reclaim**: a PROCESSING row whose lease expired (its relay died
-    or was too slow) is due again, because a claim sets ``available_at`` to the
-    lease's end, so the same statement takes it over with a new token; the old
+    or was too slow) is due again once its ``locked_until`` has passed (a claim
+    leaves ``available_at`` as it was), so the same statement takes it over with
+    a new token; the old
     relay's late writes then match no row. Up to ``limit`` rows, oldest first,
     bounded by ``max_bytes`` of payload (default ``OUTBOX["MAX_BATCH_BYTES"]``;
     the first row always); rows another claim holds are skipped. Returned in
@@ -248,7 +249,9 @@ def _mark_held(rows: OutboxQuerySet) -> int:
 
 def _mark_failed(rows: OutboxQuerySet, group: FailedRows) -> int:
     attempts = models.F("attempts") + 1 if group.counts else models.F("attempts")
-    failed = {"attempts": attempts, "last_error": group.error, "locked_until": None}
+    # Never empty: a FAILED row is told by its error in outbox_failed_idx (models.ERRORED).
+    error = group.error or "(no error text)"
+    failed = {"attempts": attempts, "last_error": error, "locked_until": None}
     if group.abandon:
         return rows.update(status=OutboxStatus.ABANDONED, abandoned_at=Now(), **failed)
     return rows.update(status=OutboxStatus.FAILED, available_at=now_plus(group.delay), **failed)
@@ -458,10 +461,9 @@ def heads(rows: OutboxQuerySet) -> OutboxQuerySet:
         sequence__lt=models.OuterRef("sequence"),
         sequence__isnull=False,
     )
-    return (
-        rows.filter(sequence__isnull=False)
-        .exclude(status=OutboxStatus.PUBLISHED)
-        .filter(~models.Exists(earlier.exclude(status=OutboxStatus.PUBLISHED)))
+    unfinished = models.Q(published_at__isnull=True)  # as outbox_key_unfinished_idx says it
+    return rows.filter(unfinished, sequence__isnull=False).filter(
+        ~models.Exists(earlier.filter(unfinished))
     )
 
 

@@ -18,6 +18,13 @@ class OutboxMessageFactory(factory.django.DjangoModelFactory):
     destination = "orders"
     payload = factory.Sequence(lambda n: {"order_id": n})
     status = OutboxMessage.Status.PENDING
+    # As the check constraints want them: set exactly in their final state.
+    published_at = factory.LazyAttribute(
+        lambda row: timezone.now() if row.status == OutboxMessage.Status.PUBLISHED else None
+    )
+    abandoned_at = factory.LazyAttribute(
+        lambda row: timezone.now() if row.status == OutboxMessage.Status.ABANDONED else None
+    )
 
     class Params:
         published = factory.Trait(

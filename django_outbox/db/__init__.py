@@ -278,7 +278,6 @@ def _claim_portable(
         lease_end = now_plus(lease_seconds)
         rows.filter(id__in=ids).update(
             status=OutboxStatus.PROCESSING,
-            available_at=lease_end,
             locked_until=lease_end,
             locked_by=worker,
             lease_token=token,
@@ -337,13 +336,14 @@ def _candidates(due: models.QuerySet[Any], limit: int, *, ordered: bool = True) 
 def _is_head() -> models.Q:
     """An ordered row with no unfinished row of its key before it (named query
     ``ordered_gate`` of the PostgreSQL claim)."""
-    from ..models import OutboxMessage, OutboxStatus
+    from ..models import OutboxMessage
 
     earlier = OutboxMessage.objects.filter(
         destination=models.OuterRef("destination"),
         ordering_key=models.OuterRef("ordering_key"),
         sequence__lt=models.OuterRef("sequence"),
-    ).exclude(status=OutboxStatus.PUBLISHED)
+        published_at__isnull=True,  # unfinished, as outbox_key_unfinished_idx says it
+    )
     return models.Q(models.Q(sequence__isnull=False), ~models.Exists(earlier))
 
 

@@ -30,22 +30,30 @@ if TYPE_CHECKING:
 NOTIFY_CHANNEL = "django_outbox"
 
 
+def _due_sql(clock: str) -> str:
+    """The named fragment ``claim_due``: a row is due at ``clock`` (SQL)."""
+    from ..models import CLAIMABLE, OutboxStatus
+
+    literals = {
+        "claimable": [status.value for status in CLAIMABLE],
+        "processing": OutboxStatus.PROCESSING.value,
+    }
+    return queries.sql("claim_due", literals=literals, fragments={"clock": clock})
+
+
 @functools.cache
 def _claim_sql(ordered: bool = True, unflushed: bool = False) -> str:
     """The claim statement for the outbox table: named query ``claim`` (its gate
     ``ordered_gate``), or ``claim_unordered`` without ``ordered``; with ``unflushed``,
     after ``claim_commit_unflushed`` in the same query. Cached: clear it
     (``_claim_sql.cache_clear()``) after replacing a named query."""
-    from ..models import CLAIMABLE, OutboxMessage, OutboxStatus
+    from ..models import OutboxMessage, OutboxStatus
 
     table = {"table": OutboxMessage._meta.db_table}
-    literals = {
-        "claimable": [status.value for status in CLAIMABLE],
-        "processing": OutboxStatus.PROCESSING.value,
-        "published": OutboxStatus.PUBLISHED.value,
-    }
+    literals = {"processing": OutboxStatus.PROCESSING.value}
+    due = {"due": _due_sql("now()")}
     fragments = {
-        name: queries.sql(query, identifiers=table, literals=literals)
+        name: queries.sql(query, identifiers=table, literals=literals, fragments=due)
         for name, query in [
             ("unordered_rows", "claim_unordered_rows"),
             ("bounded", "claim_bounded"),
@@ -54,7 +62,7 @@ def _claim_sql(ordered: bool = True, unflushed: bool = False) -> str:
         ]
     }
     name = "claim" if ordered else "claim_unordered"
-    statement = queries.sql(name, identifiers=table, literals=literals, fragments=fragments)
+    statement = queries.sql(name, identifiers=table, fragments={**due, **fragments})
     return f"{queries.sql('claim_commit_unflushed')};\n{statement}" if unflushed else statement
 
 
@@ -82,7 +90,7 @@ def claim(
     are claimed (``claim_unordered``: cheaper to plan), and the claim's commit does not
     wait for its WAL flush."""
     params: list[Any] = [limit, limit, limit, limit] if ordered else [limit, limit]
-    params += [max_bytes, lease_seconds, lease_seconds, worker, token]
+    params += [max_bytes, lease_seconds, worker, token]
     with connection.cursor() as cursor:
         unflushed = not ordered and _unflushed(connection, cursor)
         cursor.execute(_claim_sql(ordered, unflushed), params)
@@ -199,6 +207,14 @@ def _headers() -> Callable[[str], Any]:
 BacklogPart = tuple[str, bool | None]
 
 _SEQUENCE = {None: "", False: " AND sequence IS NULL", True: " AND sequence IS NOT NULL"}
+#: Each state's partial index for backlog_count: the named query of its condition.
+_INDEX_PART = {
+    "pending": "backlog_part_unfinished",
+    "processing": "backlog_part_unfinished",
+    "failed": "backlog_part_failed",
+    "published": "backlog_part_published",
+    "abandoned": "backlog_part_abandoned",
+}
 
 
 def backlog(
@@ -215,31 +231,29 @@ def backlog(
 
 @functools.cache
 def _backlog_sql(parts: tuple[BacklogPart, ...], blocked: bool) -> str:
-    from ..models import CLAIMABLE, OutboxMessage, OutboxStatus
+    from ..models import OutboxMessage, OutboxStatus
 
     table = {"table": OutboxMessage._meta.db_table}
-    claimable = {"claimable": [status.value for status in CLAIMABLE]}
     figures = [
         queries.sql(
             "backlog_count",
             identifiers=table,
             literals={"status": status},
-            fragments={"part": _SEQUENCE[ordered]},
+            fragments={"part": f" {queries.sql(_INDEX_PART[status])}{_SEQUENCE[ordered]}"},
         )
         for status, ordered in parts
     ]
+    due = _due_sql("statement_timestamp()")
     figures += [
         queries.sql(
             "backlog_oldest_due",
             identifiers=table,
-            literals=claimable,
-            fragments={"part": _SEQUENCE[ordered]},
+            fragments={"due": due, "part": _SEQUENCE[ordered]},
         )
         for ordered in (False, True)
     ]
     if blocked:
-        published = {"published": OutboxStatus.PUBLISHED.value}
-        gate = queries.sql("ordered_gate", identifiers=table, literals=published)
+        gate = queries.sql("ordered_gate", identifiers=table)
         abandoned = {"abandoned": OutboxStatus.ABANDONED.value}
         figures.append(
             queries.sql(

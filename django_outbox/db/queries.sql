@@ -21,7 +21,8 @@
 -- text (the first row always) in an order that keeps each key's prefix: heads
 -- and unordered rows by age, then the runs' first rows, their second rows, ...
 -- Each head's run is capped so that the heads' runs together about fill the
--- batch. Parameters: limit (four times), max_bytes, lease seconds (twice),
+-- batch. Due is the fragment claim_due (in the run's subquery its columns are
+-- the later row's). Parameters: limit (four times), max_bytes, lease seconds,
 -- worker, token. Its parts shared with claim_unordered are the fragments
 -- claim_unordered_rows, claim_bounded and claim_lease.
 WITH picked AS (
@@ -30,8 +31,7 @@ WITH picked AS (
     SELECT id, available_at, destination, ordering_key, sequence,
            octet_length(payload::text) AS size
     FROM {table} AS head
-    WHERE status IN ({claimable}) AND available_at <= now() AND sequence IS NOT NULL
-      AND {ordered_gate}
+    WHERE {due} AND sequence IS NOT NULL AND {ordered_gate}
     ORDER BY available_at, id
     LIMIT %s
     FOR UPDATE SKIP LOCKED
@@ -44,8 +44,7 @@ WITH picked AS (
         FROM {table} AS later
         WHERE later.destination = head.destination
           AND later.ordering_key = head.ordering_key
-          AND later.sequence > head.sequence AND later.status <> {published}
-          AND later.status IN ({claimable}) AND later.available_at <= now()
+          AND later.sequence > head.sequence AND {due}
         ORDER BY later.sequence
         LIMIT (SELECT ceil(greatest(%s - count(*), 0) / greatest(count(*), 1)::numeric)
                FROM heads)
@@ -70,7 +69,7 @@ WITH picked AS (
 -- PostgreSQL: the claim of the unordered rows alone (ordered rows are left as they
 -- are), for a relay whose settings order no route, between its whole claims:
 -- PostgreSQL plans it in about a third of the time (a millisecond less per claim
--- here). Parameters: limit (twice), max_bytes, lease seconds (twice), worker, token.
+-- here). Parameters: limit (twice), max_bytes, lease seconds, worker, token.
 WITH picked AS (
     {unordered_rows}
 ), running AS (
@@ -96,10 +95,23 @@ SET LOCAL synchronous_commit = off
 -- PostgreSQL, a fragment of claim and claim_unordered: the due unordered rows,
 -- oldest first, locked (parameter: limit), with their payload text's size.
 SELECT id, available_at, octet_length(payload::text) AS size FROM {table}
-WHERE status IN ({claimable}) AND available_at <= now() AND sequence IS NULL
+WHERE {due} AND sequence IS NULL
 ORDER BY available_at, id
 LIMIT %s
 FOR UPDATE SKIP LOCKED
+
+
+-- name: claim_due
+-- PostgreSQL, a boolean fragment of the claims and of backlog_oldest_due: the
+-- row is due at {clock} (a claim's now(), a scrape's statement_timestamp()).
+-- PENDING and FAILED rows whose available_at has come, PROCESSING ones whose
+-- lease (locked_until) ran out. Unfinished as the due indexes say it (no
+-- published_at, no abandoned_at), so that one of them is read: a claim leaves
+-- available_at and these columns alone (a HOT update), so the rows in flight
+-- stay in the index and are passed over by their lease.
+status IN ({claimable}) AND published_at IS NULL AND abandoned_at IS NULL
+AND available_at <= {clock}
+AND (status <> {processing} OR locked_until IS NULL OR locked_until <= {clock})
 
 
 -- name: claim_bounded
@@ -111,14 +123,15 @@ SELECT id FROM running WHERE n <= %s AND (n = 1 OR total <= %s)
 
 -- name: claim_lease
 -- PostgreSQL, the end of claim and claim_unordered: lease the rows of "bounded"
--- and return them (parameters: lease seconds twice, worker, token). The columns
+-- and return them (parameters: lease seconds, worker, token). It writes no
+-- column an index names, so PostgreSQL updates each row in place on its page
+-- (HOT: no index entry); available_at stays, the lease is locked_until. The columns
 -- are named after ClaimedMessage's fields; created_at as microseconds since the
 -- epoch (see postgresql.claim); considered, the same in every row, counts the
 -- rows the claim picked before its row and byte bounds (more than it returns:
 -- it left due rows behind).
 UPDATE {table} AS o
 SET status = {processing},
-    available_at = now() + make_interval(secs => %s),
     locked_until = now() + make_interval(secs => %s),
     locked_by = %s,
     lease_token = %s
@@ -167,13 +180,13 @@ lease_token = %s
 -- name: ordered_gate
 -- PostgreSQL, a boolean fragment of claim: the ordered row "head" is the head
 -- of its key (no earlier row of its destination and ordering key is
--- unfinished; an ABANDONED one blocks the key). An index probe of
--- outbox_key_unfinished_idx. chaos --sabotage order replaces it with TRUE.
+-- unfinished, that is without published_at; an ABANDONED one blocks the key).
+-- An index probe of outbox_key_unfinished_idx. chaos --sabotage order replaces it with TRUE.
 NOT EXISTS (
     SELECT 1 FROM {table} AS earlier
     WHERE earlier.destination = head.destination
       AND earlier.ordering_key = head.ordering_key
-      AND earlier.sequence < head.sequence AND earlier.status <> {published}
+      AND earlier.sequence < head.sequence AND earlier.published_at IS NULL
 )
 
 
@@ -248,16 +261,38 @@ SELECT {figures}
 -- PostgreSQL, a fragment of backlog: the rows in {status}{part}, counted up to
 -- the parameter (the exact limit plus one). Each reads one partial index: the
 -- state's own, or for PENDING and PROCESSING (which have none) one of the due
--- indexes, the part saying which ("AND sequence IS NULL" or "IS NOT NULL").
+-- indexes; the part is that index's condition (with "AND sequence IS NULL" or
+-- "IS NOT NULL" for a due index).
 (SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = {status}{part} LIMIT %s) AS counted)
+
+
+-- name: backlog_part_unfinished
+-- PostgreSQL, the part of backlog_count for PENDING and PROCESSING: the due
+-- indexes' condition (models.UNFINISHED).
+ AND published_at IS NULL AND abandoned_at IS NULL
+
+
+-- name: backlog_part_failed
+-- PostgreSQL, the part of backlog_count for FAILED: outbox_failed_idx's
+-- condition (models.ERRORED).
+ AND last_error <> '' AND published_at IS NULL AND abandoned_at IS NULL
+
+
+-- name: backlog_part_published
+-- PostgreSQL, the part of backlog_count for PUBLISHED: outbox_published_idx's.
+ AND published_at IS NOT NULL
+
+
+-- name: backlog_part_abandoned
+-- PostgreSQL, the part of backlog_count for ABANDONED: outbox_abandoned_idx's.
+ AND abandoned_at IS NOT NULL
 
 
 -- name: backlog_oldest_due
 -- PostgreSQL, a fragment of backlog: the available_at of the oldest due row of
--- one due index, {part} saying which (as in backlog_count). Due by the clock of
--- the ORM's Now() (the statement's, not the transaction's).
-(SELECT min(available_at) FROM {table}
- WHERE status IN ({claimable}) AND available_at <= statement_timestamp(){part})
+-- one due index, {part} saying which (as in backlog_count). Due (claim_due) by
+-- the clock of the ORM's Now() (the statement's, not the transaction's).
+(SELECT min(available_at) FROM {table} WHERE {due}{part})
 
 
 -- name: backlog_blocked

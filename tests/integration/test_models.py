@@ -60,13 +60,17 @@ def test_due_rows_are_available_pending_and_failed_rows_and_expired_leases():
     due = [
         OutboxMessageFactory(status=Status.PENDING, available_at=now - hour),
         OutboxMessageFactory(status=Status.FAILED, available_at=now - hour),
-        # A claim moves available_at to the lease's end, with locked_until.
+        # A claim leaves available_at as it was: the lease is locked_until.
         OutboxMessageFactory(
             status=Status.PROCESSING, available_at=now - hour, locked_until=now - hour
         ),
+        # A lease without an end (no claim writes one) does not hold the row forever.
+        OutboxMessageFactory(status=Status.PROCESSING, available_at=now - hour),
     ]
     OutboxMessageFactory(status=Status.PENDING, available_at=now + hour)
     OutboxMessageFactory(status=Status.FAILED, available_at=now + hour)
+    OutboxMessageFactory(status=Status.PROCESSING, available_at=now - hour, locked_until=now + hour)
+    # A lease taken before this release moved available_at too; it is held as well.
     OutboxMessageFactory(status=Status.PROCESSING, available_at=now + hour, locked_until=now + hour)
     OutboxMessageFactory(published=True)
     OutboxMessageFactory(status=Status.ABANDONED)

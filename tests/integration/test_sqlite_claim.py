@@ -20,12 +20,14 @@ import sqlite3, threading, time, uuid
 import django
 django.setup()
 from django.db import connection, transaction
+from django.db.models.functions import Now
 from django_outbox import stage_many, store
 from django_outbox.models import OutboxMessage
 
 with transaction.atomic():
     stage_many([{"event_type": "t", "payload": {}, "destination": "q"} for _ in range(20)])
-OutboxMessage.objects.filter(id__gt=10).update(status="abandoned")  # for the requeue
+# for the requeue
+OutboxMessage.objects.filter(id__gt=10).update(status="abandoned", abandoned_at=Now())
 path = connection.settings_dict["NAME"]
 holding = threading.Event()
 

@@ -54,9 +54,14 @@ def test_every_query_of_the_package_file_loads():
         "claim_unordered",
         "claim_commit_unflushed",
         "claim_unordered_rows",
+        "claim_due",
         "claim_bounded",
         "claim_lease",
         "ordered_gate",
+        "backlog_part_unfinished",
+        "backlog_part_failed",
+        "backlog_part_published",
+        "backlog_part_abandoned",
         "mark_published",
         "delete_published",
         "lease_held",
@@ -94,9 +99,12 @@ def test_identifiers_and_literals_are_quoted_and_escaped():
     assert queries.quote_identifier('we"ird') == '"we""ird"'
     assert queries.quote_literal("it's") == "'it''s'"
     table = {"table": 'out"box'}
-    rows = queries.sql(
-        "claim_unordered_rows", identifiers=table, literals={"claimable": ["a", "b'c"]}
+    due = queries.sql(
+        "claim_due",
+        literals={"claimable": ["a", "b'c"], "processing": "p"},
+        fragments={"clock": "now()"},
     )
+    rows = queries.sql("claim_unordered_rows", identifiers=table, fragments={"due": due})
     lease = queries.sql("claim_lease", identifiers=table, literals={"processing": "p"})
     assert 'FROM "out""box"' in rows
     assert "status IN ('a', 'b''c')" in rows
