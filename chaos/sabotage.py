@@ -21,8 +21,10 @@ of a task counts as new) and no skip of a task whose result is finished already,
 task whose message arrives twice runs twice; ``--sabotage heartbeat`` starts relays and
 consumers that never write their heartbeat; ``--sabotage frames`` starts relays whose AMQP
 frame encoder gives every message of the process one event id (its ``event_id`` header and
-message id), as an encoder that mixed up messages' parts would. A run with any of them must
-fail its audit.
+message id), as an encoder that mixed up messages' parts would; ``--sabotage due`` starts
+relays whose claim takes PROCESSING rows whatever their lease (the named query ``claim_due``
+without its ``locked_until`` test, which since the claim became a HOT update is all that
+keeps a live lease's rows from the next claim). A run with any of them must fail its audit.
 Nothing imports this module unless ``CHAOS_SABOTAGE`` is set.
 """
 
@@ -50,6 +52,7 @@ KINDS = (
     "tasks",
     "heartbeat",
     "frames",
+    "due",
 )
 
 
@@ -65,6 +68,12 @@ def apply(kind: str) -> None:
         consumer.process_once = _no_inbox  # type: ignore[assignment]
     elif kind == "order":
         _without_ordered_gate()
+    elif kind == "due":
+        _replace_query(
+            "claim_due",
+            "status IN ({claimable}) AND published_at IS NULL "
+            "AND abandoned_at IS NULL AND available_at <= {clock}",
+        )
     elif kind == "attempts":
         from django_outbox.transports.base import Failure
 

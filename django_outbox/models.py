@@ -169,6 +169,11 @@ class OutboxMessage(models.Model):
                 condition=_set_exactly_in(OutboxStatus.ABANDONED, "abandoned_at"),
                 name="outbox_abandoned_at_iff_abandoned",
             ),
+            # What ERRORED (outbox_failed_idx) relies on: a FAILED row says why.
+            models.CheckConstraint(
+                condition=~models.Q(status=OutboxStatus.FAILED) | ~models.Q(last_error=""),
+                name="outbox_failed_has_error",
+            ),
             # The unfinished events of each key in order, one per place: a key's head
             # (ordered_gate) and the run after it. Partial, so that the claim's probes
             # never read a key's published past; unique, a backstop under the counter

@@ -26,7 +26,7 @@ from .db import (
     infers_partial_indexes,
     read_backlog,
 )
-from .models import InboxFailure, OutboxMessage, OutboxQuerySet, OutboxStatus
+from .models import UNFINISHED, InboxFailure, OutboxMessage, OutboxQuerySet, OutboxStatus
 from .store import heads
 
 TOP_KEYS = 10
@@ -212,7 +212,7 @@ def through_due_indexes(rows: OutboxQuerySet, states: Iterable[str]) -> OutboxQu
     states = set(states)
     rows = rows.filter(status__in=states)
     if states and states <= _IN_DUE_INDEXES and infers_partial_indexes(connections[rows.db]):
-        return rows.filter(Q(sequence__isnull=True) | Q(sequence__isnull=False))
+        return rows.filter(UNFINISHED, Q(sequence__isnull=True) | Q(sequence__isnull=False))
     return rows
 
 
@@ -275,7 +275,7 @@ def blocked_keys(using: str = "default", *, top: int = TOP_BLOCKED) -> BlockedKe
             ordering_key=OuterRef("ordering_key"),
             sequence__gt=OuterRef("sequence"),
         )
-        .exclude(status=OutboxStatus.PUBLISHED)
+        .filter(published_at__isnull=True)  # unfinished: outbox_key_unfinished_idx
         .order_by()
         .values("destination")
         .annotate(n=Count("id"))

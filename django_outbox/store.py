@@ -233,7 +233,7 @@ def _release_followers(using: str, lowest: _Heads) -> int:
 
 def _next_abandoned(using: str, heads: _Heads) -> dict[tuple[str, str], int]:
     """The sequence of each key's first ABANDONED row after its head's in ``heads``."""
-    rows = OutboxMessage.objects.using(using).filter(status=OutboxStatus.ABANDONED)
+    rows = OutboxMessage.objects.using(using).abandoned()
     stops: dict[tuple[str, str], int] = {}
     for after in _per_key(heads, "sequence__gt"):
         found = rows.filter(after).values_list("destination", "ordering_key", "sequence")
@@ -328,7 +328,7 @@ def _blocked_before(using: str, lowest: _Heads) -> set[tuple[str, str]]:
     """The keys of ``lowest`` (key -> a sequence) with an ABANDONED row before that
     sequence: requeuing a row behind it must leave the key parked (its own requeue or
     skip releases everything after it), not let every claim walk the key's backlog."""
-    rows = OutboxMessage.objects.using(using).filter(status=OutboxStatus.ABANDONED)
+    rows = OutboxMessage.objects.using(using).abandoned()
     blocked: set[tuple[str, str]] = set()
     for before in _per_key(lowest, "sequence__lt"):
         blocked.update(rows.filter(before).values_list("destination", "ordering_key"))

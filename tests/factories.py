@@ -25,6 +25,9 @@ class OutboxMessageFactory(factory.django.DjangoModelFactory):
     abandoned_at = factory.LazyAttribute(
         lambda row: timezone.now() if row.status == OutboxMessage.Status.ABANDONED else None
     )
+    last_error = factory.LazyAttribute(
+        lambda row: "RuntimeError: failed" if row.status == OutboxMessage.Status.FAILED else ""
+    )
 
     class Params:
         published = factory.Trait(

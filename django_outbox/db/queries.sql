@@ -301,7 +301,8 @@ SELECT {figures}
 -- figure too), counted up to the parameter.
 (SELECT count(*) FROM (
     SELECT 1 FROM {table} AS head
-    WHERE head.status = {abandoned} AND head.sequence IS NOT NULL AND {gate}
+    WHERE head.status = {abandoned} AND head.abandoned_at IS NOT NULL
+      AND head.sequence IS NOT NULL AND {gate}
     LIMIT %s
 ) AS blocked)
 

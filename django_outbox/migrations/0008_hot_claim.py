@@ -2,8 +2,9 @@
 #
 # No index names a column the claim writes any more (status, the lease), so that the
 # claim is a HOT update on PostgreSQL. The partial indexes tell unfinished rows by
-# published_at and abandoned_at instead of status, which two new check constraints tie
-# to the status; rows from before the constraints are made to agree with them first.
+# published_at and abandoned_at instead of status (and a FAILED row by its last_error
+# too), which three new check constraints tie to the status; rows from before the
+# constraints are made to agree with them first.
 
 from django.db import migrations, models
 from django.db.models.functions import Now
@@ -12,13 +13,14 @@ from django.db.models.functions import Now
 def agree_with_status(apps, schema_editor):
     """published_at set on exactly the PUBLISHED rows and abandoned_at on exactly the
     ABANDONED ones: a final row without its time takes now (its retention starts
-    again), any other row loses one."""
+    again), any other row loses one. A FAILED row without an error gets one."""
     rows = apps.get_model("django_outbox", "OutboxMessage").objects.using(
         schema_editor.connection.alias
     )
     for status, column in (("published", "published_at"), ("abandoned", "abandoned_at")):
         rows.filter(status=status, **{f"{column}__isnull": True}).update(**{column: Now()})
         rows.exclude(status=status).exclude(**{f"{column}__isnull": True}).update(**{column: None})
+    rows.filter(status="failed", last_error="").update(last_error="(no error text)")
 
 
 class Migration(migrations.Migration):
@@ -138,6 +140,17 @@ class Migration(migrations.Migration):
                 condition=models.Q(("published_at__isnull", True), ("sequence__isnull", False)),
                 fields=("destination", "ordering_key", "sequence"),
                 name="outbox_key_unfinished_idx",
+            ),
+        ),
+        migrations.AddConstraint(
+            model_name="outboxmessage",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("status", "failed"), _negated=True),
+                    models.Q(("last_error", ""), _negated=True),
+                    _connector="OR",
+                ),
+                name="outbox_failed_has_error",
             ),
         ),
     ]

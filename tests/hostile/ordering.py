@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import transaction
 from django.test import override_settings
+from django.utils import timezone
 
 from django_outbox import stage
 from django_outbox.models import OutboxMessage
@@ -99,7 +100,7 @@ def _skip(*abandon: int) -> str:
                 for n in range(3)
             ]
         OutboxMessage.objects.filter(id__in=[ids[n] for n in abandon]).update(
-            status=OutboxMessage.Status.ABANDONED
+            status=OutboxMessage.Status.ABANDONED, abandoned_at=timezone.now()
         )
         try:
             call_command("outbox_skip", "--id", str(ids[1]))

@@ -380,8 +380,10 @@ def test_the_summary_reads_every_count_from_an_index(rows):
         counts = status.summary(blocked=True).counts
     (plan,) = _plans(queries).values()  # one statement
     assert "Seq Scan" not in plan
-    # Pending and processing in two parts (a due index each), the others by their own.
-    for index in ("due", "ordered_due", "failed", "abandoned", "published", "key_unfinished"):
+    # Pending and processing in two parts (a due index each; the ordered part may read
+    # the key's unfinished events instead, an index on the same rows), the others by
+    # their own.
+    for index in ("due", "failed", "abandoned", "published", "key_unfinished"):
         assert f"outbox_{index}_idx" in plan
     assert all(count.exact for count in counts.values())
     assert {state: count.value for state, count in counts.items()} == dict(
@@ -525,7 +527,9 @@ def test_the_list_filtered_by_a_state_without_an_index_reads_the_due_indexes(
     plans = _plans([q for q in queries if q["sql"].startswith("SELECT") and table in q["sql"]])
     assert [sql for sql, plan in plans.items() if "Seq Scan" in plan] == []
     (count,) = [plan for sql, plan in plans.items() if "COUNT(*)" in sql and state in sql]
-    assert "outbox_due_idx" in count and "outbox_ordered_due_idx" in count
+    # The ordered part may read the key's unfinished events instead: an index on the same rows.
+    assert "outbox_due_idx" in count
+    assert "outbox_ordered_due_idx" in count or "outbox_key_unfinished_idx" in count
 
 
 @pytest.mark.django_db(databases=["default", "lite"])

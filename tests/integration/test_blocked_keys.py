@@ -43,8 +43,8 @@ POISON = "struct.error: 'q' format requires -2**63 <= number <= 2**63-1"
 
 
 def key_rows(key: str, *statuses: str, destination: str = "orders") -> list[OutboxMessage]:
-    """Rows 1, 2, 3, ... of ``key`` in these states; an ABANDONED one has an error and
-    was abandoned three hours ago."""
+    """Rows 1, 2, 3, ... of ``key`` in these states; an ABANDONED or FAILED one has an
+    error, and an ABANDONED one was abandoned three hours ago."""
     hours_ago = timezone.now() - dt.timedelta(hours=3)
     return [
         OutboxMessage.objects.create(
@@ -54,7 +54,7 @@ def key_rows(key: str, *statuses: str, destination: str = "orders") -> list[Outb
             ordering_key=key,
             sequence=n,
             status=status,
-            last_error=POISON if status == Status.ABANDONED else "",
+            last_error=POISON if status in (Status.ABANDONED, Status.FAILED) else "",
             abandoned_at=hours_ago if status == Status.ABANDONED else None,
             published_at=timezone.now() if status == Status.PUBLISHED else None,
         )
@@ -470,10 +470,11 @@ def test_skip_on_sqlite_waits_for_another_writer_instead_of_failing(tmp_path):
     heads = (
         "for i in range(11, 21):\n"
         "    OutboxMessage.objects.filter(id=i).update(\n"
-        '        status="abandoned", ordering_key=f"k{i}", sequence=1)\n'
+        '        status="abandoned", abandoned_at=Now(), ordering_key=f"k{i}", sequence=1)\n'
     )
     script = sqlite_script.SCRIPT.replace(
-        'OutboxMessage.objects.filter(id__gt=10).update(status="abandoned")  # for the requeue\n',
+        "# for the requeue\n"
+        'OutboxMessage.objects.filter(id__gt=10).update(status="abandoned", abandoned_at=Now())\n',
         heads,
     )
     assert heads in script

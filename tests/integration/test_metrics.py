@@ -98,6 +98,7 @@ def test_a_relay_serves_its_counts_and_the_backlog_read_from_the_database(destin
     blocked_key(ordered)
     OutboxMessage.objects.create(  # waits for its retry an hour from now
         event_type="t", destination=destination, payload={}, status=Status.FAILED, attempts=1,
+        last_error="RuntimeError: failed",
         available_at=timezone.now() + dt.timedelta(hours=1),
     )  # fmt: skip
     port = free_port()

@@ -32,11 +32,12 @@ def _row(using: str, status: Status | None = None, **fields) -> OutboxMessage:
 
 
 def _lease(minutes: float, token: uuid.UUID | None = None) -> dict:
-    """PROCESSING under ``token`` until ``minutes`` from now (negative: expired)."""
+    """PROCESSING under ``token`` until ``minutes`` from now (negative: expired), as a
+    claim leaves a row: due since before the claim, the lease in ``locked_until`` alone."""
     until = timezone.now() + dt.timedelta(minutes=minutes)
     return {
         "status": Status.PROCESSING,
-        "available_at": until,
+        "available_at": timezone.now() - dt.timedelta(hours=1),
         "locked_until": until,
         "locked_by": "relay:1",
         "lease_token": token or uuid.uuid4(),
@@ -68,6 +69,7 @@ def test_claim_leases_due_rows_and_reclaims_expired_leases_only(using):
             "w:2",
         )
         assert fresh.locked_until > timezone.now() + dt.timedelta(seconds=50)
+        assert fresh.available_at == row.available_at  # the lease is locked_until alone
     assert _fresh(using, live).lease_token == live.lease_token
     assert _fresh(using, published).status == Status.PUBLISHED
     assert _claim(using, uuid.uuid4()) == []

@@ -67,7 +67,7 @@ class Command(BaseCommand):
         )
         redo = OutboxMessage.objects.order_by("-id").values_list("id", flat=True)[:again]
         OutboxMessage.objects.filter(id__in=list(redo)).update(
-            status=OutboxMessage.Status.PENDING, available_at=Now()
+            status=OutboxMessage.Status.PENDING, available_at=Now(), published_at=None
         )
         call_command("run_outbox_relay", "--drain", stdout=self.stdout)
         second = self._consume()
