@@ -286,7 +286,9 @@ def test_a_head_locked_by_a_claim_in_progress_holds_back_its_whole_key(claim):
 
 def test_a_run_stops_at_a_row_not_due_and_the_cut_keeps_each_keys_prefix(claim):
     _stage_keys({"a": 4, "b": 4})
-    OutboxMessage.objects.filter(ordering_key="a", sequence=3).update(status=Status.FAILED)
+    OutboxMessage.objects.filter(ordering_key="a", sequence=3).update(
+        status=Status.FAILED, last_error="RuntimeError: failed"
+    )
     OutboxMessage.objects.filter(ordering_key="a", sequence=3).update(
         available_at=OutboxMessage.objects.get(ordering_key="a", sequence=1).created_at.replace(
             year=2999
