@@ -23,6 +23,30 @@ def agree_with_status(apps, schema_editor):
     rows.filter(status="failed", last_error="").update(last_error="(no error text)")
 
 
+MODEL = "outboxmessage"
+#: The conditions as of this migration (a migration never reads today's models).
+UNFINISHED = models.Q(published_at__isnull=True, abandoned_at__isnull=True)
+
+
+def set_exactly_in(status, column):
+    """``column`` is set on the rows in ``status`` and on no other row."""
+    return models.Q(status=status, **{f"{column}__isnull": False}) | (
+        ~models.Q(status=status) & models.Q(**{f"{column}__isnull": True})
+    )
+
+
+def add_index(name, fields, condition):
+    return migrations.AddIndex(
+        model_name=MODEL, index=models.Index(condition=condition, fields=fields, name=name)
+    )
+
+
+def add_check(name, condition):
+    return migrations.AddConstraint(
+        model_name=MODEL, constraint=models.CheckConstraint(condition=condition, name=name)
+    )
+
+
 class Migration(migrations.Migration):
     dependencies = [
         ("django_outbox", "0007_outbox_fillfactor"),
@@ -30,127 +54,31 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RunPython(agree_with_status, migrations.RunPython.noop),
-        migrations.RemoveConstraint(
-            model_name="outboxmessage",
-            name="outbox_key_unfinished_idx",
+        migrations.RemoveConstraint(model_name=MODEL, name="outbox_key_unfinished_idx"),
+        *(
+            migrations.RemoveIndex(model_name=MODEL, name=f"outbox_{name}_idx")
+            for name in ("published", "abandoned", "failed", "due", "ordered_due")
         ),
-        migrations.RemoveIndex(
-            model_name="outboxmessage",
-            name="outbox_published_idx",
+        add_index(
+            "outbox_due_idx", ["available_at", "id"], UNFINISHED & models.Q(sequence__isnull=True)
         ),
-        migrations.RemoveIndex(
-            model_name="outboxmessage",
-            name="outbox_abandoned_idx",
+        add_index(
+            "outbox_ordered_due_idx",
+            ["available_at", "id"],
+            UNFINISHED & models.Q(sequence__isnull=False),
         ),
-        migrations.RemoveIndex(
-            model_name="outboxmessage",
-            name="outbox_failed_idx",
-        ),
-        migrations.RemoveIndex(
-            model_name="outboxmessage",
-            name="outbox_due_idx",
-        ),
-        migrations.RemoveIndex(
-            model_name="outboxmessage",
-            name="outbox_ordered_due_idx",
-        ),
-        migrations.AddIndex(
-            model_name="outboxmessage",
-            index=models.Index(
-                condition=models.Q(
-                    ("abandoned_at__isnull", True),
-                    ("published_at__isnull", True),
-                    ("sequence__isnull", True),
-                ),
-                fields=["available_at", "id"],
-                name="outbox_due_idx",
-            ),
-        ),
-        migrations.AddIndex(
-            model_name="outboxmessage",
-            index=models.Index(
-                condition=models.Q(
-                    ("abandoned_at__isnull", True),
-                    ("published_at__isnull", True),
-                    ("sequence__isnull", False),
-                ),
-                fields=["available_at", "id"],
-                name="outbox_ordered_due_idx",
-            ),
-        ),
-        migrations.AddIndex(
-            model_name="outboxmessage",
-            index=models.Index(
-                condition=models.Q(
-                    ("abandoned_at__isnull", True),
-                    ("published_at__isnull", True),
-                    models.Q(("last_error", ""), _negated=True),
-                ),
-                fields=["available_at"],
-                name="outbox_failed_idx",
-            ),
-        ),
-        migrations.AddIndex(
-            model_name="outboxmessage",
-            index=models.Index(
-                condition=models.Q(("published_at__isnull", False)),
-                fields=["published_at"],
-                name="outbox_published_idx",
-            ),
-        ),
-        migrations.AddIndex(
-            model_name="outboxmessage",
-            index=models.Index(
-                condition=models.Q(("abandoned_at__isnull", False)),
-                fields=["abandoned_at"],
-                name="outbox_abandoned_idx",
-            ),
-        ),
+        add_index("outbox_failed_idx", ["available_at"], UNFINISHED & ~models.Q(last_error="")),
+        add_index("outbox_published_idx", ["published_at"], models.Q(published_at__isnull=False)),
+        add_index("outbox_abandoned_idx", ["abandoned_at"], models.Q(abandoned_at__isnull=False)),
+        add_check("outbox_published_at_iff_published", set_exactly_in("published", "published_at")),
+        add_check("outbox_abandoned_at_iff_abandoned", set_exactly_in("abandoned", "abandoned_at")),
         migrations.AddConstraint(
-            model_name="outboxmessage",
-            constraint=models.CheckConstraint(
-                condition=models.Q(
-                    models.Q(("published_at__isnull", False), ("status", "published")),
-                    models.Q(
-                        models.Q(("status", "published"), _negated=True),
-                        ("published_at__isnull", True),
-                    ),
-                    _connector="OR",
-                ),
-                name="outbox_published_at_iff_published",
-            ),
-        ),
-        migrations.AddConstraint(
-            model_name="outboxmessage",
-            constraint=models.CheckConstraint(
-                condition=models.Q(
-                    models.Q(("abandoned_at__isnull", False), ("status", "abandoned")),
-                    models.Q(
-                        models.Q(("status", "abandoned"), _negated=True),
-                        ("abandoned_at__isnull", True),
-                    ),
-                    _connector="OR",
-                ),
-                name="outbox_abandoned_at_iff_abandoned",
-            ),
-        ),
-        migrations.AddConstraint(
-            model_name="outboxmessage",
+            model_name=MODEL,
             constraint=models.UniqueConstraint(
-                condition=models.Q(("published_at__isnull", True), ("sequence__isnull", False)),
+                condition=models.Q(sequence__isnull=False, published_at__isnull=True),
                 fields=("destination", "ordering_key", "sequence"),
                 name="outbox_key_unfinished_idx",
             ),
         ),
-        migrations.AddConstraint(
-            model_name="outboxmessage",
-            constraint=models.CheckConstraint(
-                condition=models.Q(
-                    models.Q(("status", "failed"), _negated=True),
-                    models.Q(("last_error", ""), _negated=True),
-                    _connector="OR",
-                ),
-                name="outbox_failed_has_error",
-            ),
-        ),
+        add_check("outbox_failed_has_error", ~models.Q(status="failed") | ~models.Q(last_error="")),
     ]
