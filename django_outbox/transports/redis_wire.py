@@ -26,7 +26,7 @@ import contextlib
 import dataclasses
 import itertools
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from json.encoder import encode_basestring_ascii
 from typing import Any, NamedTuple
 
@@ -180,16 +180,19 @@ class RedisWire:
     """One route's batch for kombu's Redis ``channel``: :meth:`reaches` and
     :meth:`write` per message, then :meth:`send` once.
 
-    The exchange's bindings are read once per batch, at its first message (a binding
-    made meanwhile applies from the next batch), like the lists' expiry times the
-    channel learnt when it declared the queues."""
+    The exchange's bindings come from ``bindings`` (default: the channel's
+    ``get_table``, read at the batch's first message), like the lists' expiry times
+    the channel learnt when it declared the queues."""
 
     #: Messages count as published only once :meth:`send` ran.
     deferred = True
 
-    def __init__(self, channel: Any, exchange: str) -> None:
+    def __init__(
+        self, channel: Any, exchange: str, bindings: Callable[[str], Any] | None = None
+    ) -> None:
         self._channel = channel
         self._exchange = exchange
+        self._bindings = channel.get_table if bindings is None else bindings
         self._table: list[tuple[str, str, str]] | None = None
         self._targets: dict[str, _Target] = {}
         self._pushes: dict[str, list[str]] = {}  # list -> JSON messages, in order
@@ -306,7 +309,7 @@ class RedisWire:
             return (routing_key,)
         channel = self._channel
         if self._table is None:
-            self._table = channel.get_table(self._exchange)
+            self._table = self._bindings(self._exchange)
         exchange_type = channel.typeof(self._exchange)
         queues = exchange_type.lookup(self._table, self._exchange, routing_key, None)
         if exchange_type.type == "topic":  # kombu's topic delivery skips its dead-letter queue

@@ -309,3 +309,50 @@ def test_a_kombu_whose_channel_the_writer_does_not_know_gets_kombus_producer(
         r for r in caplog.records if getattr(r, "action", "") == "outbox.redis_wire_unusable"
     ]
     assert len(unusable) == 1 and "AttributeError: x" in unusable[0].getMessage()
+
+
+def _bound_elsewhere(route: Route, queue: str, key: str) -> None:
+    """``queue`` bound to the route's exchange with ``key`` by another client."""
+    with kombu.Connection(REDIS_URL) as connection:
+        exchange = kombu.Exchange(route.exchange, route.exchange_type, durable=True)
+        kombu.Queue(queue, exchange, routing_key=key)(connection.channel()).declare()
+
+
+def test_another_clients_binding_applies_once_the_bindings_read_are_old(name, monkeypatch):
+    """The writer reads an exchange's bindings again once they are BINDINGS_MAX_AGE old:
+    within it, a queue bound meanwhile by another client gets nothing; after it, it does."""
+    route = routes(name)["direct"]
+    transport = RedisTransport(REDIS_URL)
+    try:
+        monkeypatch.setattr("django_outbox.transports.kombu.BINDINGS_MAX_AGE", 3600.0)
+        assert transport.publish(route, [message(1)]) == [None]
+        _bound_elsewhere(route, f"{name}-late", name)
+        assert transport.publish(route, [message(2)]) == [None]
+        assert {key: len(values) for key, values in lists(name).items()} == {name.encode(): 2}
+        monkeypatch.setattr("django_outbox.transports.kombu.BINDINGS_MAX_AGE", 0.0)
+        assert transport.publish(route, [message(3)]) == [None]
+    finally:
+        transport.close()
+    assert {key: len(values) for key, values in lists(name).items()} == {
+        name.encode(): 1,
+        f"{name}-late".encode(): 1,
+    }
+
+
+def test_a_route_the_transport_declares_is_routed_to_at_once(name, monkeypatch):
+    """A route declared by the transport itself (a binding of its own) is in the bindings
+    its next batch reads, however young the ones read before: its messages are not
+    unroutable."""
+    monkeypatch.setattr("django_outbox.transports.kombu.BINDINGS_MAX_AGE", 3600.0)
+    first = routes(name)["direct"]
+    second = dataclasses.replace(first, routing_key=f"{name}-2", queue=f"{name}-2")
+    transport = RedisTransport(REDIS_URL)
+    try:
+        assert transport.publish(first, [message(1)]) == [None]
+        assert transport.publish(second, [message(2)]) == [None]
+    finally:
+        transport.close()
+    assert {key: len(values) for key, values in lists(name).items()} == {
+        name.encode(): 1,
+        f"{name}-2".encode(): 1,
+    }
