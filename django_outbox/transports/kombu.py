@@ -69,9 +69,6 @@ FAILOVER_STRATEGY = "round-robin"
 #: Seconds until the rows of a route whose queue the broker refused are due again,
 #: and between two ERROR records about the same refusal.
 REFUSED_RETRY_DELAY = 30.0
-#: Seconds the relay's Redis writer trusts the bindings of an exchange it read
-#: (:meth:`RedisTransport._bindings`).
-BINDINGS_MAX_AGE = 0.1
 #: About how many bytes of a batch's frames go to the socket in one write.
 WRITE_SIZE = 256 * 1024
 #: Errors that mean "the message could not be encoded": retrying cannot help.
@@ -814,36 +811,15 @@ class RedisTransport(KombuTransport):
     #: The channel :meth:`RedisWire.unusable` last checked, and what it said.
     _wire_checked: tuple[Any, str] = (None, "")
 
-    def __init__(self, url: str, *args: Any, **kwargs: Any) -> None:
-        super().__init__(url, *args, **kwargs)
-        #: exchange -> (the channel, its routes declared, when (monotonic), the bindings)
-        self._tables: dict[str, tuple[Any, int, float, Any]] = {}
-
     @contextlib.contextmanager
     def _writer(self, route: Route, size: int) -> Iterator[_Writer]:
         if self._wire_unusable() or not RedisWire.takes(self._channel, route.exchange):
             with super()._writer(route, size) as writer:
                 yield writer
             return
-        wire = RedisWire(self._channel, route.exchange, self._bindings)
+        wire = RedisWire(self._channel, route.exchange)
         yield wire
         wire.send()
-
-    def _bindings(self, exchange: str) -> Any:
-        """The exchange's bindings (kombu's ``get_table``), read again once they are
-        ``BINDINGS_MAX_AGE`` old, and at once after this connection declared a route (its
-        own bindings) or on a new channel. A round trip on the relay's thread each, which
-        was a tenth of its time when it came with every batch: a binding someone else
-        makes applies within ``BINDINGS_MAX_AGE`` (kombu's producer reads them for every
-        message; no broker orders a binding against a publish already under way)."""
-        channel, now = self._channel, time.monotonic()
-        read = self._tables.get(exchange)
-        if read is not None and read[:2] == (channel, len(self._declared)):
-            if now - read[2] < BINDINGS_MAX_AGE:
-                return read[3]
-        table = channel.get_table(exchange)
-        self._tables[exchange] = (channel, len(self._declared), now, table)
-        return table
 
     def _wire_unusable(self) -> str:
         """Why the relay's Redis writer cannot serve this connection's channel ("": it

@@ -22,11 +22,9 @@ write something else (a fanout exchange: PUB/SUB; a body encoding other than bas
 from __future__ import annotations
 
 import binascii
-import contextlib
 import dataclasses
 import itertools
 import uuid
-from collections.abc import Callable, Iterator
 from json.encoder import encode_basestring_ascii
 from typing import Any, NamedTuple
 
@@ -97,25 +95,6 @@ def headers_json(message: ClaimedMessage, event_id: str, occurred_at: str | None
     return "".join(parts)
 
 
-@contextlib.contextmanager
-def _one_write(pipe: Any) -> Iterator[None]:
-    """``pipe.execute()`` inside writes its commands to the socket in one ``sendall``.
-
-    redis-py packs a pipeline into pieces of about 6 KB and writes each with a
-    ``sendall`` of its own, which lets go of the GIL: a batch of 500 messages was about
-    85 writes, and after each one the relay's thread waited to get the GIL back from
-    its claim thread (a fifth of its time in the Redis drains). The pipeline's own
-    connection, taken from its pool here (the pipeline gives it back when it resets),
-    joins the pieces first for as long as this lasts."""
-    connection = pipe.connection = pipe.connection_pool.get_connection()
-    pack = connection.pack_commands
-    connection.pack_commands = lambda commands: [b"".join(pack(commands))]
-    try:
-        yield
-    finally:
-        del connection.pack_commands  # the class's own again
-
-
 class WireFormatError(RuntimeError):
     """kombu's message JSON has a shape this module does not know (another kombu
     version): nothing is sent, and the relay logs the error."""
@@ -180,19 +159,16 @@ class RedisWire:
     """One route's batch for kombu's Redis ``channel``: :meth:`reaches` and
     :meth:`write` per message, then :meth:`send` once.
 
-    The exchange's bindings come from ``bindings`` (default: the channel's
-    ``get_table``, read at the batch's first message), like the lists' expiry times
-    the channel learnt when it declared the queues."""
+    The exchange's bindings are read once per batch, at its first message (a binding
+    made meanwhile applies from the next batch), like the lists' expiry times the
+    channel learnt when it declared the queues."""
 
     #: Messages count as published only once :meth:`send` ran.
     deferred = True
 
-    def __init__(
-        self, channel: Any, exchange: str, bindings: Callable[[str], Any] | None = None
-    ) -> None:
+    def __init__(self, channel: Any, exchange: str) -> None:
         self._channel = channel
         self._exchange = exchange
-        self._bindings = channel.get_table if bindings is None else bindings
         self._table: list[tuple[str, str, str]] | None = None
         self._targets: dict[str, _Target] = {}
         self._pushes: dict[str, list[str]] = {}  # list -> JSON messages, in order
@@ -285,8 +261,7 @@ class RedisWire:
             for queue in expires.keys() & written:
                 for step in channel.priority_steps:
                     pipe.pexpire(channel._q_for_pri(queue, step), expires[queue])
-            with _one_write(pipe):
-                pipe.execute()
+            pipe.execute()
 
     def _target(self, routing_key: str) -> _Target:
         target = self._targets.get(routing_key)
@@ -309,7 +284,7 @@ class RedisWire:
             return (routing_key,)
         channel = self._channel
         if self._table is None:
-            self._table = self._bindings(self._exchange)
+            self._table = channel.get_table(self._exchange)
         exchange_type = channel.typeof(self._exchange)
         queues = exchange_type.lookup(self._table, self._exchange, routing_key, None)
         if exchange_type.type == "topic":  # kombu's topic delivery skips its dead-letter queue
