@@ -84,7 +84,9 @@ def test_a_worker_runs_each_relayed_task_once_though_every_task_arrives_twice(
             what=f"the worker to run {TASKS} tasks",
         )
         # The relay publishes them all again (as after a crash before finalize).
-        OutboxMessage.objects.update(status=OutboxMessage.Status.PENDING, available_at=Now())
+        OutboxMessage.objects.update(
+            status=OutboxMessage.Status.PENDING, available_at=Now(), published_at=None
+        )
         relay_all()
         wait_until(lambda: queue_settled(celery_queue), timeout=300, what="the queue to drain")
     finally:

@@ -81,7 +81,9 @@ def run_consumer(queue: str, *args: str, timeout: float = 300, **outbox) -> dict
 
 def republish_everything() -> None:
     """Make the relay publish every event again, as a crashed relay would."""
-    OutboxMessage.objects.update(status=OutboxMessage.Status.PENDING, available_at=Now())
+    OutboxMessage.objects.update(
+        status=OutboxMessage.Status.PENDING, available_at=Now(), published_at=None
+    )
 
 
 def expected(received: int, **counts: int) -> dict[str, int]:

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from django_outbox import db, stage
 from django_outbox.conf import outbox_settings
+from django_outbox.db import postgresql
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import Relay, _Batch
 from django_outbox.signals import event_abandoned, event_failed, event_published
@@ -403,10 +404,10 @@ def test_celery_route_sends_a_task_with_the_event_id_as_task_id(destination):
     app.close()
 
 
+#: The claim's own condition (the named query claim_due), unordered rows, oldest first.
 DUE_SQL = (
     "SELECT id FROM django_outbox_outboxmessage "
-    "WHERE status IN ('pending', 'failed', 'processing') AND available_at <= now() "
-    "AND sequence IS NULL "
+    f"WHERE {postgresql._due_sql('now()')} AND sequence IS NULL "
     "ORDER BY available_at, id LIMIT 100"
 )
 
