@@ -185,7 +185,11 @@ def _update_followers(
     ``which(key, the head's time)``."""
     total = 0
     for after in _per_key(heads, "sequence__gt", which):
-        rows = OutboxMessage.objects.using(using).filter(after, status=OutboxStatus.PENDING)
+        rows = OutboxMessage.objects.using(using).filter(
+            after,
+            status=OutboxStatus.PENDING,
+            published_at__isnull=True,  # the key's index
+        )
         total += rows.update(available_at=available_at)
     return total
 

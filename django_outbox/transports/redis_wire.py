@@ -61,13 +61,13 @@ _STANDARD_HEADERS = ORDERING_HEADERS | {
 }
 
 
-def headers_json(message: ClaimedMessage, event_id: str, occurred_at: str | None = None) -> str:
+def headers_json(message: ClaimedMessage, event_id: str) -> str:
     """kombu's JSON of ``message.wire_headers()`` (the same text; ``event_id`` is the
-    message's event id as text, ``occurred_at`` its ``created_at`` in ISO 8601 when the
-    caller has it), written from its parts without the dict and the encoder's walk over
-    it, which were a sixth of the relay's time per message on Redis. User headers are
-    encoded by kombu's encoder as they are in the dict; one named like a standard
-    header, or headers that are not a dict, send the whole through it (and its error)."""
+    message's event id as text), written from its parts without the dict and the
+    encoder's walk over it, which were a sixth of the relay's time per message on
+    Redis. User headers are encoded by kombu's encoder as they are in the dict; one
+    named like a standard header, or headers that are not a dict, send the whole
+    through it (and its error)."""
     user = message.headers
     if type(user) is not dict or (user and not _STANDARD_HEADERS.isdisjoint(user)):
         return _encode_headers(message.wire_headers())
@@ -82,7 +82,7 @@ def headers_json(message: ClaimedMessage, event_id: str, occurred_at: str | None
         '", "event_type": ',
         encode_basestring_ascii(message.event_type),
         ', "occurred_at": "',
-        occurred_at or message.created_at.isoformat(),
+        message.created_at.isoformat(),
         '", "ordering_key": ',
         encode_basestring_ascii(key) if key else "null",
     ]
@@ -176,11 +176,6 @@ class RedisWire:
         # 48 bits replaced by a serial number (uuid4() per message cost a tenth of it all).
         self._tag_prefix = str(uuid.uuid4())[:24]
         self._serials = itertools.count()
-        # The last message's created_at and its ISO text: the events staged in one
-        # transaction share it (the database's transaction time), and isoformat() was a
-        # twelfth of the relay's CPU per message when they came in a batch together.
-        # (Equal instants in two zones are different texts: the zone is compared too.)
-        self._occurred: tuple[Any, Any, str] = (None, None, "")
 
     @staticmethod
     def unusable(channel: Any) -> str:
@@ -218,17 +213,12 @@ class RedisWire:
         target = self._targets[routing_key]
         head, after_body, after_headers, after_id, tail = target.parts
         event_id = str(message.event_id)
-        at = message.created_at
-        created, zone, occurred_at = self._occurred
-        if at != created or at.tzinfo is not zone:
-            occurred_at = at.isoformat()
-            self._occurred = (at, at.tzinfo, occurred_at)
         text = "".join(
             (
                 head,
                 binascii.b2a_base64(message.body, newline=False).decode("ascii"),
                 after_body,
-                headers_json(message, event_id, occurred_at),
+                headers_json(message, event_id),
                 after_headers,
                 event_id,  # a UUID's text: nothing to escape
                 after_id,
