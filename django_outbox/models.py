@@ -56,6 +56,10 @@ def _set_exactly_in(status: OutboxStatus, column: str) -> models.Q:
 #: unfinished events, so that a claim, which changes ``status`` and the lease only,
 #: writes a HOT update (no index entry; docs/relay.md).
 UNFINISHED = models.Q(published_at__isnull=True, abandoned_at__isnull=True)
+#: An ordered key's unfinished events (ABANDONED ones too: they block the key), as
+#: ``outbox_key_unfinished_idx`` says it; the probes of a key's head use it so as to
+#: read that index.
+KEY_UNFINISHED = models.Q(published_at__isnull=True)
 #: FAILED rows among the unfinished ones, told without ``status`` as well: a failure
 #: always writes a ``last_error`` (store._mark_failed). The condition of
 #: ``outbox_failed_idx``, which a claim out of FAILED leaves the row in.
@@ -180,7 +184,7 @@ class OutboxMessage(models.Model):
             # (OutboxSequence), which numbers each key's events 1, 2, 3, ... once.
             models.UniqueConstraint(
                 fields=["destination", "ordering_key", "sequence"],
-                condition=models.Q(sequence__isnull=False, published_at__isnull=True),
+                condition=KEY_UNFINISHED & models.Q(sequence__isnull=False),
                 name="outbox_key_unfinished_idx",
             ),
         ]

@@ -26,7 +26,14 @@ from .db import (
     infers_partial_indexes,
     read_backlog,
 )
-from .models import UNFINISHED, InboxFailure, OutboxMessage, OutboxQuerySet, OutboxStatus
+from .models import (
+    KEY_UNFINISHED,
+    UNFINISHED,
+    InboxFailure,
+    OutboxMessage,
+    OutboxQuerySet,
+    OutboxStatus,
+)
 from .store import heads
 
 TOP_KEYS = 10
@@ -275,7 +282,7 @@ def blocked_keys(using: str = "default", *, top: int = TOP_BLOCKED) -> BlockedKe
             ordering_key=OuterRef("ordering_key"),
             sequence__gt=OuterRef("sequence"),
         )
-        .filter(published_at__isnull=True)  # unfinished: outbox_key_unfinished_idx
+        .filter(KEY_UNFINISHED)
         .order_by()
         .values("destination")
         .annotate(n=Count("id"))

@@ -54,7 +54,7 @@ from .conf import outbox_settings
 from .envelope import ClaimedBatch
 from .exceptions import RequeueRefused, SkipRefused
 from .expressions import now_plus
-from .models import REQUEUEABLE, OutboxMessage, OutboxQuerySet, OutboxStatus
+from .models import KEY_UNFINISHED, REQUEUEABLE, OutboxMessage, OutboxQuerySet, OutboxStatus
 
 logger = logging.getLogger(__name__)
 
@@ -186,9 +186,7 @@ def _update_followers(
     total = 0
     for after in _per_key(heads, "sequence__gt", which):
         rows = OutboxMessage.objects.using(using).filter(
-            after,
-            status=OutboxStatus.PENDING,
-            published_at__isnull=True,  # the key's index
+            after, KEY_UNFINISHED, status=OutboxStatus.PENDING
         )
         total += rows.update(available_at=available_at)
     return total
@@ -465,9 +463,8 @@ def heads(rows: OutboxQuerySet) -> OutboxQuerySet:
         sequence__lt=models.OuterRef("sequence"),
         sequence__isnull=False,
     )
-    unfinished = models.Q(published_at__isnull=True)  # as outbox_key_unfinished_idx says it
-    return rows.filter(unfinished, sequence__isnull=False).filter(
-        ~models.Exists(earlier.filter(unfinished))
+    return rows.filter(KEY_UNFINISHED, sequence__isnull=False).filter(
+        ~models.Exists(earlier.filter(KEY_UNFINISHED))
     )
 
 

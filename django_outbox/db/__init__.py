@@ -336,13 +336,13 @@ def _candidates(due: models.QuerySet[Any], limit: int, *, ordered: bool = True) 
 def _is_head() -> models.Q:
     """An ordered row with no unfinished row of its key before it (named query
     ``ordered_gate`` of the PostgreSQL claim)."""
-    from ..models import OutboxMessage
+    from ..models import KEY_UNFINISHED, OutboxMessage
 
     earlier = OutboxMessage.objects.filter(
+        KEY_UNFINISHED,
         destination=models.OuterRef("destination"),
         ordering_key=models.OuterRef("ordering_key"),
         sequence__lt=models.OuterRef("sequence"),
-        published_at__isnull=True,  # unfinished, as outbox_key_unfinished_idx says it
     )
     return models.Q(models.Q(sequence__isnull=False), ~models.Exists(earlier))
 
