@@ -838,6 +838,8 @@ class Relay:
             more_due = len(claim.messages) == self.batch_size
             if more_due and not (state.stop.is_set() or state.brokers_down()):
                 state.ahead = state.pipeline.claim_ahead()
+            # The batch before the last one is reported now, while the next claim runs.
+            state.pipeline.collect(everything=False)
             batch = self._publish_claim(claim)
             frees = _frees_rows(batch)
             state.freeing |= frees
@@ -847,8 +849,8 @@ class Relay:
             # A NOTIFY came (or the listener broke): claim at once, as after a batch that
             # did not catch up.
             state.caught_up = False
-        # A batch the relay rests after is reported before the rest.
-        state.pipeline.collect(everything=batch is None or state.caught_up)
+        if batch is None or state.caught_up:
+            state.pipeline.collect(everything=True)  # reported before the rest
         state.database.recovered()
         return batch
 

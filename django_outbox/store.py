@@ -291,8 +291,13 @@ def backdate_due(using: str, now: dt.datetime) -> int:
 
     For :func:`django_outbox.testing.drain` inside a transaction, where the database
     clock stands still at the transaction's start, before the rows were staged; any
-    time before it will do, since the claim leases them at once. Returns how many."""
-    return OutboxMessage.objects.using(using).due(now).update(available_at=_LONG_AGO)
+    time before it will do, since the claim leases them at once. A PROCESSING row due
+    at ``now`` had its lease run out: its end (``locked_until``, which the claim reads
+    for a lease) is backdated too. Returns how many."""
+    due = OutboxMessage.objects.using(using).due(now)
+    expired = due.filter(status=OutboxStatus.PROCESSING)
+    leases = expired.update(available_at=_LONG_AGO, locked_until=_LONG_AGO)
+    return leases + due.exclude(status=OutboxStatus.PROCESSING).update(available_at=_LONG_AGO)
 
 
 def _selection(using: str, rows: OutboxQuerySet | None) -> OutboxQuerySet:

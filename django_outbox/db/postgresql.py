@@ -169,6 +169,22 @@ def _utc(micros: int) -> dt.datetime:
 
 
 def _created_at(connection: BaseDatabaseWrapper) -> Callable[[int], dt.datetime]:
+    """How one claim reads its ``created_at`` column (:func:`_to_datetime`), once per
+    distinct value: the events staged in one transaction share the transaction's time,
+    and then one datetime object, which the Redis writer formats once."""
+    convert = _to_datetime(connection)
+    seen: dict[int, dt.datetime] = {}
+
+    def read(micros: int) -> dt.datetime:
+        at = seen.get(micros)
+        if at is None:
+            at = seen[micros] = convert(micros)
+        return at
+
+    return read
+
+
+def _to_datetime(connection: BaseDatabaseWrapper) -> Callable[[int], dt.datetime]:
     """How the claim's ``created_at`` becomes what Django returns for a stored datetime
     on ``connection``: aware in the connection's time zone with ``USE_TZ`` (UTC unless
     ``DATABASES[...]["TIME_ZONE"]`` says otherwise), naive in ``TIME_ZONE`` without."""

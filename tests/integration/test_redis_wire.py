@@ -276,6 +276,32 @@ def test_a_redis_gone_while_the_pipeline_runs_fails_the_whole_batch_and_counts_a
     assert len(lists(name)[name.encode()]) == 1  # the first batch only
 
 
+def test_an_error_reply_fails_the_batch_and_leaves_the_connection_in_step(name):
+    """An error reply (here WRONGTYPE: the queue's list key holds a string; the batch
+    is two LPUSHes of its 501 messages, so two of them) fails every message of the
+    batch, and the next batch on the same transport is written and counted. (The writer
+    reads every reply before it raises; redis-py's pool would also drop a connection
+    given back with replies unread, so this test cannot tell the two apart.)"""
+    route = routes(name)["direct"]
+    client = redis.Redis.from_url(REDIS_URL)
+    transport = RedisTransport(REDIS_URL)
+    later = [message(5), message(6)]
+    try:
+        assert transport.publish(route, [message(1)]) == [None]  # declares the queue
+        client.delete(name)
+        client.set(name, "not a list")
+        outcomes = transport.publish(route, [message(n, id=n) for n in range(10, 511)])
+        client.delete(name)
+        assert transport.publish(route, later) == [None, None]
+    finally:
+        transport.close()
+        client.close()
+    assert len(outcomes) == 501 and all(isinstance(outcome, Failure) for outcome in outcomes)
+    assert "WRONGTYPE" in outcomes[0].error
+    written = [json.loads(text)["properties"]["message_id"] for text in lists(name)[name.encode()]]
+    assert written == [str(m.event_id) for m in later]
+
+
 def test_a_kombu_whose_channel_the_writer_does_not_know_gets_kombus_producer(
     name, monkeypatch, caplog
 ):

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 from django.db import connections, transaction
@@ -102,6 +103,21 @@ class _Helpers:
         assert rows.filter(status=OutboxStatus.PUBLISHED).count() == 3
         assert rows.get(event_type="order.later").status == OutboxStatus.PENDING
         assert drain(using=self.using) == []
+
+    def test_drain_reclaims_a_lease_that_ran_out_by_the_wall_clock(self):
+        """A relay's lease that ran out after the test's transaction began (by the wall
+        clock, not by the transaction's): drain() claims the row again, as a relay would."""
+        _stage("order.leased", self.using)
+        time.sleep(0.05)  # the lease below ends after the transaction's clock
+        rows = OutboxMessage.objects.using(self.using)
+        rows.update(
+            status=OutboxStatus.PROCESSING,
+            locked_until=timezone.now() - dt.timedelta(milliseconds=10),
+            locked_by="gone:1",
+        )
+
+        assert [e.event_type for e in drain(using=self.using)] == ["order.leased"]
+        assert rows.get().status == OutboxStatus.PUBLISHED
 
 
 class HelpersOnPostgreSQL(_Helpers, TestCase):
