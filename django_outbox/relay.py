@@ -27,6 +27,7 @@ import functools
 import itertools
 import logging
 import random
+import sys
 import threading
 import time
 import uuid
@@ -736,7 +737,7 @@ class Relay:
         progress when ``stop`` is set is finished first, so its rows are not left
         PROCESSING.
         """
-        with self._running(stop, drain, on_batch) as state:
+        with _quick_switches(), self._running(stop, drain, on_batch) as state:
             if not drain:  # relays started together (a deploy) do not claim and poll in step
                 stop.wait(random.uniform(0, outbox_settings.START_JITTER))
             while state.going():  # until stopped (the claim made ahead published) or drained
@@ -932,6 +933,27 @@ class Relay:
         else:
             broker = f"the broker {mask_url(known.url)}"
         return broker
+
+
+#: The interpreter's thread switch interval while :meth:`Relay.run` runs (seconds;
+#: CPython's default is 5 ms). The relay's thread publishes in pure Python for
+#: milliseconds on end, and a database thread whose statement came back waited up to the
+#: interval for the GIL before it could read the rows and send the next claim. In eight
+#: alternated Redis drains of 20,000 events each, 1 ms against 5: `redis_vs_pipeline`
+#: 0.287 against 0.274 (six pairs in favour).
+SWITCH_INTERVAL = 0.001
+
+
+@contextlib.contextmanager
+def _quick_switches() -> Iterator[None]:
+    """Run with a switch interval of at most :data:`SWITCH_INTERVAL`; the one before is
+    set back at the end."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, SWITCH_INTERVAL))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 #: Seconds a relay whose batch caught up (finalized at once, on the relay's thread) waits

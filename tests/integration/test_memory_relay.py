@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import pytest
 from django.test import override_settings
 
 from django_outbox.models import OutboxMessage
-from django_outbox.relay import Relay
+from django_outbox.relay import SWITCH_INTERVAL, Relay
 from django_outbox.transports import memory
 from tests.support import stage_events, unique_destination
 
@@ -58,3 +59,22 @@ def test_an_unroutable_message_fails_on_the_memory_broker_as_on_any_other():
     assert memory.sent() == []
     (error,) = set(OutboxMessage.objects.values_list("last_error", flat=True))
     assert error.startswith("unroutable: no queue is bound to exchange")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_running_relay_switches_threads_quickly_and_sets_the_interval_back():
+    """While ``Relay.run`` runs, the interpreter switches threads every millisecond at
+    most (its database threads get the GIL back soon after their statement returns);
+    the interval before it is set back when it returns."""
+    destination = unique_destination("orders")
+    seen = []
+    before = sys.getswitchinterval()
+    assert before > SWITCH_INTERVAL  # CPython's default, 5 ms
+    outbox = {"BROKERS": {"default": {"URL": "memory://"}}, "ROUTES": {destination: {}}}
+    with override_settings(OUTBOX=outbox):
+        stage_events(2, destination)
+        Relay().run(
+            threading.Event(), drain=True, on_batch=lambda _: seen.append(sys.getswitchinterval())
+        )
+    assert seen and set(seen) == {SWITCH_INTERVAL}
+    assert sys.getswitchinterval() == before
