@@ -75,6 +75,12 @@ class Pipeline(Generic[ClaimT, BatchT, DoneT]):
         return [executor for executor in (self._claimer, self._finalizer) if executor]
 
     @property
+    def threaded(self) -> bool:
+        """Whether the claims ahead and the finalizes run on threads of their own (else
+        nothing is claimed ahead and each batch is finalized when collected)."""
+        return self._finalizer is not None
+
+    @property
     def pending(self) -> bool:
         """Whether a batch handed to :meth:`finalize` is not collected yet."""
         return bool(self._pending)

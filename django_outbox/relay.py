@@ -850,8 +850,10 @@ class Relay:
             # A NOTIFY came (or the listener broke): claim at once, as after a batch that
             # did not catch up.
             state.caught_up = False
-        if batch is None or state.caught_up:
-            state.pipeline.collect(everything=True)  # reported before the rest
+        if batch is None or state.caught_up or not state.pipeline.threaded:
+            # Before the rest, and, without database threads, before the next claim (which
+            # would miss the rows this batch frees: an ordered key's next ones).
+            state.pipeline.collect(everything=True)
         state.database.recovered()
         return batch
 

@@ -28,19 +28,26 @@
 WITH picked AS (
     {unordered_rows}
 ), heads AS (
-    SELECT id, ctid, available_at, destination, ordering_key, sequence,
-           payload::text AS body
+    SELECT id, available_at, destination, ordering_key, sequence,
+           CASE WHEN pg_column_size(payload) <= 2048 AND pg_column_compression(payload) IS NULL
+                THEN payload::text END AS body,
+           CASE WHEN pg_column_size(payload) > 2048 OR pg_column_compression(payload) IS NOT NULL
+                THEN octet_length(payload::text) END AS large
     FROM {table} AS head
     WHERE {due} AND sequence IS NOT NULL AND {ordered_gate}
     ORDER BY available_at, id
     LIMIT %s
     FOR UPDATE SKIP LOCKED
 ), runs AS (
-    SELECT run.id, run.ctid, head.available_at, head.id AS head_id, run.body,
+    SELECT run.id, head.available_at, head.id AS head_id, run.body, run.large,
            run.sequence - head.sequence AS place,
            row_number() OVER (PARTITION BY head.id ORDER BY run.sequence) AS n
     FROM heads AS head CROSS JOIN LATERAL (
-        SELECT later.id, later.ctid, later.sequence, later.payload::text AS body
+        SELECT later.id, later.sequence,
+           CASE WHEN pg_column_size(later.payload) <= 2048 AND pg_column_compression(later.payload) IS NULL
+                THEN later.payload::text END AS body,
+           CASE WHEN pg_column_size(later.payload) > 2048 OR pg_column_compression(later.payload) IS NOT NULL
+                THEN octet_length(later.payload::text) END AS large
         FROM {table} AS later
         WHERE later.destination = head.destination
           AND later.ordering_key = head.ordering_key
@@ -51,14 +58,14 @@ WITH picked AS (
         FOR UPDATE SKIP LOCKED
     ) AS run
 ), candidates AS (
-    SELECT id, ctid, 0 AS place, available_at, id AS head_id, body FROM picked
+    SELECT id, 0 AS place, available_at, id AS head_id, body, large FROM picked
     UNION ALL
-    SELECT id, ctid, 0, available_at, id, body FROM heads
+    SELECT id, 0, available_at, id, body, large FROM heads
     UNION ALL
-    SELECT id, ctid, place, available_at, head_id, body FROM runs WHERE place = n
+    SELECT id, place, available_at, head_id, body, large FROM runs WHERE place = n
 ), running AS (
-    SELECT id, ctid, body, row_number() OVER w AS n,
-           sum(octet_length(body)) OVER w AS total
+    SELECT id, body, row_number() OVER w AS n,
+           sum(coalesce(octet_length(body), large)) OVER w AS total
     FROM candidates
     WINDOW w AS (ORDER BY place, available_at, head_id)
 ), bounded AS (
@@ -75,8 +82,8 @@ WITH picked AS (
 WITH picked AS (
     {unordered_rows}
 ), running AS (
-    SELECT id, ctid, body, row_number() OVER w AS n,
-           sum(octet_length(body)) OVER w AS total
+    SELECT id, body, row_number() OVER w AS n,
+           sum(coalesce(octet_length(body), large)) OVER w AS total
     FROM picked
     WINDOW w AS (ORDER BY available_at, id)
 ), bounded AS (
@@ -97,10 +104,17 @@ SET LOCAL synchronous_commit = off
 
 -- name: claim_unordered_rows
 -- PostgreSQL, a fragment of claim and claim_unordered: the due unordered rows,
--- oldest first, locked (parameter: limit), with their payload text (the
--- bounds' size, and what the claim returns: written once) and ctid (where
--- claim_lease finds the row without an index probe).
-SELECT id, ctid, available_at, payload::text AS body FROM {table}
+-- oldest first, locked (parameter: limit), with their payload text's size: a
+-- payload stored in up to 2 KiB, uncompressed, as its text ("body": the bounds count it and
+-- the claim returns it, so it is written once), a larger one as its text's size
+-- ("large": its text is written again for the rows leased, so that a pick of 500
+-- large payloads does not hold them all, in memory or in temporary files).
+SELECT id, available_at,
+       CASE WHEN pg_column_size(payload) <= 2048 AND pg_column_compression(payload) IS NULL
+                THEN payload::text END AS body,
+           CASE WHEN pg_column_size(payload) > 2048 OR pg_column_compression(payload) IS NOT NULL
+                THEN octet_length(payload::text) END AS large
+FROM {table}
 WHERE {due} AND sequence IS NULL
 ORDER BY available_at, id
 LIMIT %s
@@ -124,18 +138,19 @@ AND (status <> {processing} OR locked_until IS NULL OR locked_until <= {clock})
 -- PostgreSQL, a fragment of claim and claim_unordered: the numbered candidates
 -- ("running") cut to limit rows and max_bytes of payload text, the first row
 -- always (parameters: limit, max_bytes), with what claim_lease needs of them.
-SELECT id, ctid, body FROM running WHERE n <= %s AND (n = 1 OR total <= %s)
+SELECT id, body FROM running WHERE n <= %s AND (n = 1 OR total <= %s)
 
 
 -- name: claim_lease
 -- PostgreSQL, the end of claim and claim_unordered: lease the rows of "bounded"
 -- and return them (parameters: lease seconds, worker, token). It writes no
 -- column an index names, so PostgreSQL updates each row in place on its page
--- (HOT: no index entry); available_at stays, the lease is locked_until. Each row is
--- found by the ctid its pick locked (the id too: a check, not a probe of the primary
--- key, which cost about 0.7 µs a row), and its payload is the text the pick wrote
--- for the byte bound (the jsonb's text written once, not twice: 1.6 µs a row less,
--- with the ctid, in EXPLAIN ANALYZE of a 500-row claim). The columns
+-- (HOT: no index entry); available_at stays, the lease is locked_until. A small
+-- payload is the text the pick wrote for the byte bound (written once, not twice:
+-- about 1 µs a row less in EXPLAIN ANALYZE of a 500-row claim). Each row is found by
+-- its id, not by the ctid its pick locked: a row another transaction updated after
+-- this statement's snapshot is locked (and re-checked) in its newest version, whose
+-- ctid the snapshot cannot see, so a TID scan would leave it out. The columns
 -- are named after ClaimedMessage's fields; created_at as microseconds since the
 -- epoch (see postgresql.claim); considered, the same in every row, counts the
 -- rows the claim picked before its row and byte bounds (more than it returns:
@@ -146,9 +161,9 @@ SET status = {processing},
     locked_by = %s,
     lease_token = %s
 FROM bounded
-WHERE o.ctid = bounded.ctid AND o.id = bounded.id
+WHERE o.id = bounded.id
 RETURNING o.id AS id, o.event_id AS event_id, o.event_type AS event_type,
-          o.destination AS destination, bounded.body AS payload,
+          o.destination AS destination, coalesce(bounded.body, o.payload::text) AS payload,
           o.headers::text AS headers, o.ordering_key AS ordering_key,
           o.attempts AS attempts,
           (extract(epoch FROM o.created_at) * 1000000)::bigint AS created_at,

@@ -3,7 +3,9 @@ real PostgreSQL and RabbitMQ."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import uuid
 
 import pytest
@@ -123,6 +125,34 @@ def test_the_row_count_bound_still_holds_under_the_byte_bound(ordered):
         ordered=ordered,
     )  # fmt: skip
     assert [m.id for m in claimed] == ids[:2]
+
+
+@pytest.mark.parametrize("ordered", [True, False], ids=["whole", "unordered"])
+def test_large_and_compressed_payloads_are_counted_and_returned_as_their_text(ordered):
+    """The claim carries a small payload's text from its pick to its result and writes a
+    larger one's again for the rows it leases (stored in over 2 KiB, or compressed): both
+    paths count the text's bytes against the bound and return the text as staged."""
+    random = {"blob": base64.b64encode(os.urandom(3000)).decode()}  # incompressible
+    payloads = [blob(1000), random, blob(5000), blob(600)]  # blob(5000) is compressed
+    ids = []
+    for payload in payloads:
+        with transaction.atomic():
+            ids.append(stage("a.b", payload, destination="d").pk)
+    table = OutboxMessage._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT pg_column_size(payload) > 2048, pg_column_compression(payload) IS NOT NULL "
+            f'FROM "{table}" ORDER BY id'
+        )
+        assert cursor.fetchall() == [(False, False), (True, False), (False, True), (False, False)]
+    texts = [json.dumps(payload) for payload in payloads]
+    token = uuid.uuid4()
+    claimed = db.claim(
+        "default", limit=500, max_bytes=sum(map(len, texts[:3])), lease_seconds=60,
+        worker="w", token=token, ordered=ordered,
+    )  # fmt: skip
+    assert [m.id for m in claimed] == ids[:3] and claimed.left_behind
+    assert [m.payload for m in claimed] == texts[:3]
 
 
 def insert_legacy_row(destination: str, size: int) -> int:
