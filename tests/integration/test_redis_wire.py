@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import decimal
+import functools
 import json
 import re
 import threading
@@ -335,3 +336,19 @@ def test_a_kombu_whose_channel_the_writer_does_not_know_gets_kombus_producer(
         r for r in caplog.records if getattr(r, "action", "") == "outbox.redis_wire_unusable"
     ]
     assert len(unusable) == 1 and "AttributeError: x" in unusable[0].getMessage()
+
+
+def test_a_kombu_json_that_writes_text_not_ascii_gets_kombus_producer(monkeypatch):
+    """The writer counts each message's size in characters, which is its size in bytes
+    because kombu's JSON escapes every character that is not ASCII (``ensure_ascii``, on
+    in kombu). With it off, the check says so, and the transport keeps kombu's producer
+    (the stand-in: kombu's own ``dumps`` with ``ensure_ascii=False``)."""
+    from django_outbox.transports import redis_wire
+
+    with kombu.Connection(REDIS_URL) as connection:
+        channel = connection.channel()
+        assert redis_wire.RedisWire.unusable(channel) == ""
+        monkeypatch.setattr(
+            redis_wire, "dumps", functools.partial(redis_wire.dumps, ensure_ascii=False)
+        )
+        assert "not ASCII" in redis_wire.RedisWire.unusable(channel)

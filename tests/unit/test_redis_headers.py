@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from django_outbox.envelope import ClaimedMessage
-from django_outbox.transports.redis_wire import _encode_headers, headers_json
+from django_outbox.transports.redis_wire import HeadersMemo, _encode_headers, headers_json
 
 BASE = ClaimedMessage(
     id=1,
@@ -69,7 +69,7 @@ def test_headers_met_before_in_a_batch_are_written_as_kombu_writes_them():
     """The writer keeps the text of headers whose values are all strings (``known``,
     one per batch): headers with equal items of other types must not get it (``1`` and
     ``True`` are equal, and so are ``0.0`` and ``-0.0``), nor headers in another order."""
-    known: dict = {}
+    known = HeadersMemo()
     runs = [
         {"tenant": "t1"},
         {"tenant": "t1"},
@@ -87,11 +87,39 @@ def test_headers_met_before_in_a_batch_are_written_as_kombu_writes_them():
         message = dataclasses.replace(BASE, headers=headers)
         expected = _encode_headers(message.wire_headers())
         assert headers_json(message, str(message.event_id), None, known) == expected
-    assert sorted(known) == [
+    assert sorted(known.users) == [
         (("note", "é"), ("tenant", "t1")),
         (("tenant", "t1"),),
         (("tenant", "t1"), ("note", "é")),
     ]
+
+
+def test_the_text_around_the_event_id_is_reused_only_for_messages_that_share_it():
+    """The writer keeps the headers' text around the event id per event type, key, time
+    and user headers (``known.around``): each message of a batch that changes one of
+    them, or is ordered or a skip marker (never kept), must still get its own text."""
+    known = HeadersMemo()
+    later = dt.datetime(2026, 1, 2, 3, 4, 6, tzinfo=dt.UTC)
+    changes = [
+        {},
+        {"event_id": uuid.UUID(int=7)},
+        {"event_type": "order.paid"},
+        {"ordering_key": "k"},
+        {"ordering_key": "k", "created_at": later},
+        {"ordering_key": "k", "created_at": later, "headers": {"tenant": "t1"}},
+        {"ordering_key": "k", "headers": {"tenant": "t2"}},
+        {"ordering_key": "k", "sequence": 1},
+        {"ordering_key": "k", "sequence": 2},
+        {"ordering_key": "k", "sequence": 2, "skipped": True},
+        {"skipped": True},
+        {},
+    ]
+    for change in changes:
+        message = dataclasses.replace(BASE, **change)
+        expected = _encode_headers(message.wire_headers())
+        occurred_at = message.created_at.isoformat()
+        assert headers_json(message, str(message.event_id), occurred_at, known) == expected
+    assert len(known.around) == 6  # the unordered messages' distinct texts
 
 
 @pytest.mark.parametrize("headers", [[1, 2], [], "abc", None], ids=repr)
