@@ -52,8 +52,15 @@ def _claim_sql(ordered: bool = True, unflushed: bool = False) -> str:
     table = {"table": OutboxMessage._meta.db_table}
     literals = {"processing": OutboxStatus.PROCESSING.value}
     due = {"due": _due_sql("now()")}
+    payload = {  # claim_payload of each pick's payload column
+        name: queries.sql("claim_payload", fragments={"payload": column})
+        for name, column in [
+            ("payload", "payload"),
+            ("later_payload", "later.payload"),  # the runs' rows (claim)
+        ]
+    }
     fragments = {
-        name: queries.sql(query, identifiers=table, literals=literals, fragments=due)
+        name: queries.sql(query, identifiers=table, literals=literals, fragments={**due, **payload})
         for name, query in [
             ("unordered_rows", "claim_unordered_rows"),
             ("bounded", "claim_bounded"),
@@ -62,7 +69,7 @@ def _claim_sql(ordered: bool = True, unflushed: bool = False) -> str:
         ]
     }
     name = "claim" if ordered else "claim_unordered"
-    statement = queries.sql(name, identifiers=table, fragments={**due, **fragments})
+    statement = queries.sql(name, identifiers=table, fragments={**due, **payload, **fragments})
     return f"{queries.sql('claim_commit_unflushed')};\n{statement}" if unflushed else statement
 
 

@@ -22,17 +22,14 @@
 -- and unordered rows by age, then the runs' first rows, their second rows, ...
 -- Each head's run is capped so that the heads' runs together about fill the
 -- batch. Due is the fragment claim_due (in the run's subquery its columns are
--- the later row's). Parameters: limit (four times), max_bytes, lease seconds,
--- worker, token. Its parts shared with claim_unordered are the fragments
--- claim_unordered_rows, claim_bounded and claim_lease.
+-- the later row's), the payload's text or size claim_payload. Parameters: limit
+-- (four times), max_bytes, lease seconds, worker, token. Its parts shared with
+-- claim_unordered are the fragments claim_unordered_rows, claim_bounded and
+-- claim_lease.
 WITH picked AS (
     {unordered_rows}
 ), heads AS (
-    SELECT id, available_at, destination, ordering_key, sequence,
-           CASE WHEN pg_column_size(payload) <= 2048 AND pg_column_compression(payload) IS NULL
-                THEN payload::text END AS body,
-           CASE WHEN pg_column_size(payload) > 2048 OR pg_column_compression(payload) IS NOT NULL
-                THEN octet_length(payload::text) END AS large
+    SELECT id, available_at, destination, ordering_key, sequence, {payload}
     FROM {table} AS head
     WHERE {due} AND sequence IS NOT NULL AND {ordered_gate}
     ORDER BY available_at, id
@@ -43,11 +40,7 @@ WITH picked AS (
            run.sequence - head.sequence AS place,
            row_number() OVER (PARTITION BY head.id ORDER BY run.sequence) AS n
     FROM heads AS head CROSS JOIN LATERAL (
-        SELECT later.id, later.sequence,
-           CASE WHEN pg_column_size(later.payload) <= 2048 AND pg_column_compression(later.payload) IS NULL
-                THEN later.payload::text END AS body,
-           CASE WHEN pg_column_size(later.payload) > 2048 OR pg_column_compression(later.payload) IS NOT NULL
-                THEN octet_length(later.payload::text) END AS large
+        SELECT later.id, later.sequence, {later_payload}
         FROM {table} AS later
         WHERE later.destination = head.destination
           AND later.ordering_key = head.ordering_key
@@ -104,21 +97,26 @@ SET LOCAL synchronous_commit = off
 
 -- name: claim_unordered_rows
 -- PostgreSQL, a fragment of claim and claim_unordered: the due unordered rows,
--- oldest first, locked (parameter: limit), with their payload text's size: a
--- payload stored in up to 2 KiB, uncompressed, as its text ("body": the bounds count it and
--- the claim returns it, so it is written once), a larger one as its text's size
--- ("large": its text is written again for the rows leased, so that a pick of 500
--- large payloads does not hold them all, in memory or in temporary files).
-SELECT id, available_at,
-       CASE WHEN pg_column_size(payload) <= 2048 AND pg_column_compression(payload) IS NULL
-                THEN payload::text END AS body,
-           CASE WHEN pg_column_size(payload) > 2048 OR pg_column_compression(payload) IS NOT NULL
-                THEN octet_length(payload::text) END AS large
+-- oldest first, locked (parameter: limit), with their payload's text or its size
+-- (claim_payload).
+SELECT id, available_at, {payload}
 FROM {table}
 WHERE {due} AND sequence IS NULL
 ORDER BY available_at, id
 LIMIT %s
 FOR UPDATE SKIP LOCKED
+
+
+-- name: claim_payload
+-- PostgreSQL, a fragment of the claims' picks: of the payload column {payload},
+-- when stored in up to 2 KiB and uncompressed, its text ("body": the bounds count
+-- it and the claim returns it, so it is written once); else its text's size
+-- ("large": its text is written again for the rows leased, so that a pick of 500
+-- large payloads does not hold them all, in memory or in temporary files).
+CASE WHEN pg_column_size({payload}) <= 2048 AND pg_column_compression({payload}) IS NULL
+     THEN {payload}::text END AS body,
+CASE WHEN pg_column_size({payload}) > 2048 OR pg_column_compression({payload}) IS NOT NULL
+     THEN octet_length({payload}::text) END AS large
 
 
 -- name: claim_due

@@ -54,6 +54,7 @@ def test_every_query_of_the_package_file_loads():
         "claim_unordered",
         "claim_commit_unflushed",
         "claim_unordered_rows",
+        "claim_payload",
         "claim_due",
         "claim_bounded",
         "claim_lease",
@@ -104,7 +105,10 @@ def test_identifiers_and_literals_are_quoted_and_escaped():
         literals={"claimable": ["a", "b'c"], "processing": "p"},
         fragments={"clock": "now()"},
     )
-    rows = queries.sql("claim_unordered_rows", identifiers=table, fragments={"due": due})
+    payload = queries.sql("claim_payload", fragments={"payload": "payload"})
+    rows = queries.sql(
+        "claim_unordered_rows", identifiers=table, fragments={"due": due, "payload": payload}
+    )
     lease = queries.sql("claim_lease", identifiers=table, literals={"processing": "p"})
     assert 'FROM "out""box"' in rows
     assert "status IN ('a', 'b''c')" in rows
