@@ -31,6 +31,7 @@ from typing import Any
 
 try:
     from celery import Task, shared_task  # type: ignore[import-untyped]
+    from celery.exceptions import Reject  # type: ignore[import-untyped]
 except ImportError as exc:  # the [celery] extra is not installed
     raise ImportError(
         "django_outbox.celery requires the celery package: "
@@ -104,7 +105,9 @@ def run_django_task(self: Task, **payload: Any) -> None:
     A task it cannot run yet (:class:`~django_outbox.taskrunner.TaskUnavailable`) and
     an error of the runner itself (the database gone mid-run) are sent again after
     ``UNAVAILABLE_RETRY_SECONDS``, never acked away: the task's own errors never get
-    here (they are its FAILED outcome)."""
+    here (they are its FAILED outcome). A retry the broker does not take is not
+    dropped as Celery would drop it (``Reject(requeue=False)``): this message goes
+    back to its queue instead (``tasks.retry_unsent``)."""
     try:
         from .taskrunner import run  # needs django.tasks: Django 6.0+
 
@@ -118,4 +121,19 @@ def run_django_task(self: Task, **payload: Any) -> None:
             UNAVAILABLE_RETRY_SECONDS,
             extra={"action": "tasks.unavailable", "result_id": str(self.request.id)},
         )
-        raise self.retry(exc=exc, countdown=UNAVAILABLE_RETRY_SECONDS) from exc
+        _retry(self, exc)
+
+
+def _retry(task: Task, exc: Exception) -> None:
+    """Have Celery send ``task``'s message again later; when that send fails (the
+    broker refused or lost it, a shutdown interrupted it), requeue this delivery."""
+    try:
+        raise task.retry(exc=exc, countdown=UNAVAILABLE_RETRY_SECONDS) from exc
+    except Reject as rejected:  # Celery's answer to a retry it could not send
+        logger.error(
+            "task %s: its retry was not sent (%s); requeued",
+            task.request.id,
+            rejected.reason,
+            extra={"action": "tasks.retry_unsent", "result_id": str(task.request.id)},
+        )
+        raise Reject(rejected.reason, requeue=True) from exc

@@ -18,6 +18,14 @@ from django.conf import settings  # noqa: E402
 
 app = Celery("outbox-tests", broker=settings.OUTBOX["BROKER_URL"], set_as_current=True)
 app.conf.task_default_queue = os.environ.get("TEST_CELERY_QUEUE", "celery")
+# As the docs advise: a retry the broker refuses raises in the worker, not lost unseen.
+app.conf.broker_transport_options = {"confirm_publish": True}
+if os.environ.get("TEST_CELERY_EXCHANGE"):  # the queue bound to this exchange instead
+    from kombu import Exchange, Queue
+
+    queue = app.conf.task_default_queue
+    exchange = Exchange(os.environ["TEST_CELERY_EXCHANGE"], type="direct")
+    app.conf.task_queues = [Queue(queue, exchange, routing_key=queue)]
 if os.environ.get("TEST_CELERY_PRIORITY"):  # the queue takes message priorities 0-9
     from tests.support import priority_queue
 

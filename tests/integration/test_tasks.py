@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import kombu
 import pytest
 
 pytest.importorskip("django.tasks", reason="django.tasks is Django 6.0+")
@@ -32,6 +33,7 @@ from django_outbox.routes import TASKS_PREFIX
 from tests.support import (
     AMQP_URL,
     REPO,
+    broker_connection,
     delete_queue,
     priority_queue,
     queue_settled,
@@ -78,6 +80,19 @@ def relay_all() -> int:
     return Relay().run(threading.Event(), drain=True).published
 
 
+def wait_logged(log: Path, text: str) -> None:
+    wait_until(lambda: text in log.read_text(), timeout=60, what=repr(text))
+
+
+def queue_messages(queue: str) -> int:
+    """Messages in RabbitMQ's ``queue``, ready and unacked."""
+    for line in rabbitmqctl("list_queues", "name", "messages").splitlines():
+        name, _, count = line.partition("\t")
+        if name == queue:
+            return int(count)
+    raise AssertionError(f"no queue {queue}")
+
+
 def finished(result_id: str) -> bool:
     done = ["SUCCESSFUL", "FAILED"]
     return TaskResultRecord.objects.filter(id=result_id, status__in=done).exists()
@@ -109,6 +124,7 @@ def test_a_rolled_back_enqueue_never_runs_and_a_committed_one_runs_once(queue, w
     with pytest.raises(TaskResultDoesNotExist):
         djtasks.add.get_result(rolled_back.id)
     process, log = worker
+    wait_logged(log, f"[{committed.id}] succeeded in")  # acked: SIGQUIT finds it idle
     stop(process, signal.SIGQUIT)
     output = log.read_text()
     # Django's own receivers of task_started and task_finished, in the worker.
@@ -290,15 +306,57 @@ def test_a_message_naming_a_function_that_is_not_a_task_runs_nothing(queue, work
         )
     relay_all()
     process, log = worker
-    wait_until(
-        lambda: "cannot run on this worker" in log.read_text(), timeout=60, what="the refusal"
-    )
+    # Celery logs the retry once it is sent: a cold shutdown (SIGQUIT) while it is being
+    # sent interrupts that send (the test below).
+    wait_logged(log, f"[{row.event_id}] retry: Retry in 30s")
     stop(process, signal.SIGQUIT)
     assert f"{path!r} is a function, not a task" in log.read_text()
     assert "sent again in 30s" in log.read_text()  # Celery's retry: the message is kept
     assert not Delivery.objects.exists()
     record = TaskResultRecord.objects.get(id=row.event_id)
     assert (record.status, record.worker_ids) == ("READY", [])  # never started
+
+
+def test_a_retry_the_broker_refuses_leaves_the_message_in_its_queue(queue, tmp_path):
+    """Celery drops a message whose retry it could not send (``Reject(requeue=False)``);
+    the runner requeues it. The broker refuses the retry for real: the worker's queue is
+    bound through an exchange that is then declared again with another type, so the
+    retry's declaration of it fails (PRECONDITION_FAILED); the task comes through the
+    exchange named like the queue."""
+    path = "tests.testapp.djtasks.not_a_task"
+    log = tmp_path / "worker.log"
+    process = start_worker(queue, log, TEST_CELERY_EXCHANGE=f"{queue}-direct")
+    try:
+        wait_logged(log, "ready.")
+        with broker_connection() as conn:
+            exchange = kombu.Exchange(f"{queue}-direct", channel=conn.default_channel)
+            exchange.delete()
+            exchange.type = "fanout"
+            exchange.declare()
+        with transaction.atomic():
+            row = stage(
+                path,
+                {"backend": "default", "task": path, "priority": 0},
+                destination=TASKS_PREFIX + queue,
+            )
+            TaskResultRecord.objects.create(
+                id=row.event_id, task_path=path, backend="default", queue_name=queue
+            )
+        assert relay_all() == 1
+        received = f"run_task[{row.event_id}] received"
+        wait_until(
+            lambda: log.read_text().count(received) >= 2, timeout=60, what="a second delivery"
+        )
+    finally:
+        stop(process, signal.SIGKILL)  # mid-task: an unacked message goes back, as it should
+    assert f"task {row.event_id}: its retry was not sent (Exchange.declare: (406) " in (
+        log.read_text()
+    )
+    assert queue_messages(queue) == 1  # ready or, until the broker sees the kill, unacked
+    record = TaskResultRecord.objects.get(id=row.event_id)
+    assert (record.status, record.worker_ids) == ("READY", [])
+    with broker_connection() as conn:
+        kombu.Exchange(f"{queue}-direct", channel=conn.default_channel).delete()
 
 
 def test_task_enqueued_is_sent_on_commit_only():
