@@ -58,7 +58,7 @@ from .models import (
     TaskResultRecord,
     WorkerHeartbeat,
 )
-from .status import blocked_keys, summary, through_due_indexes
+from .status import blocked_keys, summary
 
 logger = logging.getLogger(__name__)
 
@@ -96,16 +96,16 @@ class EstimatingPaginator(Paginator):
 
 
 class StatusFilter(admin.ChoicesFieldListFilter):
-    """The status filter, its rows read through indexes on any table size: pending and
-    processing rows have no index of their own, so by their state alone PostgreSQL
-    would count them by a scan of the table (see ``status.through_due_indexes``)."""
+    """The status filter, its rows read through indexes on any table size: by their
+    state alone PostgreSQL would count and page them by a scan of the table (see
+    ``OutboxQuerySet.in_states``)."""
 
     def queryset(self, request: HttpRequest, queryset: models.QuerySet[Any]) -> Any:
         chosen = self.used_parameters.get(self.lookup_kwarg)
         if not chosen or self.lookup_kwarg_isnull in self.used_parameters:
             return super().queryset(request, queryset)
         states = [chosen] if isinstance(chosen, str) else list(cast(Iterable[str], chosen))
-        return through_due_indexes(cast(OutboxQuerySet, queryset), states)
+        return cast(OutboxQuerySet, queryset).in_states(*states)
 
 
 class RecentValuesFilter(admin.AllValuesFieldListFilter):

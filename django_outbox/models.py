@@ -11,6 +11,8 @@ the database clock, never the worker's.
 
 from __future__ import annotations
 
+import functools
+import operator
 import uuid
 from typing import TYPE_CHECKING
 
@@ -64,6 +66,27 @@ KEY_UNFINISHED = models.Q(published_at__isnull=True)
 #: always writes a ``last_error`` (store._mark_failed). The condition of
 #: ``outbox_failed_idx``, which a claim out of FAILED leaves the row in.
 ERRORED = UNFINISHED & ~models.Q(last_error="")
+#: Rows in either due index, a condition that holds for every unfinished row but that
+#: PostgreSQL reads as both due indexes (a BitmapOr) where a state alone leaves it a
+#: scan of the table: PENDING and PROCESSING rows have no partial index of their own.
+IN_DUE_INDEXES = UNFINISHED & (models.Q(sequence__isnull=True) | models.Q(sequence__isnull=False))
+#: What else is true of every row in a state (the checks on ``published_at``,
+#: ``abandoned_at`` and ``last_error`` say so), stated so that the planner reads that
+#: state's rows from an index: its own partial index, or the due indexes.
+_INDEXED = {
+    OutboxStatus.PENDING: IN_DUE_INDEXES,
+    OutboxStatus.PROCESSING: IN_DUE_INDEXES,
+    OutboxStatus.FAILED: ERRORED,
+    OutboxStatus.ABANDONED: models.Q(abandoned_at__isnull=False),
+    OutboxStatus.PUBLISHED: models.Q(published_at__isnull=False),
+}
+
+
+def in_state(status: str) -> models.Q:
+    """The rows in ``status``, read through an index on PostgreSQL (``_INDEXED``)."""
+    return models.Q(status=status) & _INDEXED[OutboxStatus(status)]
+
+
 #: States an operator may requeue.
 REQUEUEABLE = (OutboxStatus.FAILED, OutboxStatus.ABANDONED)
 #: States an operator may abandon (and PROCESSING once its lease has expired; see
@@ -76,13 +99,19 @@ class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
         return self.filter(status=OutboxStatus.PENDING)
 
     def failed(self) -> OutboxQuerySet:
-        return self.filter(ERRORED, status=OutboxStatus.FAILED)  # through outbox_failed_idx
+        return self.in_states(OutboxStatus.FAILED)  # through outbox_failed_idx
 
     def abandoned(self) -> OutboxQuerySet:
-        return self.filter(status=OutboxStatus.ABANDONED, abandoned_at__isnull=False)
+        return self.in_states(OutboxStatus.ABANDONED)
 
     def published(self) -> OutboxQuerySet:
-        return self.filter(status=OutboxStatus.PUBLISHED, published_at__isnull=False)
+        return self.in_states(OutboxStatus.PUBLISHED)
+
+    def in_states(self, *states: str) -> OutboxQuerySet:
+        """The rows in any of ``states``, read through indexes on PostgreSQL on any table
+        size (:func:`in_state`): by ``status`` alone, every state but PUBLISHED would be
+        read by a scan of the table, published rows and all."""
+        return self.filter(functools.reduce(operator.or_, map(in_state, states)))
 
     def due(self, now: dt.datetime | Now | None = None) -> OutboxQuerySet:
         """Rows a relay may claim at ``now`` (default: the database clock).
@@ -105,15 +134,13 @@ class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
 
     def requeueable(self) -> OutboxQuerySet:
         """Rows an operator may requeue: FAILED and ABANDONED."""
-        return self.filter(status__in=REQUEUEABLE)
+        return self.in_states(*REQUEUEABLE)
 
     def abandonable(self) -> OutboxQuerySet:
         """Rows no relay is publishing right now: PENDING, FAILED, and PROCESSING
         rows whose lease has expired (their relay died; any relay may claim them)."""
-        return self.filter(
-            models.Q(status__in=ABANDONABLE)
-            | models.Q(status=OutboxStatus.PROCESSING, locked_until__lte=Now())
-        )
+        expired = in_state(OutboxStatus.PROCESSING) & models.Q(locked_until__lte=Now())
+        return self.in_states(*ABANDONABLE) | self.filter(expired)
 
 
 class OutboxMessage(models.Model):

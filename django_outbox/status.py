@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import connections
-from django.db.models import Count, Max, Min, OuterRef, Q, Subquery
+from django.db.models import Count, Max, Min, OuterRef, Subquery
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
@@ -28,7 +28,6 @@ from .db import (
 )
 from .models import (
     KEY_UNFINISHED,
-    UNFINISHED,
     InboxFailure,
     OutboxMessage,
     OutboxQuerySet,
@@ -210,19 +209,6 @@ def _add(one: RowCount, other: RowCount) -> RowCount:
 _IN_DUE_INDEXES = frozenset({OutboxStatus.PENDING, OutboxStatus.PROCESSING})
 
 
-def through_due_indexes(rows: OutboxQuerySet, states: Iterable[str]) -> OutboxQuerySet:
-    """``rows`` filtered to ``states``, read through indexes: when every one of them is
-    PENDING or PROCESSING (no partial index of their own), with a condition that holds
-    for every row (``sequence`` null or not) but lets PostgreSQL read both due indexes
-    (a BitmapOr) where the state alone leaves it a scan of the table. The admin's list
-    filtered by state counts and pages this."""
-    states = set(states)
-    rows = rows.filter(status__in=states)
-    if states and states <= _IN_DUE_INDEXES and infers_partial_indexes(connections[rows.db]):
-        return rows.filter(UNFINISHED, Q(sequence__isnull=True) | Q(sequence__isnull=False))
-    return rows
-
-
 def count_state(rows: OutboxQuerySet, status: str) -> RowCount:
     """How many of ``rows`` are in ``status``, on PostgreSQL through an index, never by
     a scan of the table: a state's partial index, or for PENDING and PROCESSING the due
@@ -230,7 +216,7 @@ def count_state(rows: OutboxQuerySet, status: str) -> RowCount:
     published rows are in neither, where a count by status alone scans them all).
     Exact up to ``EXACT_COUNT_LIMIT`` rows, past which the planner's estimate stands in
     (see ``count_rows``)."""
-    matching = rows.filter(status=status)
+    matching = rows.in_states(status)
     if status in _IN_DUE_INDEXES:
         return _count_by_due_index(matching)
     return count_rows(matching)
