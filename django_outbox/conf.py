@@ -345,6 +345,13 @@ SETTINGS: dict[str, Setting] = {
             "report the outbox unhealthy.",
         ),
         Setting(
+            "METRICS_BACKLOG_INTERVAL",
+            5,
+            _seconds_or_zero,
+            "seconds a relay's /metrics serves the backlog gauges it last read before it reads "
+            "them from the database again; 0: on every scrape.",
+        ),
+        Setting(
             "START_JITTER",
             1,
             _seconds_or_zero,

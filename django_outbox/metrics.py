@@ -24,6 +24,7 @@ import itertools
 import logging
 import operator
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 from wsgiref.simple_server import WSGIServer
@@ -243,16 +244,36 @@ class BatchHistogram(Collector):
 
 
 class BacklogCollector(Collector):
-    """The outbox's backlog, read on each scrape through :mod:`django_outbox.status`
-    (``summary()``, blocked keys included: on PostgreSQL one statement), with a
-    connection of the scraping thread's own, closed afterwards. A database error is
-    logged and exported as ``outbox_scrape_error 1``, without the gauges."""
+    """The outbox's backlog, read through :mod:`django_outbox.status` (``summary()``,
+    blocked keys included: on PostgreSQL one statement), with a connection of the
+    scraping thread's own, closed afterwards. A scrape within ``interval`` seconds
+    (``METRICS_BACKLOG_INTERVAL``) of the last read is served that read's gauges:
+    during a drain a read costs PostgreSQL tens of milliseconds, and a scraper may ask
+    every second. A database error is logged and exported as ``outbox_scrape_error 1``,
+    without the gauges; it is not kept, so the next scrape reads again."""
 
-    def __init__(self, using: str) -> None:
+    def __init__(self, using: str, interval: float | None = None) -> None:
         self.using = using
+        self.interval = outbox_settings.METRICS_BACKLOG_INTERVAL if interval is None else interval
+        self._lock = threading.Lock()  # one read at a time; scrapes meanwhile wait for it
+        self._last: tuple[float, list[Metric]] | None = None  # when read, its gauges
 
     def collect(self) -> Iterator[Metric]:
         error = _scrape_error()
+        with self._lock:
+            gauges = self._recent() or self._read()
+        error.add_metric([], 0 if gauges else 1)
+        yield from gauges
+        yield error
+
+    def _recent(self) -> list[Metric]:
+        """The last read's gauges while they are under ``interval`` seconds old."""
+        if self._last is None or time.monotonic() - self._last[0] >= self.interval:
+            return []
+        return self._last[1]
+
+    def _read(self) -> list[Metric]:
+        started = time.monotonic()
         try:
             gauges = self._gauges()
         except DatabaseError as exc:
@@ -265,9 +286,8 @@ class BacklogCollector(Collector):
             gauges = []
         finally:
             connections[self.using].close()  # this thread's: each scrape has its own
-        error.add_metric([], 0 if gauges else 1)
-        yield from gauges
-        yield error
+        self._last = (started, gauges) if gauges else None
+        return gauges
 
     def describe(self) -> Iterator[Metric]:
         """The families, without a database read."""

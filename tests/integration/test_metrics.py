@@ -104,7 +104,12 @@ def test_a_relay_serves_its_counts_and_the_backlog_read_from_the_database(destin
     port = free_port()
     routes = {destination: {"queue": destination}, ordered: {"ordered": True}}
     relay = start_relay(
-        "--metrics-port", str(port), ROUTES=routes, DEFAULT_ROUTE=False, START_JITTER=0
+        "--metrics-port",
+        str(port),
+        ROUTES=routes,
+        DEFAULT_ROUTE=False,
+        START_JITTER=0,
+        METRICS_BACKLOG_INTERVAL=0,  # each scrape reads the backlog as it is then
     )
     try:
         samples = wait_until(
@@ -161,6 +166,40 @@ def test_a_database_error_on_scrape_is_a_gauge_and_a_warning_not_a_crash():
     assert value(healthy, "outbox_scrape_error") == 0
     assert value(healthy, "outbox_backlog_messages", status="pending") == 0
     assert "metrics: could not read the outbox backlog (OperationalError: " in result.stderr
+
+
+#: Scrapes of a backlog collector (argv[1]: its interval) before and after 3 events are
+#: staged, then of the same collector once the interval has run out.
+SCRAPE_AROUND_STAGING = """
+import sys, django
+django.setup()
+from django.db import transaction
+from prometheus_client import CollectorRegistry, generate_latest
+from django_outbox import stage
+from django_outbox.metrics import BacklogCollector
+registry, collector = CollectorRegistry(), BacklogCollector("default", float(sys.argv[1]))
+registry.register(collector)
+print(generate_latest(registry).decode(), "----")
+with transaction.atomic():
+    for _ in range(3):
+        stage("t", {}, destination="m")
+print(generate_latest(registry).decode(), "----")
+collector.interval = 0
+print(generate_latest(registry).decode())
+"""
+
+
+@pytest.mark.parametrize(("interval", "second"), [(3600, 0), (0, 3)])
+def test_the_backlog_is_read_again_once_its_interval_is_over(interval, second):
+    """A scrape within ``METRICS_BACKLOG_INTERVAL`` of the last read is served that
+    read: a read costs PostgreSQL tens of milliseconds during a drain, and a scraper may
+    ask every second. After the interval (0: always) the database is read again."""
+    result = run_python(SCRAPE_AROUND_STAGING, str(interval))
+    assert result.returncode == 0, result.stderr
+    first, then, after = map(parse, result.stdout.split("----\n"))
+    pending = [value(s, "outbox_backlog_messages", status="pending") for s in (first, then, after)]
+    assert pending == [0, second, 3]
+    assert [value(s, "outbox_scrape_error") for s in (first, then, after)] == [0, 0, 0]
 
 
 def test_a_port_in_use_is_one_line_and_exit_1():
