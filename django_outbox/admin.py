@@ -29,6 +29,7 @@ from typing import Any, cast
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.paginator import Paginator
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models, transaction
@@ -105,6 +106,9 @@ class StatusFilter(admin.ChoicesFieldListFilter):
         if not chosen or self.lookup_kwarg_isnull in self.used_parameters:
             return super().queryset(request, queryset)
         states = [chosen] if isinstance(chosen, str) else list(cast(Iterable[str], chosen))
+        unknown = set(states) - set(OutboxStatus.values)
+        if unknown:  # as Django's own filters answer a bad value: the list with ?e=1
+            raise IncorrectLookupParameters(f"no status {sorted(unknown)}")
         return cast(OutboxQuerySet, queryset).in_states(*states)
 
 

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Collection
-from typing import Any
+from typing import Any, NoReturn
 
 try:
     from celery import Task, shared_task  # type: ignore[import-untyped]
@@ -49,6 +50,10 @@ logger.addFilter(SecretFilter(outbox_settings.redact))  # the runner's error tex
 #: How long a worker that cannot run a Django task yet (its code or its TASKS backend
 #: is not deployed here) waits before the task's message is tried again.
 UNAVAILABLE_RETRY_SECONDS = 30
+#: How long a worker waits before it puts back on its queue a task's message whose retry
+#: the broker did not take: while the cause lasts, the message comes straight back, and
+#: each return counts against a quorum queue's delivery limit.
+UNSENT_RETRY_PAUSE_SECONDS = 5
 
 
 class InboxTask(Task):
@@ -124,16 +129,19 @@ def run_django_task(self: Task, **payload: Any) -> None:
         _retry(self, exc)
 
 
-def _retry(task: Task, exc: Exception) -> None:
+def _retry(task: Task, exc: Exception) -> NoReturn:
     """Have Celery send ``task``'s message again later; when that send fails (the
-    broker refused or lost it, a shutdown interrupted it), requeue this delivery."""
+    broker refused it, a shutdown interrupted it), requeue this delivery after
+    ``UNSENT_RETRY_PAUSE_SECONDS``."""
     try:
         raise task.retry(exc=exc, countdown=UNAVAILABLE_RETRY_SECONDS) from exc
     except Reject as rejected:  # Celery's answer to a retry it could not send
         logger.error(
-            "task %s: its retry was not sent (%s); requeued",
+            "task %s: its retry was not sent (%s); requeued in %ds",
             task.request.id,
             rejected.reason,
+            UNSENT_RETRY_PAUSE_SECONDS,
             extra={"action": "tasks.retry_unsent", "result_id": str(task.request.id)},
         )
+        time.sleep(UNSENT_RETRY_PAUSE_SECONDS)
         raise Reject(rejected.reason, requeue=True) from exc

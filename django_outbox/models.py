@@ -111,6 +111,8 @@ class OutboxQuerySet(models.QuerySet["OutboxMessage"]):
         """The rows in any of ``states``, read through indexes on PostgreSQL on any table
         size (:func:`in_state`): by ``status`` alone, every state but PUBLISHED would be
         read by a scan of the table, published rows and all."""
+        if not states:
+            return self.none()
         return self.filter(functools.reduce(operator.or_, map(in_state, states)))
 
     def due(self, now: dt.datetime | Now | None = None) -> OutboxQuerySet:

@@ -349,14 +349,13 @@ def test_a_retry_the_broker_refuses_leaves_the_message_in_its_queue(queue, tmp_p
         )
     finally:
         stop(process, signal.SIGKILL)  # mid-task: an unacked message goes back, as it should
-    assert f"task {row.event_id}: its retry was not sent (Exchange.declare: (406) " in (
-        log.read_text()
-    )
+        with broker_connection() as conn:
+            kombu.Exchange(f"{queue}-direct", channel=conn.default_channel).delete()
+    unsent = f"task {row.event_id}: its retry was not sent (Exchange.declare: (406) "
+    assert unsent in log.read_text() and "; requeued in 5s" in log.read_text()
     assert queue_messages(queue) == 1  # ready or, until the broker sees the kill, unacked
     record = TaskResultRecord.objects.get(id=row.event_id)
     assert (record.status, record.worker_ids) == ("READY", [])
-    with broker_connection() as conn:
-        kombu.Exchange(f"{queue}-direct", channel=conn.default_channel).delete()
 
 
 def test_task_enqueued_is_sent_on_commit_only():
