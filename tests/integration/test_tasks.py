@@ -84,15 +84,6 @@ def wait_logged(log: Path, text: str) -> None:
     wait_until(lambda: text in log.read_text(), timeout=60, what=repr(text))
 
 
-def queue_messages(queue: str) -> int:
-    """Messages in RabbitMQ's ``queue``, ready and unacked."""
-    for line in rabbitmqctl("list_queues", "name", "messages").splitlines():
-        name, _, count = line.partition("\t")
-        if name == queue:
-            return int(count)
-    raise AssertionError(f"no queue {queue}")
-
-
 def finished(result_id: str) -> bool:
     done = ["SUCCESSFUL", "FAILED"]
     return TaskResultRecord.objects.filter(id=result_id, status__in=done).exists()
@@ -180,6 +171,7 @@ def test_a_task_waits_for_run_after_and_a_queue_for_its_own_worker(queue, worker
 
 
 def queue_depth(name: str) -> int:
+    """Messages in RabbitMQ's queue ``name``, ready and unacked."""
     for line in rabbitmqctl("list_queues", "name", "messages").splitlines():
         queue, _, count = line.partition("\t")
         if queue == name:
@@ -293,24 +285,33 @@ def test_a_relay_killed_after_publishing_before_marking_runs_the_task_once(
     assert f"task {result.id} is SUCCESSFUL; not run" in log.read_text()
 
 
-def test_a_message_naming_a_function_that_is_not_a_task_runs_nothing(queue, worker):
-    path = "tests.testapp.djtasks.not_a_task"
+NOT_A_TASK = "tests.testapp.djtasks.not_a_task"
+
+
+def enqueue_not_a_task(queue: str) -> OutboxMessage:
+    """Stage a task message naming a plain function, and its result record, as an
+    enqueue would have (``enqueue()`` itself refuses a function)."""
     with transaction.atomic():
         row = stage(
-            path,
-            {"backend": "default", "task": path, "priority": 0},
+            NOT_A_TASK,
+            {"backend": "default", "task": NOT_A_TASK, "priority": 0},
             destination=TASKS_PREFIX + queue,
         )
         TaskResultRecord.objects.create(
-            id=row.event_id, task_path=path, backend="default", queue_name=queue
+            id=row.event_id, task_path=NOT_A_TASK, backend="default", queue_name=queue
         )
+    return row
+
+
+def test_a_message_naming_a_function_that_is_not_a_task_runs_nothing(queue, worker):
+    row = enqueue_not_a_task(queue)
     relay_all()
     process, log = worker
     # Celery logs the retry once it is sent: a cold shutdown (SIGQUIT) while it is being
     # sent interrupts that send (the test below).
     wait_logged(log, f"[{row.event_id}] retry: Retry in 30s")
     stop(process, signal.SIGQUIT)
-    assert f"{path!r} is a function, not a task" in log.read_text()
+    assert f"{NOT_A_TASK!r} is a function, not a task" in log.read_text()
     assert "sent again in 30s" in log.read_text()  # Celery's retry: the message is kept
     assert not Delivery.objects.exists()
     record = TaskResultRecord.objects.get(id=row.event_id)
@@ -323,7 +324,6 @@ def test_a_retry_the_broker_refuses_leaves_the_message_in_its_queue(queue, tmp_p
     bound through an exchange that is then declared again with another type, so the
     retry's declaration of it fails (PRECONDITION_FAILED); the task comes through the
     exchange named like the queue."""
-    path = "tests.testapp.djtasks.not_a_task"
     log = tmp_path / "worker.log"
     process = start_worker(queue, log, TEST_CELERY_EXCHANGE=f"{queue}-direct")
     try:
@@ -333,15 +333,7 @@ def test_a_retry_the_broker_refuses_leaves_the_message_in_its_queue(queue, tmp_p
             exchange.delete()
             exchange.type = "fanout"
             exchange.declare()
-        with transaction.atomic():
-            row = stage(
-                path,
-                {"backend": "default", "task": path, "priority": 0},
-                destination=TASKS_PREFIX + queue,
-            )
-            TaskResultRecord.objects.create(
-                id=row.event_id, task_path=path, backend="default", queue_name=queue
-            )
+        row = enqueue_not_a_task(queue)
         assert relay_all() == 1
         received = f"run_task[{row.event_id}] received"
         wait_until(
@@ -353,7 +345,7 @@ def test_a_retry_the_broker_refuses_leaves_the_message_in_its_queue(queue, tmp_p
             kombu.Exchange(f"{queue}-direct", channel=conn.default_channel).delete()
     unsent = f"task {row.event_id}: its retry was not sent (Exchange.declare: (406) "
     assert unsent in log.read_text() and "; requeued in 5s" in log.read_text()
-    assert queue_messages(queue) == 1  # ready or, until the broker sees the kill, unacked
+    assert queue_depth(queue) == 1  # ready or, until the broker sees the kill, unacked
     record = TaskResultRecord.objects.get(id=row.event_id)
     assert (record.status, record.worker_ids) == ("READY", [])
 
