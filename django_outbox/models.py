@@ -70,12 +70,13 @@ ERRORED = UNFINISHED & ~models.Q(last_error="")
 #: PostgreSQL reads as both due indexes (a BitmapOr) where a state alone leaves it a
 #: scan of the table: PENDING and PROCESSING rows have no partial index of their own.
 IN_DUE_INDEXES = UNFINISHED & (models.Q(sequence__isnull=True) | models.Q(sequence__isnull=False))
+#: The states whose rows are found through the due indexes alone.
+DUE_INDEX_STATES = frozenset({OutboxStatus.PENDING, OutboxStatus.PROCESSING})
 #: What else is true of every row in a state (the checks on ``published_at``,
 #: ``abandoned_at`` and ``last_error`` say so), stated so that the planner reads that
 #: state's rows from an index: its own partial index, or the due indexes.
 _INDEXED = {
-    OutboxStatus.PENDING: IN_DUE_INDEXES,
-    OutboxStatus.PROCESSING: IN_DUE_INDEXES,
+    **dict.fromkeys(DUE_INDEX_STATES, IN_DUE_INDEXES),
     OutboxStatus.FAILED: ERRORED,
     OutboxStatus.ABANDONED: models.Q(abandoned_at__isnull=False),
     OutboxStatus.PUBLISHED: models.Q(published_at__isnull=False),

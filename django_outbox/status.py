@@ -27,6 +27,7 @@ from .db import (
     read_backlog,
 )
 from .models import (
+    DUE_INDEX_STATES,
     KEY_UNFINISHED,
     InboxFailure,
     OutboxMessage,
@@ -173,7 +174,7 @@ def _read_summary(using: str, states: tuple[str, ...], blocked: bool) -> Summary
     parts = tuple(
         (status, ordered)
         for status in dict.fromkeys(states)
-        for ordered in ((False, True) if status in _IN_DUE_INDEXES else (None,))
+        for ordered in ((False, True) if status in DUE_INDEX_STATES else (None,))
     )
     figures = read_backlog(using, parts, limit=EXACT_COUNT_LIMIT, blocked=blocked)
     if figures is None:
@@ -205,10 +206,6 @@ def _add(one: RowCount, other: RowCount) -> RowCount:
     return RowCount(one.value + other.value, one.exact and other.exact)
 
 
-#: The states that have no partial index of their own: their rows are in the due indexes.
-_IN_DUE_INDEXES = frozenset({OutboxStatus.PENDING, OutboxStatus.PROCESSING})
-
-
 def count_state(rows: OutboxQuerySet, status: str) -> RowCount:
     """How many of ``rows`` are in ``status``, on PostgreSQL through an index, never by
     a scan of the table: a state's partial index, or for PENDING and PROCESSING the due
@@ -217,7 +214,7 @@ def count_state(rows: OutboxQuerySet, status: str) -> RowCount:
     Exact up to ``EXACT_COUNT_LIMIT`` rows, past which the planner's estimate stands in
     (see ``count_rows``)."""
     matching = rows.in_states(status)
-    if status in _IN_DUE_INDEXES:
+    if status in DUE_INDEX_STATES:
         return _count_by_due_index(matching)
     return count_rows(matching)
 
