@@ -8,10 +8,12 @@ from django.test import override_settings
 from . import case
 
 
-def check_lines(**outbox: object) -> list[str]:
-    """What ``manage.py check`` reports for ``OUTBOX = outbox``, one line per message."""
+def check_lines(deploy: bool = False, **outbox: object) -> list[str]:
+    """What ``manage.py check`` (``--deploy``) reports for ``OUTBOX = outbox``, one line
+    per message."""
     with override_settings(OUTBOX=outbox, CELERY_BROKER_URL=None):
-        found = checks.run_checks(databases=[])  # Django 6.1 asks each database otherwise
+        # databases=[]: Django 6.1 asks each database otherwise
+        found = checks.run_checks(databases=[], include_deployment_checks=deploy)
         return [f"{m.id}: {m.msg}" for m in found if m.id.startswith("django_outbox")]
 
 
@@ -32,4 +34,4 @@ def setting_bad_value(request: object) -> str:
 
 @case("no-broker")
 def no_broker(request: object) -> str:
-    return only(check_lines())
+    return only(check_lines(deploy=True))
