@@ -295,7 +295,9 @@ def _build(
     try:
         model = apps.get_model("django_outbox", "OutboxMessage")
     except LookupError:  # not in INSTALLED_APPS
-        raise OutboxConfigurationError(f"{MISSING_APP.id}: {MISSING_APP.msg}") from None
+        raise OutboxConfigurationError(
+            f"{MISSING_APP.id}: {MISSING_APP.msg} {MISSING_APP.hint}"
+        ) from None
     return model(**fields)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from django.core import checks
 from django.test import override_settings
 
@@ -35,3 +36,23 @@ def setting_bad_value(request: object) -> str:
 @case("no-broker")
 def no_broker(request: object) -> str:
     return only(check_lines(deploy=True))
+
+
+@case("route-typos")
+def route_typos(request: object) -> str:
+    routes = {"orders": {"queu": "orders", "exchange_type": "topik"}}
+    return only(check_lines(BROKER_URL="memory://", ROUTES=routes))
+
+
+@case("app-not-installed")
+def app_not_installed(request: object) -> str:
+    from django.conf import settings
+
+    from django_outbox import stage
+
+    from . import error_line
+
+    installed = [app for app in settings.INSTALLED_APPS if app != "django_outbox"]
+    with override_settings(INSTALLED_APPS=installed), pytest.raises(Exception) as raised:
+        stage("order.placed", {}, destination="orders")  # was a bare LookupError
+    return error_line(raised.value)

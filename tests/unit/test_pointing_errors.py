@@ -88,6 +88,7 @@ MISSING = (
     '"django_outbox" is not in INSTALLED_APPS: without it there is no outbox table to stage '
     "events in, no relay and no system check of OUTBOX."
 )
+FIX = 'Add "django_outbox" to INSTALLED_APPS in your settings, then run manage.py migrate.'
 
 
 def test_check_names_installed_apps_when_the_app_is_imported_but_not_installed(
@@ -96,8 +97,7 @@ def test_check_names_installed_apps_when_the_app_is_imported_but_not_installed(
     assert check_installed() == [
         checks.Error(
             MISSING,
-            hint='Add "django_outbox" to INSTALLED_APPS in your settings, then run '
-            "manage.py migrate.",
+            hint=FIX,
             id="django_outbox.E050",
         )
     ]
@@ -112,4 +112,4 @@ def test_the_check_is_silent_when_the_app_is_installed():
 def test_stage_names_installed_apps_instead_of_a_lookup_error(without_the_app):
     with pytest.raises(OutboxConfigurationError) as raised:
         stage("order.placed", {}, destination="orders")
-    assert str(raised.value) == f"django_outbox.E050: {MISSING}"
+    assert str(raised.value) == f"django_outbox.E050: {MISSING} {FIX}"
