@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from . import apps as _apps  # noqa: F401  (registers E050: imported, not in INSTALLED_APPS)
 from .envelope import ReceivedEvent
 from .exceptions import (
     BrokerUnreachable,

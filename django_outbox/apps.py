@@ -1,7 +1,19 @@
+"""The app's config, and the one check that runs without it: ``django_outbox.E050``.
+
+Importing ``django_outbox`` imports this module (see ``__init__``), so a project that
+uses the package but left it out of ``INSTALLED_APPS``, where ``ready()`` (and with it
+every other check) never runs, still hears of it from ``manage.py check``.
+"""
+
 from __future__ import annotations
 
-from django.apps import AppConfig
+from typing import Any
+
+from django.apps import AppConfig, apps
+from django.core import checks
 from django.utils.translation import gettext_lazy as _
+
+from .conf import MISSING_APP
 
 
 class OutboxConfig(AppConfig):
@@ -12,3 +24,11 @@ class OutboxConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+
+
+@checks.register(checks.Tags.compatibility)
+def check_installed(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E050 when ``django_outbox`` is imported but not in ``INSTALLED_APPS``."""
+    if apps.is_installed(OutboxConfig.name):
+        return []
+    return [checks.Error(MISSING_APP.msg, hint=MISSING_APP.hint, id=MISSING_APP.id)]

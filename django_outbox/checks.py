@@ -1,8 +1,10 @@
-"""System checks: ``django_outbox.E001``-``E007``, ``E010``, ``E011`` and ``E013``-``E016``
-for settings (``OUTBOX["BROKERS"]`` and the routes' broker aliases among them), ``E008``,
-``E009``, ``E017``, ``E018``, ``W002`` and ``W003`` for route shapes, ``W001`` for databases,
-``W004`` for Celery routes without publisher confirms, and each broker's transport's own
-(``E012`` and ``W005`` for the folders of a ``filesystem://`` broker).
+"""System checks: ``django_outbox.E001``-``E007`` (``E006`` with ``check --deploy``),
+``E010``, ``E011`` and ``E013``-``E016`` for settings (``OUTBOX["BROKERS"]`` and the
+routes' broker aliases among them), ``E008``, ``E009``, ``E017``, ``E018``, ``W002`` and
+``W003`` for route shapes, ``W001`` for databases, ``W004`` for Celery routes without
+publisher confirms, and each broker's transport's own (``E012`` and ``W005`` for the
+folders of a ``filesystem://`` broker). ``E050`` (imported, not installed) lives in
+:mod:`django_outbox.apps`, which runs without the app.
 
 The ids, messages and hints are listed in docs/reference/checks.md.
 """
@@ -26,6 +28,19 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return [
         checks.Error(problem.msg, hint=problem.hint, id=problem.id)
         for problem in outbox_settings.problems()
+        if problem.id != CHECK_IDS["no_broker"]
+    ]
+
+
+@checks.register(checks.Tags.compatibility, deploy=True)
+def check_broker_configured(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E006, no broker at all, is a deployment check (``check --deploy``): a process that
+    only stages events (a web worker, ``manage.py test``, ``makemigrations``) never
+    connects to a broker; the relay and the consumer refuse to start with E006's text."""
+    return [
+        checks.Error(problem.msg, hint=problem.hint, id=problem.id)
+        for problem in outbox_settings.problems()
+        if problem.id == CHECK_IDS["no_broker"]
     ]
 
 
@@ -54,7 +69,9 @@ def check_databases(
     """Warn about databases holding the outbox where several relays cannot share the work.
 
     Needs no query (feature flags only), but like Django's own database checks
-    it runs only when ``check --database`` (or ``migrate``) names databases.
+    it runs only when ``check --database`` (or ``migrate``) names databases. An
+    in-memory SQLite database (the one Django's test runner makes) is left out: no
+    second process, and so no second relay, can open it.
     """
     from .models import OutboxMessage
 
@@ -68,6 +85,7 @@ def check_databases(
         for alias in databases or ()
         if router.allow_migrate_model(alias, OutboxMessage)
         and not db.supports_skip_locked(connections[alias])
+        and not db.in_memory(connections[alias])
     ]
 
 

@@ -32,7 +32,7 @@ from django.core.signals import setting_changed
 
 from .exceptions import OutboxConfigurationError
 from .redact import mask_url, option_secrets, scrub, url_passwords, url_problem
-from .routes import DEFAULT_BROKER, Route, is_valid_destination, parse_routes
+from .routes import DEFAULT_BROKER, Route, did_you_mean, is_valid_destination, parse_routes
 
 
 class _Invalid(ValueError):
@@ -394,6 +394,8 @@ CHECK_IDS = {
     "bad_tasks": "django_outbox.E019",
     "tasks_no_skip_locked": "django_outbox.W006",
     "tasks_no_celery_app": "django_outbox.W007",
+    # Imported, not installed (apps.check_installed; staging raises the same text):
+    "missing_app": "django_outbox.E050",
 }
 
 #: The package a kombu transport needs, by URL scheme: (module to import, what to install).
@@ -620,7 +622,7 @@ class OutboxSettings:
         found = [
             Problem(
                 CHECK_IDS["unknown_key"],
-                f'OUTBOX["{key}"] is not a setting of django_outbox.',
+                f'OUTBOX["{key}"] is not a setting of django_outbox{did_you_mean(key, SETTINGS)}.',
                 f"Known settings: {', '.join(SETTINGS)}.",
             )
             for key in user
@@ -714,6 +716,13 @@ CELERY_URLS = ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND")
 #: Celery's transport options, which may hold a password (``sentinel_kwargs`` ...).
 CELERY_OPTIONS = "CELERY_BROKER_TRANSPORT_OPTIONS"
 
+MISSING_APP = Problem(
+    CHECK_IDS["missing_app"],
+    '"django_outbox" is not in INSTALLED_APPS: without it there is no outbox table to '
+    "stage events in, no relay and no system check of OUTBOX.",
+    'Add "django_outbox" to INSTALLED_APPS in your settings, then run manage.py migrate.',
+)
+
 _NO_BROKER = Problem(
     CHECK_IDS["no_broker"],
     "No broker URL: the outbox relay has nowhere to publish.",
@@ -724,10 +733,14 @@ _NO_BROKER = Problem(
 
 def _unknown_alias(alias: str, brokers: Mapping[str, Broker], user: str = "") -> Problem:
     """E015: ``user`` (a route, the default route) names a broker ``brokers`` lacks."""
-    known = ", ".join(sorted(brokers))
+    names = [repr(name) for name in sorted(brokers)]
+    if len(names) == 1:
+        known = f"the only broker configured is {names[0]}"
+    else:
+        known = f"the brokers configured are {', '.join(names[:-1])} and {names[-1]}"
     return Problem(
         CHECK_IDS["unknown_broker"],
-        f'{user}No broker {alias!r} in OUTBOX["BROKERS"] (the brokers are {known}).',
+        f'{user}No broker {alias!r} in OUTBOX["BROKERS"]{did_you_mean(alias, brokers)}; {known}.',
         f'Add OUTBOX["BROKERS"][{alias!r}] = {{"URL": ...}}, or name one of the brokers.',
     )
 
@@ -778,8 +791,7 @@ def broker_problem(url: str, broker: Broker | None = None) -> Problem | None:
         return Problem(
             CHECK_IDS["malformed_broker"],
             f"The broker URL {mask_url(url)}{named} is malformed: {reason}.",
-            'Percent-encode the user name and password: "@" as %40, ":" as %3A, "/" as %2F, '
-            '"?" as %3F, "#" as %23 (urllib.parse.quote(password, safe="")).',
+            _malformed_hint(reason),
         )
     from kombu.transport import TRANSPORT_ALIASES
 
@@ -791,6 +803,28 @@ def broker_problem(url: str, broker: Broker | None = None) -> Problem | None:
             "Use a kombu URL such as amqp://, redis://, memory:// or filesystem://.",
         )
     return _missing_driver(url, scheme, named)
+
+
+#: E010's hint for each kind of malformed URL (by the start of redact.url_problem's reason);
+#: the others are a password or user name that needs percent-encoding.
+_MALFORMED_HINTS = {
+    "it is not of the form": "Write the URL as transport://user:password@host:port/vhost, such "
+    'as amqp://guest:guest@localhost:5672// (the transport is followed by "://").',
+    "its failover list": 'List the addresses of one broker separated by ";" with no spaces, '
+    "all of one transport: amqp://u:p@host1//;amqp://u:p@host2//.",
+}
+_QUOTE_HINT = (
+    'Percent-encode the user name and password: "@" as %40, ":" as %3A, "/" as %2F, '
+    '"?" as %3F, "#" as %23 (urllib.parse.quote(password, safe="")).'
+)
+
+
+def _malformed_hint(reason: str) -> str:
+    """The fix of a malformed broker URL, for the reason :func:`url_problem` gave."""
+    return next(
+        (hint for start, hint in _MALFORMED_HINTS.items() if reason.startswith(start)),
+        _QUOTE_HINT,
+    )
 
 
 def _missing_driver(url: str, scheme: str, named: str = "") -> Problem | None:

@@ -57,6 +57,29 @@ from .wakeup import WakeUp
 logger = logging.getLogger(__name__)
 logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tracebacks
 
+#: The destinations this process has published by the default route: each is logged once.
+_DEFAULT_ROUTED: set[str] = set()
+
+
+def _note_default_route(route: Route) -> None:
+    """Log, once per process, the first publish of a destination ``ROUTES`` does not
+    name. The default route declares a queue of that name, so a typo (``"order"`` for
+    ``"orders"``) would otherwise fill a queue nobody reads without a word."""
+    name = route.destination
+    if name in _DEFAULT_ROUTED or route.is_celery or name in outbox_settings.ROUTES:
+        return
+    _DEFAULT_ROUTED.add(name)
+    logger.warning(
+        "destination %r is not in OUTBOX['ROUTES']: the default route publishes it to queue "
+        "%r (exchange %r); if that is a typo, no consumer reads it. Name your destinations in "
+        "ROUTES and set OUTBOX['DEFAULT_ROUTE'] = False to refuse unknown ones at stage time",
+        name,
+        route.queue,
+        route.exchange,
+        extra={"action": "outbox.default_route", "destination": name},
+    )
+
+
 #: Error texts a batch logs one record each for, per destination and fate (those with
 #: most rows); the rows of its other error texts share one more record.
 MAX_LOGGED_REASONS = 3
@@ -488,6 +511,7 @@ class Relay:
         attempted: each would wait its confirm timeout in turn."""
         if not all(type(message.headers) is dict for message in batch):
             return _refusing_malformed(batch, functools.partial(self._publish_route, route))
+        _note_default_route(route)
         # No broker for the route raises OutboxConfigurationError: the relay
         # cannot run as configured.
         transport = self.transport(route)

@@ -7,8 +7,10 @@ which route a destination takes (``outbox_settings.route_for()``).
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 #: A destination (and so a default queue name) is 1-255 characters: letters,
 #: digits and ``. _ - : /``, starting with a letter or digit.
@@ -55,6 +57,15 @@ TASKS_PREFIX = "django.tasks:"
 
 def is_valid_destination(value: object) -> bool:
     return isinstance(value, str) and DESTINATION_RE.fullmatch(value) is not None
+
+
+def did_you_mean(word: object, choices: Iterable[str]) -> str:
+    """`` (did you mean 'queue'?)`` when ``word`` is a near miss of one of ``choices``
+    (difflib's ratio 0.6 or more), else ``""``: the suffix of an error about a typo."""
+    if not isinstance(word, str):
+        return ""
+    close = difflib.get_close_matches(word, sorted(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,11 +150,20 @@ class Route:
 def parse_routes(value: object, default_exchange: str) -> dict[str, Route]:
     """Turn the ``ROUTES`` setting into :class:`Route` objects.
 
-    Raises ``ValueError`` with a one-line reason naming the offending route.
+    Raises ``ValueError`` with every reason found, each naming its route, joined
+    by "; " (a route with a misspelt key and a misspelt exchange type says both).
     """
     if not isinstance(value, Mapping):
         raise ValueError(f"must be a dict of destination -> route dict; got {type(value).__name__}")
-    return {name: _parse_route(name, spec, default_exchange) for name, spec in value.items()}
+    routes, reasons = {}, []
+    for name, spec in value.items():
+        try:
+            routes[name] = _parse_route(name, spec, default_exchange)
+        except ValueError as exc:
+            reasons.append(str(exc))
+    if reasons:
+        raise ValueError("; ".join(reasons))
+    return routes
 
 
 def _check_route_name(name: object) -> str:
@@ -162,51 +182,88 @@ def _check_route_name(name: object) -> str:
     return name
 
 
+def _reasons(*checks: Callable[[], object]) -> list[str]:
+    """The ``ValueError`` text of each check that raises one, so that a route's
+    independent problems are all reported at once."""
+    found = []
+    for check in checks:
+        try:
+            check()
+        except ValueError as exc:
+            found.append(str(exc))
+    return found
+
+
 def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
     name = _check_route_name(name)
     if not isinstance(spec, Mapping):
         raise ValueError(f"route {name!r} must be a dict; got {type(spec).__name__}")
-    keys = set(spec)
-    unknown = keys - BROKER_KEYS - CELERY_KEYS - FLAG_KEYS
-    if unknown:
-        raise ValueError(f"route {name!r} has unknown keys {sorted(unknown)}")
-    if keys & CELERY_KEYS and keys & BROKER_KEYS:
-        raise ValueError(
-            f"route {name!r} mixes celery_task with {sorted(keys & BROKER_KEYS)}; "
-            "use one or the other"
-        )
-    ordered = _ordered(name, spec)
-    partitions = _partitions(name, spec, ordered)
-    for key, val in spec.items():
-        if key not in ARGUMENT_KEYS | FLAG_KEYS:
-            _check_string(name, key, val)
-    queue_arguments = _queue_arguments(name, spec)
-    if spec.get("broker") == "":
-        raise ValueError(f"route {name!r} has an empty broker alias")
+    # An "ordered" that is no bool is reported on its own; partitions are then checked
+    # as if it were True, so they add no second, misleading reason.
+    ordered = spec.get("ordered", False) is not False
+    reasons = _reasons(
+        lambda: _check_keys(name, spec),
+        lambda: _ordered(name, spec),
+        lambda: _partitions(name, spec, ordered),
+        *(
+            functools.partial(_check_string, name, key, val)
+            for key, val in spec.items()
+            if key not in ARGUMENT_KEYS | FLAG_KEYS
+        ),
+        lambda: _queue_arguments(name, spec),
+        lambda: _arguments(name, "exchange_arguments", spec.get("exchange_arguments", {})),
+        lambda: _check_exchange_type(name, spec),
+    )
+    if reasons:
+        raise ValueError("; ".join(reasons))
     if "celery_task" in spec:
-        if not spec["celery_task"]:
-            raise ValueError(f"route {name!r} has an empty celery_task")
         return Route(name, celery_task=spec["celery_task"])
-    exchange_type = spec.get("exchange_type", "topic")
-    if exchange_type not in EXCHANGE_TYPES and not exchange_type.startswith("x-"):
-        raise ValueError(
-            f"route {name!r} exchange_type must be one of {', '.join(EXCHANGE_TYPES)} "
-            f"or a plugin type starting with x-; got {exchange_type!r}"
-        )
     return Route(
         name,
         exchange=spec.get("exchange", default_exchange),
-        exchange_type=exchange_type,
+        exchange_type=spec.get("exchange_type", "topic"),
         routing_key=spec.get("routing_key", name),
         queue=spec.get("queue") or None,
-        queue_arguments=queue_arguments,
+        queue_arguments=_queue_arguments(name, spec),
         exchange_arguments=_arguments(
             name, "exchange_arguments", spec.get("exchange_arguments", {})
         ),
         broker=spec.get("broker") or DEFAULT_BROKER,
         ordered=ordered,
-        partitions=partitions,
+        partitions=_partitions(name, spec, ordered),
     )
+
+
+def _check_keys(name: str, spec: Mapping[str, object]) -> None:
+    """The keys of route ``name``: known ones (a near miss says which it resembles),
+    celery_task not mixed with a broker route's, no empty broker or celery_task."""
+    keys = set(spec)
+    unknown = sorted(map(str, keys - BROKER_KEYS - CELERY_KEYS - FLAG_KEYS))
+    if unknown:
+        known = BROKER_KEYS | CELERY_KEYS | FLAG_KEYS
+        named = ", ".join(f"{key!r}{did_you_mean(key, known)}" for key in unknown)
+        raise ValueError(f"route {name!r} has unknown keys [{named}]")
+    if keys & CELERY_KEYS and keys & BROKER_KEYS:
+        raise ValueError(
+            f"route {name!r} mixes celery_task with {sorted(keys & BROKER_KEYS)}; "
+            "use one or the other"
+        )
+    if spec.get("broker") == "":
+        raise ValueError(f"route {name!r} has an empty broker alias")
+    if "celery_task" in spec and not spec["celery_task"]:
+        raise ValueError(f"route {name!r} has an empty celery_task")
+
+
+def _check_exchange_type(name: str, spec: Mapping[str, object]) -> None:
+    exchange_type = spec.get("exchange_type", "topic")
+    if not isinstance(exchange_type, str):
+        return  # _check_string says it
+    if exchange_type not in EXCHANGE_TYPES and not exchange_type.startswith("x-"):
+        raise ValueError(
+            f"route {name!r} exchange_type must be one of {', '.join(EXCHANGE_TYPES)} "
+            f"or a plugin type starting with x-; got {exchange_type!r}"
+            + did_you_mean(exchange_type, EXCHANGE_TYPES)
+        )
 
 
 def _ordered(name: str, spec: Mapping[str, object]) -> bool:
@@ -288,6 +345,7 @@ def _queue_arguments(name: str, spec: Mapping[str, object]) -> Arguments:
     if queue_type not in QUEUE_TYPES:
         raise ValueError(
             f"route {name!r} queue type must be one of {', '.join(QUEUE_TYPES)}; got {queue_type!r}"
+            + did_you_mean(queue_type, QUEUE_TYPES)
         )
     return tuple(sorted(arguments.items()))
 

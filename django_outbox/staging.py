@@ -29,19 +29,26 @@ from django.db import transaction
 from django.utils import timezone
 
 from . import db, tracing
-from .conf import outbox_settings
+from .conf import MISSING_APP, outbox_settings
 from .envelope import ORDERING_HEADERS
 from .exceptions import (
     InvalidDestination,
     InvalidEvent,
     NotInTransaction,
+    OutboxConfigurationError,
     PayloadNotSerializable,
     PayloadTooLarge,
     StagingError,
     UnknownDestination,
 )
 from .redact import SecretFilter
-from .routes import MAX_NAME_BYTES, Route, celery_header_clash, is_valid_destination
+from .routes import (
+    MAX_NAME_BYTES,
+    Route,
+    celery_header_clash,
+    did_you_mean,
+    is_valid_destination,
+)
 from .signals import event_committed
 
 if TYPE_CHECKING:
@@ -249,7 +256,8 @@ def _build(
     route = outbox_settings.route_for(destination)
     if route is None:
         raise UnknownDestination(
-            f"destination {destination!r} is not in OUTBOX['ROUTES'] and "
+            f"destination {destination!r} is not in OUTBOX['ROUTES']"
+            f"{did_you_mean(destination, outbox_settings.ROUTES)} and "
             "OUTBOX['DEFAULT_ROUTE'] is False: add a route for it or turn the default route on"
         )
     if key is not None and not (isinstance(key, str) and 0 < len(key) <= _MAX_LENGTH):
@@ -284,16 +292,27 @@ def _build(
     }
     if available_at is not None:
         fields["available_at"] = _check_time(available_at, event_type)
-    return apps.get_model("django_outbox", "OutboxMessage")(**fields)
+    try:
+        model = apps.get_model("django_outbox", "OutboxMessage")
+    except LookupError:  # not in INSTALLED_APPS
+        raise OutboxConfigurationError(
+            f"{MISSING_APP.id}: {MISSING_APP.msg} {MISSING_APP.hint}"
+        ) from None
+    return model(**fields)
 
 
 def _insert(rows: list[OutboxMessage], using: str) -> list[OutboxMessage]:
     connection = transaction.get_connection(using)
-    if not connection.in_atomic_block:
+    if not in_user_atomic(connection):
         raise NotInTransaction(
             f"stage() must run inside transaction.atomic(using={using!r}) together with the "
             "business write it belongs to; wrap both in one atomic block, or use "
             "@publish_on_success, which opens it"
+            + (
+                " (a TestCase's own transaction does not count)"
+                if connection.in_atomic_block
+                else ""
+            )
         )
     created = db.insert(using, rows, _ordered({row.destination for row in rows}))
     transaction.on_commit(functools.partial(_committed, created, using), using=using)
@@ -305,6 +324,16 @@ def _insert(rows: list[OutboxMessage], using: str) -> list[OutboxMessage]:
             extra={"action": "outbox.staged", "count": len(created), "using": using},
         )
     return created
+
+
+def in_user_atomic(connection: Any) -> bool:
+    """Whether ``connection`` is inside an atomic block of the caller's code. Those a test
+    case opens around each test (Django's ``TestCase``, pytest-django's ``django_db``;
+    Django marks them ``_from_testcase``) do not count: there is none in production, so
+    a ``stage()`` that runs in them alone fails in tests as it would in production."""
+    return connection.in_atomic_block and not all(
+        getattr(block, "_from_testcase", False) for block in connection.atomic_blocks
+    )
 
 
 def _ordered(destinations: set[str]) -> frozenset[str]:

@@ -63,6 +63,12 @@ def supports_skip_locked(connection: BaseDatabaseWrapper) -> bool:
     return bool(connection.features.has_select_for_update_skip_locked)
 
 
+def in_memory(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the database lives in this process's memory (SQLite's ``:memory:``, what
+    Django's test runner makes of an SQLite database): no other process can open it."""
+    return bool(getattr(connection, "is_in_memory_db", lambda: False)())
+
+
 def supports_notify(connection: BaseDatabaseWrapper) -> bool:
     """Whether staging wakes relays on commit (PostgreSQL ``NOTIFY``)."""
     return connection.vendor == "postgresql"

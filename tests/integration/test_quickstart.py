@@ -34,7 +34,7 @@ from tests.support import AMQP_URL, REDIS_URL, REPO, delete_queue
 
 PAGE = REPO / "docs" / "quickstart.md"
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
-FILE_HEADER = re.compile(r"# ([\w/]+\.py)( \(add at the end\))?")
+FILE_HEADER = re.compile(r"# ([\w/]+\.(?:py|ini))( \(add at the end\))?")
 #: Variables that point the project's own settings or the commands at a server.
 SERVER_ENV = ("DATABASE_URL", "OTHER_DATABASE_URL", "DJANGO_SETTINGS_MODULE", "PYTHONPATH")
 
@@ -120,7 +120,8 @@ class NewUser:
 
     def write(self, body: str) -> None:
         header = FILE_HEADER.fullmatch(body.splitlines()[0])
-        compile(body, header.group(1) if header else "<alternative>", "exec")
+        if header is None or header.group(1).endswith(".py"):
+            compile(body, header.group(1) if header else "<alternative>", "exec")
         if header is None:
             return  # an alternative form of a block, not applied
         target = self.cwd / header.group(1)
@@ -147,7 +148,7 @@ class NewUser:
             if language == "sh":
                 for command in commands_of(body):
                     self.run(command)
-            elif language == "python":
+            elif language in ("python", "ini"):
                 self.write(body)
             elif language == "text":
                 self.check_promised(body)

@@ -344,3 +344,33 @@ def test_a_fanout_route_on_redis_loses_what_no_subscriber_hears_as_w003_warns():
         assert client.llen(destination) == 0
     finally:
         client.close()
+
+
+# -- a destination only the default route knows (issue 42) -----------------------------------
+
+
+@pytestmark_db
+def test_a_destination_only_the_default_route_knows_is_logged_once_per_process(caplog):
+    """A typo of a destination ('order' for 'orders') declares and fills a queue nobody
+    reads: the relay says so the first time it publishes it, and only then."""
+    typo, named = unique_destination("order"), unique_destination("orders")
+    routes = {named: {"queue": named}}
+    try:
+        with override_settings(OUTBOX={**BROKER, "ROUTES": routes}):
+            for _ in range(2):  # two batches, and two relays, of one process
+                with transaction.atomic():
+                    stage("order.placed", {}, destination=typo)
+                    stage("order.placed", {}, destination=named)
+                with caplog.at_level(logging.WARNING), Relay() as relay:
+                    assert relay.run_once().published == 2
+        records = [r for r in caplog.records if getattr(r, "action", "") == "outbox.default_route"]
+        assert [(r.levelno, r.destination) for r in records] == [(logging.WARNING, typo)]
+        assert records[0].getMessage() == (
+            f"destination {typo!r} is not in OUTBOX['ROUTES']: the default route publishes it "
+            f"to queue {typo!r} (exchange 'outbox'); if that is a typo, no consumer reads it. "
+            "Name your destinations in ROUTES and set OUTBOX['DEFAULT_ROUTE'] = False to "
+            "refuse unknown ones at stage time"
+        )
+    finally:
+        delete_queue(typo)
+        delete_queue(named)

@@ -16,7 +16,14 @@ from django.db import connections, transaction
 from django.test import TestCase, TransactionTestCase, override_settings
 from django.utils import timezone
 
-from django_outbox import ReceivedEvent, event_published, publish_on_success, stage, stage_many
+from django_outbox import (
+    NotInTransaction,
+    ReceivedEvent,
+    event_published,
+    publish_on_success,
+    stage,
+    stage_many,
+)
 from django_outbox.exceptions import OutboxConfigurationError
 from django_outbox.models import OutboxMessage, OutboxStatus
 from django_outbox.testing import captured_events, drain
@@ -191,7 +198,7 @@ def test_drain_refuses_a_route_naming_a_broker_alias_that_is_not_configured(outb
             outbox.drain()
     assert str(raised.value).startswith(
         "django_outbox.E015: Route 'clicks' names broker 'evnets': No broker 'evnets' in "
-        'OUTBOX["BROKERS"] (the brokers are default).'
+        "OUTBOX[\"BROKERS\"]; the only broker configured is 'default'."
     )
     assert "s3cret-pw" not in str(raised.value)
     assert OutboxMessage.objects.get().status == OutboxStatus.PENDING
@@ -263,6 +270,42 @@ class EdgesUnderTransactionTestCase(TransactionTestCase):
         with transaction.atomic():  # drain() inside a block of the test's own
             _place(4)
             assert [e.payload for e in drain()] == [{"n": 4}]
+
+
+# -- stage() outside the user's own transaction fails in tests as in production ----------
+
+NOT_IN_TRANSACTION = (
+    r"^stage\(\) must run inside transaction.atomic\(using='default'\) together with the "
+    r"business write it belongs to; .* \(a TestCase's own transaction does not count\)$"
+)
+
+
+class StagingOutsideATransactionUnderTestCase(TestCase):
+    """TestCase wraps each test in atomic blocks of its own; production has none, so a
+    stage() that only they enclose must fail here too, and stage nothing."""
+
+    def test_stage_outside_atomic_raises_as_in_production(self):
+        with captured_events() as events:
+            with self.assertRaisesRegex(NotInTransaction, NOT_IN_TRANSACTION):
+                stage("order.placed", {}, destination="orders")
+            with self.assertRaisesRegex(NotInTransaction, NOT_IN_TRANSACTION):
+                stage_many([{"event_type": "e", "payload": {}, "destination": "orders"}])
+        self.assertEqual(events, [])
+        self.assertFalse(OutboxMessage.objects.exists())
+
+    def test_stage_inside_the_users_own_atomic_block_passes(self):
+        with captured_events() as events:
+            with transaction.atomic():
+                stage("order.placed", {}, destination="orders")
+        self.assertEqual([e.event_type for e in events], ["order.placed"])
+
+
+@pytest.mark.django_db
+def test_stage_outside_atomic_raises_under_pytest_django_too(outbox):
+    with pytest.raises(NotInTransaction, match=NOT_IN_TRANSACTION):
+        stage("order.placed", {}, destination="orders")
+    _place(1)  # @publish_on_success opens its own block
+    assert [e.payload for e in outbox.captured] == [{"n": 1}]
 
 
 @pytest.mark.slow  # a pytest run in a subprocess

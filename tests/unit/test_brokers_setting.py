@@ -135,8 +135,8 @@ def test_a_route_naming_an_unknown_alias_is_e015():
     assert problems(BROKER_URL=RABBIT, ROUTES=routes) == [
         (
             "django_outbox.E015",
-            "Route 'clicks' names broker 'events': No broker 'events' in OUTBOX[\"BROKERS\"] "
-            "(the brokers are default).",
+            "Route 'clicks' names broker 'events': No broker 'events' in OUTBOX[\"BROKERS\"]; "
+            "the only broker configured is 'default'.",
         )
     ]
 

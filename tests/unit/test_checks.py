@@ -8,9 +8,15 @@ import pytest
 from django.core import checks
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
+from django.db import connections
 from django.test.utils import override_settings
 
-from django_outbox.checks import check_brokers, check_databases, check_settings
+from django_outbox.checks import (
+    check_broker_configured,
+    check_brokers,
+    check_databases,
+    check_settings,
+)
 from django_outbox.conf import SETTINGS, outbox_settings
 from django_outbox.exceptions import OutboxConfigurationError
 from django_outbox.routes import Route
@@ -44,11 +50,41 @@ def test_outbox_must_be_a_dict():
 
 
 def test_unknown_key_is_an_error_not_silence():
-    (error,) = run_with({**BROKER, "BATCHSIZE": 10})
+    (error,) = run_with({**BROKER, "COLOUR": "blue"})
     assert error == checks.Error(
-        'OUTBOX["BATCHSIZE"] is not a setting of django_outbox.',
+        'OUTBOX["COLOUR"] is not a setting of django_outbox.',
         hint=f"Known settings: {', '.join(SETTINGS)}.",
         id="django_outbox.E002",
+    )
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [("ROUTE", "ROUTES"), ("MAX_ATTEMPT", "MAX_ATTEMPTS"), ("BATCHSIZE", "BATCH_SIZE")],
+)
+def test_a_misspelt_setting_says_which_one_was_meant(typo, meant):
+    (error,) = run_with({**BROKER, typo: 1})
+    assert error == checks.Error(
+        f'OUTBOX["{typo}"] is not a setting of django_outbox (did you mean {meant!r}?).',
+        hint=f"Known settings: {', '.join(SETTINGS)}.",
+        id="django_outbox.E002",
+    )
+
+
+def test_every_problem_of_a_route_is_reported_at_once_with_what_was_meant():
+    routes = {
+        "orders": {"queu": "orders", "exchange_type": "topik"},
+        "emails": {"queue": "emails", "queue_type": "quorom"},
+    }
+    (error,) = run_with({**BROKER, "ROUTES": routes})
+    assert error.id == "django_outbox.E004"
+    assert error.msg == (
+        'OUTBOX["ROUTES"] is invalid: '
+        "route 'orders' has unknown keys ['queu' (did you mean 'queue'?)]; "
+        "route 'orders' exchange_type must be one of direct, topic, fanout, headers or a "
+        "plugin type starting with x-; got 'topik' (did you mean 'topic'?); "
+        "route 'emails' queue type must be one of classic, quorum; got 'quorom' "
+        "(did you mean 'quorum'?)."
     )
 
 
@@ -102,7 +138,7 @@ def test_each_knob_is_type_checked(name, value, expectation):
         (["orders"], "must be a dict of destination -> route dict; got list"),
         ({"bad name": {}}, "route name 'bad name' is not a valid destination"),
         ({"orders": "q"}, "route 'orders' must be a dict; got str"),
-        ({"orders": {"exchnage": "x"}}, "route 'orders' has unknown keys ['exchnage']"),
+        ({"orders": {"colour": "x"}}, "route 'orders' has unknown keys ['colour']."),
         (
             {"orders": {"celery_task": "t", "queue": "q"}},
             "route 'orders' mixes celery_task with ['queue']",
@@ -154,15 +190,18 @@ def test_max_delay_below_base_delay():
     ]
 
 
-def test_no_broker_at_all():
-    assert run_with({}) == [
-        checks.Error(
-            "No broker URL: the outbox relay has nowhere to publish.",
-            hint='Set OUTBOX["BROKER_URL"] (a kombu URL such as amqp://guest:guest@localhost//) '
-            "or CELERY_BROKER_URL.",
-            id="django_outbox.E006",
-        )
-    ]
+def test_no_broker_at_all_is_a_deployment_check():
+    # manage.py test, makemigrations, a web worker: they stage, they never publish.
+    assert run_with({}) == []
+    with override_settings(OUTBOX={}):
+        assert check_broker_configured() == [
+            checks.Error(
+                "No broker URL: the outbox relay has nowhere to publish.",
+                hint='Set OUTBOX["BROKER_URL"] (a kombu URL such as '
+                "amqp://guest:guest@localhost//) or CELERY_BROKER_URL.",
+                id="django_outbox.E006",
+            )
+        ]
 
 
 def test_celery_broker_url_is_the_fallback():
@@ -181,11 +220,15 @@ def test_unknown_transport_is_named_without_credentials():
     assert "s3cret" not in error.msg + error.hint
 
 
-def test_skip_locked_warning_names_the_database():
+def test_skip_locked_warning_names_the_database(tmp_path, monkeypatch):
     # PostgreSQL can share the outbox between relays: no warning.
     assert check_databases(databases=["default", "other"]) == []
-    # SQLite cannot; the alias "lite" exists in tests.settings for this check only
-    # (feature flags need no connection).
+    # Nor can an in-memory SQLite database ("lite" in tests.settings, what Django's test
+    # runner makes of SQLite): no other process can open it, so no second relay.
+    assert check_databases(databases=["lite"]) == []
+    # An SQLite file can be opened by two relays and cannot be shared between them
+    # (feature flags need no connection: none is opened).
+    monkeypatch.setitem(connections["lite"].settings_dict, "NAME", str(tmp_path / "db.sqlite3"))
     assert check_databases(databases=["lite"]) == [
         checks.Warning(
             "Database 'lite' (sqlite) cannot SELECT ... FOR UPDATE SKIP LOCKED, so relays cannot "

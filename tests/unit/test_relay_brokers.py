@@ -70,7 +70,8 @@ def test_a_route_naming_no_broker_is_refused_at_start():
     with pytest.raises(OutboxConfigurationError) as raised:
         Relay()
     assert str(raised.value).startswith(
-        "django_outbox.E015: No broker 'events' in OUTBOX[\"BROKERS\"] (the brokers are default)."
+        "django_outbox.E015: No broker 'events' in OUTBOX[\"BROKERS\"]; the only broker "
+        "configured is 'default'."
     )
 
 
