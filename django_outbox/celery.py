@@ -32,7 +32,11 @@ from typing import Any, NoReturn
 
 try:
     from celery import Task, shared_task  # type: ignore[import-untyped]
-    from celery.exceptions import Reject  # type: ignore[import-untyped]
+    from celery.exceptions import (  # type: ignore[import-untyped]
+        Reject,
+        WorkerShutdown,
+        WorkerTerminate,
+    )
 except ImportError as exc:  # the [celery] extra is not installed
     raise ImportError(
         "django_outbox.celery requires the celery package: "
@@ -110,13 +114,19 @@ def run_django_task(self: Task, **payload: Any) -> None:
     A task it cannot run yet (:class:`~django_outbox.taskrunner.TaskUnavailable`) and
     an error of the runner itself (the database gone mid-run) are sent again after
     ``UNAVAILABLE_RETRY_SECONDS``, never acked away: the task's own errors never get
-    here (they are its FAILED outcome). A retry the broker does not take is not
+    here (they are its FAILED outcome, ``SystemExit`` included), nor do the worker's own
+    stops (``WorkerShutdown``, ``WorkerTerminate``: the attempt commits nothing). A retry the broker does not take is not
     dropped as Celery would drop it (``Reject(requeue=False)``): this message goes
     back to its queue instead (``tasks.retry_unsent``)."""
     try:
         from .taskrunner import run  # needs django.tasks: Django 6.0+
 
-        run(payload, str(self.request.id), str(self.request.hostname))
+        run(
+            payload,
+            str(self.request.id),
+            str(self.request.hostname),
+            interrupts=(WorkerShutdown, WorkerTerminate),  # raised by the worker's stop
+        )
     except Exception as exc:
         logger.error(
             "task %s: %s: %s; sent again in %ds",

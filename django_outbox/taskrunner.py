@@ -46,7 +46,7 @@ from django.utils.json import normalize_json
 
 from . import db
 from .conf import outbox_settings
-from .inbox import process_once
+from .inbox import process_once, storable
 from .models import TASK_FINISHED, TaskResultRecord, TaskStatus
 from .redact import SecretFilter
 
@@ -74,9 +74,18 @@ class WorkerLost(Exception):
     """The outcome of a task whose workers died :data:`MAX_STARTS` times running it."""
 
 
-def run(payload: dict[str, Any], result_id: str, worker_id: str) -> None:
+def run(
+    payload: dict[str, Any],
+    result_id: str,
+    worker_id: str,
+    *,
+    interrupts: tuple[type[BaseException], ...] = (),
+) -> None:
     """Run the task of ``payload`` (the message the backend staged) whose result id is
-    ``result_id``, once in effect; ``worker_id`` joins its ``worker_ids``."""
+    ``result_id``, once in effect; ``worker_id`` joins its ``worker_ids``. ``interrupts``
+    are the exceptions with which the worker stops itself (Celery's shutdown), which are
+    not the task's failure: like ``KeyboardInterrupt`` they go through, nothing of the
+    attempt committed."""
     backend = _backend(payload.get("backend"))
     try:
         started = _start(backend, uuid.UUID(result_id), worker_id)
@@ -87,20 +96,20 @@ def run(payload: dict[str, Any], result_id: str, worker_id: str) -> None:
         return
     record, task = started
     _send(task_started, backend, record, task)
-    try:
-        finished = _run_once(backend, record, task)
-    except (OperationalError, InterfaceError):
-        raise  # the database failed, not the task: nothing committed; Celery sends it again
-    except Exception as exc:
-        finished = _fail(record, backend.using, exc)
-    if finished:
+    if _run_once(backend, record, task, (KeyboardInterrupt, *interrupts)):
         _send(task_finished, backend, record, task)
 
 
-def _run_once(backend: OutboxTaskBackend, record: TaskResultRecord, task: Task) -> bool:
-    """Run the task in one transaction with its inbox mark and SUCCESSFUL outcome,
-    holding its record; False when another delivery holds it or the mark is there
-    (this one ran nothing)."""
+def _run_once(
+    backend: OutboxTaskBackend,
+    record: TaskResultRecord,
+    task: Task,
+    interrupts: tuple[type[BaseException], ...],
+) -> bool:
+    """Run the task in one transaction with its inbox mark and its outcome, holding its
+    record from the start to the commit: SUCCESSFUL with the task's writes, or FAILED
+    once they are rolled back to a savepoint. False when another delivery holds the
+    record or the mark is there (this one ran nothing)."""
     with transaction.atomic(using=backend.using):
         if not _hold(backend.using, record.id):
             return False
@@ -108,9 +117,33 @@ def _run_once(backend: OutboxTaskBackend, record: TaskResultRecord, task: Task) 
             if not new:
                 logger.info("task %s already ran; skipped", record.id, extra=_extra(record))
                 return False
-            value = normalize_json(_call(backend.result_of(record, task)))
-            _finish(record, backend.using, TaskStatus.SUCCESSFUL, return_value=value)
+            error = _attempt(backend, record, task, interrupts)
+            if error is not None:
+                _record_failure(record, backend.using, error)
+    if error is not None:
+        _log_failure(record, error)
     return True
+
+
+def _attempt(
+    backend: OutboxTaskBackend,
+    record: TaskResultRecord,
+    task: Task,
+    interrupts: tuple[type[BaseException], ...],
+) -> BaseException | None:
+    """Call the task and write its SUCCESSFUL outcome in a savepoint; or return what it
+    raised, any ``BaseException`` (``SystemExit`` included, as Django's own backends
+    record it), its writes rolled back to the savepoint. The database failing and
+    ``interrupts`` go through: they are not the task's failure."""
+    try:
+        with transaction.atomic(using=backend.using):
+            value = storable(normalize_json(_call(backend.result_of(record, task))))
+            _finish(record, backend.using, TaskStatus.SUCCESSFUL, return_value=value)
+    except (OperationalError, InterfaceError, *interrupts):
+        raise  # nothing committed; Celery sends the task again
+    except BaseException as exc:
+        return exc
+    return None
 
 
 def _backend(alias: object) -> OutboxTaskBackend:
@@ -171,8 +204,12 @@ def _start(
             fields = ["status", "started_at", "last_attempted_at", "worker_ids"]
             record.save(using=backend.using, update_fields=fields)
             return record, task
-    lost = WorkerLost(f"started {len(record.worker_ids)} times, its worker died each time")
-    if _fail(record, backend.using, lost):
+        lost = WorkerLost(f"started {len(record.worker_ids)} times, its worker died each time")
+        with process_once(CONSUMER, record.id, backend.using) as new:
+            if new:  # in the transaction that holds the record
+                _record_failure(record, backend.using, lost)
+    if new:
+        _log_failure(record, lost)
         _send(task_finished, backend, record, task)
     return None
 
@@ -216,31 +253,28 @@ def _finish(record: TaskResultRecord, using: str, status: TaskStatus, **values: 
     record.save(using=using, update_fields=["status", "finished_at", *values])
 
 
-def _fail(record: TaskResultRecord, using: str, exc: Exception) -> bool:
-    """Commit the FAILED outcome of ``exc`` with the inbox mark; False when another
-    delivery committed an outcome first (this one's failure is then not recorded)."""
+def _record_failure(record: TaskResultRecord, using: str, exc: BaseException) -> None:
+    """Write the FAILED outcome of ``exc``: its class and its traceback (passwords masked),
+    as PostgreSQL can store them (a NUL or a lone surrogate in the message replaced)."""
     kind = type(exc)
     error = {
         "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
         "traceback": outbox_settings.redact("".join(traceback.format_exception(exc))),
     }
-    with process_once(CONSUMER, record.id, using) as new:
-        if new:
-            _finish(record, using, TaskStatus.FAILED, errors=[*record.errors, error])
-    if new:
-        logger.warning(
-            "task %s failed: %s: %s",
-            record.id,
-            error["exception_class_path"],
-            exc,
-            exc_info=exc,
-            extra={"action": "tasks.failed", "result_id": str(record.id)},
-        )
-    else:
-        logger.info(
-            "task %s failed, another delivery had finished it", record.id, extra=_extra(record)
-        )
-    return new
+    errors = [*record.errors, storable(error)]
+    _finish(record, using, TaskStatus.FAILED, errors=errors, return_value=None)
+
+
+def _log_failure(record: TaskResultRecord, exc: BaseException) -> None:
+    logger.warning(
+        "task %s failed: %s.%s: %s",
+        record.id,
+        type(exc).__module__,
+        type(exc).__qualname__,
+        exc,
+        exc_info=exc,
+        extra={"action": "tasks.failed", "result_id": str(record.id)},
+    )
 
 
 def _extra(record: TaskResultRecord) -> dict[str, Any]:

@@ -307,10 +307,13 @@ def queue_settled(queue: str) -> bool:
     return False
 
 
-def start_worker(queue: str, log: Path, pool: str = "solo", **env: str) -> subprocess.Popen[str]:
+def start_worker(
+    queue: str, log: Path, pool: str = "solo", name: str = "celery", **env: str
+) -> subprocess.Popen[str]:
     """A real worker of tests.celery_app on ``queue`` (its ``pool``: one process, or with
     "prefork" a parent and one child), logging to ``log`` (a file, not a pipe: a full pipe
-    would stall the worker); ``env`` joins its environment."""
+    would stall the worker); ``name`` is its node name's first part (two workers at once
+    need two); ``env`` joins its environment."""
     with log.open("w") as log_file:
         return subprocess.Popen(
             [
@@ -326,6 +329,8 @@ def start_worker(queue: str, log: Path, pool: str = "solo", **env: str) -> subpr
                 "1",
                 "--queues",
                 queue,
+                "--hostname",
+                f"{name}@%h",
                 "--without-gossip",
                 "--without-mingle",
                 "--without-heartbeat",

@@ -436,3 +436,122 @@ def test_a_task_whose_database_fails_mid_task_is_not_failed_and_runs_again(monke
     result.refresh()
     assert (result.status, result.return_value, result.attempts) == ("SUCCESSFUL", 3, 2)
     assert list(Delivery.objects.values_list("consumer", "n")) == [("add", 3)]
+
+
+def test_error_texts_and_return_values_the_database_cannot_store_are_stored_readable(
+    queue, worker
+):
+    """A NUL or a lone surrogate in a task's error or return value (form input in an
+    error message): jsonb refuses the one, psycopg the other. Before, the FAILED write
+    raised, Celery sent the task again every 30 s, and the real error was lost."""
+    with transaction.atomic():
+        failed = djtasks.fails_with_unstorable_text.using(queue_name=queue).enqueue()
+        returned = djtasks.returns_unstorable_values.using(queue_name=queue).enqueue()
+    relay_all()
+    process, log = worker
+    wait_until(
+        lambda: (finished(failed.id) and finished(returned.id)) or "sent again" in log.read_text(),
+        timeout=60,
+        what="both tasks to finish, or the worker to give one back to Celery",
+    )
+    failed.refresh()
+    returned.refresh()
+    assert "sent again" not in log.read_text()
+    assert (failed.status, failed.attempts) == (TaskResultStatus.FAILED, 1)
+    (error,) = failed.errors
+    assert error.exception_class is ValueError
+    # Replaced as the inbox replaces them: a NUL by U+FFFD, a lone surrogate by "?".
+    assert "ValueError: bad name a\ufffdb ?\n" in error.traceback
+    assert (returned.status, returned.attempts) == (TaskResultStatus.SUCCESSFUL, 1)
+    assert returned.return_value == {"name": "a\ufffdb", "half": "?", "ratio": "nan"}
+    assert Delivery.objects.filter(consumer="returns_unstorable_values").count() == 1
+
+
+@pytest.mark.parametrize("pool", ["solo", "prefork"])
+def test_a_task_that_raises_system_exit_is_failed_once_and_the_worker_goes_on(
+    queue, tmp_path, pool
+):
+    """Django's own backends record any BaseException but KeyboardInterrupt as the task's
+    failure. Before, SystemExit crashed the solo pool (the worker exited 1) and killed a
+    prefork child, and Celery ran the task again, up to 5 times."""
+    with transaction.atomic():
+        exits = djtasks.exits.using(queue_name=queue).enqueue(3)
+        after = djtasks.add.using(queue_name=queue).enqueue(1, 1)
+    relay_all()
+    log = tmp_path / "worker.log"
+    process = start_worker(queue, log, pool=pool)
+    try:
+        wait_until(
+            lambda: (finished(exits.id) and finished(after.id))
+            or process.poll() is not None
+            or len(TaskResultRecord.objects.get(id=exits.id).worker_ids) > 1,
+            timeout=60,
+            what="both tasks to finish, the worker to exit or the task to start again",
+        )
+        assert process.poll() is None, log.read_text()[-3000:]
+    finally:
+        stop(process, signal.SIGQUIT)
+    exits.refresh()
+    after.refresh()
+    assert (exits.status, exits.attempts) == (TaskResultStatus.FAILED, 1)
+    (error,) = exits.errors
+    assert error.exception_class_path == "builtins.SystemExit"
+    assert "SystemExit: 3" in error.traceback
+    assert (after.status, after.return_value) == (TaskResultStatus.SUCCESSFUL, 2)
+    assert list(Delivery.objects.values_list("consumer", flat=True)) == ["add"]
+
+
+def test_a_duplicate_delivered_while_a_failure_is_being_recorded_does_not_run_the_task(
+    queue, tmp_path
+):
+    """The failing delivery is held after its task raised and before its FAILED outcome
+    commits (the task's error holds it while the runner formats it: see
+    djtasks.HeldOpen); meanwhile the relay publishes the task again, as a relay whose
+    lease ran out does, and the other worker takes that duplicate. Before, the rollback
+    of the task had released the record, so the duplicate started the task again."""
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    os.mkfifo(barrier / "go")
+    with transaction.atomic():
+        result = djtasks.fails_held_open.using(queue_name=queue).enqueue(str(barrier))
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    # One message at a time each: the busy worker cannot hold the duplicate back.
+    workers = [start_worker(queue, log, name=log.stem, TEST_CELERY_PREFETCH="1") for log in logs]
+    try:
+        for log in logs:
+            wait_logged(log, "ready.")
+        assert relay_all() == 1
+        wait_until((barrier / "holding").exists, timeout=60, what="the failure to be held")
+        # The relay's lease ran out before it marked the row: it publishes it again.
+        OutboxMessage.objects.filter(event_id=result.id).update(
+            status="processing", locked_until=timezone.now(), published_at=None
+        )
+        assert relay_all() == 1
+        done = f"run_task[{result.id}] succeeded in"
+        wait_until(
+            lambda: sum(log.read_text().count(done) for log in logs) == 1,
+            timeout=60,
+            what="the duplicate delivery to be done with",
+        )
+        release(barrier)
+        wait_finished(result)
+        wait_until(lambda: queue_settled(queue), timeout=30, what="the queue to settle")
+    finally:
+        release(barrier)
+        for process in workers:
+            stop(process, signal.SIGQUIT)
+    assert (barrier / "runs").read_text() == "run\n"  # run once, not twice
+    assert (result.status, result.attempts) == (TaskResultStatus.FAILED, 1)
+    (error,) = result.errors
+    assert error.exception_class_path == "tests.testapp.djtasks.HeldOpen"
+    held = [log.read_text() for log in logs if "another delivery is running it" in log.read_text()]
+    assert len(held) == 1
+
+
+def release(barrier: Path) -> None:
+    """Let the delivery held at ``barrier`` go on (nothing, if none got there). Opening
+    the FIFO waits for the held delivery to open it, which it does right after it says
+    it is holding."""
+    if (barrier / "holding").exists() and not (barrier / "released").exists():
+        os.close(os.open(barrier / "go", os.O_WRONLY))
+        (barrier / "released").touch()
