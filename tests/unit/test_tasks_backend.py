@@ -5,6 +5,7 @@ tests/integration/test_tasks.py."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 
@@ -215,3 +216,41 @@ def test_arguments_the_database_cannot_store_are_refused_before_anything_else(ar
                 djtasks.add.enqueue(1, argument)
         finally:
             outbox_settings.reload()
+
+
+#: A project's settings where nothing imports django.tasks before ``manage.py check``,
+#: and no Celery app is imported (its package forgot ``from .celery import app``).
+FORGOT_CELERY_APP = """
+SECRET_KEY = "x"
+USE_TZ = True
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "django_outbox"]
+DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql", "NAME": "never-connected"}}
+OUTBOX = {"BROKER_URL": "memory://"}
+TASKS = {"default": {"BACKEND": "django_outbox.tasks.OutboxTaskBackend", "QUEUES": QUEUES}}
+"""
+
+
+@needs_tasks
+@pytest.mark.parametrize(
+    ("queues", "said", "code"),
+    [
+        (["default"], "?: (django_outbox.W007) TASKS[\"default\"] is sent through", 0),
+        (["two words"], "?: (django_outbox.E019) TASKS[\"default\"][\"QUEUES\"] has", 1),
+    ],
+)
+def test_manage_py_check_runs_the_backends_checks_though_nothing_imported_django_tasks(
+    tmp_path, queues, said, code
+):
+    """Django registers its check of the TASKS backends when django.tasks is imported;
+    the app registers it too. Before, this project's check said "no issues"."""
+    (tmp_path / "forgot.py").write_text(f"QUEUES = {queues!r}\n{FORGOT_CELERY_APP}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CELERY_")}
+    out = subprocess.run(
+        [sys.executable, "-m", "django", "check", "--settings", "forgot"],
+        cwd=REPO,
+        env={**env, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"},
+        capture_output=True,
+        text=True,
+    )
+    assert said in out.stdout + out.stderr, out.stdout + out.stderr
+    assert out.returncode == code
