@@ -115,9 +115,10 @@ def run_django_task(self: Task, **payload: Any) -> None:
     an error of the runner itself (the database gone mid-run) are sent again after
     ``UNAVAILABLE_RETRY_SECONDS``, never acked away: the task's own errors never get
     here (they are its FAILED outcome, ``SystemExit`` included), nor do the worker's own
-    stops (``WorkerShutdown``, ``WorkerTerminate``: the attempt commits nothing). A retry the broker does not take is not
-    dropped as Celery would drop it (``Reject(requeue=False)``): this message goes
-    back to its queue instead (``tasks.retry_unsent``)."""
+    stops (``WorkerShutdown``, ``WorkerTerminate``: the attempt commits nothing). A
+    retry the broker does not take is not dropped as Celery would drop it
+    (``Reject(requeue=False)``): this message goes back to its queue instead
+    (``tasks.retry_unsent``)."""
     try:
         from .taskrunner import run  # needs django.tasks: Django 6.0+
 

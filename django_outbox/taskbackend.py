@@ -14,10 +14,11 @@ Import it as ``django_outbox.tasks.OutboxTaskBackend``: this module needs
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from django.conf import settings
 from django.core import checks
@@ -128,9 +129,13 @@ class OutboxTaskBackend(BaseTaskBackend):
 
     def result_of(self, record: TaskResultRecord, task: Task | None = None) -> TaskResult:
         """``record`` as Django's :class:`TaskResult`; ``task`` is its task when the
-        caller has it already (else :meth:`task_of`)."""
+        caller has it already (else :meth:`task_of`, or an :class:`UnavailableTask` where
+        this process cannot import it: the result is read all the same)."""
         if task is None:
-            task = self.task_of(record)
+            try:
+                task = self.task_of(record)
+            except InvalidTask as exc:
+                task = UnavailableTask.of(record, str(exc))
         result: TaskResult = TaskResult(
             task=task,
             id=str(record.id),
@@ -160,6 +165,37 @@ class OutboxTaskBackend(BaseTaskBackend):
         ):
             found.append(_no_skip_locked(self.alias, self.using))
         return found
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class UnavailableTask(Task):
+    """The task of a stored result that this process cannot import (its code is deployed
+    with the workers only, or no longer exists): named by the stored path, with the
+    options it was enqueued with; calling it raises :class:`InvalidTask` saying why."""
+
+    def __post_init__(self) -> None:
+        """Nothing to validate: it never runs here."""
+
+    @classmethod
+    def of(cls, record: TaskResultRecord, why: str) -> UnavailableTask:
+        return cls(
+            func=_unavailable(record.task_path, why),
+            priority=record.priority,
+            backend=record.backend,
+            queue_name=record.queue_name,
+            run_after=record.run_after,
+        )
+
+
+def _unavailable(path: str, why: str) -> Callable[..., NoReturn]:
+    """A stand-in function named like the task at ``path``, which raises ``why``."""
+
+    def unavailable(*args: Any, **kwargs: Any) -> NoReturn:
+        raise InvalidTask(why)
+
+    module, _, name = path.rpartition(".")
+    unavailable.__module__, unavailable.__qualname__, unavailable.__name__ = module, name, name
+    return unavailable
 
 
 def load_task(path: str) -> Task:

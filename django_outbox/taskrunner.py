@@ -139,9 +139,11 @@ def _attempt(
         with transaction.atomic(using=backend.using):
             value = storable(normalize_json(_call(backend.result_of(record, task))))
             _finish(record, backend.using, TaskStatus.SUCCESSFUL, return_value=value)
-    except (OperationalError, InterfaceError, *interrupts):
-        raise  # nothing committed; Celery sends the task again
+    except (OperationalError, InterfaceError):
+        raise  # the database failed, not the task: nothing committed; Celery sends it again
     except BaseException as exc:
+        if isinstance(exc, interrupts):
+            raise  # the worker stops: nothing committed; the broker redelivers the task
         return exc
     return None
 

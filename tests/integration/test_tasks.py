@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -438,9 +439,7 @@ def test_a_task_whose_database_fails_mid_task_is_not_failed_and_runs_again(monke
     assert list(Delivery.objects.values_list("consumer", "n")) == [("add", 3)]
 
 
-def test_error_texts_and_return_values_the_database_cannot_store_are_stored_readable(
-    queue, worker
-):
+def test_error_texts_and_return_values_the_database_cannot_store_are_stored_readable(queue, worker):
     """A NUL or a lone surrogate in a task's error or return value (form input in an
     error message): jsonb refuses the one, psycopg the other. Before, the FAILED write
     raised, Celery sent the task again every 30 s, and the real error was lost."""
@@ -448,7 +447,7 @@ def test_error_texts_and_return_values_the_database_cannot_store_are_stored_read
         failed = djtasks.fails_with_unstorable_text.using(queue_name=queue).enqueue()
         returned = djtasks.returns_unstorable_values.using(queue_name=queue).enqueue()
     relay_all()
-    process, log = worker
+    _, log = worker
     wait_until(
         lambda: (finished(failed.id) and finished(returned.id)) or "sent again" in log.read_text(),
         timeout=60,
@@ -482,9 +481,11 @@ def test_a_task_that_raises_system_exit_is_failed_once_and_the_worker_goes_on(
     process = start_worker(queue, log, pool=pool)
     try:
         wait_until(
-            lambda: (finished(exits.id) and finished(after.id))
-            or process.poll() is not None
-            or len(TaskResultRecord.objects.get(id=exits.id).worker_ids) > 1,
+            lambda: (
+                (finished(exits.id) and finished(after.id))
+                or process.poll() is not None
+                or len(TaskResultRecord.objects.get(id=exits.id).worker_ids) > 1
+            ),
             timeout=60,
             what="both tasks to finish, the worker to exit or the task to start again",
         )
@@ -555,3 +556,32 @@ def release(barrier: Path) -> None:
     if (barrier / "holding").exists() and not (barrier / "released").exists():
         os.close(os.open(barrier / "go", os.O_WRONLY))
         (barrier / "released").touch()
+
+
+def test_a_result_is_read_in_a_process_that_cannot_import_its_task():
+    """A dashboard or a service that reads results but does not deploy the workers' code
+    (this process has no module billing). Before, get_result() raised InvalidTask."""
+    from django.tasks import default_task_backend
+    from django.tasks.exceptions import InvalidTask
+
+    record = TaskResultRecord.objects.create(
+        id=uuid.uuid4(),
+        task_path="billing.tasks.charge",
+        backend="default",
+        queue_name="billing",
+        priority=10,
+        args=[42],
+        status="SUCCESSFUL",
+        return_value={"charged": 42},
+        worker_ids=["celery@billing-1"],
+    )
+    result = default_task_backend.get_result(str(record.id))
+    assert (result.status, result.args) == ("SUCCESSFUL", [42])
+    assert result.return_value == {"charged": 42}
+    assert (result.task.module_path, result.task.name) == ("billing.tasks.charge", "charge")
+    assert (result.task.queue_name, result.task.priority) == ("billing", 10)
+    with pytest.raises(InvalidTask, match=r"cannot import the task 'billing\.tasks\.charge'"):
+        result.task.call(42)
+    TaskResultRecord.objects.filter(id=record.id).update(status="FAILED")
+    result.refresh()
+    assert result.status == "FAILED"

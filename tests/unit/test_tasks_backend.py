@@ -234,8 +234,8 @@ TASKS = {"default": {"BACKEND": "django_outbox.tasks.OutboxTaskBackend", "QUEUES
 @pytest.mark.parametrize(
     ("queues", "said", "code"),
     [
-        (["default"], "?: (django_outbox.W007) TASKS[\"default\"] is sent through", 0),
-        (["two words"], "?: (django_outbox.E019) TASKS[\"default\"][\"QUEUES\"] has", 1),
+        (["default"], '?: (django_outbox.W007) TASKS["default"] is sent through', 0),
+        (["two words"], '?: (django_outbox.E019) TASKS["default"]["QUEUES"] has', 1),
     ],
 )
 def test_manage_py_check_runs_the_backends_checks_though_nothing_imported_django_tasks(
