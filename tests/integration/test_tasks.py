@@ -585,3 +585,36 @@ def test_a_result_is_read_in_a_process_that_cannot_import_its_task():
     TaskResultRecord.objects.filter(id=record.id).update(status="FAILED")
     result.refresh()
     assert result.status == "FAILED"
+
+
+def test_an_async_view_and_autocommit_code_enqueue_as_with_djangos_own_backends(queue, worker):
+    """Each enqueue outside atomic() commits at once, on its own (aenqueue: from an async
+    view, through the sync thread, which has no transaction open). Before, both raised
+    NotInTransaction."""
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient
+
+    response = async_to_sync(AsyncClient().get)(f"/tasks/add/?queue={queue}&a=2&b=3")
+    assert response.status_code == 200, response.content
+    from_view = djtasks.add.get_result(response.json()["result_id"])
+    assert response.json()["status"] == from_view.status == TaskResultStatus.READY
+    in_autocommit = djtasks.add.using(queue_name=queue).enqueue(20, 30)
+    assert relay_all() == 2  # both committed already
+    wait_finished(from_view)
+    wait_finished(in_autocommit)
+    assert (from_view.return_value, in_autocommit.return_value) == (5, 50)
+
+
+def test_aenqueue_called_from_code_under_atomic_joins_its_transaction():
+    """async_to_sync from sync code inside atomic(): aenqueue runs enqueue in that same
+    thread, so the task commits or rolls back with the block."""
+    from asgiref.sync import async_to_sync
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        async_to_sync(djtasks.add.aenqueue)(1, 1)
+        assert OutboxMessage.objects.count() == 1  # in the block's transaction
+        raise RuntimeError("rolled back")
+    assert not OutboxMessage.objects.exists() and not TaskResultRecord.objects.exists()
+    with transaction.atomic():
+        result = async_to_sync(djtasks.add.aenqueue)(2, 2)
+    assert OutboxMessage.objects.get().event_id == uuid.UUID(result.id)

@@ -97,6 +97,11 @@ def test_the_test_settings_backend_has_nothing_to_report():
         ({"OPTIONS": []}, 'TASKS["default"]["OPTIONS"] must be a dict.'),
         ({"OPTIONS": {"USING": "x"}}, """TASKS["default"]["OPTIONS"] has no option 'USING'."""),
         (
+            {"OPTIONS": {"REQUIRE_TRANSACTION": "yes"}},
+            """TASKS["default"]["OPTIONS"]["REQUIRE_TRANSACTION"] must be True or False; """
+            "got 'yes'.",
+        ),
+        (
             {"OPTIONS": {"DATABASE": "nope"}},
             """TASKS["default"]["OPTIONS"]["DATABASE"] is 'nope', which is not in DATABASES.""",
         ),
@@ -125,14 +130,33 @@ def test_a_backend_on_sqlite_is_warned_about_by_w006():
     assert "database 'lite' (sqlite)" in warning.msg
 
 
+REQUIRED = {
+    "default": {
+        "BACKEND": "django_outbox.tasks.OutboxTaskBackend",
+        "QUEUES": [],
+        "OPTIONS": {"REQUIRE_TRANSACTION": True},
+    }
+}
+
+
 @needs_tasks
-def test_enqueue_outside_a_transaction_is_refused_before_any_sql():
+def test_enqueue_outside_a_transaction_is_refused_before_any_sql_where_required():
     """(This layer has no database: any SQL would fail the test another way.)"""
+    from asgiref.sync import async_to_sync
+
     from django_outbox import NotInTransaction
     from tests.testapp import djtasks
 
-    with pytest.raises(NotInTransaction, match=r"add\.enqueue\(\) on the outbox task backend"):
-        djtasks.add.enqueue(1, 2)
+    refusal = (
+        r"add\.enqueue\(\) on the outbox task backend must run inside "
+        r"transaction\.atomic\(using='default'\), with the writes the task belongs to "
+        r'\(TASKS\["default"\]\["OPTIONS"\]\["REQUIRE_TRANSACTION"\] is True\)$'
+    )
+    with override_settings(TASKS=REQUIRED):
+        with pytest.raises(NotInTransaction, match=refusal):
+            djtasks.add.enqueue(1, 2)
+        with pytest.raises(NotInTransaction, match=refusal):  # async code: no transaction
+            async_to_sync(djtasks.add.aenqueue)(1, 2)
 
 
 @needs_tasks
@@ -182,17 +206,6 @@ def test_a_current_celery_app_on_rabbitmq_without_confirms_is_warned_about_by_w0
     (warning,) = checked_under(broker="amqp://guest@127.0.0.1:1//")
     assert warning.id == "django_outbox.W004"
     assert "without publisher confirms" in warning.msg
-
-
-@needs_tasks
-def test_aenqueue_says_why_it_cannot_join_a_transaction():
-    from asgiref.sync import async_to_sync
-
-    from django_outbox import NotInTransaction
-    from tests.testapp import djtasks
-
-    with pytest.raises(NotInTransaction, match=r"add\.aenqueue\(\) cannot join a transaction"):
-        async_to_sync(djtasks.add.aenqueue)(1, 2)
 
 
 @needs_tasks
