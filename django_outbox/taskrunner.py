@@ -12,14 +12,19 @@ The relay sends each task enqueued through
 2. in that same short transaction the record becomes RUNNING (so it is seen while
    the task runs; the worker's id is added), and ``task_started`` is sent;
 3. the task runs inside the inbox transaction of consumer ``django.tasks`` on the
-   backend's database, holding its record, and its SUCCESSFUL outcome (the return
-   value) is written in that same transaction: the task's writes, the inbox mark
-   and the outcome commit together or not at all. A delivery of a task whose mark
-   is there (a relay's second publish, a broker's redelivery) runs nothing;
-4. an exception rolls all of that back; the FAILED outcome (the exception class
-   and traceback) is then written with the inbox mark in a transaction of its
-   own, so the failure is final, as Django's tasks are never retried by the
-   backend. ``task_finished`` is sent once the outcome is committed.
+   backend's database, holding its record, in a savepoint, and its SUCCESSFUL outcome
+   (the return value) is written in that same savepoint: the task's writes, the inbox
+   mark and the outcome commit together or not at all. A delivery of a task whose
+   mark is there (a relay's second publish, a broker's redelivery) runs nothing;
+4. an exception (any ``BaseException`` but ``KeyboardInterrupt`` and the worker's own
+   stop, as Django's own backends count them) rolls the task's writes back to the
+   savepoint; the FAILED outcome (the exception class and traceback) is then written
+   with the inbox mark in the transaction that still holds the record, so no other
+   delivery can start the task before the failure is committed, and the failure is
+   final, as Django's tasks are never retried by the backend. ``task_finished`` is sent
+   once the outcome is committed. Texts PostgreSQL cannot store (a NUL, a lone
+   surrogate, in an error or a return value) are stored replaced
+   (``inbox.storable``).
 
 A worker killed mid-task commits nothing of step 3: the broker redelivers the
 message (the runner acks late) and the task runs again, a second attempt. A task

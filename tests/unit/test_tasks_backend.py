@@ -214,6 +214,7 @@ def test_a_current_celery_app_on_rabbitmq_without_confirms_is_warned_about_by_w0
     [
         (float("nan"), "not JSON-serialisable"),
         ("a\x00b", "NUL"),
+        ("a\ud800b", "lone surrogate"),
         ("x" * 70_000, "bytes, more than"),
     ],
 )
