@@ -51,6 +51,9 @@ from .routes import TASK_RUNNER
 logger = logging.getLogger(__name__)
 logger.addFilter(SecretFilter(outbox_settings.redact))  # the runner's error texts
 
+#: What a Celery worker raises, from its signal handlers, in the frame of the task it runs
+#: when it is made to stop at once (a solo pool's hard shutdown): not the task's failure.
+WORKER_STOPS = (WorkerShutdown, WorkerTerminate)
 #: How long a worker that cannot run a Django task yet (its code or its TASKS backend
 #: is not deployed here) waits before the task's message is tried again.
 UNAVAILABLE_RETRY_SECONDS = 30
@@ -126,7 +129,7 @@ def run_django_task(self: Task, **payload: Any) -> None:
             payload,
             str(self.request.id),
             str(self.request.hostname),
-            interrupts=(WorkerShutdown, WorkerTerminate),  # raised by the worker's stop
+            interrupts=WORKER_STOPS,
         )
     except Exception as exc:
         logger.error(

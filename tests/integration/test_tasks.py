@@ -618,3 +618,27 @@ def test_aenqueue_called_from_code_under_atomic_joins_its_transaction():
     with transaction.atomic():
         result = async_to_sync(djtasks.add.aenqueue)(2, 2)
     assert OutboxMessage.objects.get().event_id == uuid.UUID(result.id)
+
+
+@pytest.mark.parametrize(
+    "stop", ["builtins.KeyboardInterrupt", "celery.exceptions.WorkerTerminate"]
+)
+def test_a_worker_stopped_mid_task_commits_nothing_and_the_next_delivery_runs_it(stop):
+    """Ctrl+C, or Celery's hard shutdown of a solo worker (WorkerTerminate, raised by its
+    signal handler in the task's frame; raised by the task here, in-process, as the
+    database-failure test does): not the task's failure. The attempt commits nothing and
+    the exception goes through to the worker; the broker's redelivery runs the task."""
+    from django_outbox.celery import WORKER_STOPS
+
+    with transaction.atomic():
+        result = djtasks.interrupted_on_first_attempt.enqueue(stop)
+    with pytest.raises(BaseException) as raised:
+        taskrunner.run({"backend": "default"}, result.id, "worker-1", interrupts=WORKER_STOPS)
+    assert f"{type(raised.value).__module__}.{type(raised.value).__name__}" == stop
+    result.refresh()
+    assert result.status == TaskResultStatus.RUNNING and not result.errors
+    assert not Delivery.objects.exists() and not InboxMessage.objects.exists()
+    taskrunner.run({"backend": "default"}, result.id, "worker-2", interrupts=WORKER_STOPS)
+    result.refresh()
+    assert (result.status, result.return_value, result.attempts) == ("SUCCESSFUL", 2, 2)
+    assert list(Delivery.objects.values_list("consumer", "n")) == [("interrupted", 2)]

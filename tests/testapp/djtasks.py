@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from django.tasks import TaskContext, task
+from django.utils.module_loading import import_string
 
 from .models import Delivery
 
@@ -33,6 +34,16 @@ def stalls_on_first_attempt(context: TaskContext, seconds: float) -> int:
     Delivery.objects.create(consumer="stalls", n=context.attempt)
     if context.attempt == 1:
         time.sleep(seconds)
+    return context.attempt
+
+
+@task(takes_context=True)
+def interrupted_on_first_attempt(context: TaskContext, exception_path: str) -> int:
+    """Writes, then (on its first attempt only) raises the exception at ``exception_path``,
+    as a worker's signal handler raises its stop in the frame of the task it runs."""
+    Delivery.objects.create(consumer="interrupted", n=context.attempt)
+    if context.attempt == 1:
+        raise import_string(exception_path)()
     return context.attempt
 
 
