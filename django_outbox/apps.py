@@ -24,6 +24,13 @@ class OutboxConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+        from .conf import sets_tasks
+
+        if sets_tasks():
+            # Django registers its check of the TASKS backends (OutboxTaskBackend.check:
+            # E019, W006, W007 ...) when django.tasks is imported, which a project's
+            # check run need not do.
+            import django.tasks  # noqa: F401
 
 
 @checks.register(checks.Tags.compatibility)

@@ -32,7 +32,11 @@ from typing import Any, NoReturn
 
 try:
     from celery import Task, shared_task  # type: ignore[import-untyped]
-    from celery.exceptions import Reject  # type: ignore[import-untyped]
+    from celery.exceptions import (  # type: ignore[import-untyped]
+        Reject,
+        WorkerShutdown,
+        WorkerTerminate,
+    )
 except ImportError as exc:  # the [celery] extra is not installed
     raise ImportError(
         "django_outbox.celery requires the celery package: "
@@ -47,6 +51,9 @@ from .routes import TASK_RUNNER
 logger = logging.getLogger(__name__)
 logger.addFilter(SecretFilter(outbox_settings.redact))  # the runner's error texts
 
+#: What a Celery worker raises, from its signal handlers, in the frame of the task it runs
+#: when it is made to stop at once (a solo pool's hard shutdown): not the task's failure.
+WORKER_STOPS = (WorkerShutdown, WorkerTerminate)
 #: How long a worker that cannot run a Django task yet (its code or its TASKS backend
 #: is not deployed here) waits before the task's message is tried again.
 UNAVAILABLE_RETRY_SECONDS = 30
@@ -110,13 +117,20 @@ def run_django_task(self: Task, **payload: Any) -> None:
     A task it cannot run yet (:class:`~django_outbox.taskrunner.TaskUnavailable`) and
     an error of the runner itself (the database gone mid-run) are sent again after
     ``UNAVAILABLE_RETRY_SECONDS``, never acked away: the task's own errors never get
-    here (they are its FAILED outcome). A retry the broker does not take is not
-    dropped as Celery would drop it (``Reject(requeue=False)``): this message goes
-    back to its queue instead (``tasks.retry_unsent``)."""
+    here (they are its FAILED outcome, ``SystemExit`` included), nor do the worker's own
+    stops (``WorkerShutdown``, ``WorkerTerminate``: the attempt commits nothing). A
+    retry the broker does not take is not dropped as Celery would drop it
+    (``Reject(requeue=False)``): this message goes back to its queue instead
+    (``tasks.retry_unsent``)."""
     try:
         from .taskrunner import run  # needs django.tasks: Django 6.0+
 
-        run(payload, str(self.request.id), str(self.request.hostname))
+        run(
+            payload,
+            str(self.request.id),
+            str(self.request.hostname),
+            interrupts=WORKER_STOPS,
+        )
     except Exception as exc:
         logger.error(
             "task %s: %s: %s; sent again in %ds",

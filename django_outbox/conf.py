@@ -398,6 +398,14 @@ CHECK_IDS = {
     "missing_app": "django_outbox.E050",
 }
 
+
+def sets_tasks() -> bool:
+    """Whether the project sets Django's ``TASKS`` (Django 6.0+): then the checks of its
+    task backends must run, whether or not anything imported ``django.tasks``."""
+    overridden: bool = settings.is_overridden("TASKS")  # type: ignore[misc]
+    return overridden and importlib.util.find_spec("django.tasks") is not None
+
+
 #: The package a kombu transport needs, by URL scheme: (module to import, what to install).
 DRIVERS = {
     **dict.fromkeys(

@@ -14,10 +14,11 @@ Import it as ``django_outbox.tasks.OutboxTaskBackend``: this module needs
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from django.conf import settings
 from django.core import checks
@@ -40,7 +41,7 @@ from .staging import stage, to_json
 from .transports.celery import publishes_unconfirmed
 
 #: The backend's ``OPTIONS`` and their defaults.
-DEFAULT_OPTIONS = {"DATABASE": "default"}
+DEFAULT_OPTIONS: dict[str, Any] = {"DATABASE": "default", "REQUIRE_TRANSACTION": False}
 
 
 class OutboxTaskBackend(BaseTaskBackend):
@@ -48,8 +49,14 @@ class OutboxTaskBackend(BaseTaskBackend):
 
     ``OPTIONS``: ``DATABASE``, the alias the tasks' outbox rows and results are
     written to (default ``"default"``); a task's own writes commit with its
-    outcome only on that database. ``QUEUES``: the task queues, each a Celery
-    queue (``queue_name`` is the queue the task is sent to).
+    outcome only on that database. ``REQUIRE_TRANSACTION`` (default False): True
+    refuses an enqueue outside ``transaction.atomic()``, which otherwise commits on
+    its own at once. ``QUEUES``: the task queues, each a Celery queue
+    (``queue_name`` is the queue the task is sent to).
+
+    ``aenqueue()`` is Django's: ``enqueue()`` through ``sync_to_async`` in the thread
+    where Django runs sync code, so it joins the transaction open there (async code
+    that code under ``atomic()`` called through ``async_to_sync``), else commits at once.
     """
 
     supports_defer = True  # run_after: the row's available_at
@@ -61,20 +68,31 @@ class OutboxTaskBackend(BaseTaskBackend):
         super().__init__(alias, params)
         options = self.options if isinstance(self.options, dict) else {}
         self.using: str = options.get("DATABASE", DEFAULT_OPTIONS["DATABASE"])
+        self.require_transaction = options.get(
+            "REQUIRE_TRANSACTION", DEFAULT_OPTIONS["REQUIRE_TRANSACTION"]
+        )
 
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
-        """Stage ``task`` in the transaction in hand on the backend's database; raises
-        :class:`~django_outbox.NotInTransaction` outside ``transaction.atomic()``."""
+        """Stage ``task`` in the transaction in hand on the backend's database, or, in
+        autocommit, in a transaction of its own, committed before it returns; with
+        ``REQUIRE_TRANSACTION`` it raises :class:`~django_outbox.NotInTransaction` there."""
         self.validate_task(task)
         # Django's own normalization (TypeError for what JSON cannot hold), then the
         # outbox's: no NaN, nothing PostgreSQL cannot store, within MAX_PAYLOAD_BYTES.
         arguments = {"args": normalize_json(args), "kwargs": normalize_json(kwargs)}
         arguments = to_json(arguments, "arguments", task.module_path)
-        if not transaction.get_connection(self.using).in_atomic_block:
+        if self.require_transaction and not transaction.get_connection(self.using).in_atomic_block:
             raise NotInTransaction(
                 f"{task.name}.enqueue() on the outbox task backend must run inside "
-                f"transaction.atomic(using={self.using!r}), with the writes the task belongs to"
+                f"transaction.atomic(using={self.using!r}), with the writes the task belongs "
+                f'to (TASKS["{self.alias}"]["OPTIONS"]["REQUIRE_TRANSACTION"] is True)'
             )
+        with transaction.atomic(using=self.using, savepoint=False):
+            return self._stage(task, arguments)
+
+    def _stage(self, task: Task, arguments: dict[str, Any]) -> TaskResult:
+        """Write ``task``'s outbox row and result record in the transaction in hand;
+        ``task_enqueued`` is sent once it commits."""
         row = stage(
             task.module_path,
             {"backend": self.alias, "task": task.module_path, "priority": task.priority},
@@ -96,15 +114,6 @@ class OutboxTaskBackend(BaseTaskBackend):
         send = functools.partial(task_enqueued.send, type(self), task_result=result)
         transaction.on_commit(send, using=self.using, robust=True)
         return result
-
-    async def aenqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
-        """Refused: Django has no asynchronous ``atomic()``, so an enqueue from async code
-        cannot join the transaction of the writes it belongs to."""
-        raise NotInTransaction(
-            f"{task.name}.aenqueue() cannot join a transaction (Django has no async atomic): "
-            "put the writes and task.enqueue() in one function under transaction.atomic() "
-            "and call it through sync_to_async"
-        )
 
     def get_result(self, result_id: str) -> TaskResult:
         """The task's result as last written; :class:`TaskResultDoesNotExist` for an id
@@ -128,9 +137,13 @@ class OutboxTaskBackend(BaseTaskBackend):
 
     def result_of(self, record: TaskResultRecord, task: Task | None = None) -> TaskResult:
         """``record`` as Django's :class:`TaskResult`; ``task`` is its task when the
-        caller has it already (else :meth:`task_of`)."""
+        caller has it already (else :meth:`task_of`, or an :class:`UnavailableTask` where
+        this process cannot import it: the result is read all the same)."""
         if task is None:
-            task = self.task_of(record)
+            try:
+                task = self.task_of(record)
+            except InvalidTask as exc:
+                task = UnavailableTask.of(record, str(exc))
         result: TaskResult = TaskResult(
             task=task,
             id=str(record.id),
@@ -162,6 +175,37 @@ class OutboxTaskBackend(BaseTaskBackend):
         return found
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class UnavailableTask(Task):
+    """The task of a stored result that this process cannot import (its code is deployed
+    with the workers only, or no longer exists): named by the stored path, with the
+    options it was enqueued with; calling it raises :class:`InvalidTask` saying why."""
+
+    def __post_init__(self) -> None:
+        """Nothing to validate: it never runs here."""
+
+    @classmethod
+    def of(cls, record: TaskResultRecord, why: str) -> UnavailableTask:
+        return cls(
+            func=_unavailable(record.task_path, why),
+            priority=record.priority,
+            backend=record.backend,
+            queue_name=record.queue_name,
+            run_after=record.run_after,
+        )
+
+
+def _unavailable(path: str, why: str) -> Callable[..., NoReturn]:
+    """A stand-in function named like the task at ``path``, which raises ``why``."""
+
+    def unavailable(*args: Any, **kwargs: Any) -> NoReturn:
+        raise InvalidTask(why)
+
+    module, _, name = path.rpartition(".")
+    unavailable.__module__, unavailable.__qualname__, unavailable.__name__ = module, name, name
+    return unavailable
+
+
 def load_task(path: str) -> Task:
     """The task (a :func:`django.tasks.task`-decorated function) at ``path``; raises
     :class:`InvalidTask` if ``path`` imports no task."""
@@ -187,13 +231,25 @@ def is_task_queue(queue: object) -> bool:
 
 def _option_problems(alias: str, options: object) -> list[checks.CheckMessage]:
     where = f'TASKS["{alias}"]["OPTIONS"]'
-    hint = 'OPTIONS takes "DATABASE": a database alias (default "default"); see docs/tasks.md.'
+    hint = (
+        'OPTIONS takes "DATABASE": a database alias (default "default"), and '
+        '"REQUIRE_TRANSACTION": True or False (default False); see docs/tasks.md.'
+    )
     if not isinstance(options, dict):
         return [checks.Error(f"{where} must be a dict.", hint=hint, id=CHECK_IDS["bad_tasks"])]
     found: list[checks.CheckMessage] = [
         checks.Error(f"{where} has no option {key!r}.", hint=hint, id=CHECK_IDS["bad_tasks"])
         for key in sorted(map(str, set(options) - set(DEFAULT_OPTIONS)))
     ]
+    required = options.get("REQUIRE_TRANSACTION", DEFAULT_OPTIONS["REQUIRE_TRANSACTION"])
+    if not isinstance(required, bool):
+        found.append(
+            checks.Error(
+                f'{where}["REQUIRE_TRANSACTION"] must be True or False; got {required!r}.',
+                hint=hint,
+                id=CHECK_IDS["bad_tasks"],
+            )
+        )
     database = options.get("DATABASE", DEFAULT_OPTIONS["DATABASE"])
     if database not in settings.DATABASES:
         found.append(

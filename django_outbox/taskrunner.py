@@ -12,14 +12,19 @@ The relay sends each task enqueued through
 2. in that same short transaction the record becomes RUNNING (so it is seen while
    the task runs; the worker's id is added), and ``task_started`` is sent;
 3. the task runs inside the inbox transaction of consumer ``django.tasks`` on the
-   backend's database, holding its record, and its SUCCESSFUL outcome (the return
-   value) is written in that same transaction: the task's writes, the inbox mark
-   and the outcome commit together or not at all. A delivery of a task whose mark
-   is there (a relay's second publish, a broker's redelivery) runs nothing;
-4. an exception rolls all of that back; the FAILED outcome (the exception class
-   and traceback) is then written with the inbox mark in a transaction of its
-   own, so the failure is final, as Django's tasks are never retried by the
-   backend. ``task_finished`` is sent once the outcome is committed.
+   backend's database, holding its record, in a savepoint, and its SUCCESSFUL outcome
+   (the return value) is written in that same savepoint: the task's writes, the inbox
+   mark and the outcome commit together or not at all. A delivery of a task whose
+   mark is there (a relay's second publish, a broker's redelivery) runs nothing;
+4. an exception (any ``BaseException`` but ``KeyboardInterrupt`` and the worker's own
+   stop, as Django's own backends count them) rolls the task's writes back to the
+   savepoint; the FAILED outcome (the exception class and traceback) is then written
+   with the inbox mark in the transaction that still holds the record, so no other
+   delivery can start the task before the failure is committed, and the failure is
+   final, as Django's tasks are never retried by the backend. ``task_finished`` is sent
+   once the outcome is committed. Texts PostgreSQL cannot store (a NUL, a lone
+   surrogate, in an error or a return value) are stored replaced
+   (``inbox.storable``).
 
 A worker killed mid-task commits nothing of step 3: the broker redelivers the
 message (the runner acks late) and the task runs again, a second attempt. A task
@@ -46,7 +51,7 @@ from django.utils.json import normalize_json
 
 from . import db
 from .conf import outbox_settings
-from .inbox import process_once
+from .inbox import process_once, storable
 from .models import TASK_FINISHED, TaskResultRecord, TaskStatus
 from .redact import SecretFilter
 
@@ -74,9 +79,18 @@ class WorkerLost(Exception):
     """The outcome of a task whose workers died :data:`MAX_STARTS` times running it."""
 
 
-def run(payload: dict[str, Any], result_id: str, worker_id: str) -> None:
+def run(
+    payload: dict[str, Any],
+    result_id: str,
+    worker_id: str,
+    *,
+    interrupts: tuple[type[BaseException], ...] = (),
+) -> None:
     """Run the task of ``payload`` (the message the backend staged) whose result id is
-    ``result_id``, once in effect; ``worker_id`` joins its ``worker_ids``."""
+    ``result_id``, once in effect; ``worker_id`` joins its ``worker_ids``. ``interrupts``
+    are the exceptions with which the worker stops itself (Celery's shutdown), which are
+    not the task's failure: like ``KeyboardInterrupt`` they go through, nothing of the
+    attempt committed."""
     backend = _backend(payload.get("backend"))
     try:
         started = _start(backend, uuid.UUID(result_id), worker_id)
@@ -87,20 +101,20 @@ def run(payload: dict[str, Any], result_id: str, worker_id: str) -> None:
         return
     record, task = started
     _send(task_started, backend, record, task)
-    try:
-        finished = _run_once(backend, record, task)
-    except (OperationalError, InterfaceError):
-        raise  # the database failed, not the task: nothing committed; Celery sends it again
-    except Exception as exc:
-        finished = _fail(record, backend.using, exc)
-    if finished:
+    if _run_once(backend, record, task, (KeyboardInterrupt, *interrupts)):
         _send(task_finished, backend, record, task)
 
 
-def _run_once(backend: OutboxTaskBackend, record: TaskResultRecord, task: Task) -> bool:
-    """Run the task in one transaction with its inbox mark and SUCCESSFUL outcome,
-    holding its record; False when another delivery holds it or the mark is there
-    (this one ran nothing)."""
+def _run_once(
+    backend: OutboxTaskBackend,
+    record: TaskResultRecord,
+    task: Task,
+    interrupts: tuple[type[BaseException], ...],
+) -> bool:
+    """Run the task in one transaction with its inbox mark and its outcome, holding its
+    record from the start to the commit: SUCCESSFUL with the task's writes, or FAILED
+    once they are rolled back to a savepoint. False when another delivery holds the
+    record or the mark is there (this one ran nothing)."""
     with transaction.atomic(using=backend.using):
         if not _hold(backend.using, record.id):
             return False
@@ -108,9 +122,35 @@ def _run_once(backend: OutboxTaskBackend, record: TaskResultRecord, task: Task) 
             if not new:
                 logger.info("task %s already ran; skipped", record.id, extra=_extra(record))
                 return False
-            value = normalize_json(_call(backend.result_of(record, task)))
-            _finish(record, backend.using, TaskStatus.SUCCESSFUL, return_value=value)
+            error = _attempt(backend, record, task, interrupts)
+            if error is not None:
+                _record_failure(record, backend.using, error)
+    if error is not None:
+        _log_failure(record, error)
     return True
+
+
+def _attempt(
+    backend: OutboxTaskBackend,
+    record: TaskResultRecord,
+    task: Task,
+    interrupts: tuple[type[BaseException], ...],
+) -> BaseException | None:
+    """Call the task and write its SUCCESSFUL outcome in a savepoint; or return what it
+    raised, any ``BaseException`` (``SystemExit`` included, as Django's own backends
+    record it), its writes rolled back to the savepoint. The database failing and
+    ``interrupts`` go through: they are not the task's failure."""
+    try:
+        with transaction.atomic(using=backend.using):
+            value = storable(normalize_json(_call(backend.result_of(record, task))))
+            _finish(record, backend.using, TaskStatus.SUCCESSFUL, return_value=value)
+    except (OperationalError, InterfaceError):
+        raise  # the database failed, not the task: nothing committed; Celery sends it again
+    except BaseException as exc:
+        if isinstance(exc, interrupts):
+            raise  # the worker stops: nothing committed; the broker redelivers the task
+        return exc
+    return None
 
 
 def _backend(alias: object) -> OutboxTaskBackend:
@@ -171,8 +211,12 @@ def _start(
             fields = ["status", "started_at", "last_attempted_at", "worker_ids"]
             record.save(using=backend.using, update_fields=fields)
             return record, task
-    lost = WorkerLost(f"started {len(record.worker_ids)} times, its worker died each time")
-    if _fail(record, backend.using, lost):
+        lost = WorkerLost(f"started {len(record.worker_ids)} times, its worker died each time")
+        with process_once(CONSUMER, record.id, backend.using) as new:
+            if new:  # in the transaction that holds the record
+                _record_failure(record, backend.using, lost)
+    if new:
+        _log_failure(record, lost)
         _send(task_finished, backend, record, task)
     return None
 
@@ -216,31 +260,28 @@ def _finish(record: TaskResultRecord, using: str, status: TaskStatus, **values: 
     record.save(using=using, update_fields=["status", "finished_at", *values])
 
 
-def _fail(record: TaskResultRecord, using: str, exc: Exception) -> bool:
-    """Commit the FAILED outcome of ``exc`` with the inbox mark; False when another
-    delivery committed an outcome first (this one's failure is then not recorded)."""
+def _record_failure(record: TaskResultRecord, using: str, exc: BaseException) -> None:
+    """Write the FAILED outcome of ``exc``: its class and its traceback (passwords masked),
+    as PostgreSQL can store them (a NUL or a lone surrogate in the message replaced)."""
     kind = type(exc)
     error = {
         "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
         "traceback": outbox_settings.redact("".join(traceback.format_exception(exc))),
     }
-    with process_once(CONSUMER, record.id, using) as new:
-        if new:
-            _finish(record, using, TaskStatus.FAILED, errors=[*record.errors, error])
-    if new:
-        logger.warning(
-            "task %s failed: %s: %s",
-            record.id,
-            error["exception_class_path"],
-            exc,
-            exc_info=exc,
-            extra={"action": "tasks.failed", "result_id": str(record.id)},
-        )
-    else:
-        logger.info(
-            "task %s failed, another delivery had finished it", record.id, extra=_extra(record)
-        )
-    return new
+    errors = [*record.errors, storable(error)]
+    _finish(record, using, TaskStatus.FAILED, errors=errors, return_value=None)
+
+
+def _log_failure(record: TaskResultRecord, exc: BaseException) -> None:
+    logger.warning(
+        "task %s failed: %s.%s: %s",
+        record.id,
+        type(exc).__module__,
+        type(exc).__qualname__,
+        exc,
+        exc_info=exc,
+        extra={"action": "tasks.failed", "result_id": str(record.id)},
+    )
 
 
 def _extra(record: TaskResultRecord) -> dict[str, Any]:

@@ -31,5 +31,7 @@ if os.environ.get("TEST_CELERY_PRIORITY"):  # the queue takes message priorities
 
     app.conf.task_queues = [priority_queue(app.conf.task_default_queue)]
     app.conf.worker_prefetch_multiplier = 1  # so the worker takes the highest first
+if os.environ.get("TEST_CELERY_PREFETCH"):  # a worker holds no more messages than this
+    app.conf.worker_prefetch_multiplier = int(os.environ["TEST_CELERY_PREFETCH"])
 app.conf.worker_hijack_root_logger = False
 app.autodiscover_tasks()  # every installed app: tests.testapp, django_outbox (its runner)

@@ -92,7 +92,8 @@ def never_migrated_env(folder: Path) -> dict[str, str]:
         "from tests.settings import *  # noqa: F403\n\n"
         f"DATABASES = {{'default': {{'ENGINE': 'django.db.backends.sqlite3', "
         f"'NAME': {str(folder / 'db.sqlite3')!r}}}}}\n"
-        "SILENCED_SYSTEM_CHECKS = ['django_outbox.W001']\n"
+        # W006: the tasks backend of the test settings on SQLite (Django 6).
+        "SILENCED_SYSTEM_CHECKS = ['django_outbox.W001', 'django_outbox.W006']\n"
     )
     env = relay_env()
     env.update(
@@ -307,10 +308,13 @@ def queue_settled(queue: str) -> bool:
     return False
 
 
-def start_worker(queue: str, log: Path, pool: str = "solo", **env: str) -> subprocess.Popen[str]:
+def start_worker(
+    queue: str, log: Path, pool: str = "solo", name: str = "celery", **env: str
+) -> subprocess.Popen[str]:
     """A real worker of tests.celery_app on ``queue`` (its ``pool``: one process, or with
     "prefork" a parent and one child), logging to ``log`` (a file, not a pipe: a full pipe
-    would stall the worker); ``env`` joins its environment."""
+    would stall the worker); ``name`` is its node name's first part (two workers at once
+    need two); ``env`` joins its environment."""
     with log.open("w") as log_file:
         return subprocess.Popen(
             [
@@ -326,6 +330,8 @@ def start_worker(queue: str, log: Path, pool: str = "solo", **env: str) -> subpr
                 "1",
                 "--queues",
                 queue,
+                "--hostname",
+                f"{name}@%h",
                 "--without-gossip",
                 "--without-mingle",
                 "--without-heartbeat",

@@ -7,6 +7,7 @@ from tests.testapp import views
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("orders/", views.place_order, name="place-order"),
+    path("tasks/add/", views.enqueue_add, name="enqueue-add"),
     path("outbox/", include("django_outbox.urls")),
     path(
         "health-check/",

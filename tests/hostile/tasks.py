@@ -25,11 +25,14 @@ def _djtasks():  # type: ignore[no-untyped-def]
 def task_outside_transaction(request: object) -> str:
     from django_outbox import NotInTransaction
 
-    try:
-        _djtasks().add.enqueue(1, 2)
-    except NotInTransaction as exc:
-        return error_line(exc)
-    raise AssertionError("enqueue() ran in autocommit mode")
+    djtasks = _djtasks()
+    options = {"REQUIRE_TRANSACTION": True}
+    with override_settings(TASKS={"default": {"BACKEND": BACKEND, "OPTIONS": options}}):
+        try:
+            djtasks.add.enqueue(1, 2)
+        except NotInTransaction as exc:
+            return error_line(exc)
+    raise AssertionError("enqueue() ran in autocommit mode under REQUIRE_TRANSACTION")
 
 
 @case("task-arguments-not-json")

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -436,3 +437,208 @@ def test_a_task_whose_database_fails_mid_task_is_not_failed_and_runs_again(monke
     result.refresh()
     assert (result.status, result.return_value, result.attempts) == ("SUCCESSFUL", 3, 2)
     assert list(Delivery.objects.values_list("consumer", "n")) == [("add", 3)]
+
+
+def test_error_texts_and_return_values_the_database_cannot_store_are_stored_readable(queue, worker):
+    """A NUL or a lone surrogate in a task's error or return value (form input in an
+    error message): jsonb refuses the one, psycopg the other. Before, the FAILED write
+    raised, Celery sent the task again every 30 s, and the real error was lost."""
+    with transaction.atomic():
+        failed = djtasks.fails_with_unstorable_text.using(queue_name=queue).enqueue()
+        returned = djtasks.returns_unstorable_values.using(queue_name=queue).enqueue()
+    relay_all()
+    _, log = worker
+    wait_until(
+        lambda: (finished(failed.id) and finished(returned.id)) or "sent again" in log.read_text(),
+        timeout=60,
+        what="both tasks to finish, or the worker to give one back to Celery",
+    )
+    failed.refresh()
+    returned.refresh()
+    assert "sent again" not in log.read_text()
+    assert (failed.status, failed.attempts) == (TaskResultStatus.FAILED, 1)
+    (error,) = failed.errors
+    assert error.exception_class is ValueError
+    # Replaced as the inbox replaces them: a NUL by U+FFFD, a lone surrogate by "?".
+    assert "ValueError: bad name a\ufffdb ?\n" in error.traceback
+    assert (returned.status, returned.attempts) == (TaskResultStatus.SUCCESSFUL, 1)
+    assert returned.return_value == {"name": "a\ufffdb", "half": "?", "ratio": "nan"}
+    assert Delivery.objects.filter(consumer="returns_unstorable_values").count() == 1
+
+
+@pytest.mark.parametrize("pool", ["solo", "prefork"])
+def test_a_task_that_raises_system_exit_is_failed_once_and_the_worker_goes_on(
+    queue, tmp_path, pool
+):
+    """Django's own backends record any BaseException but KeyboardInterrupt as the task's
+    failure. Before, SystemExit crashed the solo pool (the worker exited 1) and killed a
+    prefork child, and Celery ran the task again, up to 5 times."""
+    with transaction.atomic():
+        exits = djtasks.exits.using(queue_name=queue).enqueue(3)
+        after = djtasks.add.using(queue_name=queue).enqueue(1, 1)
+    relay_all()
+    log = tmp_path / "worker.log"
+    process = start_worker(queue, log, pool=pool)
+    try:
+        wait_until(
+            lambda: (
+                (finished(exits.id) and finished(after.id))
+                or process.poll() is not None
+                or len(TaskResultRecord.objects.get(id=exits.id).worker_ids) > 1
+            ),
+            timeout=60,
+            what="both tasks to finish, the worker to exit or the task to start again",
+        )
+        assert process.poll() is None, log.read_text()[-3000:]
+    finally:
+        stop(process, signal.SIGQUIT)
+    exits.refresh()
+    after.refresh()
+    assert (exits.status, exits.attempts) == (TaskResultStatus.FAILED, 1)
+    (error,) = exits.errors
+    assert error.exception_class_path == "builtins.SystemExit"
+    assert "SystemExit: 3" in error.traceback
+    assert (after.status, after.return_value) == (TaskResultStatus.SUCCESSFUL, 2)
+    assert list(Delivery.objects.values_list("consumer", flat=True)) == ["add"]
+
+
+def test_a_duplicate_delivered_while_a_failure_is_being_recorded_does_not_run_the_task(
+    queue, tmp_path
+):
+    """The failing delivery is held after its task raised and before its FAILED outcome
+    commits (the task's error holds it while the runner formats it: see
+    djtasks.HeldOpen); meanwhile the relay publishes the task again, as a relay whose
+    lease ran out does, and the other worker takes that duplicate. Before, the rollback
+    of the task had released the record, so the duplicate started the task again."""
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    os.mkfifo(barrier / "go")
+    with transaction.atomic():
+        result = djtasks.fails_held_open.using(queue_name=queue).enqueue(str(barrier))
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    # One message at a time each: the busy worker cannot hold the duplicate back.
+    workers = [start_worker(queue, log, name=log.stem, TEST_CELERY_PREFETCH="1") for log in logs]
+    try:
+        for log in logs:
+            wait_logged(log, "ready.")
+        assert relay_all() == 1
+        wait_until((barrier / "holding").exists, timeout=60, what="the failure to be held")
+        # The relay's lease ran out before it marked the row: it publishes it again.
+        OutboxMessage.objects.filter(event_id=result.id).update(
+            status="processing", locked_until=timezone.now(), published_at=None
+        )
+        assert relay_all() == 1
+        done = f"run_task[{result.id}] succeeded in"
+        wait_until(
+            lambda: sum(log.read_text().count(done) for log in logs) == 1,
+            timeout=60,
+            what="the duplicate delivery to be done with",
+        )
+        release(barrier)
+        wait_finished(result)
+        wait_until(lambda: queue_settled(queue), timeout=30, what="the queue to settle")
+    finally:
+        release(barrier)
+        for process in workers:
+            stop(process, signal.SIGQUIT)
+    assert (barrier / "runs").read_text() == "run\n"  # run once, not twice
+    assert (result.status, result.attempts) == (TaskResultStatus.FAILED, 1)
+    (error,) = result.errors
+    assert error.exception_class_path == "tests.testapp.djtasks.HeldOpen"
+    held = [log.read_text() for log in logs if "another delivery is running it" in log.read_text()]
+    assert len(held) == 1
+
+
+def release(barrier: Path) -> None:
+    """Let the delivery held at ``barrier`` go on (nothing, if none got there). Opening
+    the FIFO waits for the held delivery to open it, which it does right after it says
+    it is holding."""
+    if (barrier / "holding").exists() and not (barrier / "released").exists():
+        os.close(os.open(barrier / "go", os.O_WRONLY))
+        (barrier / "released").touch()
+
+
+def test_a_result_is_read_in_a_process_that_cannot_import_its_task():
+    """A dashboard or a service that reads results but does not deploy the workers' code
+    (this process has no module billing). Before, get_result() raised InvalidTask."""
+    from django.tasks import default_task_backend
+    from django.tasks.exceptions import InvalidTask
+
+    record = TaskResultRecord.objects.create(
+        id=uuid.uuid4(),
+        task_path="billing.tasks.charge",
+        backend="default",
+        queue_name="billing",
+        priority=10,
+        args=[42],
+        status="SUCCESSFUL",
+        return_value={"charged": 42},
+        worker_ids=["celery@billing-1"],
+    )
+    result = default_task_backend.get_result(str(record.id))
+    assert (result.status, result.args) == ("SUCCESSFUL", [42])
+    assert result.return_value == {"charged": 42}
+    assert (result.task.module_path, result.task.name) == ("billing.tasks.charge", "charge")
+    assert (result.task.queue_name, result.task.priority) == ("billing", 10)
+    with pytest.raises(InvalidTask, match=r"cannot import the task 'billing\.tasks\.charge'"):
+        result.task.call(42)
+    TaskResultRecord.objects.filter(id=record.id).update(status="FAILED")
+    result.refresh()
+    assert result.status == "FAILED"
+
+
+def test_an_async_view_and_autocommit_code_enqueue_as_with_djangos_own_backends(queue, worker):
+    """Each enqueue outside atomic() commits at once, on its own (aenqueue: from an async
+    view, through the sync thread, which has no transaction open). Before, both raised
+    NotInTransaction."""
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient
+
+    response = async_to_sync(AsyncClient().get)(f"/tasks/add/?queue={queue}&a=2&b=3")
+    assert response.status_code == 200, response.content
+    from_view = djtasks.add.get_result(response.json()["result_id"])
+    assert response.json()["status"] == from_view.status == TaskResultStatus.READY
+    in_autocommit = djtasks.add.using(queue_name=queue).enqueue(20, 30)
+    assert relay_all() == 2  # both committed already
+    wait_finished(from_view)
+    wait_finished(in_autocommit)
+    assert (from_view.return_value, in_autocommit.return_value) == (5, 50)
+
+
+def test_aenqueue_called_from_code_under_atomic_joins_its_transaction():
+    """async_to_sync from sync code inside atomic(): aenqueue runs enqueue in that same
+    thread, so the task commits or rolls back with the block."""
+    from asgiref.sync import async_to_sync
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        async_to_sync(djtasks.add.aenqueue)(1, 1)
+        assert OutboxMessage.objects.count() == 1  # in the block's transaction
+        raise RuntimeError("rolled back")
+    assert not OutboxMessage.objects.exists() and not TaskResultRecord.objects.exists()
+    with transaction.atomic():
+        result = async_to_sync(djtasks.add.aenqueue)(2, 2)
+    assert OutboxMessage.objects.get().event_id == uuid.UUID(result.id)
+
+
+@pytest.mark.parametrize(
+    "stop", ["builtins.KeyboardInterrupt", "celery.exceptions.WorkerTerminate"]
+)
+def test_a_worker_stopped_mid_task_commits_nothing_and_the_next_delivery_runs_it(stop):
+    """Ctrl+C, or Celery's hard shutdown of a solo worker (WorkerTerminate, raised by its
+    signal handler in the task's frame; raised by the task here, in-process, as the
+    database-failure test does): not the task's failure. The attempt commits nothing and
+    the exception goes through to the worker; the broker's redelivery runs the task."""
+    from django_outbox.celery import WORKER_STOPS
+
+    with transaction.atomic():
+        result = djtasks.interrupted_on_first_attempt.enqueue(stop)
+    with pytest.raises(BaseException) as raised:
+        taskrunner.run({"backend": "default"}, result.id, "worker-1", interrupts=WORKER_STOPS)
+    assert f"{type(raised.value).__module__}.{type(raised.value).__name__}" == stop
+    result.refresh()
+    assert result.status == TaskResultStatus.RUNNING and not result.errors
+    assert not Delivery.objects.exists() and not InboxMessage.objects.exists()
+    taskrunner.run({"backend": "default"}, result.id, "worker-2", interrupts=WORKER_STOPS)
+    result.refresh()
+    assert (result.status, result.return_value, result.attempts) == ("SUCCESSFUL", 2, 2)
+    assert list(Delivery.objects.values_list("consumer", "n")) == [("interrupted", 2)]

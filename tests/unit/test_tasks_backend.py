@@ -5,6 +5,7 @@ tests/integration/test_tasks.py."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 
@@ -96,6 +97,11 @@ def test_the_test_settings_backend_has_nothing_to_report():
         ({"OPTIONS": []}, 'TASKS["default"]["OPTIONS"] must be a dict.'),
         ({"OPTIONS": {"USING": "x"}}, """TASKS["default"]["OPTIONS"] has no option 'USING'."""),
         (
+            {"OPTIONS": {"REQUIRE_TRANSACTION": "yes"}},
+            """TASKS["default"]["OPTIONS"]["REQUIRE_TRANSACTION"] must be True or False; """
+            "got 'yes'.",
+        ),
+        (
             {"OPTIONS": {"DATABASE": "nope"}},
             """TASKS["default"]["OPTIONS"]["DATABASE"] is 'nope', which is not in DATABASES.""",
         ),
@@ -124,14 +130,33 @@ def test_a_backend_on_sqlite_is_warned_about_by_w006():
     assert "database 'lite' (sqlite)" in warning.msg
 
 
+REQUIRED = {
+    "default": {
+        "BACKEND": "django_outbox.tasks.OutboxTaskBackend",
+        "QUEUES": [],
+        "OPTIONS": {"REQUIRE_TRANSACTION": True},
+    }
+}
+
+
 @needs_tasks
-def test_enqueue_outside_a_transaction_is_refused_before_any_sql():
+def test_enqueue_outside_a_transaction_is_refused_before_any_sql_where_required():
     """(This layer has no database: any SQL would fail the test another way.)"""
+    from asgiref.sync import async_to_sync
+
     from django_outbox import NotInTransaction
     from tests.testapp import djtasks
 
-    with pytest.raises(NotInTransaction, match=r"add\.enqueue\(\) on the outbox task backend"):
-        djtasks.add.enqueue(1, 2)
+    refusal = (
+        r"add\.enqueue\(\) on the outbox task backend must run inside "
+        r"transaction\.atomic\(using='default'\), with the writes the task belongs to "
+        r'\(TASKS\["default"\]\["OPTIONS"\]\["REQUIRE_TRANSACTION"\] is True\)$'
+    )
+    with override_settings(TASKS=REQUIRED):
+        with pytest.raises(NotInTransaction, match=refusal):
+            djtasks.add.enqueue(1, 2)
+        with pytest.raises(NotInTransaction, match=refusal):  # async code: no transaction
+            async_to_sync(djtasks.add.aenqueue)(1, 2)
 
 
 @needs_tasks
@@ -184,22 +209,12 @@ def test_a_current_celery_app_on_rabbitmq_without_confirms_is_warned_about_by_w0
 
 
 @needs_tasks
-def test_aenqueue_says_why_it_cannot_join_a_transaction():
-    from asgiref.sync import async_to_sync
-
-    from django_outbox import NotInTransaction
-    from tests.testapp import djtasks
-
-    with pytest.raises(NotInTransaction, match=r"add\.aenqueue\(\) cannot join a transaction"):
-        async_to_sync(djtasks.add.aenqueue)(1, 2)
-
-
-@needs_tasks
 @pytest.mark.parametrize(
     ("argument", "refusal"),
     [
         (float("nan"), "not JSON-serialisable"),
         ("a\x00b", "NUL"),
+        ("a\ud800b", "lone surrogate"),
         ("x" * 70_000, "bytes, more than"),
     ],
 )
@@ -215,3 +230,41 @@ def test_arguments_the_database_cannot_store_are_refused_before_anything_else(ar
                 djtasks.add.enqueue(1, argument)
         finally:
             outbox_settings.reload()
+
+
+#: A project's settings where nothing imports django.tasks before ``manage.py check``,
+#: and no Celery app is imported (its package forgot ``from .celery import app``).
+FORGOT_CELERY_APP = """
+SECRET_KEY = "x"
+USE_TZ = True
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "django_outbox"]
+DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql", "NAME": "never-connected"}}
+OUTBOX = {"BROKER_URL": "memory://"}
+TASKS = {"default": {"BACKEND": "django_outbox.tasks.OutboxTaskBackend", "QUEUES": QUEUES}}
+"""
+
+
+@needs_tasks
+@pytest.mark.parametrize(
+    ("queues", "said", "code"),
+    [
+        (["default"], '?: (django_outbox.W007) TASKS["default"] is sent through', 0),
+        (["two words"], '?: (django_outbox.E019) TASKS["default"]["QUEUES"] has', 1),
+    ],
+)
+def test_manage_py_check_runs_the_backends_checks_though_nothing_imported_django_tasks(
+    tmp_path, queues, said, code
+):
+    """Django registers its check of the TASKS backends when django.tasks is imported;
+    the app registers it too. Before, this project's check said "no issues"."""
+    (tmp_path / "forgot.py").write_text(f"QUEUES = {queues!r}\n{FORGOT_CELERY_APP}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CELERY_")}
+    out = subprocess.run(
+        [sys.executable, "-m", "django", "check", "--settings", "forgot"],
+        cwd=REPO,
+        env={**env, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"},
+        capture_output=True,
+        text=True,
+    )
+    assert said in out.stdout + out.stderr, out.stdout + out.stderr
+    assert out.returncode == code
