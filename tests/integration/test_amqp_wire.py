@@ -120,7 +120,9 @@ def test_the_limit_is_the_frames_payload_to_the_byte(destination):
     data = frames.message(method, b"", message.wire_headers(), str(message.event_id))
     pad = SMALL_FRAME_MAX - 8 - header_frame_size(data[len(method) :])
     fits = dataclasses.replace(message, headers={"x-pad": "p" * pad})
-    over = dataclasses.replace(message, id=0, event_id=uuid.uuid4(), headers={"x-pad": "p" * (pad + 1)})
+    over = dataclasses.replace(
+        message, id=0, event_id=uuid.uuid4(), headers={"x-pad": "p" * (pad + 1)}
+    )
     transport = small_frame_transport()
     try:
         outcomes = transport.publish(route, [fits, over])
@@ -138,7 +140,9 @@ def claimed(destination: str, **stage_options: Any) -> list[ClaimedMessage]:
     with transaction.atomic():
         stage("order.placed", {"n": 1}, destination=destination, **stage_options)
     return list(
-        store.claim("default", limit=1, lease_seconds=60, worker="t", token=uuid.uuid4(), ordered=True)
+        store.claim(
+            "default", limit=1, lease_seconds=60, worker="t", token=uuid.uuid4(), ordered=True
+        )
     )
 
 
