@@ -108,7 +108,8 @@ class Transport(abc.ABC):
     #: A None outcome means the broker said it has the message (publisher confirms,
     #: or a store that holds it when ``publish`` returns), not only that it was written.
     supports_confirms: bool = False
-    #: A batch is written in one go (one round trip) and counts whole or not at all.
+    #: A batch is written in one go (one round trip); each message counts by the broker's
+    #: reply to it, or none of them when the round trip itself failed.
     supports_batch: bool = False
     #: Each message's outcome says whether a queue received it: an unroutable message
     #: fails instead of counting as published.

@@ -831,10 +831,10 @@ class AmqpTransport(KombuTransport):
 class RedisTransport(KombuTransport):
     """Redis (``redis://``, ``rediss://``, ``sentinel://``): a batch goes out as one
     pipeline, in kombu's own message format but without its producer
-    (:mod:`~django_outbox.transports.redis_wire`); it counts as published when the
-    pipeline ran, and none of it when it failed (some of it may have reached Redis). A
-    kombu whose channel that writer does not know (another version) gets kombu's
-    producer instead."""
+    (:mod:`~django_outbox.transports.redis_wire`); a message counts as published when its
+    push was answered without an error, and none of it when the pipeline itself failed
+    (some of it may have reached Redis). A kombu whose channel that writer does not know
+    (another version) gets kombu's producer instead."""
 
     supports_batch = True
     #: The channel :meth:`RedisWire.unusable` last checked, and what it said.
