@@ -405,6 +405,7 @@ class _Writer(Protocol):
 
     #: Whether messages reach the broker only when the batch ends.
     deferred: bool
+
     @property
     def failed(self) -> Mapping[int, Exception]:
         """Once a deferred batch ended: the messages the broker refused, by their place
