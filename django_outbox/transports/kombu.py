@@ -700,10 +700,14 @@ class KombuTransport(Transport):
                     accepted.append(index)
                 else:
                     outcomes[index] = None
-        refused = writer.failed
+        if not writer.failed:  # (the common case: the loop of a batch that went through)
+            for index in accepted:
+                outcomes[index] = None
+            return
+        failures = {id(error): transient_failure(error) for error in writer.failed.values()}
         for place, index in enumerate(accepted):
-            error = refused.get(place) if refused else None
-            outcomes[index] = None if error is None else transient_failure(error)
+            error = writer.failed.get(place)
+            outcomes[index] = None if error is None else failures[id(error)]
 
     @contextlib.contextmanager
     def _writer(self, route: Route, size: int) -> Iterator[_Writer]:
