@@ -79,6 +79,7 @@ PROFILES = {
             "consumer_kill",
             "cluster_leader_restart",
             "memory_alarm",
+            "redis_oom",
             "net_delay",
             "net_partition",
             "disk_full",
@@ -227,6 +228,7 @@ class Run:
         from .faults import Injector, NotRecovered
 
         audit.reset_queues(self.services.amqp_url)
+        audit.reset_redis(self.services.redis_url)
         cluster.reset_queues(self.services.cluster_url, audit.EXCHANGE)
         self._create_processes()
         started = time.monotonic()
@@ -323,6 +325,7 @@ class Run:
         drained = time.monotonic() - drain_started
         read = audit.drain_tap(self.services.amqp_url)
         read += audit.drain_tap(self.services.cluster_url, cluster.QUORUM)
+        read += audit.drain_redis(self.services.redis_url)
         counted = audit.totals(self.task_worker.log if self.task_worker else None)
         results = audit.checks(faults, self.profile.relays, self.profile.batch_size)
         results += audit.heartbeat_checks(self.unbeating, self.beaten)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +25,7 @@ from django_outbox.transports.kombu import declare
 
 from . import database as db
 from .cluster import KINDS as CLUSTER_KINDS
-from .destinations import ORDERED, QUEUE, TASK_QUEUE, TASKS_UNAVAILABLE
+from .destinations import ORDERED, QUEUE, REDIS, TASK_QUEUE, TASKS_UNAVAILABLE
 from .disk import lost_during
 from .faults import KINDS, Fault
 from .logs import lines
@@ -101,6 +102,41 @@ def drain_tap(url: str, arguments: dict[str, str] | None = None) -> int:
         with kombu.Consumer(channel, [queue], on_message=count, no_ack=True):
             while read < expected:
                 connection.drain_events(timeout=30)
+    _record(copies, ordered)
+    return read
+
+
+def reset_redis(url: str) -> None:
+    """Delete what an earlier run left of REDIS on Redis (its list, its exchange's
+    bindings), and give Redis back its memory if a run that broke left it full."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        if client.config_get("maxmemory")["maxmemory"] == "1":  # redis_oom's limit
+            client.config_set("maxmemory", 0)
+        client.delete(REDIS, f"_kombu.binding.{EXCHANGE}")
+    finally:
+        client.close()
+
+
+def drain_redis(url: str) -> int:
+    """Read REDIS's list (nobody consumes it during a run: its tap) into ``BrokerCopy``;
+    returns the messages read."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        texts = client.lrange(REDIS, 0, -1)
+        client.delete(REDIS)
+    finally:
+        client.close()
+    _record(collections.Counter(json.loads(text)["properties"]["message_id"] for text in texts))
+    return len(texts)
+
+
+def _record(copies: collections.Counter[str], ordered: Sequence[OrderedCopy] = ()) -> None:
+    """Add ``copies`` (event id -> copies read) to ``BrokerCopy``, and ``ordered``."""
     # An event on both taps (a relay whose encoder gave messages of both brokers one id:
     # --sabotage frames) adds up instead of breaking the audit.
     earlier = BrokerCopy.objects.filter(event_id__in=list(copies))
@@ -111,7 +147,6 @@ def drain_tap(url: str, arguments: dict[str, str] | None = None) -> int:
         batch_size=5000,
     )
     OrderedCopy.objects.bulk_create(ordered, batch_size=5000)
-    return read
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,8 +272,20 @@ def fault_checks(faults: Sequence[Fault]) -> list[Check]:
     """The broker, network, disk and cluster faults' own guarantees."""
     return [
         Check(
-            "attempts spent without a publish (memory alarm, network delay, partition)",
+            "attempts spent without a publish (memory alarm, Redis out of memory, network "
+            "delay, partition)",
             sum(fault.done.spent for fault in faults),
+            0,
+        ),
+        Check(
+            f"events to {REDIS} not pushed exactly once",
+            int(
+                db.value(
+                    f"SELECT count(*) FROM {db.OUTBOX_ROWS} o LEFT JOIN {db.BROKER} b "
+                    "USING (event_id) WHERE o.destination = %s AND coalesce(b.copies, 0) <> 1",
+                    [REDIS],
+                )
+            ),
             0,
         ),
         Check("orders committed during disk full lost", lost_during(faults), 0),
@@ -317,8 +364,12 @@ def out_of_order() -> int:
 
 def _events() -> str:
     """The outbox's rows of events, without the Django tasks' (whose id is their result's,
-    not an order's: the tasks' checks look at them)."""
-    return f"(SELECT * FROM {db.OUTBOX_ROWS} WHERE NOT starts_with(destination, '{TASKS_PREFIX}'))"
+    not an order's: the tasks' checks look at them) and the runner's to REDIS (no order:
+    a check of their own)."""
+    return (
+        f"(SELECT * FROM {db.OUTBOX_ROWS} WHERE NOT starts_with(destination, '{TASKS_PREFIX}') "
+        f"AND destination <> '{REDIS}')"
+    )
 
 
 def _without(table: str, other: str, *, count: str = "count(*)") -> int:

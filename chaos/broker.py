@@ -1,8 +1,14 @@
-"""Faults of a broker that stays up: a memory alarm, and a slow or partitioned network.
+"""Faults of a broker that stays up: a memory alarm, Redis out of memory, and a slow or
+partitioned network.
 
 * ``memory_alarm``: ``rabbitmqctl set_vm_memory_high_watermark 0.0001`` for a few
   seconds, then ``0.4`` again. RabbitMQ keeps accepting connections but blocks every
   publishing connection: nothing is confirmed while it lasts.
+* ``redis_oom``: the services' Redis at its ``maxmemory`` (1 byte, ``noeviction``) for
+  a few seconds: it takes connections and reads, and refuses every write (``OOM``). The
+  runner stages an event to ``REDIS`` first and waits until it is published (the relays
+  have declared the queue and push to it), then sets the limit and stages
+  ``REDIS_EVENTS`` more, which wait for the memory to come back.
 * ``net_delay``: the relays' proxy (:mod:`chaos.proxy`) adds latency to every chunk
   for a few seconds.
 * ``net_partition``: the proxy stops forwarding for a few seconds, sockets open, then
@@ -28,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import database as db
+from .destinations import REDIS
 from .logs import lines
 
 if TYPE_CHECKING:
@@ -37,6 +44,10 @@ ALARM = "0.0001"  # vm_memory_high_watermark: every node is over it
 NORMAL = "0.4"  # RabbitMQ's default
 HOLD = (5.0, 10.0)  # seconds a fault lasts
 DELAY = (0.05, 0.4)  # seconds of latency per chunk
+#: Events the runner stages to REDIS once Redis is out of memory.
+REDIS_EVENTS = 50
+#: Seconds the event staged before the limit may take to be published.
+REDIS_WARMUP = 30.0
 
 
 def memory_alarm(injector: Injector) -> Done:
@@ -51,6 +62,52 @@ def memory_alarm(injector: Injector) -> Done:
         services.run("rabbitmqctl", "set_vm_memory_high_watermark", NORMAL)
 
     return _spell(injector, "rabbitmq", on, off, hold, f"memory alarm for {hold:.1f}s")
+
+
+def redis_oom(injector: Injector) -> Done:
+    """Put Redis at its maxmemory for a few seconds (every write refused), with events
+    staged to it meanwhile, then give it its memory back."""
+    import redis
+
+    from .faults import NotRecovered
+
+    client = redis.Redis.from_url(injector.services.redis_url)
+    limit = client.config_get("maxmemory")["maxmemory"]
+    policy = client.config_get("maxmemory-policy")["maxmemory-policy"]
+    hold = injector.rng.uniform(*HOLD)
+    if db.published_within(_stage_to_redis(1)[0], REDIS_WARMUP) is None:
+        raise NotRecovered(f"an event to {REDIS} was not published within {REDIS_WARMUP:g}s")
+
+    def on() -> None:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", 1)
+        _stage_to_redis(REDIS_EVENTS)
+
+    def off() -> None:
+        client.config_set("maxmemory", limit)
+        client.config_set("maxmemory-policy", policy)
+
+    try:
+        return _spell(injector, "redis", on, off, hold, f"Redis out of memory for {hold:.1f}s")
+    finally:
+        client.close()
+
+
+def _stage_to_redis(count: int) -> list[str]:
+    """Commit ``count`` events to REDIS (no order: the audit counts them apart); their
+    event ids."""
+    from django.db import transaction
+
+    from django_outbox import stage_many
+
+    with transaction.atomic():
+        rows = stage_many(
+            [
+                {"event_type": "chaos.oom", "payload": {"n": n}, "destination": REDIS}
+                for n in range(count)
+            ]
+        )
+    return [str(row.event_id) for row in rows]
 
 
 def net_delay(injector: Injector) -> Done:

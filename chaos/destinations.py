@@ -17,6 +17,10 @@ ORDERED_KEYS = 20
 #: Keyless, on a quorum queue of the three-node RabbitMQ cluster (broker alias ``cluster``):
 #: what the cluster node faults (chaos.cluster) are aimed at.
 CLUSTERED = "chaos.cluster"
+#: Keyless, on Redis (broker alias ``redis``): the events the runner stages around the
+#: ``redis_oom`` fault (chaos.broker). Nobody consumes its queue during a run: the audit
+#: reads it at the end, as the single node's tap.
+REDIS = "chaos.redis"
 #: The task queue of the Django tasks (:mod:`chaos.djtasks`), and the Celery queue the
 #: task worker consumes.
 TASK_QUEUE = "chaos.tasks"

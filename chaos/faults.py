@@ -42,6 +42,7 @@ KINDS = (
     "postgres_crash",
     "consumer_kill",
     "memory_alarm",
+    "redis_oom",
     "net_delay",
     "net_partition",
     "disk_full",
@@ -297,6 +298,9 @@ class Injector:
 
     def memory_alarm(self) -> Done:
         return broker.memory_alarm(self)
+
+    def redis_oom(self) -> Done:
+        return broker.redis_oom(self)
 
     def net_delay(self) -> Done:
         return broker.net_delay(self)

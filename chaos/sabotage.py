@@ -24,7 +24,10 @@ frame encoder gives every message of the process one event id (its ``event_id`` 
 message id), as an encoder that mixed up messages' parts would; ``--sabotage due`` starts
 relays whose claim takes PROCESSING rows whatever their lease (the named query ``claim_due``
 without its ``locked_until`` test, which since the claim became a HOT update is all that
-keeps a live lease's rows from the next claim). A run with any of them must fail its audit.
+keeps a live lease's rows from the next claim); ``--sabotage oom`` starts relays that do not
+know Redis out of memory when they see it (``out_of_memory`` of the Redis transport always
+False): its refusals are publish failures that count an attempt. A run with any of them
+must fail its audit.
 Nothing imports this module unless ``CHAOS_SABOTAGE`` is set.
 """
 
@@ -53,6 +56,7 @@ KINDS = (
     "heartbeat",
     "frames",
     "due",
+    "oom",
 )
 
 
@@ -91,6 +95,10 @@ def apply(kind: str) -> None:
         Heartbeat._write = lambda self, *args, **kwargs: False  # type: ignore[method-assign]
     elif kind == "frames":
         _one_event_id()
+    elif kind == "oom":
+        from django_outbox.transports import kombu as transport
+
+        transport.out_of_memory = lambda exc: False  # type: ignore[assignment]
     elif kind == "parking":
         from django_outbox.consumer import InboxConsumer
 

@@ -19,7 +19,7 @@ import os
 
 import environ
 
-from chaos.destinations import CLUSTERED, ORDERED, QUEUE, TASK_QUEUE, TASKS_UNAVAILABLE
+from chaos.destinations import CLUSTERED, ORDERED, QUEUE, REDIS, TASK_QUEUE, TASKS_UNAVAILABLE
 
 env = environ.Env()
 
@@ -45,19 +45,20 @@ if env.bool("CHAOS_ORDERS_NOTHING", default=False):
     del ORDERED_ROUTE["ordered"]
 
 
-def _cluster(url: str) -> dict[str, object]:
+def _brokers(cluster_url: str, redis_url: str) -> dict[str, object]:
     """The three-node cluster (chaos.cluster) as broker "cluster", and CLUSTERED on a
-    quorum queue there; nothing without the cluster's failover URL."""
-    if not url:
-        return {}
-    route = {"queue": CLUSTERED, "routing_key": CLUSTERED, "queue_type": "quorum"}
-    return {
-        "BROKERS": {"cluster": {"URL": url}},
-        "ROUTES": {
-            ORDERED: ORDERED_ROUTE,
-            CLUSTERED: {**route, "broker": "cluster"},
-        },
-    }
+    quorum queue there; the services' Redis as broker "redis", and REDIS there (the
+    redis_oom fault); each only when its URL is given."""
+    brokers: dict[str, object] = {}
+    routes: dict[str, object] = {ORDERED: ORDERED_ROUTE}
+    if cluster_url:
+        brokers["cluster"] = {"URL": cluster_url}
+        route = {"queue": CLUSTERED, "routing_key": CLUSTERED, "queue_type": "quorum"}
+        routes[CLUSTERED] = {**route, "broker": "cluster"}
+    if redis_url:
+        brokers["redis"] = {"URL": redis_url}
+        routes[REDIS] = {"queue": REDIS, "routing_key": REDIS, "broker": "redis"}
+    return {"BROKERS": brokers, "ROUTES": routes} if brokers else {}
 
 
 #: The knobs are the runner's (its profile), passed as JSON: a short lease so that a
@@ -67,7 +68,7 @@ OUTBOX = {
     "BROKER_URL": env("OUTBOX_BROKER_URL", default="amqp://guest:guest@127.0.0.1:55672//"),
     "DEFAULT_EXCHANGE": "chaos",
     "ROUTES": {ORDERED: ORDERED_ROUTE},
-    **_cluster(env("OUTBOX_CLUSTER_URL", default="")),
+    **_brokers(env("OUTBOX_CLUSTER_URL", default=""), env("OUTBOX_REDIS_URL", default="")),
     **env.json("CHAOS_OUTBOX", default={}),
 }
 if TASKS_UNAVAILABLE is None:

@@ -58,6 +58,12 @@ class BrokerUnreachable(OutboxError, ConnectionError):
     counted since its last message (or its start), and gave up."""
 
 
+class BrokerOutOfMemory(OutboxError, ConnectionError):
+    """The broker takes connections but refuses every write for want of memory (Redis at
+    its ``maxmemory`` with nothing it may evict): an outage, as RabbitMQ's memory alarm
+    is, never the messages' fault."""
+
+
 class RequeueRefused(OutboxError, ValueError):
     """A requeue named a row that does not exist or is not FAILED/ABANDONED;
     nothing was requeued."""

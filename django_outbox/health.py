@@ -2,8 +2,9 @@
 django-health-check.
 
 Unhealthy means an operator should look: the oldest due row has waited longer than
-``HEALTH_MAX_DUE_AGE`` (nothing relays it, or not fast enough), or no relay of the
-database has a live heartbeat (see :mod:`django_outbox.heartbeat`). A database that
+``HEALTH_MAX_DUE_AGE`` (nothing relays it, or not fast enough; the problem quotes the
+row's last error, such as a broker out of memory), or no relay of the database has a
+live heartbeat (see :mod:`django_outbox.heartbeat`). A database that
 cannot be read is neither: :func:`check_health` raises its ``DatabaseError``, and each
 caller says so in its own way.
 """
@@ -74,7 +75,25 @@ def check_health(
     if age is not None and age.total_seconds() > limit:
         problems.append(
             f"the oldest due row has waited {age.total_seconds():.0f}s, more than {limit:g}s"
+            + _last_error(using)
         )
     if require_relay and not relays:
         problems.append(f"no relay of database {using!r} has a live heartbeat")
     return Health(using, problems, age, relays, limit, require_relay)
+
+
+#: The most of a row's last error a health problem quotes.
+MAX_QUOTED_ERROR = 300
+
+
+def _last_error(using: str) -> str:
+    """`` (its last error: ...)`` of the oldest due row, or "" when it has none (never
+    tried): why it waits, such as a broker that is down or out of memory."""
+    rows = OutboxMessage.objects.using(using).due().order_by("available_at")
+    error = rows.values_list("last_error", flat=True).first()
+    if not error:
+        return ""
+    line = " ".join(error.split())
+    if len(line) > MAX_QUOTED_ERROR:
+        line = line[: MAX_QUOTED_ERROR - 3] + "..."
+    return f" (its last error: {line})"

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .conf import outbox_settings
+from .exceptions import BrokerOutOfMemory
 from .redact import SecretFilter
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,8 @@ class OutageTracker:
         self._failures = 0  # backoffs taken in the current outage
         self._logged = False  # its start was logged
         self._ended = 0.0  # seconds of the outages that ended since forget_downtime()
+        #: What the outage logged is: "unreachable", or "out of memory".
+        self.condition = "unreachable"
 
     def suspect(self, since: float | None = None) -> None:
         """The resource may be down (e.g. a publish failed): an outage begins at
@@ -64,15 +67,26 @@ class OutageTracker:
             self._since = self._clock() if since is None else since
 
     def failed(self, exc: BaseException, *, since: float | None = None) -> None:
-        """Reaching the resource failed with ``exc``; logs the outage's start once."""
+        """Reaching the resource failed with ``exc``; logs the outage's start once: the
+        resource is "unreachable", or "out of memory" (:class:`BrokerOutOfMemory`, or an
+        error caused by one)."""
         self.suspect(since)
         if not self._logged:
             self._logged = True
+            full = isinstance(exc, BrokerOutOfMemory) or isinstance(
+                exc.__cause__, BrokerOutOfMemory
+            )
+            self.condition = "out of memory" if full else "unreachable"
             logger.warning(
-                "%s unreachable (%s); retrying with backoff",
+                "%s %s (%s); retrying with backoff",
                 self.what,
+                self.condition,
                 exc,
-                extra={"action": f"outbox.{self.resource}_down", **self.extra},
+                extra={
+                    "action": f"outbox.{self.resource}_down",
+                    "condition": self.condition,
+                    **self.extra,
+                },
             )
 
     def recovered(self) -> None:

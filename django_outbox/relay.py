@@ -365,6 +365,8 @@ class Relay:
         #: The transports whose broker is down in a run, with the seconds until it is
         #: tried again: their rows are not attempted meanwhile (no attempt spent).
         self._paused: dict[str, float] = {}
+        #: Of those, the ones whose broker is out of memory.
+        self._full: set[str] = set()
         #: Likewise the destinations whose queue stalled while their broker answered
         #: (those with no time left are tried, after the batch's other destinations).
         self._waiting: dict[str, float] = {}
@@ -550,10 +552,13 @@ class Relay:
         return self._broker_spans[kind]
 
     def _not_attempted(self, kind: str) -> Failure:
-        """The outcome of a row whose broker is down: due again when it is tried next."""
+        """The outcome of a row whose broker is down (or out of memory): due again when
+        it is tried next."""
+        full = kind in self._full
         return Failure.broker_down(
-            f"not attempted: {self._describe(kind)} is down",
+            f"not attempted: {self._describe(kind)} is {'out of memory' if full else 'down'}",
             retry_delay=max(self._paused[kind], 1.0),
+            kind="out_of_memory" if full else "",
         )
 
     def _finalize(self, batch: _Batch) -> _Finalized:
@@ -901,20 +906,25 @@ class Relay:
         if state.ahead is not None:
             # Its rows are not attempted on a broker known to be down (that stalled, or
             # failed its check), but are on one only suspected (a message refused).
-            down = [kind for kind in state.brokers_down() if kind in state.retry_at]
-            self._paused = {kind: state.retry_at[kind] - now for kind in down}
-            self._waiting = state.queues_waiting(now)
+            self._pause(state, [kind for kind in state.brokers_down() if kind in state.retry_at])
             return True
         for kind in state.brokers_down():
             if now >= state.retry_at.get(kind, 0.0):
                 self._try_broker(state, kind)
         down = state.brokers_down()
-        self._paused = {kind: state.retry_at[kind] - now for kind in down}
-        self._waiting = state.queues_waiting(now)
+        self._pause(state, down)
         if state.totals.gave_up:
             return False  # a drain gives up on a broker that is down
         kinds = {*self._transports, *self._brokers, *(["celery"] if self._celery_routes else [])}
         return not down or kinds > set(down)  # wait only when every broker is down
+
+    def _pause(self, state: _Run, down: list[str]) -> None:
+        """Set the rows of the brokers ``down`` aside until each is tried again (and say
+        which of them are out of memory), and those of the queues that stalled."""
+        now = time.monotonic()
+        self._paused = {kind: state.retry_at[kind] - now for kind in down}
+        self._full = {kind for kind in down if state.broker(kind).condition == "out of memory"}
+        self._waiting = state.queues_waiting(now)
 
     def _try_broker(self, state: _Run, kind: str) -> None:
         """Check the broker of transport ``kind`` again. When it is still down, a relay

@@ -237,6 +237,27 @@ def services_output(*args: str, timeout: float = 120) -> str:
     return result.stdout
 
 
+@contextmanager
+def redis_maxmemory(margin: int | None = None) -> Iterator[Any]:
+    """The test Redis at ``maxmemory`` (``noeviction``, as a broker's Redis should be):
+    its memory in use now plus ``margin`` bytes, or (None) 1 byte, so every write is
+    refused; yields a client; the settings before are set back at the end."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    before = client.config_get("maxmemory")
+    policy = client.config_get("maxmemory-policy")
+    try:
+        client.config_set("maxmemory-policy", "noeviction")
+        used = client.info("memory")["used_memory"]
+        client.config_set("maxmemory", 1 if margin is None else used + margin)
+        yield client
+    finally:
+        client.config_set("maxmemory", before["maxmemory"])
+        client.config_set("maxmemory-policy", policy["maxmemory-policy"])
+        client.close()
+
+
 def rabbitmqctl(*args: str) -> str:
     """rabbitmqctl against the test broker (through scripts/services)."""
     return services_output("rabbitmqctl", *args)

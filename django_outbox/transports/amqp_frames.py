@@ -8,8 +8,10 @@ names are the same for every message. :class:`PublishFrames` encodes those once
 and each message's own parts (its header values, message id and body) with a few
 bytes operations, so the transport can hand the socket a batch in a few writes.
 
-The bytes are the ones py-amqp would write for the same message: the tests
-compare them with py-amqp's own encoders. A header value of a type this module
+The bytes are the ones kombu's ``Producer.publish`` has py-amqp write for the same
+message (kombu's producer always sets a priority, 0 by default): the tests compare
+them with py-amqp's own encoders, and with what kombu's producer writes to a real
+connection's socket. A header value of a type this module
 does not encode itself (a float, a map, a list, a large int ...) goes through
 py-amqp's table encoder, so it is encoded, or refused with py-amqp's error, as
 before.
@@ -31,9 +33,14 @@ FRAME_OVERHEAD = 8
 BASIC_CLASS = 60
 BASIC_PUBLISH = 40
 #: The properties a relay's message carries: content type and encoding, headers,
-#: delivery mode and message id (bits 15, 14, 13, 12 and 7 of AMQP's property flags).
-PROPERTY_FLAGS = 0x8000 | 0x4000 | 0x2000 | 0x1000 | 0x0080
-PERSISTENT = b"\x02"
+#: delivery mode, priority and message id (bits 15, 14, 13, 12, 11 and 7 of AMQP's
+#: property flags), as kombu's producer writes them.
+PROPERTY_FLAGS = 0x8000 | 0x4000 | 0x2000 | 0x1000 | 0x0800 | 0x0080
+#: Delivery mode 2 (persistent), then priority 0 (kombu's producer's default).
+PERSISTENT_PRIORITY_0 = b"\x02\x00"
+#: A content header frame's payload before its property list: class, weight, body size
+#: and property flags.
+CONTENT_HEAD_SIZE = 14
 #: The ints py-amqp writes as a 32-bit ``I`` (beyond them a 64-bit ``L``).
 INT32_LIMIT = 2147483647
 #: Header names whose encoded bytes are kept (the standard ones and a user's few).
@@ -103,6 +110,14 @@ class HeaderTable:
         return _uint32(len(data)) + data
 
 
+class FrameTooLarge(ValueError):
+    """A message's content header (its properties: the headers, mostly) does not fit in
+    one frame of the connection's negotiated ``frame_max``. AMQP cannot split a header
+    frame, and a broker that receives one too large closes the whole connection (501
+    FRAME_ERROR), so the message is refused before anything is written: it can never
+    be published on that broker as it is."""
+
+
 class PublishFrames:
     """The frames of messages published on one channel with one content type and
     encoding, persistent, each with its headers and message id."""
@@ -111,6 +126,7 @@ class PublishFrames:
         self, channel_id: int, frame_max: int, content_type: str, content_encoding: str
     ) -> None:
         self.channel_id = channel_id
+        self.frame_max = frame_max
         self._body_chunk = frame_max - FRAME_OVERHEAD
         self._constant = shortstr(content_type) + shortstr(content_encoding)
         self._table = HeaderTable()
@@ -119,17 +135,30 @@ class PublishFrames:
         self, method: bytes, body: bytes, headers: Mapping[str, Any], message_id: str
     ) -> bytes:
         """One message's frames after ``method`` (from :func:`method_frame`). Raises
-        py-amqp's errors for what AMQP cannot carry, before anything is written."""
+        py-amqp's errors for what AMQP cannot carry, and :class:`FrameTooLarge` for a
+        content header over ``frame_max``, before anything is written."""
         properties = b"".join(
-            (self._constant, self._table.encode(headers), PERSISTENT, shortstr(message_id))
+            (
+                self._constant,
+                self._table.encode(headers),
+                PERSISTENT_PRIORITY_0,
+                shortstr(message_id),
+            )
         )
+        if CONTENT_HEAD_SIZE + len(properties) > self._body_chunk:
+            raise FrameTooLarge(
+                f"the message's content header frame ({CONTENT_HEAD_SIZE + len(properties)} bytes, "
+                f"its headers mostly) does not fit in a frame of the broker's frame_max "
+                f"({self.frame_max} bytes, {self._body_chunk} of them payload), and AMQP cannot "
+                "split it: make the event's headers smaller, or raise the broker's frame_max"
+            )
         size, channel = len(body), self.channel_id
         parts = [
             method,
             _content_head(
                 HEADER_FRAME,
                 channel,
-                14 + len(properties),
+                CONTENT_HEAD_SIZE + len(properties),
                 BASIC_CLASS,
                 0,
                 size,

@@ -50,8 +50,8 @@ class Failure:
     retry_delay: float = 0.0
     outage: bool = False
     #: A short name for the kind of failure, from a small fixed set (the exception's
-    #: class name, or ``nacked``, ``unroutable``, ``no_route``), for metrics labels;
-    #: when empty, :attr:`error_type` tells it from the flags.
+    #: class name, or ``nacked``, ``unroutable``, ``no_route``, ``out_of_memory``), for
+    #: metrics labels; when empty, :attr:`error_type` tells it from the flags.
     kind: str = dataclasses.field(default="", compare=False)
 
     @classmethod
@@ -79,15 +79,19 @@ class Failure:
         return cls(error[:MAX_ERROR_LENGTH], counts=False, retry_delay=retry_delay)
 
     @classmethod
-    def broker_down(cls, error: str, retry_delay: float = OUTAGE_RETRY_DELAY) -> Failure:
+    def broker_down(
+        cls, error: str, retry_delay: float = OUTAGE_RETRY_DELAY, *, kind: str = ""
+    ) -> Failure:
         """The broker did not take the message: unreachable, or it never confirmed (a
-        resource alarm, a silent network), or known to be down. No attempt counted;
-        the relay backs off from the broker and the row is due again in ``retry_delay``."""
+        resource alarm, a silent network), out of memory, or known to be down. No attempt
+        counted; the relay backs off from the broker and the row is due again in
+        ``retry_delay``. ``kind`` names a particular outage (``out_of_memory``)."""
         return cls(
             outbox_settings.redact(error)[:MAX_ERROR_LENGTH],
             counts=False,
             retry_delay=retry_delay,
             outage=True,
+            kind=kind,
         )
 
 
@@ -104,7 +108,8 @@ class Transport(abc.ABC):
     #: A None outcome means the broker said it has the message (publisher confirms,
     #: or a store that holds it when ``publish`` returns), not only that it was written.
     supports_confirms: bool = False
-    #: A batch is written in one go (one round trip) and counts whole or not at all.
+    #: A batch is written in one go (one round trip); each message counts by the broker's
+    #: reply to it, or none of them when the round trip itself failed.
     supports_batch: bool = False
     #: Each message's outcome says whether a queue received it: an unroutable message
     #: fails instead of counting as published.

@@ -10,8 +10,11 @@ timeout fail the messages still unconfirmed.
 On Redis a batch goes out as one pipeline in kombu's own message format, written
 without kombu's producer (:mod:`.redis_wire`; a fanout exchange keeps the producer's
 ``Producer.batch()``), so kombu consumers read it; the exchange's bindings are read
-once per batch instead of once per message. The batch counts as published when the
-pipeline ran; if it failed, none of it does.
+once per batch instead of once per message. Each message counts as published when its
+push was answered without an error; if the pipeline itself failed (the connection),
+none of it does. A Redis out of memory (``maxmemory`` reached, nothing to evict) is an
+outage, as RabbitMQ's memory alarm is: no attempt counted, and the relay backs off
+until a probe write (:meth:`RedisTransport._check_ready`) is accepted again.
 
 No message counts as published unless it reached a queue: RabbitMQ returns an
 unroutable message (``mandatory``); on kombu's virtual transports (Redis,
@@ -26,7 +29,8 @@ so a relay or consumer whose node stops is on another node at its next attempt.
 A queue or exchange the broker refuses to declare (it exists with other
 arguments: 406 PRECONDITION_FAILED) is a configuration error: its rows fail
 without counting an attempt and are due again in :data:`REFUSED_RETRY_DELAY`,
-and one ERROR per refusal and interval says why.
+and one ERROR per refusal and interval says why. A declaration Redis refuses for
+want of memory is no such refusal: it is the outage above.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import functools
 import logging
 import struct
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -47,12 +52,12 @@ from kombu.transport.virtual.base import NotEquivalentError
 
 from ..conf import outbox_settings
 from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, ClaimedMessage
-from ..exceptions import BrokerUnreachable, OutboxConfigurationError
+from ..exceptions import BrokerOutOfMemory, BrokerUnreachable, OutboxConfigurationError
 from ..redact import SecretFilter, mask_url
 from ..routes import PARTITION_EXCHANGE_TYPE, Route
 from .amqp_frames import PublishFrames, chunks, method_frame
 from .base import NACKED, Failure, Outcome, Transport
-from .redis_wire import RedisWire
+from .redis_wire import RedisWire, out_of_memory
 
 logger = logging.getLogger(__name__)
 logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' and brokers' texts
@@ -101,12 +106,22 @@ def _stalled(exc: BaseException) -> bool:
     )
 
 
+#: How a failure of a broker out of memory begins (its ``last_error``), and its kind.
+OUT_OF_MEMORY = "the broker is out of memory"
+
+
 def transient_failure(exc: BaseException) -> Failure:
     """The outcome of the messages a transient error left unsettled: a broker that
-    stopped answering (see :func:`_stalled`) is down, no attempt counted; any other
-    error (a connection refused or reset, a channel closed) counts one, and the
-    relay then backs off from the broker, its rows not attempted meanwhile. Shared
-    with the Celery transport, whose sends meet the same errors."""
+    stopped answering (see :func:`_stalled`) or is out of memory is down, no attempt
+    counted; any other error (a connection refused or reset, a channel closed) counts
+    one, and the relay then backs off from the broker, its rows not attempted
+    meanwhile. Shared with the Celery transport, whose sends meet the same errors."""
+    if out_of_memory(exc):
+        return Failure.broker_down(
+            f"{OUT_OF_MEMORY} (Redis maxmemory reached, nothing it may evict): "
+            f"{type(exc).__name__}: {exc}",
+            kind="out_of_memory",
+        )
     if _stalled(exc):
         return Failure.broker_down(f"{type(exc).__name__}: {exc}")
     return Failure.from_exception(exc)
@@ -144,10 +159,14 @@ class DeclareRefused(OutboxConfigurationError):
 def _refusal(
     kind: str, name: str, refused: tuple[type[BaseException], ...], fix: str = ""
 ) -> Iterator[None]:
-    """Turn the broker's refusal to declare ``name`` (one of ``refused``) into DeclareRefused."""
+    """Turn the broker's refusal to declare ``name`` (one of ``refused``) into DeclareRefused;
+    a Redis out of memory refuses every write, declarations too: that one is raised as it
+    is (an outage, see :func:`transient_failure`)."""
     try:
         yield
     except refused as exc:
+        if out_of_memory(exc):
+            raise
         raise DeclareRefused(kind, name, exc, fix) from exc
 
 
@@ -222,6 +241,8 @@ def _declare_queue(
     try:
         queue.declare()
     except refused as exc:
+        if out_of_memory(exc):
+            raise  # not a refusal: the outage of a full Redis
         fix = _queue_type_fix(route, name) if "x-queue-type" in str(exc) else ""
         raise DeclareRefused("queue", name, exc, fix) from exc
     return queue
@@ -385,6 +406,11 @@ class _Writer(Protocol):
     #: Whether messages reach the broker only when the batch ends.
     deferred: bool
 
+    @property
+    def failed(self) -> Mapping[int, Exception]:
+        """Once a deferred batch ended: the messages the broker refused, by their place
+        among those written, each with the broker's error."""
+
     def reaches(self, routing_key: str) -> bool:
         """Whether a message with ``routing_key`` would reach a queue."""
 
@@ -406,6 +432,7 @@ class _ProducerWriter:
     ) -> None:
         self._producer, self._exchange = producer, route.exchange
         self.reaches, self.deferred = reaches, deferred
+        self.failed: Mapping[int, Exception] = {}  # kombu's batch raises instead
 
     def write(self, message: ClaimedMessage, routing_key: str) -> None:
         headers = message.wire_headers()
@@ -655,7 +682,8 @@ class KombuTransport(Transport):
         self, route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
     ) -> None:
         """Through the route's writer (see :meth:`_writer`); where it defers its writes
-        (Redis), a message counts as published only once the whole batch was written."""
+        (Redis), a message counts as published only once the whole batch was written,
+        and unless the broker refused it then (:attr:`_Writer.failed`)."""
         accepted = []  # written into the batch, not yet to the broker
         with self._writer(route, len(messages)) as writer:
             for index, message in enumerate(messages):
@@ -672,8 +700,14 @@ class KombuTransport(Transport):
                     accepted.append(index)
                 else:
                     outcomes[index] = None
-        for index in accepted:
-            outcomes[index] = None
+        if not writer.failed:  # (the common case: the loop of a batch that went through)
+            for index in accepted:
+                outcomes[index] = None
+            return
+        failures = {id(error): transient_failure(error) for error in writer.failed.values()}
+        for place, index in enumerate(accepted):
+            error = writer.failed.get(place)
+            outcomes[index] = None if error is None else failures[id(error)]
 
     @contextlib.contextmanager
     def _writer(self, route: Route, size: int) -> Iterator[_Writer]:
@@ -802,10 +836,10 @@ class AmqpTransport(KombuTransport):
 class RedisTransport(KombuTransport):
     """Redis (``redis://``, ``rediss://``, ``sentinel://``): a batch goes out as one
     pipeline, in kombu's own message format but without its producer
-    (:mod:`~django_outbox.transports.redis_wire`); it counts as published when the
-    pipeline ran, and none of it when it failed (some of it may have reached Redis). A
-    kombu whose channel that writer does not know (another version) gets kombu's
-    producer instead."""
+    (:mod:`~django_outbox.transports.redis_wire`); a message counts as published when its
+    push was answered without an error, and none of it when the pipeline itself failed
+    (some of it may have reached Redis). A kombu whose channel that writer does not know
+    (another version) gets kombu's producer instead."""
 
     supports_batch = True
     #: The channel :meth:`RedisWire.unusable` last checked, and what it said.
@@ -820,6 +854,21 @@ class RedisTransport(KombuTransport):
         wire = RedisWire(self._channel, route.exchange)
         yield wire
         wire.send()
+
+    def _check_ready(self) -> None:
+        """Have Redis take a write: ``LPUSHX`` to a key that does not exist (nothing is
+        written), which Redis refuses like any push when it is out of memory
+        (``OutOfMemoryError``), so a relay backing off from a full Redis resumes only
+        once pushes are accepted again."""
+        try:
+            self._channel.client.lpushx(f"django_outbox.probe.{uuid.uuid4().hex}", "")
+        except self._refused as exc:
+            if not out_of_memory(exc):
+                raise
+            raise BrokerOutOfMemory(
+                f"Redis refuses every write at its maxmemory ({exc}): let consumers drain its "
+                "queues or raise maxmemory; the rows wait, attempts unchanged"
+            ) from exc
 
     def _wire_unusable(self) -> str:
         """Why the relay's Redis writer cannot serve this connection's channel ("": it

@@ -10,7 +10,10 @@ messages in), reads the exchange's bindings from kombu's binding set once, and p
 message fills four holes in that text, written as its ``LPUSH`` value (Redis's protocol)
 at once. The batch's messages go out in one non-transactional pipeline: an ``LPUSH`` of
 many values per list, in the batch's order, so a consumer (which pops from the list's
-other end) reads them in that order, as if each had been pushed alone.
+other end) reads them in that order, as if each had been pushed alone. Redis runs each
+command of a pipeline on its own: one may fail (``WRONGTYPE``, out of memory) while the
+others took effect, so every reply is read, and only the messages of a refused ``LPUSH``
+fail (:attr:`RedisWire.failed`); the others are in their lists and count as published.
 
 What reaches Redis is what kombu's ``Producer.publish`` would have written (to the
 delivery tag, a fresh UUID like kombu's): kombu's consumers, ``SimpleQueue``, Celery's
@@ -24,6 +27,7 @@ from __future__ import annotations
 import binascii
 import dataclasses
 import itertools
+import logging
 import uuid
 from collections.abc import Sequence
 from json.encoder import encode_basestring_ascii
@@ -33,6 +37,8 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import JSONEncoder, dumps
 
 from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, ORDERING_HEADERS, ClaimedMessage
+
+logger = logging.getLogger(__name__)
 
 #: What every relayed message carries, as the transport's producer sets it: persistent,
 #: and kombu's default priority.
@@ -235,6 +241,11 @@ class RedisWire:
         #: staged at one instant one datetime object (a microsecond each to format).
         self._occurred: tuple[object, str] = (None, "")
         self._known = HeadersMemo()
+        #: The lists of each message written, in the order written.
+        self._written: list[tuple[str, ...]] = []
+        #: After :meth:`send`: the messages Redis refused (by their place among those
+        #: written), each with its error reply.
+        self.failed: dict[int, Exception] = {}
 
     @staticmethod
     def unusable(channel: Any) -> str:
@@ -291,11 +302,15 @@ class RedisWire:
             value = _bulk("".join(text))
         for name in target.lists:
             self._pushes[name].append(value)
+        self._written.append(target.lists)
 
     def send(self) -> None:
-        """Write the batch in one pipeline (nothing when no message was written).
-        Raises the client's error when the pipeline fails: some of the batch may have
-        reached Redis, none of it counts as published."""
+        """Write the batch in one pipeline (nothing when no message was written), then
+        read every reply: the messages of an ``LPUSH`` Redis refused (an error reply) go
+        to :attr:`failed`, a message pushed to several lists when any of its pushes was
+        refused. Raises the client's error when the pipeline itself fails (the
+        connection): some of the batch may have reached Redis, none of it counts as
+        published."""
         written = {
             queue
             for target in self._targets.values()
@@ -306,10 +321,14 @@ class RedisWire:
             return
         channel = self._channel
         prefix: str = channel.global_keyprefix  # what kombu's prefixing client adds to keys
-        commands = [
-            _command("LPUSH", prefix + name, bulks=texts[start : start + LPUSH_VALUES])
+        pushes = [
+            (name, start)
             for name, texts in self._pushes.items()
             for start in range(0, len(texts), LPUSH_VALUES)
+        ]
+        commands = [
+            _command("LPUSH", prefix + name, bulks=self._pushes[name][start : start + LPUSH_VALUES])
+            for name, start in pushes
         ]
         # kombu renews an expiring queue's lists with each message it puts there
         expires: dict[str, int] = channel._expires  # queue -> ms, from its declaration
@@ -318,7 +337,34 @@ class RedisWire:
             for queue in sorted(expires.keys() & written)
             for step in channel.priority_steps
         ]
-        _pipeline(channel.pool, commands)
+        replies = _pipeline(channel.pool, commands)
+        refused = {
+            push: reply
+            for push, reply in zip(pushes, replies, strict=False)
+            if isinstance(reply, Exception)
+        }
+        if refused:
+            self.failed = self._refused_rows(refused)
+        if renewals := [r for r in replies[len(pushes) :] if isinstance(r, Exception)]:
+            logger.warning(
+                "a queue's expiry was not renewed (its messages were pushed): %s",
+                renewals[0],
+                extra={"action": "outbox.redis_expiry_refused"},
+            )
+
+    def _refused_rows(self, refused: dict[tuple[str, int], Exception]) -> dict[int, Exception]:
+        """The messages (by their place among those written) with a value in one of the
+        ``refused`` pushes (list, first value's place in it), each with its error."""
+        places = dict.fromkeys(self._pushes, 0)  # list -> the next value's place in it
+        failed: dict[int, Exception] = {}
+        for row, names in enumerate(self._written):
+            for name in names:
+                place = places[name]
+                places[name] = place + 1
+                error = refused.get((name, place - place % LPUSH_VALUES))
+                if error is not None:
+                    failed.setdefault(row, error)
+        return failed
 
     def _target(self, routing_key: str) -> _Target:
         target = self._targets.get(routing_key)
@@ -372,19 +418,20 @@ def _bindings(channel: Any, exchange: str) -> list[tuple[str, ...]]:
     unless told to (``retry_on_timeout``): a failure fails the batch, to be retried."""
     key = channel.global_keyprefix + channel.keyprefix_queue % exchange
     (members,) = _pipeline(channel.pool, [_command("SMEMBERS", key)])
+    if isinstance(members, Exception):
+        raise members
     return [tuple(bytes_to_str(member).split(channel.sep)) for member in members]
 
 
 def _pipeline(pool: Any, commands: list[bytes]) -> list[Any]:
     """Send ``commands`` on one of ``pool``'s connections in one write, then read every
     reply (so that the connection goes back to the pool in step); returns the replies,
-    or raises the first error reply. A connection error drops the connection, as
-    redis-py's client does; it is not retried (a retry of a batch's pipeline could push
-    it twice)."""
+    an error reply as redis-py's exception (each command of a pipeline succeeds or fails
+    on its own). A connection error drops the connection, as redis-py's client does; it
+    is not retried (a retry of a batch's pipeline could push it twice)."""
     from redis.exceptions import ResponseError  # redis is kombu's Redis transport's
 
-    failed: ResponseError | None = None
-    replies = []
+    replies: list[Any] = []
     connection = pool.get_connection()
     try:
         connection.send_packed_command([b"".join(commands)])  # one write
@@ -392,12 +439,20 @@ def _pipeline(pool: Any, commands: list[bytes]) -> list[Any]:
             try:
                 replies.append(connection.read_response())
             except ResponseError as exc:
-                failed = failed or exc
+                replies.append(exc)
     except BaseException:
         connection.disconnect()
         raise
     finally:
         pool.release(connection)
-    if failed is not None:
-        raise failed
     return replies
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis refusing a write at its ``maxmemory`` (with nothing it may
+    evict, e.g. under ``noeviction``): the broker is full, not the message at fault."""
+    try:
+        from redis.exceptions import OutOfMemoryError
+    except ImportError:  # no redis client: no Redis broker either
+        return False
+    return isinstance(exc, OutOfMemoryError)

@@ -10,10 +10,12 @@ import threading
 import uuid
 
 import pytest
+import redis
 from django.db import connections
 from django.test import override_settings
 
 from django_outbox.consumer import InboxConsumer
+from django_outbox.health import check_health
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import Relay
 from tests.support import (
@@ -21,6 +23,7 @@ from tests.support import (
     REDIS_URL,
     consume,
     manage,
+    redis_maxmemory,
     stage_events,
     unique_destination,
     wait_until,
@@ -214,3 +217,60 @@ def test_a_running_relay_keeps_publishing_to_the_broker_that_is_up():
     assert not thread.is_alive()
     assert statuses(clicks) <= {("failed", 1), ("failed", 0)}
     assert [m.headers["event_id"] for m in consume(orders, 4, url=AMQP_URL)] == order_ids
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.disrupts
+def test_a_redis_out_of_memory_is_an_outage_that_spends_no_attempt(caplog):
+    """Redis at its maxmemory (noeviction): the relay's first batch meets it at the
+    queue's declaration, which is no refusal to declare (no advice to delete a queue,
+    whose messages that would destroy); its rows spend no attempt and say why, the
+    relay logs the outage once as out of memory and backs off, a probe write telling
+    when Redis takes pushes again; then every row is published once. (Before: the
+    declaration was "refused ... or delete it", every 30 s, and a batch that reached
+    the pipeline was charged an attempt.)"""
+    caplog.set_level(logging.INFO, logger="django_outbox")
+    orders, clicks = unique_destination("orders"), unique_destination("clicks")
+    stop = threading.Event()
+    with override_settings(OUTBOX=two_brokers(orders, clicks)):
+        with redis_maxmemory():
+            click_ids = stage_events(3, clicks)
+            thread = run_in_thread(Relay(), stop)
+            try:
+                wait_until(lambda: actions(caplog, "outbox.broker_down"), timeout=60, what="down")
+                failed = OutboxMessage.objects.filter(destination=clicks)
+                assert set(failed.values_list("status", "attempts")) == {("failed", 0)}
+                errors = set(failed.values_list("last_error", flat=True))
+                problems = wait_until(
+                    lambda: check_health(max_due_age=0, require_relay=False).problems,
+                    timeout=30,
+                    what="a row due while Redis is full",
+                )
+            except BaseException:
+                stop.set()
+                raise
+        try:  # memory for Redis again
+            wait_until(lambda: statuses(clicks) == {("published", 0)}, timeout=60, what="clicks")
+        finally:
+            stop.set()
+            thread.join(60)
+    assert len(errors) == 1
+    assert errors.pop().startswith("the broker is out of memory (Redis maxmemory reached")
+    assert "(its last error: " in problems[0] and "out of memory" in problems[0]
+    (down,) = actions(caplog, "outbox.broker_down")
+    assert "broker 'events' out of memory (" in down.getMessage()
+    assert "Redis refuses every write at its maxmemory" in down.getMessage()
+    assert len(actions(caplog, "outbox.broker_up")) == 1
+    assert not actions(caplog, "outbox.declare_refused")
+    assert not [r for r in caplog.records if "delete" in r.getMessage()]
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        pushed = [json.loads(text)["headers"]["event_id"] for text in client.lrange(clicks, 0, -1)]
+    finally:
+        client.delete(clicks)
+        client.close()
+    assert pushed[::-1] == click_ids
+
+
+def actions(caplog: pytest.LogCaptureFixture, action: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "action", "") == action]

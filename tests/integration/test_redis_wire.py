@@ -28,7 +28,7 @@ from django_outbox.routes import Route
 from django_outbox.transports.base import Failure
 from django_outbox.transports.kombu import RedisTransport, binding_key, declare, unroutable
 from tests.integration.test_silent_broker import FreezableProxy
-from tests.support import REDIS_URL, unique_destination
+from tests.support import REDIS_URL, redis_maxmemory, unique_destination
 
 #: A delivery tag in a message's JSON: the one part that differs from kombu's own.
 DELIVERY_TAG = re.compile(rb'"delivery_tag": "([^"]*)"')
@@ -281,12 +281,12 @@ def test_a_redis_gone_while_the_pipeline_runs_fails_the_whole_batch_and_counts_a
     assert len(lists(name)[name.encode()]) == 1  # the first batch only
 
 
-def test_an_error_reply_fails_the_batch_and_leaves_the_connection_in_step(name):
+def test_an_error_reply_fails_its_push_and_leaves_the_connection_in_step(name):
     """An error reply (here WRONGTYPE: the queue's list key holds a string; the batch
-    is two LPUSHes of its 501 messages, so two of them) fails every message of the
-    batch, and the next batch on the same transport is written and counted. (The writer
-    reads every reply before it raises; redis-py's pool would also drop a connection
-    given back with replies unread, so this test cannot tell the two apart.)"""
+    is two LPUSHes of its 501 messages, both refused) fails every message of the
+    refused pushes, and the next batch on the same transport is written and counted.
+    (The writer reads every reply; redis-py's pool would also drop a connection given
+    back with replies unread, so this test cannot tell the two apart.)"""
     route = routes(name)["direct"]
     client = redis.Redis.from_url(REDIS_URL)
     transport = RedisTransport(REDIS_URL)
@@ -305,6 +305,63 @@ def test_an_error_reply_fails_the_batch_and_leaves_the_connection_in_step(name):
     assert "WRONGTYPE" in outcomes[0].error
     written = [json.loads(text)["properties"]["message_id"] for text in lists(name)[name.encode()]]
     assert written == [str(m.event_id) for m in later]
+
+
+def test_a_refused_push_fails_only_its_own_rows_and_nothing_is_pushed_twice(name):
+    """A batch to two lists (the default exchange routes each key to the queue of its
+    name), one of them a string (WRONGTYPE): the good list's messages are published,
+    the other's fail and count an attempt; their retry (the list still wrong) pushes
+    nothing again to the good list. (Before: the whole batch failed though the good
+    pushes took effect, and each retry pushed them again.)"""
+    good, bad = f"{name}-good", f"{name}-bad"
+    route = Route(name, "", "direct", "{key}", None)
+    client = redis.Redis.from_url(REDIS_URL)
+    client.set(bad, "not a list")
+    batch = [message(1, key=good), message(2, key=bad), message(3, key=good), message(4, key=bad)]
+    try:
+        outcomes = relay_publish(route, batch)
+        again = relay_publish(route, [batch[1], batch[3]])
+    finally:
+        client.delete(bad)
+        client.close()
+    assert outcomes[0] is None and outcomes[2] is None
+    for failure in (outcomes[1], outcomes[3], *again):
+        assert isinstance(failure, Failure) and failure.error.startswith("ResponseError: WRONGTYPE")
+        assert (failure.permanent, failure.counts, failure.outage) == (False, True, False)
+    written = [json.loads(text)["properties"]["message_id"] for text in lists(good)[good.encode()]]
+    assert written == [str(batch[0].event_id), str(batch[2].event_id)]
+
+
+@pytest.mark.disrupts
+def test_out_of_memory_after_the_first_push_fails_the_rest_without_an_attempt(name):
+    """1,000 messages to one list are two LPUSHes (500 values each at most); Redis, at
+    its maxmemory after the first, refuses the second (OOM): the first 500 are
+    published, the other 500 are an outage (no attempt counted, its own reason) and are
+    in no list. (Before: all 1,000 failed, an attempt each, though 500 were in the list.)"""
+    route = routes(name)["direct"]
+    payload = json.dumps({"pad": "p" * 500})
+    batch = [message(n, id=n, payload=payload) for n in range(1000)]
+    transport = RedisTransport(REDIS_URL)
+    try:
+        # Declares the queue, and tells the size of one message's JSON in the list.
+        assert transport.publish(route, [message(1000, payload=payload)]) == [None]
+        [text] = lists(name)[name.encode()]
+        push = 500 * len(text)  # the first LPUSH's values
+        # Room for one LPUSH read and done, not for a second one read besides.
+        with redis_maxmemory(margin=push * 3 // 2):
+            outcomes = transport.publish(route, batch)
+    finally:
+        transport.close()
+    assert outcomes[:500] == [None] * 500
+    failures = outcomes[500:]
+    assert all(isinstance(failure, Failure) for failure in failures)
+    assert {(f.counts, f.outage, f.error_type) for f in failures} == {
+        (False, True, "out_of_memory")
+    }
+    assert failures[0].error.startswith("the broker is out of memory (Redis maxmemory reached")
+    assert "command not allowed when used memory > 'maxmemory'" in failures[0].error
+    written = [json.loads(text)["properties"]["message_id"] for text in lists(name)[name.encode()]]
+    assert written == [str(m.event_id) for m in batch[:500]]
 
 
 def test_a_kombu_whose_channel_the_writer_does_not_know_gets_kombus_producer(

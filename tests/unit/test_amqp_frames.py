@@ -16,6 +16,7 @@ from amqp.serialization import dumps, loads
 
 from django_outbox.transports.amqp_frames import (
     FRAME_END,
+    FrameTooLarge,
     HeaderTable,
     PublishFrames,
     chunks,
@@ -44,6 +45,7 @@ def reference_properties(headers: dict, message_id: str) -> bytes:
         content_encoding="utf-8",
         application_headers=headers,
         delivery_mode=2,
+        priority=0,  # kombu's producer always sets one (its default, 0)
         message_id=message_id,
     )
     return message._serialize_properties()
@@ -128,6 +130,19 @@ def test_a_message_id_or_routing_key_over_255_bytes_raises_before_a_byte_is_writ
         frames.message(method_frame(1, "", "q"), b"{}", {}, "é" * 128)
     with pytest.raises(struct.error):
         method_frame(1, "shop", "k" * 256)
+
+
+def test_a_content_header_over_the_frames_payload_raises_frame_too_large():
+    """The header frame's payload may take frame_max less the frame's 8 bytes, not one more
+    (a broker closes the connection on a larger frame): refused before a byte is written."""
+    frames = PublishFrames(1, FRAME_MAX, "application/json", "utf-8")
+    method = method_frame(1, "", "q")
+    empty = frames.message(method, b"", {"pad": ""}, "id-1")[len(method) :]
+    room = FRAME_MAX - 8 - struct.unpack_from(">I", empty, 3)[0]
+    data = frames.message(method, b"{}", {"pad": "p" * room}, "id-1")[len(method) :]
+    assert [len(payload) for _, _, payload in split_frames(data)] == [FRAME_MAX - 8, 2]
+    with pytest.raises(FrameTooLarge, match=r"frame_max \(4096 bytes, 4088 of them payload\)"):
+        frames.message(method, b"{}", {"pad": "p" * (room + 1)}, "id-1")
 
 
 def test_writes_join_whole_messages_up_to_about_the_size():
