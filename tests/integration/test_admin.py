@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from django_outbox import stage, status
 from django_outbox.db import EXACT_COUNT_LIMIT, RowCount, count_rows
-from django_outbox.models import InboxFailure, OutboxMessage
+from django_outbox.models import InboxFailure, OutboxMessage, WorkerHeartbeat
 from tests.factories import InboxMessageFactory, OutboxMessageFactory
 
 pytestmark = pytest.mark.django_db
@@ -676,3 +676,42 @@ def test_inbox_failure_admin_shows_parked_letters_with_their_body_escaped(admin_
         reverse("admin:django_outbox_inboxfailure_change", args=[failing.pk])
     ).content.decode()
     assert '<pre class="outbox-json">not json &lt;i&gt;</pre>' in html
+
+
+def test_an_event_id_is_found_in_the_inbox_of_every_consumer(admin_client):
+    """The inbox's index leads with the consumer: an event id is searched by one probe per
+    consumer (test_admin_plans.py holds the plans), and finds each consumer's mark."""
+    event_id = uuid.uuid4()
+    marks = [InboxMessageFactory(consumer=name, event_id=event_id) for name in ("a", "b", "c")]
+    InboxMessageFactory(consumer="d")
+    url = reverse("admin:django_outbox_inboxmessage_changelist")
+    assert listed(admin_client.get(url, {"q": str(event_id)})) == sorted(m.pk for m in marks)
+
+
+def test_a_failure_is_found_by_the_start_of_its_event_type_in_the_recent_window(
+    admin_client, monkeypatch
+):
+    from django_outbox import admin
+
+    old, new = (
+        InboxFailure.objects.create(consumer="billing", event_id=uuid.uuid4(), event_type=name)
+        for name in ("order.paid", "order.placed")
+    )
+    url = reverse("admin:django_outbox_inboxfailure_changelist")
+    assert listed(admin_client.get(url, {"q": "order."})) == [old.pk, new.pk]
+    assert listed(admin_client.get(url, {"q": "ORDER."})) == []  # case matters
+    monkeypatch.setattr(admin, "RECENT_ROWS", 1)
+    assert listed(admin_client.get(url, {"q": "order."})) == [new.pk]
+
+
+def test_relays_are_searched_by_the_start_of_their_worker_and_a_uuid_is_no_error(admin_client):
+    """A UUID term looked for an ``event_id`` the heartbeat rows do not have: a 500."""
+    now = timezone.now()
+    row = WorkerHeartbeat.objects.create(kind="relay", worker="web-1:42", database="default",
+                                         started_at=now, beat_at=now, interval=10)  # fmt: skip
+    WorkerHeartbeat.objects.create(kind="relay", worker="web-2:7", database="default",
+                                   started_at=now, beat_at=now, interval=10)  # fmt: skip
+    url = reverse("admin:django_outbox_workerheartbeat_changelist")
+    assert listed(admin_client.get(url, {"q": "web-1"})) == [row.pk]
+    assert listed(admin_client.get(url, {"q": str(row.process)})) == [row.pk]
+    assert listed(admin_client.get(url, {"q": str(uuid.uuid4())})) == []
