@@ -33,6 +33,7 @@ def blocked() -> int:
             FROM generate_series(1, %s) AS k, generate_series(1, 2) AS s""",
             [KEYS],
         )
+        cursor.execute(f'ANALYZE "{OutboxMessage._meta.db_table}"')  # counts our own rows
     return 2 * KEYS
 
 

@@ -24,6 +24,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from django_outbox.admin import ACTION_ROW_LIMIT
 from django_outbox.models import InboxFailure, InboxMessage, OutboxMessage, TaskResultRecord
 
 pytestmark = pytest.mark.django_db
@@ -302,4 +303,14 @@ def test_every_action_and_its_confirmation_reads_a_tenth_at_most(
         data["select_across"] = 1
     url = changelist("outboxmessage") + "?status__exact=abandoned"
     _, queries = captured(admin_client, url, data, post=True)
+    assert (bad := overreads(queries)) == [], "\n".join(bad)
+
+
+def test_an_action_refused_for_too_many_rows_counts_no_further(big_tables, admin_client):
+    """Select all on the published rows (most of the table): refused after counting
+    ``ACTION_ROW_LIMIT + 1`` of them."""
+    data = {"action": "requeue", "index": 0, "select_across": 1, "_selected_action": [0]}
+    url = changelist("outboxmessage") + "?status__exact=published"
+    _, queries = captured(admin_client, url, data, post=True)
+    assert any(f"LIMIT {ACTION_ROW_LIMIT + 1}" in query["sql"] for query in queries)
     assert (bad := overreads(queries)) == [], "\n".join(bad)
