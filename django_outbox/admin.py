@@ -12,10 +12,13 @@ stops a row from being sent. A superuser can still delete one row from its page
 (to purge a payload that must not be kept, say); the bulk ``delete_selected``
 action is removed, because its confirmation page would list every selected row.
 
-Pages stay fast with millions of rows: no full ``COUNT(*)`` (see
-:func:`django_outbox.db.count_rows`), filter choices read from the newest rows
-only, sorting only by id (the one index that serves every filter), event ids
-searched by exact match on their unique index.
+Pages stay fast with millions of rows: every statement reads through an index or
+a bound (tests/integration/test_admin_plans.py proves it by the plans of every
+page on 200,000 rows): no full ``COUNT(*)`` (see
+:func:`django_outbox.db.count_rows`), filter choices and value filters read from
+the recent window (:func:`recent`), sorting only by id (the one index that
+serves every filter), ids and ordering keys searched by exact match on their
+indexes, and no action on more than ``ACTION_ROW_LIMIT`` rows.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from django.utils import timezone
 from django.utils.functional import SimpleLazyObject
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
-from django.utils.text import Truncator
+from django.utils.text import Truncator, unescape_string_literal
 from django.utils.timesince import timesince
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
@@ -112,12 +115,70 @@ class StatusFilter(admin.ChoicesFieldListFilter):
         return cast(OutboxQuerySet, queryset).in_states(*states)
 
 
-class RecentValuesFilter(admin.AllValuesFieldListFilter):
-    """Offer the values found in the newest ``SAMPLE`` rows (and the one selected)
-    rather than ``SELECT DISTINCT`` over the whole table. A value seen only in
-    older rows still filters when put in the URL (``?event_type=...``)."""
+#: The recent window: filter choices, the value filters of columns no index leads, and
+#: prefix searches read only the newest this many rows of a table (by the admin's
+#: ``window_field``), so that none reads the whole table.
+RECENT_ROWS = 10_000
+#: The most rows one action changes, or lists on its confirmation page; past it the
+#: action refuses with a message that names the management command for bulk changes.
+#: Below Django's DATA_UPLOAD_MAX_NUMBER_FIELDS (1,000), which a confirmation form
+#: posting one field per row must stay under.
+ACTION_ROW_LIMIT = 500
 
-    SAMPLE = 10_000
+
+def recent(model_admin: ReadOnlyAdmin, request: HttpRequest) -> models.Q:
+    """The newest ``RECENT_ROWS`` rows of ``model_admin``'s table (all, if fewer), as a
+    range of its ``window_field``: one walk of that column's index to the window's
+    start (or one probe for the oldest row), read once per request."""
+    field = model_admin.window_field
+    starts = request.__dict__.setdefault("_outbox_recent", {})
+    if model_admin.model not in starts:
+        values = model_admin.get_queryset(request).values_list(field, flat=True)
+        window = values.order_by(f"-{field}")[RECENT_ROWS - 1 : RECENT_ROWS]
+        starts[model_admin.model] = next(iter(window), None) or values.order_by(field).first()
+    start = starts[model_admin.model]
+    return models.Q() if start is None else models.Q(**{f"{field}__gte": start})
+
+
+def distinct_leading(rows: models.QuerySet[Any], field: str) -> list[Any]:
+    """The distinct values of ``field``, the first column of an index, one index probe
+    each (a skip scan: PostgreSQL 15 has none of its own), at most ``RECENT_ROWS``."""
+    ordered = rows.order_by(field).values_list(field, flat=True)
+    values: list[Any] = []
+    value = ordered.first()
+    while value is not None and len(values) < RECENT_ROWS:
+        values.append(value)
+        value = ordered.filter(**{f"{field}__gt": value}).first()
+    return values
+
+
+class InRecentWindow(admin.FieldListFilter):
+    """Once a value is chosen, the rows are those of the recent window (:func:`recent`):
+    no index leads with the column, or (an inbox's consumer) a common value's rows are
+    counted by reading the table, so a value's rows are found only there."""
+
+    def __init__(
+        self,
+        field: models.Field[Any, Any],
+        request: HttpRequest,
+        params: dict[str, list[str]],
+        model: type[models.Model],
+        model_admin: admin.ModelAdmin[Any],
+        field_path: str,
+    ) -> None:
+        self.owner = cast(ReadOnlyAdmin, model_admin)
+        super().__init__(field, request, params, model, model_admin, field_path)
+
+    def queryset(self, request: HttpRequest, queryset: models.QuerySet[Any]) -> Any:
+        chosen = cast(models.QuerySet[Any], super().queryset(request, queryset))
+        return chosen.filter(recent(self.owner, request)) if self.used_parameters else chosen
+
+
+class RecentValuesFilter(InRecentWindow, admin.AllValuesFieldListFilter):
+    """The values found in the recent window (and the one selected), rather than
+    ``SELECT DISTINCT`` over the whole table, and the rows of the recent window with the
+    chosen one. A value seen only in older rows can be put in the URL
+    (``?event_type=...``): it lists nothing."""
 
     def __init__(
         self,
@@ -129,29 +190,41 @@ class RecentValuesFilter(admin.AllValuesFieldListFilter):
         field_path: str,
     ) -> None:
         super().__init__(field, request, params, model, model_admin, field_path)
-        rows = model_admin.get_queryset(request)
-        recent = (
-            rows.filter(pk__in=rows.order_by("-pk").values("pk")[: self.SAMPLE])
-            .order_by()
-            .values_list(field.name, flat=True)
-            .distinct()
-        )
+        rows = self.owner.get_queryset(request).filter(recent(self.owner, request))
+        values = rows.order_by().values_list(field.name, flat=True).distinct()
         # A list, not the stubs' QuerySet: choices() only iterates it.
-        self.lookup_choices = sorted({*recent, *(self.lookup_val or ())})  # type: ignore[assignment]
+        self.lookup_choices = sorted({*values, *(self.lookup_val or ())})  # type: ignore[assignment]
+
+
+class RecentChoicesFilter(InRecentWindow, admin.ChoicesFieldListFilter):
+    """A choices field's filter (a task's state: no index holds it) whose rows are those
+    of the recent window."""
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
     """No add, no change, delete for superusers only (see the module docstring),
-    newest rows first, no full counts, no facet counts. ``search_fields`` cover
-    the text columns; a search term that is a UUID finds the row with that event
-    id (``uuid_field``) instead (exact match on its index)."""
+    newest rows first, no full counts, no facet counts.
+
+    Search reads through an index or the recent window, never the whole table: a term
+    that is a UUID finds the row with that id (``uuid_field``, exactly, on its index;
+    when that index leads with ``uuid_scope``, one probe per value of it); any other
+    term (a quoted UUID too) is matched exactly against ``exact_search_fields`` (each
+    the first column of an index) and as the start of ``recent_prefix_fields`` among
+    the recent window's rows. ``search_fields`` only names them for Django's search
+    box."""
 
     paginator = EstimatingPaginator
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER  # facet counts are COUNT(*)s over the whole table
     ordering = ("-id",)
+    #: The column whose newest values make the recent window (:func:`recent`): indexed.
+    window_field = "id"
     #: The column a UUID search term is looked up in.
     uuid_field = "event_id"
+    #: The column before ``uuid_field`` in the index that holds it, if any.
+    uuid_scope: str | None = None
+    exact_search_fields: tuple[str, ...] = ()
+    recent_prefix_fields: tuple[str, ...] = ()
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -167,11 +240,32 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: models.QuerySet[Any], search_term: str
     ) -> tuple[models.QuerySet[Any], bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
         try:
-            event_id = uuid.UUID(search_term.strip())
+            found = uuid.UUID(term)
         except ValueError:
-            return super().get_search_results(request, queryset, search_term)
-        return queryset.filter(**{self.uuid_field: event_id}), False
+            return queryset.filter(self._text_search(request, _unquoted(term))), False
+        if self.uuid_scope is None:
+            return queryset.filter(**{self.uuid_field: found}), False
+        scopes = distinct_leading(self.get_queryset(request), self.uuid_scope)
+        return queryset.filter(**{f"{self.uuid_scope}__in": scopes, self.uuid_field: found}), False
+
+    def _text_search(self, request: HttpRequest, term: str) -> models.Q:
+        found = models.Q(pk__in=[])
+        for field in self.exact_search_fields:
+            found |= models.Q(**{field: term})
+        for field in self.recent_prefix_fields:
+            found |= models.Q(**{f"{field}__startswith": term}) & recent(self, request)
+        return found
+
+
+def _unquoted(term: str) -> str:
+    """``term`` without the quotes around it (a quoted UUID is searched as text)."""
+    if len(term) > 1 and term[0] == term[-1] and term[0] in "\"'":
+        return unescape_string_literal(term)
+    return term
 
 
 class DeliveryAdmin(ReadOnlyAdmin):
@@ -206,13 +300,12 @@ class OutboxMessageAdmin(DeliveryAdmin):
         ("status", StatusFilter),
         ("event_type", RecentValuesFilter),
         ("destination", RecentValuesFilter),
-        "created_at",
+        "created_at",  # through outbox_created_idx
     )
     # A UUID term is an event id (see ReadOnlyAdmin); quote it to search keys instead.
-    search_fields = ("=ordering_key", "^event_type")
-    search_help_text = _(
-        "An event id (exact), an ordering key (exact) or the start of an event type."
-    )
+    search_fields = ("=ordering_key",)
+    exact_search_fields = ("ordering_key",)  # through outbox_ordering_key_idx
+    search_help_text = _("An event id or an ordering key (exact).")
     sortable_by = ("age",)
     actions = ("requeue", "abandon", "requeue_head", "skip_head")
     fieldsets = (
@@ -265,6 +358,8 @@ class OutboxMessageAdmin(DeliveryAdmin):
         description=_("Requeue selected failed/abandoned messages"), permissions=["requeue"]
     )
     def requeue(self, request: HttpRequest, queryset: OutboxQuerySet) -> None:
+        if self._too_many(request, queryset, "outbox_requeue --status failed|abandoned"):
+            return
         changed, refused = self._change_fate(request, queryset, store.requeue, "requeued")
         self._report(
             request,
@@ -290,6 +385,8 @@ class OutboxMessageAdmin(DeliveryAdmin):
         description=_("Abandon selected pending/failed messages"), permissions=["requeue"]
     )
     def abandon(self, request: HttpRequest, queryset: OutboxQuerySet) -> None:
+        if self._too_many(request, queryset, None):
+            return
         changed, refused = self._change_fate(request, queryset, store.abandon, "abandoned")
         self._report(
             request,
@@ -316,6 +413,8 @@ class OutboxMessageAdmin(DeliveryAdmin):
         permissions=["requeue"],
     )
     def requeue_head(self, request: HttpRequest, queryset: OutboxQuerySet) -> None:
+        if self._too_many(request, queryset, "outbox_requeue --id"):
+            return
         changed = self._change_heads(request, queryset, store.requeue_heads, "head_requeued")
         if changed is not None:
             message = ngettext(
@@ -331,6 +430,8 @@ class OutboxMessageAdmin(DeliveryAdmin):
     )
     def skip_head(self, request: HttpRequest, queryset: OutboxQuerySet) -> TemplateResponse | None:
         """Skipping cannot be undone: a confirmation page lists the rows first."""
+        if self._too_many(request, queryset, "outbox_skip --id"):
+            return None
         if request.POST.get("post") != "yes":
             return TemplateResponse(
                 request,
@@ -354,6 +455,28 @@ class OutboxMessageAdmin(DeliveryAdmin):
             )
             self.message_user(request, message % {"count": changed}, messages.SUCCESS)
         return None
+
+    def _too_many(
+        self, request: HttpRequest, queryset: OutboxQuerySet, command: str | None
+    ) -> bool:
+        """Refuse a selection of more than ``ACTION_ROW_LIMIT`` rows (counted no further)
+        with one line naming ``command``, the management command for bulk changes."""
+        if queryset.order_by()[: ACTION_ROW_LIMIT + 1].count() <= ACTION_ROW_LIMIT:
+            return False
+        if command is None:
+            message = gettext(
+                "More than %(limit)d messages selected: an action changes at most "
+                "%(limit)d. Filter the list to fewer."
+            )
+        else:
+            message = gettext(
+                "More than %(limit)d messages selected: an action changes at most "
+                "%(limit)d. Filter the list to fewer, or run manage.py %(command)s."
+            )
+        self.message_user(
+            request, message % {"limit": ACTION_ROW_LIMIT, "command": command}, messages.ERROR
+        )
+        return True
 
     def _change_heads(
         self,
@@ -499,8 +622,9 @@ def _state_layer(status: OutboxStatus) -> Layer:
 class InboxMessageAdmin(ReadOnlyAdmin):
     list_display = ("event_id", "consumer", "processed_at")
     list_filter = (("consumer", RecentValuesFilter),)
-    search_fields = ("=consumer",)
-    search_help_text = _("An event id (exact) or a consumer name (exact).")
+    search_fields = ("event_id",)
+    uuid_scope = "consumer"  # inbox_consumer_event_uniq leads with it
+    search_help_text = _("An event id.")
     sortable_by = ()
     fields = ("event_id", "consumer", "processed_at")
 
@@ -517,8 +641,12 @@ class InboxFailureAdmin(DeliveryAdmin):
         "error_excerpt",
     )
     list_filter = (("consumer", RecentValuesFilter), ("parked_at", admin.EmptyFieldListFilter))
-    search_fields = ("=consumer", "^event_type")
-    search_help_text = _("An event id (exact), a consumer name (exact) or an event type's start.")
+    search_fields = ("event_id", "^event_type")
+    uuid_scope = "consumer"  # inbox_failure_consumer_event_uniq leads with it
+    recent_prefix_fields = ("event_type",)
+    search_help_text = _(
+        "An event id, or the start of an event type (among the newest 10,000 failures)."
+    )
     sortable_by = ()
     fields = (
         "event_id",
@@ -549,11 +677,15 @@ class TaskResultAdmin(ReadOnlyAdmin):
     """The results of Django tasks enqueued through the outbox (docs/tasks.md)."""
 
     list_display = ("id", "task_path", "status", "queue_name", "enqueued_at", "finished_at")
-    list_filter = ("status", ("queue_name", RecentValuesFilter))
+    list_filter = (("status", RecentChoicesFilter), ("queue_name", RecentValuesFilter))
     search_fields = ("^task_path",)
-    search_help_text = _("A task id (exact) or the start of a task's path.")
+    recent_prefix_fields = ("task_path",)
+    search_help_text = _(
+        "A task id (exact) or the start of a task's path (among the newest 10,000 results)."
+    )
     sortable_by = ()
     ordering = ("-enqueued_at",)
+    window_field = "enqueued_at"  # through outbox_task_enqueued_idx
     uuid_field = "id"
     fields = (
         "id",
@@ -610,9 +742,12 @@ class WorkerHeartbeatAdmin(ReadOnlyAdmin):
     list_display = ("worker", "kind", "state_badge", "name", "beat_age", "last_batch_at")
     list_filter = ("kind",)
     search_fields = ("^worker", "^name")
+    recent_prefix_fields = ("worker", "name")
     search_help_text = _("The start of a worker (host:pid) or of a consumer's name.")
     sortable_by = ()
     ordering = ("-beat_at",)
+    window_field = "beat_at"  # through outbox_heartbeat_beat_idx
+    uuid_field = "process"
     fields = (
         "kind",
         "worker",

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from django_outbox import stage, status
 from django_outbox.db import EXACT_COUNT_LIMIT, RowCount, count_rows
-from django_outbox.models import InboxFailure, OutboxMessage
+from django_outbox.models import InboxFailure, OutboxMessage, WorkerHeartbeat
 from tests.factories import InboxMessageFactory, OutboxMessageFactory
 
 pytestmark = pytest.mark.django_db
@@ -158,27 +158,35 @@ def test_filter_choices_list_the_values_in_use(admin_client, rows):
         assert f"={value}" in html, value
 
 
-def test_a_selected_value_older_than_the_sample_is_still_offered(admin_client, rows, monkeypatch):
-    from django_outbox.admin import RecentValuesFilter
+def test_a_value_filter_offers_and_lists_the_recent_window_only(admin_client, rows, monkeypatch):
+    """Choices and rows come from the newest RECENT_ROWS rows (here the newest two): a
+    value seen only in older rows is offered when selected, and lists nothing."""
+    from django_outbox import admin
 
-    monkeypatch.setattr(RecentValuesFilter, "SAMPLE", 1)
+    monkeypatch.setattr(admin, "RECENT_ROWS", 2)
     response = admin_client.get(CHANGELIST, {"destination": "crm"})
-    assert listed(response) == pks(rows, "abandoned")
+    assert listed(response) == []
+    spec = next(s for s in response.context["cl"].filter_specs if s.field_path == "event_type")
+    assert spec.lookup_choices == ["stock.reserved"]  # the newest two rows' type
     spec = next(s for s in response.context["cl"].filter_specs if s.field_path == "destination")
     assert "crm" in spec.lookup_choices
+    assert listed(admin_client.get(CHANGELIST, {"event_type": "stock.reserved"})) == pks(
+        rows, "leased", "expired"
+    )
 
 
 @pytest.mark.parametrize(
     ("term", "expected"),
     [
-        ("user-7", ["abandoned"]),  # ordering key, exact
-        ("order.pl", ["pending", "published"]),  # start of an event type
-        ("ORDER.PAID", ["failed"]),
+        ("user-7", ["abandoned"]),  # ordering key, exact, through its index
+        ("USER-7", []),  # exact: case matters
+        ("user-", []),  # not a start: the whole key
+        ("order.placed", []),  # event types are not searched: the filter has them
         ("nothing-like-this", []),
-        ("1234", []),  # not a UUID: searches the text columns, no error
+        ("1234", []),  # not a UUID: searches the keys, no error
     ],
 )
-def test_search_by_ordering_key_and_event_type(admin_client, rows, term, expected):
+def test_search_by_ordering_key(admin_client, rows, term, expected):
     assert listed(admin_client.get(CHANGELIST, {"q": term})) == pks(rows, *expected)
 
 
@@ -631,7 +639,7 @@ def test_inbox_admin_lists_filters_by_consumer_and_finds_an_event_id(admin_clien
     assert listed(admin_client.get(url)) == sorted([billing.pk, shipping.pk])
     assert listed(admin_client.get(url, {"consumer": "shipping"})) == [shipping.pk]
     assert listed(admin_client.get(url, {"q": str(billing.event_id)})) == [billing.pk]
-    assert listed(admin_client.get(url, {"q": "billing"})) == [billing.pk]
+    assert listed(admin_client.get(url, {"q": "billing"})) == []  # the filter has consumers
     assert admin_client.get(reverse("admin:django_outbox_inboxmessage_add")).status_code == 403
 
 
@@ -668,3 +676,42 @@ def test_inbox_failure_admin_shows_parked_letters_with_their_body_escaped(admin_
         reverse("admin:django_outbox_inboxfailure_change", args=[failing.pk])
     ).content.decode()
     assert '<pre class="outbox-json">not json &lt;i&gt;</pre>' in html
+
+
+def test_an_event_id_is_found_in_the_inbox_of_every_consumer(admin_client):
+    """The inbox's index leads with the consumer: an event id is searched by one probe per
+    consumer (test_admin_plans.py holds the plans), and finds each consumer's mark."""
+    event_id = uuid.uuid4()
+    marks = [InboxMessageFactory(consumer=name, event_id=event_id) for name in ("a", "b", "c")]
+    InboxMessageFactory(consumer="d")
+    url = reverse("admin:django_outbox_inboxmessage_changelist")
+    assert listed(admin_client.get(url, {"q": str(event_id)})) == sorted(m.pk for m in marks)
+
+
+def test_a_failure_is_found_by_the_start_of_its_event_type_in_the_recent_window(
+    admin_client, monkeypatch
+):
+    from django_outbox import admin
+
+    old, new = (
+        InboxFailure.objects.create(consumer="billing", event_id=uuid.uuid4(), event_type=name)
+        for name in ("order.paid", "order.placed")
+    )
+    url = reverse("admin:django_outbox_inboxfailure_changelist")
+    assert listed(admin_client.get(url, {"q": "order."})) == [old.pk, new.pk]
+    assert listed(admin_client.get(url, {"q": "ORDER."})) == []  # case matters
+    monkeypatch.setattr(admin, "RECENT_ROWS", 1)
+    assert listed(admin_client.get(url, {"q": "order."})) == [new.pk]
+
+
+def test_relays_are_searched_by_the_start_of_their_worker_and_a_uuid_is_no_error(admin_client):
+    """A UUID term looked for an ``event_id`` the heartbeat rows do not have: a 500."""
+    now = timezone.now()
+    row = WorkerHeartbeat.objects.create(kind="relay", worker="web-1:42", database="default",
+                                         started_at=now, beat_at=now, interval=10)  # fmt: skip
+    WorkerHeartbeat.objects.create(kind="relay", worker="web-2:7", database="default",
+                                   started_at=now, beat_at=now, interval=10)  # fmt: skip
+    url = reverse("admin:django_outbox_workerheartbeat_changelist")
+    assert listed(admin_client.get(url, {"q": "web-1"})) == [row.pk]
+    assert listed(admin_client.get(url, {"q": str(row.process)})) == [row.pk]
+    assert listed(admin_client.get(url, {"q": str(uuid.uuid4())})) == []
