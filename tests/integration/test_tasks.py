@@ -659,3 +659,27 @@ def test_a_worker_stopped_mid_task_commits_nothing_and_the_next_delivery_runs_it
     result.refresh()
     assert (result.status, result.return_value, result.attempts) == ("SUCCESSFUL", 2, 2)
     assert list(Delivery.objects.values_list("consumer", "n")) == [("interrupted", 2)]
+
+
+@pytest.mark.django_db
+def test_a_required_transaction_is_required_under_the_test_cases_own_atomic_too():
+    """pytest-django's test atomic is no transaction of the caller's: with
+    REQUIRE_TRANSACTION an enqueue in it alone fails as it would in production."""
+    from django.test import override_settings
+
+    from django_outbox import NotInTransaction
+
+    required = {
+        "default": {
+            "BACKEND": "django_outbox.tasks.OutboxTaskBackend",
+            "QUEUES": [],
+            "OPTIONS": {"REQUIRE_TRANSACTION": True},
+        }
+    }
+    with override_settings(TASKS=required):
+        assert connection.in_atomic_block  # the test's own
+        with pytest.raises(NotInTransaction, match="REQUIRE_TRANSACTION"):
+            djtasks.add.enqueue(1, 2)
+        with transaction.atomic():
+            result = djtasks.add.enqueue(1, 2)
+    assert TaskResultRecord.objects.filter(id=result.id).exists()
