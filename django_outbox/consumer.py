@@ -29,7 +29,8 @@ is acknowledged without running the handler again. Per message:
   counted too, and parked without running once ``max_deliveries`` is reached;
 * when the database itself is unreachable, requeues without counting and
   backs off, so an outage parks nothing;
-* on a quorum queue, takes the broker's ``x-delivery-count`` into the count too,
+* on a quorum queue, takes the broker's ``x-delivery-count`` of a redelivery into
+  the count too (nowhere else: there the header is the publisher's),
   less its own requeues while the database was down, and not at all for an event
   of an ordered route, whose held-back requeues it counts as well.
 
@@ -202,6 +203,8 @@ class InboxConsumer(ConsumerMixin):
         self.retry = _retry_policy(retry_delay, retry_max_delay, max_deliveries)
         self.url, self.transport_options = _broker_for(queue, url, broker, transport_options)
         self.route = outbox_settings.route_for_queue(queue)
+        #: Whether the broker counts deliveries in ``x-delivery-count`` (a quorum queue).
+        self._broker_counts = self.route.queue_type == "quorum"
         self.queues = _queues_to_take(self.route, queue, partitions)
         self._current = queue  # the queue of the message in hand
         self._early: dict[Any, int] = {}  # event id -> times held back for its key
@@ -583,8 +586,19 @@ class InboxConsumer(ConsumerMixin):
         less the requeues this consumer made while the database was down, which are no
         failed deliveries. 0 for an event of an ordered route: its held-back requeues
         count there too, so it is parked by the inbox's own count alone, which counts
-        every redelivery in its key's turn before the handler runs."""
-        if event.sequence is not None:
+        every redelivery in its key's turn before the handler runs.
+
+        Read only where the broker writes it: on a quorum queue (the route's
+        ``queue_type``; the consumer declares its queue with it, so the broker refuses
+        a queue of another type), and on a redelivery, since a quorum queue leaves a
+        publisher's own header in place on the first delivery. Anywhere else the
+        header is the publisher's, and believing it would let anyone who can publish
+        park an event after one failure."""
+        if (
+            event.sequence is not None
+            or not self._broker_counts
+            or not message.delivery_info.get("redelivered")
+        ):
             return 0
         uncounted = self._uncounted.get(_message_key(message), 0)
         return max(_broker_deliveries(message.headers) - uncounted, 0)

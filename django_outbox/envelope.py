@@ -109,6 +109,24 @@ SKIPPED_BODY = "null"
 ORDERING_HEADERS = frozenset({"destination", "sequence", "skipped"})
 
 
+#: Headers a broker sets or acts on: RabbitMQ's dead-lettering (``x-death`` and the
+#: ``x-first-death-*``/``x-last-death-*`` prefixes below), a quorum queue's delivery count,
+#: the shovel's and federation's marks, and sender-selected distribution (``CC``/``BCC``
+#: route copies of the message to more queues). No user header takes them, and a consumer
+#: reads none of them but where its broker sets it (see docs/hostile-input.md).
+BROKER_HEADERS = frozenset(
+    {"x-delivery-count", "x-death", "x-received-from", "x-shovelled", "CC", "BCC"}
+)
+BROKER_HEADER_PREFIXES = ("x-first-death-", "x-last-death-", "x-shovelled-")
+#: The header that makes every kombu consumer inflate the body before any check.
+COMPRESSION_HEADER = "compression"
+
+
+def is_broker_header(name: str) -> bool:
+    """Whether ``name`` is a header a broker sets or acts on (:data:`BROKER_HEADERS`)."""
+    return name in BROKER_HEADERS or name.startswith(BROKER_HEADER_PREFIXES)
+
+
 #: The outbox columns a claim reads, named as :class:`ClaimedMessage`'s fields.
 CLAIMED_FIELDS = tuple(field.name for field in dataclasses.fields(ClaimedMessage))
 
