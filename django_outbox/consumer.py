@@ -56,6 +56,7 @@ import heapq
 import itertools
 import json
 import logging
+import reprlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -68,16 +69,18 @@ from kombu.mixins import ConsumerMixin
 
 from . import tracing
 from .conf import outbox_settings
-from .envelope import CONTENT_TYPE, ReceivedEvent
+from .envelope import COMPRESSION_HEADER, CONTENT_TYPE, ReceivedEvent
 from .exceptions import BrokerUnreachable, InvalidMessage, OutboxConfigurationError
 from .heartbeat import Heartbeat, HeartbeatThread, process_name
 from .inbox import (
     UNACKED_ERROR,
     Scope,
     Turn,
+    conflict_reason,
     forget_redelivery,
     handled_types,
     handles,
+    park_refused,
     peek_turn,
     process_in_order,
     process_once,
@@ -331,6 +334,7 @@ class InboxConsumer(ConsumerMixin):
         the relay's wording: retrying cannot help."""
         assert self._connection is not None  # set by establish_connection()
         declared = declare(channel, self.route, refused=refusal_errors(self._connection))
+        channel.Message = _uninflated(channel.Message)
         return [
             Consumer(
                 queues=[queue],
@@ -358,7 +362,8 @@ class InboxConsumer(ConsumerMixin):
         )
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
-        """kombu could not even turn the frame into a message (e.g. bad compression)."""
+        """kombu could not even turn the frame into a message, or it was compressed
+        (see :func:`_uninflated`)."""
         self._last_message = time.monotonic()
         self.stats.received += 1
         self._reject(message, exc)
@@ -521,6 +526,10 @@ class InboxConsumer(ConsumerMixin):
         if turn is Turn.EARLY:
             self._hold_back(message, event, scope)
             return
+        if turn is Turn.CONFLICT:
+            reason = functools.partial(conflict_reason, self.consumer, event, self.using)
+            self._refuse(message, event, reason, "inbox.conflict")
+            return
         message.ack()
         self._early.pop(event.event_id, None)
         if turn is Turn.DUPLICATE:
@@ -672,6 +681,37 @@ class InboxConsumer(ConsumerMixin):
         message.reject(requeue=False)
         self._uncounted.pop(_message_key(message), None)
 
+    def _refuse(
+        self, message: Any, event: ReceivedEvent, reason: Callable[[], str], action: str
+    ) -> None:
+        """Park ``message`` without running the handler, for the one-line ``reason()``
+        (a sequence conflict, a missing or wrong signature), and reject it."""
+        try:
+            error = reason()
+            park_refused(
+                self.consumer,
+                event,
+                error=error,
+                queue=self._current,
+                body=_text(message),
+                using=self.using,
+            )
+        except DatabaseError as exc:
+            self._database_down(message, event, exc)
+            return
+        self.stats.parked += 1
+        self._early.pop(event.event_id, None)
+        logger.error(
+            "%s: event %s from %s is parked unrun: %s; see InboxFailure in the admin",
+            self.consumer,
+            event.event_id,
+            self._current,
+            error,
+            extra={"action": action, **self._log_fields(event)},
+        )
+        message.reject(requeue=False)
+        self._uncounted.pop(_message_key(message), None)
+
     def _log_fields(self, event: ReceivedEvent) -> dict[str, str]:
         return {"queue": self._current, "consumer": self.consumer, "event_id": str(event.event_id)}
 
@@ -770,6 +810,39 @@ def _queues_to_take(route: Route, queue: str, partitions: Sequence[int] | None) 
             f"got {', '.join(map(str, wrong)) or 'none'}"
         )
     return tuple(route.partition_queues[number] for number in sorted(set(partitions)))
+
+
+@functools.cache
+def _uninflated(message_class: type[kombu.Message]) -> type[kombu.Message]:
+    """``message_class`` (a kombu transport's message), except that one whose headers ask
+    for decompression is not inflated but refused as it is built, before the consumer
+    sees it, through kombu's decode errors (:meth:`InboxConsumer.on_decode_error`).
+
+    kombu inflates the body of any message with a ``compression`` header while it builds
+    the message, before any callback and without a bound: 185 bytes of bzip2 become 200
+    MB. The relay never compresses, and ``stage()`` refuses the header, so only a message
+    from someone else has one. The headers are set just after ``errors`` and just before
+    kombu reads ``compression``: recording an error there skips the inflating."""
+
+    class Uninflated(message_class):  # type: ignore[misc,valid-type]
+        @property
+        def headers(self) -> dict[str, Any]:
+            return self._outbox_headers  # type: ignore[no-any-return]
+
+        @headers.setter
+        def headers(self, value: dict[str, Any]) -> None:
+            self._outbox_headers = value
+            compression = value.get(COMPRESSION_HEADER) if value else None
+            if compression and not self.errors:
+                refused = InvalidMessage(
+                    f"the message has a {COMPRESSION_HEADER} header "
+                    f"({reprlib.repr(compression)}), and an outbox relay never compresses: "
+                    "its body is not inflated"
+                )
+                self.errors.append((InvalidMessage, refused, None))
+
+    Uninflated.__name__ = Uninflated.__qualname__ = f"Uninflated{message_class.__name__}"
+    return Uninflated
 
 
 def _decode(message: Any) -> ReceivedEvent:

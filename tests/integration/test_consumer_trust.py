@@ -6,10 +6,14 @@ signatures are verified."""
 
 from __future__ import annotations
 
+import bz2
 import json
+import re
 import uuid
+from pathlib import Path
 from typing import Any
 
+import kombu
 import pytest
 from django.db import transaction
 from django.test import override_settings
@@ -19,7 +23,19 @@ from django_outbox.consumer import InboxConsumer
 from django_outbox.envelope import CONTENT_TYPE
 from django_outbox.exceptions import InvalidEvent
 from django_outbox.models import InboxFailure
-from tests.support import AMQP_URL, delete_queue, publish_raw, unique_destination
+from tests.integration.test_ordered_consumption import event_id, publish
+from tests.support import (
+    AMQP_URL,
+    broker_connection,
+    delete_queue,
+    publish_raw,
+    run_relay,
+    start_command,
+    stop,
+    unique_destination,
+    wait_until,
+)
+from tests.testapp.models import Delivery
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -108,3 +124,147 @@ def test_stage_refuses_a_header_a_broker_or_kombu_interprets(name):
         f"event 'order.placed': headers [{name!r}] are reserved for the relay, kombu and "
         "the brokers and cannot be given"
     )
+
+
+# -- item 2: on an ordered route, a duplicate is the same event id -----------------
+
+
+@pytest.fixture
+def ordered():
+    name = unique_destination("trusto")
+    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "DEFAULT_ORDERED": True}):
+        InboxConsumer(name, Handler(), "trust").run(idle_timeout=0.1)  # declares it
+        yield name
+    delete_queue(name)
+
+
+def forge_in_order(queue: str, key: str, sequence: int, **headers: Any) -> uuid.UUID:
+    """A forged event of an ordered route: a real key, a sequence, a fresh event id."""
+    headers = {"destination": queue, "ordering_key": key, "sequence": sequence, **headers}
+    return forge(queue, None if headers.get("skipped") else {"forged": True}, **headers)
+
+
+def conflicts() -> dict[uuid.UUID, str]:
+    return dict(InboxFailure.objects.parked().values_list("event_id", "last_error"))
+
+
+def test_a_forged_event_claiming_a_handled_sequence_is_parked_and_the_real_one_handled(
+    ordered,
+):
+    """a1 is handled; then a copy of a1 under another event id, and a1's own event id
+    claiming sequence 2, come before the real a2: both are conflicts, parked, never
+    acked as duplicates or handled; the real a2 is handled."""
+    publish(ordered, [("a", 1)])
+    handler = Handler()
+    consume(ordered, handler)
+    a1 = uuid.UUID(event_id(ordered, "a", 1))
+    other = forge_in_order(ordered, "a", 1)
+    reused = forge_in_order(ordered, "a", 2, event_id=str(a1))
+    publish(ordered, [("a", 2)])
+    stats = consume(ordered, handler).stats
+    assert handler.ran == [a1, uuid.UUID(event_id(ordered, "a", 2))]
+    assert (stats.parked, stats.duplicates, stats.handled) == (2, 0, 1)
+    assert conflicts() == {
+        other: "sequence conflict: sequence 1 of key 'a' was handled already as another event",
+        reused: "sequence conflict: this event was handled already, not at sequence 2 of key 'a'",
+    }
+
+
+def test_the_real_event_behind_a_forged_one_is_parked_not_acked_as_a_duplicate(ordered):
+    """A forged a1 and a forged skip marker b1 come first: without signatures nothing
+    tells them from the relay's, so they take sequence 1; the real a1 and b1 are then
+    parked as conflicts (kept for an operator, logged), not acked away as duplicates.
+    A real duplicate is still acked as one."""
+    forge_in_order(ordered, "a", 1)
+    forge_in_order(ordered, "b", 1, skipped=True)
+    publish(ordered, [("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 2)])
+    handler = Handler()
+    stats = consume(ordered, handler).stats
+    real = {(key, n): uuid.UUID(event_id(ordered, key, n)) for key in "ab" for n in (1, 2)}
+    assert conflicts() == {
+        real[
+            "a", 1
+        ]: "sequence conflict: sequence 1 of key 'a' was handled already as another event",
+        real[
+            "b", 1
+        ]: "sequence conflict: sequence 1 of key 'b' was handled already as another event",
+    }
+    assert real["a", 2] in handler.ran and real["b", 2] in handler.ran
+    assert real["a", 1] not in handler.ran
+    assert (stats.parked, stats.duplicates) == (2, 1)  # the second copy of a2
+
+
+# -- item 1: a compressed body is refused, never inflated ---------------------------
+
+BOMB_BYTES = 200 * 2**20
+
+
+def bz2_bomb(size: int = BOMB_BYTES) -> bytes:
+    """``size`` zero bytes in bzip2, compressed a mebibyte at a time (185 bytes or so)."""
+    compressor = bz2.BZ2Compressor(9)
+    chunk = bytes(2**20)
+    parts = [compressor.compress(chunk) for _ in range(size // len(chunk))]
+    return b"".join(parts) + compressor.flush()
+
+
+def queue_exists(queue: str) -> bool:
+    with broker_connection() as connection:
+        try:
+            kombu.Queue(queue, channel=connection.channel()).queue_declare(passive=True)
+        except connection.channel_errors:
+            return False
+    return True
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """The peak resident set of process ``pid`` so far (``VmHWM``)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    (kib,) = re.findall(r"^VmHWM:\s+(\d+) kB$", status, re.MULTILINE)
+    return int(kib) * 1024
+
+
+def test_a_compression_bomb_is_refused_uninflated_and_the_next_event_is_handled():
+    """185 bytes of bzip2 with kombu's compression header, 200 MB inflated: the consumer
+    process refuses it without inflating it (its peak memory stays well below the bomb's
+    size) and handles the real event that follows."""
+    queue = unique_destination("bomb")
+    bomb = bz2_bomb()
+    assert len(bomb) < 1000
+    consumer = start_command(
+        "run_outbox_consumer",
+        "--queue",
+        queue,
+        "--handler",
+        "tests.testapp.handlers.record",
+        "--consumer",
+        "trust",
+    )
+    try:
+        wait_until(lambda: queue_exists(queue), timeout=30, what="the consumer's queue")
+        headers = {"event_id": str(uuid.uuid4()), "event_type": "order.placed"}
+        publish_raw(
+            queue,
+            bomb,
+            content_type=CONTENT_TYPE,
+            content_encoding="utf-8",
+            headers={**headers, "compression": "application/x-bz2"},
+        )
+        with transaction.atomic():
+            real = stage("order.placed", {"n": 1}, destination=queue).event_id
+        run_relay("--drain")
+        wait_until(
+            lambda: Delivery.objects.filter(event_id=real).exists(),
+            timeout=30,
+            what="the real event handled",
+        )
+        peak = peak_rss_bytes(consumer.pid)
+    finally:
+        _code, _output, errors = stop(consumer)
+        delete_queue(queue)
+    assert peak < BOMB_BYTES / 2, f"the consumer peaked at {peak / 2**20:.0f} MiB"
+    assert (
+        f"rejected a message from {queue} that is not an outbox event (InvalidMessage: the "
+        "message has a compression header ('application/x-bz2'), and an outbox relay never "
+        "compresses: its body is not inflated); the broker's dead-letter policy applies"
+    ) in errors
+    assert Delivery.objects.count() == 1
