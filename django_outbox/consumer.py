@@ -69,7 +69,7 @@ from kombu.mixins import ConsumerMixin
 
 from . import tracing
 from .conf import outbox_settings
-from .envelope import COMPRESSION_HEADER, CONTENT_TYPE, ReceivedEvent
+from .envelope import COMPRESSION_HEADER, CONTENT_ENCODING, CONTENT_TYPE, ReceivedEvent
 from .exceptions import BrokerUnreachable, InvalidMessage, OutboxConfigurationError
 from .heartbeat import Heartbeat, HeartbeatThread, process_name
 from .inbox import (
@@ -93,6 +93,7 @@ from .outage import broker_outage, database_outage
 from .redact import SecretFilter, mask_url
 from .retry import RetryPolicy
 from .routes import Route
+from .signing import SIGNATURE_HEADER, Keyring
 from .transports.kombu import (
     CONNECT_TIMEOUT,
     bound_socket_waits,
@@ -195,6 +196,7 @@ class InboxConsumer(ConsumerMixin):
         event_types: Iterable[str] | None = None,
         stop: threading.Event | None = None,
         partitions: Sequence[int] | None = None,
+        verify_signatures: bool | None = None,  # None: OUTBOX["VERIFY_SIGNATURES"]
     ) -> None:
         self.queue = queue
         self.handler = handler
@@ -209,6 +211,8 @@ class InboxConsumer(ConsumerMixin):
         #: Whether the broker counts deliveries in ``x-delivery-count`` (a quorum queue).
         self._broker_counts = self.route.queue_type == "quorum"
         self.queues = _queues_to_take(self.route, queue, partitions)
+        #: The keys a message's signature must be made with; None: not verified.
+        self.keys = _verifying_keys(verify_signatures)
         self._current = queue  # the queue of the message in hand
         self._early: dict[Any, int] = {}  # event id -> times held back for its key
         self._uncounted: collections.Counter[Any] = collections.Counter()  # see _broker_count
@@ -407,6 +411,12 @@ class InboxConsumer(ConsumerMixin):
         except InvalidMessage as exc:
             self._reject(message, exc)
             return
+        if self.keys is not None:
+            body = _text(message).encode(CONTENT_ENCODING)
+            problem = self.keys.problem(event.headers.get(SIGNATURE_HEADER), event.envelope(body))
+            if problem is not None:
+                self._refuse(message, event, lambda: problem, "inbox.unsigned")
+                return
         if event.sequence is not None:
             self._handle_in_order(message, event)
             return
@@ -790,6 +800,21 @@ def _retry_policy(base: float, longest: float, max_deliveries: int | None) -> Re
     )
 
 
+def _verifying_keys(verify: bool | None) -> Keyring | None:
+    """``OUTBOX["SIGNING_KEYS"]`` when signatures are verified (``verify``, else
+    ``OUTBOX["VERIFY_SIGNATURES"]``), else None; an :class:`OutboxConfigurationError`
+    when they are to be verified and there are none."""
+    if not (outbox_settings.VERIFY_SIGNATURES if verify is None else verify):
+        return None
+    keys: Keyring = outbox_settings.SIGNING_KEYS
+    if not keys:
+        raise OutboxConfigurationError(
+            "signatures are to be verified, but OUTBOX['SIGNING_KEYS'] is empty: give it "
+            "the keys the relays sign with"
+        )
+    return keys
+
+
 def _queues_to_take(route: Route, queue: str, partitions: Sequence[int] | None) -> tuple[str, ...]:
     """The queues a consumer of ``queue`` takes: ``queue`` itself, or of a partitioned
     route's queue the partitions numbered ``partitions`` (all when None).
@@ -827,7 +852,7 @@ def _uninflated(message_class: type[kombu.Message]) -> type[kombu.Message]:
     class Uninflated(message_class):  # type: ignore[misc,valid-type]
         @property
         def headers(self) -> dict[str, Any]:
-            return self._outbox_headers  # type: ignore[no-any-return]
+            return self._outbox_headers
 
         @headers.setter
         def headers(self, value: dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from . import db, tracing
 from .conf import outbox_settings
-from .envelope import BROKER_HEADERS, COMPRESSION_HEADER, ORDERING_HEADERS, is_broker_header
+from .envelope import BROKER_HEADERS, COMPRESSION_HEADER, RELAY_HEADERS, is_broker_header
 from .exceptions import (
     InvalidDestination,
     InvalidEvent,
@@ -64,7 +64,7 @@ RESERVED_HEADERS = frozenset(
         "occurred_at",
         "ordering_key",
         COMPRESSION_HEADER,
-        *ORDERING_HEADERS,
+        *RELAY_HEADERS,
         *BROKER_HEADERS,
     }
 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import bz2
 import json
 import re
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,15 +20,20 @@ from django.db import transaction
 from django.test import override_settings
 
 from django_outbox import ReceivedEvent, stage
+from django_outbox.checks import check_settings
 from django_outbox.consumer import InboxConsumer
 from django_outbox.envelope import CONTENT_TYPE
-from django_outbox.exceptions import InvalidEvent
+from django_outbox.exceptions import InvalidEvent, OutboxConfigurationError
 from django_outbox.models import InboxFailure
+from django_outbox.relay import Relay
+from django_outbox.signing import Keyring, key_id
 from tests.integration.test_ordered_consumption import event_id, publish
 from tests.support import (
     AMQP_URL,
+    REDIS_URL,
     broker_connection,
     delete_queue,
+    drain_raw,
     publish_raw,
     run_relay,
     start_command,
@@ -54,7 +60,7 @@ class Handler:
         self.ran.append(event.event_id)
 
 
-def forge(queue: str, payload: Any, **headers: Any) -> uuid.UUID:
+def forge(queue: str, payload: Any, url: str = AMQP_URL, **headers: Any) -> uuid.UUID:
     """Publish to ``queue`` what anyone with publish rights can: an outbox-looking
     message with the headers given and a fresh event id unless given."""
     headers.setdefault("event_id", str(uuid.uuid4()))
@@ -62,6 +68,7 @@ def forge(queue: str, payload: Any, **headers: Any) -> uuid.UUID:
     publish_raw(
         queue,
         json.dumps(payload),
+        url,
         content_type=CONTENT_TYPE,
         content_encoding="utf-8",
         headers=headers,
@@ -115,6 +122,7 @@ def test_a_forged_delivery_count_does_not_park_an_event_after_one_failure(queue)
         "CC",
         "BCC",
         "compression",
+        "outbox_signature",
     ],
 )
 def test_stage_refuses_a_header_a_broker_or_kombu_interprets(name):
@@ -268,3 +276,120 @@ def test_a_compression_bomb_is_refused_uninflated_and_the_next_event_is_handled(
         "compresses: its body is not inflated); the broker's dead-letter policy applies"
     ) in errors
     assert Delivery.objects.count() == 1
+
+
+# -- item 4: signed envelopes -------------------------------------------------------
+
+OLD_KEY, NEW_KEY = "k" * 32 + "-old", "k" * 32 + "-new"
+
+
+def relay_signed(url: str = AMQP_URL, **outbox: Any) -> None:
+    """Drain the outbox through the in-process relay, signing with NEW_KEY."""
+    with override_settings(OUTBOX={"BROKER_URL": url, "SIGNING_KEYS": [NEW_KEY], **outbox}):
+        with Relay() as relay:
+            totals = relay.run(threading.Event(), drain=True)
+    assert totals.failed == totals.abandoned == 0
+
+
+def verifying(url: str = AMQP_URL, **outbox: Any):
+    """Settings of a consumer that verifies with the new key and the old one."""
+    keys = [OLD_KEY, NEW_KEY]  # the consumer's order does not matter: all verify
+    return override_settings(OUTBOX={"BROKER_URL": url, "SIGNING_KEYS": keys, **outbox})
+
+
+@pytest.mark.parametrize("url", [AMQP_URL, REDIS_URL], ids=["rabbitmq", "redis"])
+def test_signed_events_are_handled_and_forged_or_altered_ones_parked(url):
+    """The relay signs on its hand-built AMQP frames and Redis writer alike; a verifying
+    consumer handles its events and parks an unsigned message, a copy of a signed one
+    with another body, and one signed with a key it does not have."""
+    queue = unique_destination("signed")
+    with transaction.atomic():
+        staged = [stage("order.placed", {"n": n}, destination=queue, key="k") for n in (1, 2)]
+    relay_signed(url)
+    first = drain_raw(queue, url)[0]  # both taken: the queue is empty again
+    try:
+        with transaction.atomic():
+            real = stage("order.placed", {"n": 3}, destination=queue, key="k").event_id
+        relay_signed(url)
+        signed = dict(first.headers)
+        unsigned = forge(queue, {"n": 1}, url=url)
+        altered = forge(queue, {"n": 1000}, url=url, **signed)  # the body of event 1 changed
+        other = {**signed, "event_id": str(uuid.uuid4())}
+        other["outbox_signature"] = sign_with("z" * 40, other, {"n": 1})
+        unknown = forge(queue, {"n": 1}, url=url, **other)
+        handler = Handler()
+        with verifying(url):
+            stats = consume(queue, handler, verify_signatures=True).stats
+    finally:
+        delete_queue(queue, url)
+    assert handler.ran == [real]
+    assert stats.parked == 3
+    errors = conflicts()
+    assert errors[unsigned] == "unsigned: the message has no outbox_signature header"
+    assert errors[altered] == (
+        f"the signature (key id {key_id(NEW_KEY.encode())}) does not match: the message was altered"
+    )
+    assert errors[unknown].startswith(f"signed with key id {key_id(b'z' * 40)!r}, which is none")
+    assert altered == staged[0].event_id
+
+
+def sign_with(key: str, headers: dict[str, Any], payload: Any) -> str:
+    """The signature ``key`` makes of an event with ``headers`` and ``payload``."""
+    event = ReceivedEvent.from_wire(payload, headers)
+    return Keyring([key.encode()]).sign(event.envelope(json.dumps(payload).encode()))
+
+
+def test_a_forged_event_on_an_ordered_route_is_parked_and_the_real_one_handled(ordered):
+    """With signatures verified, the forged a1 of the test above is parked before it
+    reaches its key's turn, and the real a1 and a2 are handled in sequence."""
+    forged = forge_in_order(ordered, "a", 1)
+    with transaction.atomic():
+        real = [stage("order.placed", {"n": n}, destination=ordered, key="a") for n in (1, 2)]
+    relay_signed(DEFAULT_ORDERED=True)
+    handler = Handler()
+    with verifying(DEFAULT_ORDERED=True):
+        stats = consume(ordered, handler, verify_signatures=True).stats
+    assert handler.ran == [row.event_id for row in real]
+    assert conflicts() == {forged: "unsigned: the message has no outbox_signature header"}
+    assert (stats.parked, stats.handled) == (1, 2)
+
+
+def test_verification_without_keys_is_refused_in_one_line():
+    with (
+        override_settings(OUTBOX={"BROKER_URL": AMQP_URL}),
+        pytest.raises(OutboxConfigurationError) as refused,
+    ):
+        InboxConsumer("orders", Handler(), "trust", verify_signatures=True)
+    assert str(refused.value) == (
+        "signatures are to be verified, but OUTBOX['SIGNING_KEYS'] is empty: give it the "
+        "keys the relays sign with"
+    )
+
+
+@pytest.mark.parametrize(
+    ("keys", "error"),
+    [
+        (
+            "s3cret-s3cret-s3cret-s3cret-s3cret",
+            "must be a list of keys (str or bytes; the first signs, all verify); got str",
+        ),
+        (["s3cret"], "key 1 is 6 bytes long, under 32: make one with secrets.token_urlsafe(32)"),
+        ([NEW_KEY, 42], "key 2 is a int, not str or bytes"),
+        ([NEW_KEY, NEW_KEY.encode()], "key 2 is key 1 again"),
+    ],
+)
+def test_bad_signing_keys_are_a_system_check_error_that_shows_no_key(keys, error):
+    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "SIGNING_KEYS": keys}):
+        (problem,) = check_settings()
+    assert (problem.id, problem.msg) == ("django_outbox.E035", f'OUTBOX["SIGNING_KEYS"] {error}.')
+    assert "s3cret" not in problem.msg + problem.hint and NEW_KEY not in problem.msg
+
+
+def test_verify_signatures_without_keys_is_a_system_check_error():
+    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, "VERIFY_SIGNATURES": True}):
+        (problem,) = check_settings()
+    assert (problem.id, problem.msg) == (
+        "django_outbox.E036",
+        'OUTBOX["VERIFY_SIGNATURES"] is on, but OUTBOX["SIGNING_KEYS"] is empty: a consumer '
+        "would park every message.",
+    )
