@@ -9,15 +9,23 @@ is acknowledged without running the handler again. Per message:
   too); a message of another content type, a body that does not decode or one
   that carries no event id is **rejected** without requeue, so the broker's
   dead-letter policy applies;
+* **rejects** a message with a ``compression`` header as kombu builds it, without
+  inflating its body (:func:`_uninflated`);
+* with signatures verified (``verify_signatures``, ``OUTBOX["VERIFY_SIGNATURES"]``),
+  **parks** unrun a message that is not signed by one of ``OUTBOX["SIGNING_KEYS"]``
+  (:mod:`django_outbox.signing`), before anything else is believed of it;
 * **ignores** an event whose type is not one of ``event_types`` (when given):
   acked at once, no handler call, no inbox row;
 * **handles** it in one transaction with the inbox mark, then **acks**; a
   duplicate is acked at once;
 * an event of an ordered route (it carries a ``sequence``) runs only in its
   key's turn (:func:`~django_outbox.inbox.process_in_order`): one already handled
-  is acked, one whose predecessor is not handled yet is **held back** (requeued
-  once that one is handled here, or after a backoff), a skip marker moves its key
-  on without the handler (see docs/ordered-consumption.md);
+  (its event id in the inbox) is acked, one whose predecessor is not handled yet
+  is **held back** (requeued once that one is handled here, or after a backoff),
+  a skip marker moves its key
+  on without the handler, and another event claiming a handled sequence (or a
+  handled one claiming another) is **parked** as a conflict (see
+  docs/ordered-consumption.md);
 * on a handler error, counts the failed delivery in
   :class:`~django_outbox.models.InboxFailure`, keeps the message unacked for a
   backoff delay (doubling, capped, with jitter) while it goes on with other

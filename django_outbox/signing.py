@@ -35,8 +35,8 @@ from collections.abc import Sequence
 #: The header that carries the signature.
 SIGNATURE_HEADER = "outbox_signature"
 VERSION = "v1"
-#: The first field of the canonical encoding.
-DOMAIN = b"18:outbox-envelope-v1,"
+#: The canonical encoding: the version, then seven netstrings (``%d`` length, ``%s`` bytes).
+_FORMAT = b"18:outbox-envelope-v1," + b"%d:%s," * 7
 #: The shortest key accepted, in bytes: HMAC-SHA256's own block of strength.
 MIN_KEY_BYTES = 32
 _KEY_ID_PREFIX = b"django-outbox signing key\x00"
@@ -45,10 +45,6 @@ _KEY_ID_PREFIX = b"django-outbox signing key\x00"
 def key_id(key: bytes) -> str:
     """The id a signature names ``key`` by: 16 hex digits of a hash of it."""
     return hashlib.sha256(_KEY_ID_PREFIX + key).hexdigest()[:16]
-
-
-def _net(field: bytes) -> bytes:
-    return b"%d:%s," % (len(field), field)
 
 
 def canonical(
@@ -60,17 +56,18 @@ def canonical(
     skipped: bool,
     body: bytes,
 ) -> bytes:
-    """The bytes a signature covers (see the module docstring)."""
-    fields = (
-        str(event_id).encode(),
-        event_type.encode(),
-        (ordering_key or "").encode(),
-        (destination or "").encode(),
-        b"" if sequence is None else str(sequence).encode(),
-        b"1" if skipped else b"",
-        body,
+    """The bytes a signature covers (see the module docstring), in one formatting: the
+    relay makes one per message it publishes."""
+    eid = str(event_id).encode()
+    kind = event_type.encode()
+    key = ordering_key.encode() if ordering_key else b""
+    where = destination.encode() if destination else b""
+    number = b"" if sequence is None else b"%d" % sequence
+    skip = b"1" if skipped else b""
+    return _FORMAT % (
+        *(len(eid), eid, len(kind), kind, len(key), key, len(where), where),
+        *(len(number), number, len(skip), skip, len(body), body),
     )
-    return DOMAIN + b"".join(map(_net, fields))
 
 
 class Keyring:
