@@ -24,7 +24,9 @@ frame encoder gives every message of the process one event id (its ``event_id`` 
 message id), as an encoder that mixed up messages' parts would; ``--sabotage due`` starts
 relays whose claim takes PROCESSING rows whatever their lease (the named query ``claim_due``
 without its ``locked_until`` test, which since the claim became a HOT update is all that
-keeps a live lease's rows from the next claim). A run with any of them must fail its audit.
+keeps a live lease's rows from the next claim); ``--sabotage forgery`` starts consumers
+that verify no signature, so the producers' forged messages are handled. A run with any
+of them must fail its audit.
 Nothing imports this module unless ``CHAOS_SABOTAGE`` is set.
 """
 
@@ -53,6 +55,7 @@ KINDS = (
     "heartbeat",
     "frames",
     "due",
+    "forgery",
 )
 
 
@@ -91,6 +94,10 @@ def apply(kind: str) -> None:
         Heartbeat._write = lambda self, *args, **kwargs: False  # type: ignore[method-assign]
     elif kind == "frames":
         _one_event_id()
+    elif kind == "forgery":
+        from django_outbox import consumer
+
+        consumer._verifying_keys = lambda verify: None  # type: ignore[assignment]
     elif kind == "parking":
         from django_outbox.consumer import InboxConsumer
 
