@@ -185,6 +185,7 @@ def _scenarios(
     figures.update(scenarios.claim_growth(profile.retained, profile.claim_rows, batch))
     figures.update(_ordering(profile, amqp, drain))
     figures.update(_telemetry(profile, amqp, drain))
+    figures.update(_signing(profile, amqp, drain))
     figures.update(_end_to_end(profile, env, amqp))
     return figures
 
@@ -326,6 +327,31 @@ def _telemetry(profile: Profile, amqp: str, drain: Callable[..., Any]) -> dict[s
         "relay_telemetry_ev_per_s": traced,
         "telemetry_vs_plain": statistics.median(ratios),
         "telemetry_vs_plain_rounds": ratios,
+    }
+
+
+def _signing(profile: Profile, amqp: str, drain: Callable[..., Any]) -> dict[str, Any]:
+    """The relay to RabbitMQ signing every message against the same relay not signing,
+    alternated over rounds, and the CPU of one signature measured in process."""
+    from . import scenarios
+
+    _step(f"RabbitMQ: {profile.rounds} x (relay, relay signing each message)")
+    plain: list[dict[str, Any]] = []
+    signed: list[dict[str, Any]] = []
+
+    def run(runs: list[dict[str, Any]], **options: Any) -> float:
+        runs.append(drain(amqp, profile.round_events, "signing", **options))
+        return float(runs[-1]["events_per_s"])
+
+    _, rate, _ = _rounds(profile.rounds, lambda: run(plain), lambda: run(signed, signed=True))
+    cpu = [
+        s["cpu_us_per_event"] - p["cpu_us_per_event"] for p, s in zip(plain, signed, strict=True)
+    ]
+    return {
+        "relay_signed_ev_per_s": rate,
+        **_per_round("signed_vs_plain", signed, [p["events_per_s"] for p in plain]),
+        "signed_cpu_us_per_event_extra": statistics.median(cpu),
+        **scenarios.signing_cost(profile.round_events),
     }
 
 

@@ -7,6 +7,7 @@ relays and the consumer as worker processes (:mod:`benchmarks.worker`).
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import functools
 import json
 import math
@@ -27,7 +28,9 @@ from django.db.models import F
 
 from django_outbox import db, stage, stage_many
 from django_outbox.conf import outbox_settings
+from django_outbox.envelope import ClaimedMessage
 from django_outbox.models import OutboxMessage
+from django_outbox.signing import parse_keys
 
 from .common import PAYLOAD, bound_queue
 from .models import Customer, Order, OrderLine
@@ -36,6 +39,8 @@ from .services import REPO
 from .telemetry import creation_span
 
 TABLE = OutboxMessage._meta.db_table
+#: The key of the signed drains (a benchmark's, not a secret).
+SIGNING_KEY = "benchmark-signing-key-of-32-bytes-at-least"
 
 
 class Worker:
@@ -116,12 +121,14 @@ def relay_drain(
     keys: int = 0,
     telemetry: bool = False,
     keep_published: bool = True,
+    signed: bool = False,
 ) -> dict[str, Any]:
     """Stage ``count`` events, then let ``processes`` relays drain them together. With
     ``keys``, the events go to the ordered route, spread over that many keys; with
     ``telemetry``, they are staged under spans and the relays run with metrics and
     tracing on (:mod:`benchmarks.telemetry`); without ``keep_published``, they delete
-    each row at its confirm (``PUBLISHED_RETENTION`` 0).
+    each row at its confirm (``PUBLISHED_RETENTION`` 0); ``signed``, they sign every
+    message (``SIGNING_KEYS``).
 
     Returns the events/s from the first relay's start to the last one's finish, the
     relays' CPU per event, the first relay's RSS and SQL counts, what the drain cost the
@@ -135,7 +142,11 @@ def relay_drain(
     with connection.cursor() as cursor:
         cursor.execute(f'VACUUM ANALYZE "{TABLE}"')
     vacuumed = Reading.take(TABLE)
-    env = {**env, "OUTBOX_BENCH_KEEP_PUBLISHED": "1" if keep_published else "0"}
+    env = {
+        **env,
+        "OUTBOX_BENCH_KEEP_PUBLISHED": "1" if keep_published else "0",
+        "OUTBOX_BENCH_SIGNING_KEY": SIGNING_KEY if signed else "",
+    }
     results = _run_relays(env, url, processes, batch_size, tag, profile_dir, telemetry, keys > 0)
     drained = Reading.take(TABLE)
     delete_queue(url, to)
@@ -510,3 +521,21 @@ def _latencies(
         f"{name}_p50_ms": latencies[len(latencies) // 2],
         f"{name}_p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
     }
+
+
+def signing_cost(count: int) -> dict[str, float]:
+    """The CPU the relay spends signing one event, in process (no broker, no database):
+    the canonical encoding and the HMAC-SHA256 of ``count`` claimed messages of the
+    benchmark's payload, as :func:`django_outbox.store.claim` makes them."""
+    keys = parse_keys([SIGNING_KEY])
+    now = dt.datetime.now(dt.UTC)
+    messages = [
+        ClaimedMessage(
+            n, uuid.uuid4(), "bench.order_placed", "bench", json.dumps(PAYLOAD), {}, "", 0, now
+        )
+        for n in range(count)
+    ]
+    started = time.process_time()
+    for message in messages:
+        message.signature = keys.sign(message.envelope())
+    return {"signing_us_per_event": (time.process_time() - started) / count * 1e6}

@@ -38,6 +38,9 @@ OUTBOX = {
 #: delete each row at its confirm.
 if not env.bool("OUTBOX_BENCH_KEEP_PUBLISHED", default=True):
     OUTBOX["PUBLISHED_RETENTION"] = 0
+#: The relays of a signed drain (``OUTBOX_BENCH_SIGNING_KEY`` set) sign every message.
+if signing_key := env.str("OUTBOX_BENCH_SIGNING_KEY", default=""):
+    OUTBOX["SIGNING_KEYS"] = [signing_key]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGGING = {
     "version": 1,

@@ -222,7 +222,8 @@ def task_checks() -> list[tuple[str, str]]:
 def _must_be_zero(faults: Sequence[Fault]) -> list[tuple[str, float]]:
     """The checks every run has, each a label and its value (0 when it holds)."""
     o, h, r, b, v = db.ORDER, db.HANDLED, db.ROLLED_BACK, db.BROKER, db.VIOLATION
-    outbox, parked = db.OUTBOX_ROWS, f"{db.INBOX_FAILURE} WHERE parked_at IS NOT NULL"
+    outbox, forged = db.OUTBOX_ROWS, f"SELECT event_id FROM {db.FORGED}"
+    parked = f"{db.INBOX_FAILURE} WHERE parked_at IS NOT NULL AND event_id NOT IN ({forged})"
     gaps = (
         f"SELECT count(*) FROM (SELECT 1 FROM {outbox} WHERE sequence IS NOT NULL "
         "GROUP BY destination, ordering_key "
@@ -263,6 +264,10 @@ def _must_be_zero(faults: Sequence[Fault]) -> list[tuple[str, float]]:
             sum(fault.done.unreported for fault in faults),
         ),
         ("events the consumer parked", db.value(f"SELECT count(*) FROM {parked}")),
+        (
+            "forged messages handled",
+            db.value(f"SELECT count(*) FROM {h} WHERE event_id IN ({forged})"),
+        ),
         ("events out of order per key", out_of_order()),
         ("ordered rows without a gap-free sequence (keys)", db.value(gaps)),
     ]
@@ -412,6 +417,11 @@ def totals(task_log: Path | None = None) -> dict[str, int]:
         "rolled_back_savepoint": kinds.get("savepoint", 0),
         "delivered": handled,
         "broker_messages": published,
+        "forged": db.value(f"SELECT count(*) FROM {db.FORGED}"),
+        "forged_parked": db.value(
+            f"SELECT count(*) FROM {db.INBOX_FAILURE} WHERE parked_at IS NOT NULL "
+            f"AND event_id IN (SELECT event_id FROM {db.FORGED})"
+        ),
     }
 
 
@@ -514,6 +524,10 @@ def _counted_rows(counted: dict[str, int]) -> list[str]:
         ),
         _row("events delivered (handled by the consumer)", counted["delivered"]),
         _row("messages RabbitMQ received", counted["broker_messages"]),
+        _row(
+            "messages forged onto the consumer's queue (parked)",
+            f"{counted['forged']:,} ({counted['forged_parked']:,})",
+        ),
         _row("outbox rows deleted (at their confirm: ci-deleting's relay-1)", counted["deleted"]),
         _row(
             "attempts spent in all (rows / attempts / most on one row)",

@@ -11,7 +11,16 @@ from django.db import DatabaseError, connection, transaction
 from django_outbox.models import InboxFailure, InboxMessage, OutboxMessage, TaskResultRecord
 
 from .destinations import CLUSTERED
-from .models import BrokerCopy, Handled, Order, OrderedCopy, RolledBack, TaskEffect, Violation
+from .models import (
+    BrokerCopy,
+    Forged,
+    Handled,
+    Order,
+    OrderedCopy,
+    RolledBack,
+    TaskEffect,
+    Violation,
+)
 
 OUTBOX = OutboxMessage._meta.db_table
 #: The outbox as the audit reads it: the table's rows and the rows deleted from it
@@ -22,6 +31,7 @@ DELETED = "chaos_deleted_row"
 INBOX = InboxMessage._meta.db_table
 ORDER = Order._meta.db_table
 HANDLED = Handled._meta.db_table
+FORGED = Forged._meta.db_table
 ROLLED_BACK = RolledBack._meta.db_table
 BROKER = BrokerCopy._meta.db_table
 VIOLATION = Violation._meta.db_table

@@ -30,6 +30,17 @@ class Handled(models.Model):
         return f"handled {self.event_id}"
 
 
+class Forged(models.Model):
+    """A message a producer put on the consumer's queue itself, as anyone with publish
+    rights can (:mod:`chaos.producer`): unsigned, or signed with a key no relay has. The
+    consumer verifies signatures, so it must park every one and handle none."""
+
+    event_id = models.UUIDField(db_index=True)
+
+    def __str__(self) -> str:
+        return f"forged {self.event_id}"
+
+
 class RolledBack(models.Model):
     """An event staged and then rolled back on purpose (written after the rollback)."""
 

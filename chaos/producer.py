@@ -4,7 +4,9 @@
         --ordered D2 --keys K [--tasks]
 
 Each transaction stages one event (``stage``), a few, or a burst (``stage_many``),
-with one ``Order`` per event. Half of the transactions stage to ``D``, keyless; the
+with one ``Order`` per event (and after about 3% of the committed ones, a forged message
+goes to the consumer's queue: see :meth:`Producer._forge`). Half of the transactions
+stage to ``D``, keyless; the
 other half to the ordered destination ``D2``, each event with one of ``K`` keys drawn
 at random (so one transaction may hold several events of a key). About 10% of
 transactions roll back after staging, and about 5% roll back a savepoint holding one
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import random
 import signal
 import sys
@@ -32,6 +35,14 @@ import django
 ROLLBACK_RATE = 0.10
 SAVEPOINT_RATE = 0.05
 ORDERED_SHARE = 0.5
+#: Of the committed transactions, the share after which the producer also forges a message.
+FORGE_RATE = 0.03
+#: The sequence of a forged event of an ordered key: far ahead of any real one, so that a
+#: consumer that does not verify (``--sabotage forgery``) holds it back instead of letting
+#: it take a real event's place (which would leave that one unhandled, the run undrained).
+FORGED_SEQUENCE = 10**9
+#: A key no relay signs with.
+FORGER_KEY = b"the-forger's-own-key-of-32-bytes-or-more"
 
 
 class Rollback(Exception):
@@ -88,6 +99,7 @@ class Producer:
         self.tasks = tasks
         self.events = self.committed = self.rolled_back = self.outages = 0
         self.tasks_committed = self.tasks_rolled_back = 0
+        self.forger: Forger | None = None
 
     def run_one(self) -> bool:
         """One transaction; False when the database was unreachable."""
@@ -151,7 +163,37 @@ class Producer:
                 self.rolled_back += len(undone)
             self.committed += len(staged)
             self.tasks_committed += int(self.tasks)
+            if self.rng.random() < FORGE_RATE:
+                self._forge()
         self.events += size
+
+    def _forge(self) -> None:
+        """Forge one message for the consumer's queue, as anyone who can publish there
+        could: keyless, or of an ordered key; unsigned, or signed with a key no relay
+        has. Recorded in ``Forged`` first, so the audit knows it whether or not it got
+        there; :class:`Forger` publishes it."""
+        import json
+        import uuid
+
+        from django_outbox.envelope import ReceivedEvent
+        from django_outbox.signing import SIGNATURE_HEADER, Keyring
+
+        from .models import Forged
+
+        event_id = uuid.uuid4()
+        Forged.objects.create(event_id=event_id)
+        headers: dict[str, Any] = {"event_id": str(event_id), "event_type": "chaos.order"}
+        if self.rng.random() < ORDERED_SHARE:
+            key = f"account-{self.rng.randrange(self.keys):02d}"
+            headers.update(destination=self.ordered, ordering_key=key, sequence=FORGED_SEQUENCE)
+        body = json.dumps({"producer": self.index, "forged": True})
+        if self.rng.random() < 0.5:
+            envelope = ReceivedEvent.from_wire(None, headers).envelope(body.encode())
+            headers[SIGNATURE_HEADER] = Keyring([FORGER_KEY]).sign(envelope)
+        if self.forger is None:
+            self.forger = Forger()
+            self.forger.start()
+        self.forger.messages.put((body, headers))
 
     @staticmethod
     def _enqueue(order: str) -> None:
@@ -187,6 +229,40 @@ class Producer:
             f"{self.rolled_back}, database outages {self.outages}; Django tasks committed "
             f"{self.tasks_committed}, rolled back {self.tasks_rolled_back}"
         )
+
+
+class Forger(threading.Thread):
+    """Publishes a producer's forged messages to the consumer's queue, through the default
+    exchange, from a thread of its own: a broker that is down or blocks publishers (the
+    memory alarm) holds up this thread, never the producer. A broker fault loses the
+    message in hand (nothing retries a forgery); those still queued die with the process."""
+
+    def __init__(self) -> None:
+        super().__init__(name="forger", daemon=True)
+        self.messages: queue.SimpleQueue[tuple[str, dict[str, Any]]] = queue.SimpleQueue()
+
+    def run(self) -> None:
+        import amqp
+        import kombu
+        from django.conf import settings
+
+        from .destinations import QUEUE
+
+        while True:
+            body, headers = self.messages.get()
+            try:
+                with kombu.Connection(settings.OUTBOX["BROKER_URL"], connect_timeout=2) as c:
+                    c.Producer().publish(
+                        body,
+                        routing_key=QUEUE,  # the default exchange: the consumer's queue alone
+                        content_type="application/json",
+                        content_encoding="utf-8",
+                        headers=headers,
+                        message_id=headers["event_id"],
+                        delivery_mode=2,
+                    )
+            except (kombu.exceptions.KombuError, amqp.exceptions.AMQPError, OSError) as exc:
+                print(f"forged message lost: {exc}".splitlines()[0], file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,9 @@ relays whose claim takes PROCESSING rows whatever their lease (the named query `
 without its ``locked_until`` test, which since the claim became a HOT update is all that
 keeps a live lease's rows from the next claim); ``--sabotage oom`` starts relays that do not
 know Redis out of memory when they see it (``out_of_memory`` of the Redis transport always
-False): its refusals are publish failures that count an attempt. A run with any of them
-must fail its audit.
+False): its refusals are publish failures that count an attempt; ``--sabotage forgery``
+starts consumers that verify no signature, so the producers' forged messages are handled.
+A run with any of them must fail its audit.
 Nothing imports this module unless ``CHAOS_SABOTAGE`` is set.
 """
 
@@ -57,6 +58,7 @@ KINDS = (
     "frames",
     "due",
     "oom",
+    "forgery",
 )
 
 
@@ -99,6 +101,10 @@ def apply(kind: str) -> None:
         from django_outbox.transports import kombu as transport
 
         transport.out_of_memory = lambda exc: False  # type: ignore[assignment]
+    elif kind == "forgery":
+        from django_outbox import consumer
+
+        consumer._verifying_keys = lambda verify: None  # type: ignore[assignment]
     elif kind == "parking":
         from django_outbox.consumer import InboxConsumer
 

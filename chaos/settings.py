@@ -61,6 +61,8 @@ def _brokers(cluster_url: str, redis_url: str) -> dict[str, object]:
     return {"BROKERS": brokers, "ROUTES": routes} if brokers else {}
 
 
+#: The key every chaos relay signs with (a test run's, not a secret).
+SIGNING_KEY = "chaos-signing-key-of-32-bytes-or-more"
 #: The knobs are the runner's (its profile), passed as JSON: a short lease so that a
 #: killed relay's rows come back within seconds, quick retries, and room for many
 #: failed attempts, so that a long broker outage cannot exhaust MAX_ATTEMPTS.
@@ -69,6 +71,9 @@ OUTBOX = {
     "DEFAULT_EXCHANGE": "chaos",
     "ROUTES": {ORDERED: ORDERED_ROUTE},
     **_brokers(env("OUTBOX_CLUSTER_URL", default=""), env("OUTBOX_REDIS_URL", default="")),
+    # The relays sign, the consumers park what is not signed: see chaos.producer's forger.
+    "SIGNING_KEYS": [SIGNING_KEY],
+    "VERIFY_SIGNATURES": True,
     **env.json("CHAOS_OUTBOX", default={}),
 }
 if TASKS_UNAVAILABLE is None:

@@ -1,10 +1,11 @@
 """System checks: ``django_outbox.E001``-``E007`` (``E006`` with ``check --deploy``),
-``E010``, ``E011`` and ``E013``-``E016`` for settings (``OUTBOX["BROKERS"]`` and the
-routes' broker aliases among them), ``E008``, ``E009``, ``E017``, ``E018``, ``W002`` and
-``W003`` for route shapes, ``W001`` for databases, ``W004`` for Celery routes without
-publisher confirms, and each broker's transport's own (``E012`` and ``W005`` for the
-folders of a ``filesystem://`` broker). ``E050`` (imported, not installed) lives in
-:mod:`django_outbox.apps`, which runs without the app.
+``E010``, ``E011``, ``E013``-``E016``, ``E035`` and ``E036`` for settings
+(``OUTBOX["BROKERS"]`` and the routes' broker aliases, and the signing keys, among them),
+``E008``, ``E009``, ``E017``, ``E018``, ``W002`` and ``W003`` for route shapes, ``W001``
+for databases, ``W004`` for Celery routes without publisher confirms, and each broker's
+transport's own (``E012`` and ``W005`` for the folders of a ``filesystem://`` broker).
+``E050`` (imported, not installed) lives in :mod:`django_outbox.apps`, which runs without
+the app.
 
 The ids, messages and hints are listed in docs/reference/checks.md.
 """

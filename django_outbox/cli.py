@@ -217,6 +217,13 @@ def add_consumer_options(parser: argparse.ArgumentParser) -> None:
         help="messages the broker may deliver before they are acked (default: %(default)r)",
     )
     option(
+        "--verify-signatures",
+        action="store_true",
+        default=None,
+        help="park every message not signed by one of OUTBOX['SIGNING_KEYS'] (default: "
+        "OUTBOX['VERIFY_SIGNATURES'])",
+    )
+    option(
         "--max-deliveries",
         type=non_negative_int,
         default=DEFAULT_MAX_DELIVERIES,
@@ -310,6 +317,7 @@ def consumer_from_options(
             event_types=event_types,
             stop=stop,
             partitions=options["partitions"],
+            verify_signatures=options["verify_signatures"],
         )
     except OutboxError as exc:
         raise CommandError(str(exc)) from exc

@@ -33,6 +33,7 @@ from django.core.signals import setting_changed
 from .exceptions import OutboxConfigurationError
 from .redact import mask_url, option_secrets, scrub, url_passwords, url_problem
 from .routes import DEFAULT_BROKER, Route, did_you_mean, is_valid_destination, parse_routes
+from .signing import MIN_KEY_BYTES, Keyring, parse_keys
 
 
 class _Invalid(ValueError):
@@ -124,6 +125,13 @@ def _dict(value: object) -> dict[str, Any]:
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
         raise _Invalid("must be a dict with string keys")
     return dict(value)
+
+
+def _signing_keys(value: object) -> Keyring:
+    try:
+        return parse_keys(value)
+    except ValueError as exc:
+        raise _Invalid(str(exc)) from None
 
 
 #: The keys of one broker of ``OUTBOX["BROKERS"]``.
@@ -352,6 +360,20 @@ SETTINGS: dict[str, Setting] = {
             "them from the database again; 0: on every scrape.",
         ),
         Setting(
+            "SIGNING_KEYS",
+            (),
+            _signing_keys,
+            "HMAC-SHA256 keys (str or bytes, 32 bytes at least): the relay signs each message "
+            "with the first, a consumer that verifies accepts any (see docs/hostile-input.md).",
+        ),
+        Setting(
+            "VERIFY_SIGNATURES",
+            False,
+            _bool,
+            "run_outbox_consumer parks every message not signed by one of SIGNING_KEYS "
+            "(also --verify-signatures).",
+        ),
+        Setting(
             "START_JITTER",
             1,
             _seconds_or_zero,
@@ -396,6 +418,9 @@ CHECK_IDS = {
     "tasks_no_celery_app": "django_outbox.W007",
     # Imported, not installed (apps.check_installed; staging raises the same text):
     "missing_app": "django_outbox.E050",
+    # Signed envelopes (signing):
+    "bad_signing_keys": "django_outbox.E035",
+    "verify_without_keys": "django_outbox.E036",
 }
 
 
@@ -500,6 +525,13 @@ class OutboxSettings:
         try:
             return parse(raw)
         except _Invalid as exc:
+            if name == "SIGNING_KEYS":  # the value is not shown: it holds keys
+                return Problem(
+                    CHECK_IDS["bad_signing_keys"],
+                    f'OUTBOX["SIGNING_KEYS"] {exc}.',
+                    'Write OUTBOX["SIGNING_KEYS"] = [env("OUTBOX_SIGNING_KEY")], a key made '
+                    "with secrets.token_urlsafe(32); see docs/hostile-input.md.",
+                )
             if name == "BROKERS":  # the value is not shown: it may hold passwords
                 return Problem(
                     CHECK_IDS["bad_brokers"],
@@ -647,6 +679,15 @@ class OutboxSettings:
                     "Raise RETRY_MAX_DELAY or lower RETRY_BASE_DELAY.",
                 )
             )
+        if parsed["VERIFY_SIGNATURES"] is True and not parsed["SIGNING_KEYS"]:
+            found.append(
+                Problem(
+                    CHECK_IDS["verify_without_keys"],
+                    'OUTBOX["VERIFY_SIGNATURES"] is on, but OUTBOX["SIGNING_KEYS"] is empty: '
+                    "a consumer would park every message.",
+                    'Give OUTBOX["SIGNING_KEYS"] the keys the relays sign with.',
+                )
+            )
         return found + self._broker_problems(parsed)
 
     def _broker_problems(self, parsed: dict[str, Any]) -> list[Problem]:
@@ -685,9 +726,9 @@ class OutboxSettings:
         return url
 
     def secrets(self) -> list[str]:
-        """The passwords of the broker URLs, the transport options and the databases, for
-        :meth:`redact`; read once
-        (redact runs for every log record of the relay and the consumer)."""
+        """The passwords of the broker URLs, the transport options and the databases, and
+        the signing keys, for :meth:`redact`; read once (redact runs for every log record
+        of the relay and the consumer)."""
         if self._secrets is None:
             self._secrets = self._read_secrets()
         return self._secrets
@@ -702,6 +743,10 @@ class OutboxSettings:
                 options.append(spec.get("OPTIONS"))
         found = [secret for url in urls if isinstance(url, str) for secret in url_passwords(url)]
         found += option_secrets(options)
+        keys = self._raw("SIGNING_KEYS")
+        for key in keys if isinstance(keys, list | tuple) else ():
+            if isinstance(key, str) and len(key) >= MIN_KEY_BYTES:
+                found.append(key)
         for database in settings.DATABASES.values():
             password = database.get("PASSWORD")
             if isinstance(password, str) and password:
@@ -893,6 +938,7 @@ _ENV_CASTS: dict[Callable[[Any], Any] | None, tuple[Callable[[str], Any], str]] 
     _exchange_name: (str, "an exchange name of letters, digits and ._:/-"),
     _dict: (json.loads, "a JSON object"),
     _broker_table: (json.loads, 'a JSON object of brokers: {"alias": {"URL": ...}}'),
+    _signing_keys: (json.loads, 'a JSON list of keys: ["...", "..."]'),
     None: (json.loads, "a JSON object of routes"),  # ROUTES
 }
 

@@ -9,15 +9,23 @@ is acknowledged without running the handler again. Per message:
   too); a message of another content type, a body that does not decode or one
   that carries no event id is **rejected** without requeue, so the broker's
   dead-letter policy applies;
+* **rejects** a message with a ``compression`` header as kombu builds it, without
+  inflating its body (:func:`_uninflated`);
+* with signatures verified (``verify_signatures``, ``OUTBOX["VERIFY_SIGNATURES"]``),
+  **parks** unrun a message that is not signed by one of ``OUTBOX["SIGNING_KEYS"]``
+  (:mod:`django_outbox.signing`), before anything else is believed of it;
 * **ignores** an event whose type is not one of ``event_types`` (when given):
   acked at once, no handler call, no inbox row;
 * **handles** it in one transaction with the inbox mark, then **acks**; a
   duplicate is acked at once;
 * an event of an ordered route (it carries a ``sequence``) runs only in its
   key's turn (:func:`~django_outbox.inbox.process_in_order`): one already handled
-  is acked, one whose predecessor is not handled yet is **held back** (requeued
-  once that one is handled here, or after a backoff), a skip marker moves its key
-  on without the handler (see docs/ordered-consumption.md);
+  (its event id in the inbox) is acked, one whose predecessor is not handled yet
+  is **held back** (requeued once that one is handled here, or after a backoff),
+  a skip marker moves its key
+  on without the handler, and another event claiming a handled sequence (or a
+  handled one claiming another) is **parked** as a conflict (see
+  docs/ordered-consumption.md);
 * on a handler error, counts the failed delivery in
   :class:`~django_outbox.models.InboxFailure`, keeps the message unacked for a
   backoff delay (doubling, capped, with jitter) while it goes on with other
@@ -29,7 +37,8 @@ is acknowledged without running the handler again. Per message:
   counted too, and parked without running once ``max_deliveries`` is reached;
 * when the database itself is unreachable, requeues without counting and
   backs off, so an outage parks nothing;
-* on a quorum queue, takes the broker's ``x-delivery-count`` into the count too,
+* on a quorum queue, takes the broker's ``x-delivery-count`` of a redelivery into
+  the count too (nowhere else: there the header is the publisher's),
   less its own requeues while the database was down, and not at all for an event
   of an ordered route, whose held-back requeues it counts as well.
 
@@ -55,6 +64,7 @@ import heapq
 import itertools
 import json
 import logging
+import reprlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -67,16 +77,18 @@ from kombu.mixins import ConsumerMixin
 
 from . import tracing
 from .conf import outbox_settings
-from .envelope import CONTENT_TYPE, ReceivedEvent
+from .envelope import COMPRESSION_HEADER, CONTENT_ENCODING, CONTENT_TYPE, ReceivedEvent
 from .exceptions import BrokerUnreachable, InvalidMessage, OutboxConfigurationError
 from .heartbeat import Heartbeat, HeartbeatThread, process_name
 from .inbox import (
     UNACKED_ERROR,
     Scope,
     Turn,
+    conflict_reason,
     forget_redelivery,
     handled_types,
     handles,
+    park_refused,
     peek_turn,
     process_in_order,
     process_once,
@@ -89,6 +101,7 @@ from .outage import broker_outage, database_outage
 from .redact import SecretFilter, mask_url
 from .retry import RetryPolicy
 from .routes import Route
+from .signing import SIGNATURE_HEADER, Keyring
 from .transports.kombu import (
     CONNECT_TIMEOUT,
     bound_socket_waits,
@@ -191,6 +204,7 @@ class InboxConsumer(ConsumerMixin):
         event_types: Iterable[str] | None = None,
         stop: threading.Event | None = None,
         partitions: Sequence[int] | None = None,
+        verify_signatures: bool | None = None,  # None: OUTBOX["VERIFY_SIGNATURES"]
     ) -> None:
         self.queue = queue
         self.handler = handler
@@ -202,7 +216,11 @@ class InboxConsumer(ConsumerMixin):
         self.retry = _retry_policy(retry_delay, retry_max_delay, max_deliveries)
         self.url, self.transport_options = _broker_for(queue, url, broker, transport_options)
         self.route = outbox_settings.route_for_queue(queue)
+        #: Whether the broker counts deliveries in ``x-delivery-count`` (a quorum queue).
+        self._broker_counts = self.route.queue_type == "quorum"
         self.queues = _queues_to_take(self.route, queue, partitions)
+        #: The keys a message's signature must be made with; None: not verified.
+        self.keys = _verifying_keys(verify_signatures)
         self._current = queue  # the queue of the message in hand
         self._early: dict[Any, int] = {}  # event id -> times held back for its key
         self._uncounted: collections.Counter[Any] = collections.Counter()  # see _broker_count
@@ -328,6 +346,7 @@ class InboxConsumer(ConsumerMixin):
         the relay's wording: retrying cannot help."""
         assert self._connection is not None  # set by establish_connection()
         declared = declare(channel, self.route, refused=refusal_errors(self._connection))
+        channel.Message = _uninflated(channel.Message)
         return [
             Consumer(
                 queues=[queue],
@@ -355,7 +374,8 @@ class InboxConsumer(ConsumerMixin):
         )
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
-        """kombu could not even turn the frame into a message (e.g. bad compression)."""
+        """kombu could not even turn the frame into a message, or it was compressed
+        (see :func:`_uninflated`)."""
         self._last_message = time.monotonic()
         self.stats.received += 1
         self._reject(message, exc)
@@ -399,6 +419,12 @@ class InboxConsumer(ConsumerMixin):
         except InvalidMessage as exc:
             self._reject(message, exc)
             return
+        if self.keys is not None:
+            body = _text(message).encode(CONTENT_ENCODING)
+            problem = self.keys.problem(event.headers.get(SIGNATURE_HEADER), event.envelope(body))
+            if problem is not None:
+                self._refuse(message, event, lambda: problem, "inbox.unsigned")
+                return
         if event.sequence is not None:
             self._handle_in_order(message, event)
             return
@@ -518,6 +544,10 @@ class InboxConsumer(ConsumerMixin):
         if turn is Turn.EARLY:
             self._hold_back(message, event, scope)
             return
+        if turn is Turn.CONFLICT:
+            reason = functools.partial(conflict_reason, self.consumer, event, self.using)
+            self._refuse(message, event, reason, "inbox.conflict")
+            return
         message.ack()
         self._early.pop(event.event_id, None)
         if turn is Turn.DUPLICATE:
@@ -583,8 +613,19 @@ class InboxConsumer(ConsumerMixin):
         less the requeues this consumer made while the database was down, which are no
         failed deliveries. 0 for an event of an ordered route: its held-back requeues
         count there too, so it is parked by the inbox's own count alone, which counts
-        every redelivery in its key's turn before the handler runs."""
-        if event.sequence is not None:
+        every redelivery in its key's turn before the handler runs.
+
+        Read only where the broker writes it: on a quorum queue (the route's
+        ``queue_type``; the consumer declares its queue with it, so the broker refuses
+        a queue of another type), and on a redelivery, since a quorum queue leaves a
+        publisher's own header in place on the first delivery. Anywhere else the
+        header is the publisher's, and believing it would let anyone who can publish
+        park an event after one failure."""
+        if (
+            event.sequence is not None
+            or not self._broker_counts
+            or not message.delivery_info.get("redelivered")
+        ):
             return 0
         uncounted = self._uncounted.get(_message_key(message), 0)
         return max(_broker_deliveries(message.headers) - uncounted, 0)
@@ -654,6 +695,37 @@ class InboxConsumer(ConsumerMixin):
             deliveries,
             error,
             extra={"action": "inbox.parked", "deliveries": deliveries, **self._log_fields(event)},
+        )
+        message.reject(requeue=False)
+        self._uncounted.pop(_message_key(message), None)
+
+    def _refuse(
+        self, message: Any, event: ReceivedEvent, reason: Callable[[], str], action: str
+    ) -> None:
+        """Park ``message`` without running the handler, for the one-line ``reason()``
+        (a sequence conflict, a missing or wrong signature), and reject it."""
+        try:
+            error = reason()
+            park_refused(
+                self.consumer,
+                event,
+                error=error,
+                queue=self._current,
+                body=_text(message),
+                using=self.using,
+            )
+        except DatabaseError as exc:
+            self._database_down(message, event, exc)
+            return
+        self.stats.parked += 1
+        self._early.pop(event.event_id, None)
+        logger.error(
+            "%s: event %s from %s is parked unrun: %s; see InboxFailure in the admin",
+            self.consumer,
+            event.event_id,
+            self._current,
+            error,
+            extra={"action": action, **self._log_fields(event)},
         )
         message.reject(requeue=False)
         self._uncounted.pop(_message_key(message), None)
@@ -736,6 +808,21 @@ def _retry_policy(base: float, longest: float, max_deliveries: int | None) -> Re
     )
 
 
+def _verifying_keys(verify: bool | None) -> Keyring | None:
+    """``OUTBOX["SIGNING_KEYS"]`` when signatures are verified (``verify``, else
+    ``OUTBOX["VERIFY_SIGNATURES"]``), else None; an :class:`OutboxConfigurationError`
+    when they are to be verified and there are none."""
+    if not (outbox_settings.VERIFY_SIGNATURES if verify is None else verify):
+        return None
+    keys: Keyring = outbox_settings.SIGNING_KEYS
+    if not keys:
+        raise OutboxConfigurationError(
+            "signatures are to be verified, but OUTBOX['SIGNING_KEYS'] is empty: give it "
+            "the keys the relays sign with"
+        )
+    return keys
+
+
 def _queues_to_take(route: Route, queue: str, partitions: Sequence[int] | None) -> tuple[str, ...]:
     """The queues a consumer of ``queue`` takes: ``queue`` itself, or of a partitioned
     route's queue the partitions numbered ``partitions`` (all when None).
@@ -756,6 +843,39 @@ def _queues_to_take(route: Route, queue: str, partitions: Sequence[int] | None) 
             f"got {', '.join(map(str, wrong)) or 'none'}"
         )
     return tuple(route.partition_queues[number] for number in sorted(set(partitions)))
+
+
+@functools.cache
+def _uninflated(message_class: type[kombu.Message]) -> type[kombu.Message]:
+    """``message_class`` (a kombu transport's message), except that one whose headers ask
+    for decompression is not inflated but refused as it is built, before the consumer
+    sees it, through kombu's decode errors (:meth:`InboxConsumer.on_decode_error`).
+
+    kombu inflates the body of any message with a ``compression`` header while it builds
+    the message, before any callback and without a bound: 185 bytes of bzip2 become 200
+    MB. The relay never compresses, and ``stage()`` refuses the header, so only a message
+    from someone else has one. The headers are set just after ``errors`` and just before
+    kombu reads ``compression``: recording an error there skips the inflating."""
+
+    class Uninflated(message_class):  # type: ignore[misc,valid-type]
+        @property
+        def headers(self) -> dict[str, Any]:
+            return self._outbox_headers
+
+        @headers.setter
+        def headers(self, value: dict[str, Any]) -> None:
+            self._outbox_headers = value
+            compression = value.get(COMPRESSION_HEADER) if value else None
+            if compression and not self.errors:
+                refused = InvalidMessage(
+                    f"the message has a {COMPRESSION_HEADER} header "
+                    f"({reprlib.repr(compression)}), and an outbox relay never compresses: "
+                    "its body is not inflated"
+                )
+                self.errors.append((InvalidMessage, refused, None))
+
+    Uninflated.__name__ = Uninflated.__qualname__ = f"Uninflated{message_class.__name__}"
+    return Uninflated
 
 
 def _decode(message: Any) -> ReceivedEvent:

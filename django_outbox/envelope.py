@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .exceptions import InvalidMessage
+from .signing import SIGNATURE_HEADER, canonical
 
 CONTENT_TYPE = "application/json"
 CONTENT_ENCODING = "utf-8"
@@ -47,6 +48,9 @@ class ClaimedMessage:
     created_at: dt.datetime
     sequence: int | None = None  # on an ordered route: the key's sequence number
     skipped: bool = False  # an operator skipped it: a marker goes in its place
+    #: The ``outbox_signature`` header's value, set once at claim time when the relay
+    #: signs (``OUTBOX["SIGNING_KEYS"]``); not a column.
+    signature: str | None = dataclasses.field(default=None, init=False)
 
     @classmethod
     def reader(
@@ -99,7 +103,23 @@ class ClaimedMessage:
             headers["sequence"] = self.sequence
         if self.skipped:
             headers["skipped"] = True
+        if self.signature is not None:
+            headers[SIGNATURE_HEADER] = self.signature
         return headers
+
+    def envelope(self) -> bytes:
+        """What its signature covers: :func:`~django_outbox.signing.canonical` of the
+        fields as they go on the wire."""
+        ordered = self.sequence is not None
+        return canonical(
+            self.event_id,
+            self.event_type,
+            self.ordering_key,
+            self.destination if ordered else None,
+            self.sequence,
+            self.skipped,
+            self.body,
+        )
 
 
 #: The body of the marker sent in place of a skipped event.
@@ -109,8 +129,28 @@ SKIPPED_BODY = "null"
 ORDERING_HEADERS = frozenset({"destination", "sequence", "skipped"})
 
 
+#: Headers a broker sets or acts on: RabbitMQ's dead-lettering (``x-death`` and the
+#: ``x-first-death-*``/``x-last-death-*`` prefixes below), a quorum queue's delivery count,
+#: the shovel's and federation's marks, and sender-selected distribution (``CC``/``BCC``
+#: route copies of the message to more queues). No user header takes them, and a consumer
+#: reads none of them but where its broker sets it (see docs/hostile-input.md).
+BROKER_HEADERS = frozenset(
+    {"x-delivery-count", "x-death", "x-received-from", "x-shovelled", "CC", "BCC"}
+)
+BROKER_HEADER_PREFIXES = ("x-first-death-", "x-last-death-", "x-shovelled-")
+#: The headers the relay writes besides the standard ones, which no user header may take.
+RELAY_HEADERS = ORDERING_HEADERS | {SIGNATURE_HEADER}
+#: The header that makes every kombu consumer inflate the body before any check.
+COMPRESSION_HEADER = "compression"
+
+
+def is_broker_header(name: str) -> bool:
+    """Whether ``name`` is a header a broker sets or acts on (:data:`BROKER_HEADERS`)."""
+    return name in BROKER_HEADERS or name.startswith(BROKER_HEADER_PREFIXES)
+
+
 #: The outbox columns a claim reads, named as :class:`ClaimedMessage`'s fields.
-CLAIMED_FIELDS = tuple(field.name for field in dataclasses.fields(ClaimedMessage))
+CLAIMED_FIELDS = tuple(field.name for field in dataclasses.fields(ClaimedMessage) if field.init)
 
 
 class ClaimedBatch(list[ClaimedMessage]):
@@ -200,6 +240,18 @@ class ReceivedEvent:
     @property
     def correlation_id(self) -> str | None:
         return self.headers.get("correlation_id") or None
+
+    def envelope(self, body: bytes) -> bytes:
+        """What a relay's signature of this event covers, with ``body`` as received."""
+        return canonical(
+            self.event_id,
+            self.event_type,
+            self.ordering_key,
+            self.destination_header,
+            self.sequence,
+            self.skipped,
+            body,
+        )
 
     @property
     def causation_id(self) -> str | None:

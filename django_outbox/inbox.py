@@ -75,6 +75,10 @@ class Turn(enum.Enum):
     DUPLICATE = "duplicate"
     #: An earlier event of its key is not handled yet (sequence > last + 1): hold it back.
     EARLY = "early"
+    #: Another event than the one handled claims its sequence (sequence <= last, its event
+    #: id not in the inbox), or a handled event claims a later one: a forged or misrouted
+    #: message. Park it; never ack it as a duplicate.
+    CONFLICT = "conflict"
 
 
 #: The scope of an ordered event's sequence for one consumer:
@@ -97,10 +101,32 @@ def sequence_scope(consumer: str, event: ReceivedEvent) -> Scope:
     return consumer, destination, key
 
 
-def _turn(sequence: int, last: int) -> Turn:
-    if sequence <= last:
+def _turn(using: str, consumer: str, event: ReceivedEvent, last: int, start: int) -> Turn:
+    """The turn of ``event`` against its key's ``last`` handled and ``start`` sequences.
+    At or below ``last``, it is a duplicate only if the inbox has its event id (or its
+    sequence is at most ``start``, which counts as handled without inbox rows): a
+    sequence number alone is anyone's to write."""
+    from .models import InboxMessage
+
+    sequence = event.sequence
+    assert sequence is not None
+    if sequence > last:
+        return Turn.DUE if sequence == last + 1 else Turn.EARLY
+    if sequence <= start:
         return Turn.DUPLICATE
-    return Turn.DUE if sequence == last + 1 else Turn.EARLY
+    handled = InboxMessage.objects.using(using).filter(consumer=consumer, event_id=event.event_id)
+    return Turn.DUPLICATE if handled.exists() else Turn.CONFLICT
+
+
+def conflict_reason(consumer: str, event: ReceivedEvent, using: str = "default") -> str:
+    """Why ``event``, whose turn was :attr:`Turn.CONFLICT`, is refused: one line."""
+    from .models import InboxMessage
+
+    where = f"sequence {event.sequence} of key {event.ordering_key!r}"
+    handled = InboxMessage.objects.using(using).filter(consumer=consumer, event_id=event.event_id)
+    if handled.exists():
+        return f"sequence conflict: this event was handled already, not at {where}"
+    return f"sequence conflict: {where} was handled already as another event"
 
 
 def _sequences(using: str, scope: Scope) -> models.QuerySet[InboxSequence]:
@@ -117,10 +143,10 @@ def peek_turn(consumer: str, event: ReceivedEvent, using: str = "default") -> Tu
     one (the last sequence only grows); DUE and EARLY are settled by
     :func:`process_in_order`."""
     assert event.sequence is not None
-    last = _sequences(using, sequence_scope(consumer, event)).values_list(
-        "last_sequence", flat=True
+    position = _sequences(using, sequence_scope(consumer, event)).values_list(
+        "last_sequence", "start_sequence"
     )
-    return _turn(event.sequence, next(iter(last), 0))
+    return _turn(using, consumer, event, *next(iter(position), (0, 0)))
 
 
 @contextmanager
@@ -130,26 +156,34 @@ def process_in_order(consumer: str, event: ReceivedEvent, using: str = "default"
 
     The :class:`~django_outbox.models.InboxSequence` row of ``(consumer, destination,
     ordering_key)`` is locked (``SELECT ... FOR UPDATE``; created at 0 first if absent),
-    so two deliveries of one key never run at once. When the turn was DUE and the
-    block ends without an exception, the event is marked handled and the key's last
-    sequence advanced to its own, in the same transaction as the handler's writes.
+    so two deliveries of one key never run at once. When the turn is DUE, the event is
+    marked handled first (an event id the inbox has already makes it a CONFLICT); when
+    the block then ends without an exception, the key's last sequence is advanced to
+    its own, in the same transaction as the mark and the handler's writes.
     """
     from .models import InboxMessage, InboxSequence
 
     assert event.sequence is not None
     scope = sequence_scope(consumer, event)
     with transaction.atomic(using=using):
-        last = _sequences(using, scope).select_for_update().values_list("last_sequence", flat=True)
-        found = next(iter(last), None)  # one statement once the key is known
+        position = (
+            _sequences(using, scope)
+            .select_for_update()
+            .values_list("last_sequence", "start_sequence")
+        )
+        found = next(iter(position), None)  # one statement once the key is known
         if found is None:
             db.insert_if_absent(
                 using, InboxSequence, consumer=scope[0], destination=scope[1], ordering_key=scope[2]
             )
-            found = last.get()
-        turn = _turn(event.sequence, found)
+            found = position.get()
+        turn = _turn(using, consumer, event, *found)
+        if turn is Turn.DUE and not db.insert_if_absent(
+            using, InboxMessage, consumer=consumer, event_id=event.event_id
+        ):
+            turn = Turn.CONFLICT  # handled already, at another sequence
         yield turn
         if turn is Turn.DUE:
-            db.insert_if_absent(using, InboxMessage, consumer=consumer, event_id=event.event_id)
             _sequences(using, scope).update(last_sequence=event.sequence, updated_at=Now())
 
 
@@ -181,7 +215,7 @@ def start_positions(
                 using, InboxSequence, consumer=consumer, destination=destination, ordering_key=key
             )
             ahead = _sequences(using, scope).filter(last_sequence__lt=last)
-            moved += ahead.update(last_sequence=last, updated_at=Now())
+            moved += ahead.update(last_sequence=last, start_sequence=last, updated_at=Now())
     return moved
 
 
@@ -423,6 +457,25 @@ def forget_redelivery(consumer: str, event_id: uuid.UUID, using: str = "default"
     InboxFailure.objects.using(using).filter(
         consumer=consumer, event_id=event_id, attempts=1, last_error=UNACKED_ERROR, parked_at=None
     ).delete()
+
+
+def park_refused(
+    consumer: str,
+    event: ReceivedEvent,
+    *,
+    error: str,
+    queue: str = "",
+    body: str = "",
+    using: str = "default",
+) -> None:
+    """Park ``event`` unrun, at once, with ``error``: a message the consumer will not
+    handle (a sequence conflict, a missing or wrong signature) keeps its body and
+    headers in :class:`~django_outbox.models.InboxFailure` for an operator to judge,
+    as one that failed ``max_deliveries`` times does. Its own transaction."""
+    with transaction.atomic(using=using):
+        failures = _failure_record(consumer, event, queue, using)
+        failures.update(last_error=storable(error), last_failed_at=Now())
+        _park(failures, body, event)
 
 
 def _failure_record(

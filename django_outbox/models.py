@@ -380,13 +380,20 @@ class InboxFailure(models.Model):
 
 class InboxSequence(models.Model):
     """The last sequence a consumer handled of one ordering key of an ordered
-    destination: the inbox's guard of per-key order (docs/ordering.md)."""
+    destination: the inbox's guard of per-key order (docs/ordering.md).
+
+    ``start_sequence``: the sequences up to it count as handled without an inbox row
+    (set by :func:`~django_outbox.inbox.start_positions`, and by the migration that
+    added it): a copy of one of them is a duplicate. Past it, an event at or below
+    ``last_sequence`` is a duplicate only if the inbox has its event id; another event
+    claiming a handled sequence is a conflict (docs/ordered-consumption.md)."""
 
     id = models.BigAutoField(primary_key=True)
     consumer = models.CharField(_("consumer"), max_length=255)
     destination = models.CharField(_("destination"), max_length=255)
     ordering_key = models.CharField(_("ordering key"), max_length=255)
     last_sequence = models.BigIntegerField(_("last sequence"), default=0)
+    start_sequence = models.BigIntegerField(_("start sequence"), default=0)
     updated_at = models.DateTimeField(_("updated at"), db_default=Now())
 
     class Meta:

@@ -22,7 +22,7 @@ import kombu
 from django.db.models.functions import Now
 
 from .conf import outbox_settings
-from .envelope import CONTENT_ENCODING, CONTENT_TYPE
+from .envelope import CONTENT_ENCODING, CONTENT_TYPE, is_broker_header
 from .exceptions import OutboxError
 from .transports.kombu import CONFIRM_TIMEOUT, declare, new_connection, refusal_errors
 
@@ -30,12 +30,6 @@ if TYPE_CHECKING:
     from .models import InboxFailure, InboxFailureQuerySet
 
 logger = logging.getLogger(__name__)
-
-#: Headers a broker or kombu adds on delivery, not the relay: a replay drops them,
-#: or the broker's old delivery count would count against the replayed message.
-#: Named one by one: stage() lets an event's own headers start with ``x-`` too.
-BROKER_HEADERS = frozenset({"x-delivery-count", "x-death", "x-received-from", "redelivered"})
-BROKER_HEADER_PREFIXES = ("x-first-death-", "x-last-death-")
 
 
 def replay_parked(
@@ -143,9 +137,10 @@ def _unpark(failure: InboxFailure) -> None:
 
 
 def replay_headers(headers: dict[str, Any]) -> dict[str, Any]:
-    """The stored headers without those the broker or kombu added on delivery."""
+    """The stored headers without those the broker or kombu added on delivery: the
+    broker's old delivery count would count against the replayed message."""
     return {
         key: value
         for key, value in headers.items()
-        if key not in BROKER_HEADERS and not key.startswith(BROKER_HEADER_PREFIXES)
+        if key != "redelivered" and not is_broker_header(key)
     }

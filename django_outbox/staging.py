@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from . import db, tracing
 from .conf import MISSING_APP, outbox_settings
-from .envelope import ORDERING_HEADERS
+from .envelope import BROKER_HEADERS, COMPRESSION_HEADER, RELAY_HEADERS, is_broker_header
 from .exceptions import (
     InvalidDestination,
     InvalidEvent,
@@ -60,10 +60,20 @@ logger.addFilter(SecretFilter(outbox_settings.redact))  # receivers' error texts
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: Wire headers the relay writes itself, and ``compression``, which makes every kombu
-#: consumer (this app's included) try to decompress the body: no user header takes them.
+#: Wire headers the relay writes itself, ``compression``, which makes every kombu
+#: consumer try to decompress the body, and the headers brokers set or act on
+#: (:data:`~django_outbox.envelope.BROKER_HEADERS`, and the prefixes of
+#: :func:`~django_outbox.envelope.is_broker_header`): no user header takes them.
 RESERVED_HEADERS = frozenset(
-    {"event_id", "event_type", "occurred_at", "ordering_key", "compression", *ORDERING_HEADERS}
+    {
+        "event_id",
+        "event_type",
+        "occurred_at",
+        "ordering_key",
+        COMPRESSION_HEADER,
+        *RELAY_HEADERS,
+        *BROKER_HEADERS,
+    }
 )
 EVENT_FIELDS = frozenset({"event_type", "payload", "destination", "key", "headers", "available_at"})
 _REQUIRED_FIELDS = ("event_type", "payload", "destination")
@@ -436,11 +446,11 @@ def _check_headers(
         raise InvalidEvent(
             f"event {event_type!r}: headers must be a dict with non-empty string keys"
         )
-    clash = RESERVED_HEADERS.intersection(headers)
+    clash = [name for name in headers if name in RESERVED_HEADERS or is_broker_header(name)]
     if clash:
         raise InvalidEvent(
-            f"event {event_type!r}: headers {sorted(clash)} are reserved for the relay and "
-            "kombu and cannot be given"
+            f"event {event_type!r}: headers {sorted(clash)} are reserved for the relay, "
+            "kombu and the brokers and cannot be given"
         )
     refused = celery_header_clash(route, headers)
     if refused:

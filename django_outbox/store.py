@@ -79,9 +79,10 @@ def claim(
     relay's late writes then match no row. Up to ``limit`` rows, oldest first,
     bounded by ``max_bytes`` of payload (default ``OUTBOX["MAX_BATCH_BYTES"]``;
     the first row always); rows another claim holds are skipped. Returned in
-    id order. See :func:`django_outbox.db.claim` for the vendor paths.
+    id order. See :func:`django_outbox.db.claim` for the vendor paths. With
+    ``OUTBOX["SIGNING_KEYS"]``, each message is signed here, once (its ``signature``).
     """
-    return db.claim(
+    batch = db.claim(
         using,
         limit=limit,
         lease_seconds=lease_seconds,
@@ -90,6 +91,11 @@ def claim(
         max_bytes=max_bytes,
         ordered=ordered,
     )
+    keys = outbox_settings.SIGNING_KEYS
+    if keys:  # signed once here, whatever the transport and however often it is encoded
+        for message in batch:
+            message.signature = keys.sign(message.envelope())
+    return batch
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,7 +36,8 @@ from typing import Any, NamedTuple
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import JSONEncoder, dumps
 
-from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, ORDERING_HEADERS, ClaimedMessage
+from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, RELAY_HEADERS, ClaimedMessage
+from ..signing import SIGNATURE_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ _encode_headers = JSONEncoder().encode
 #: The headers every message carries (see :meth:`ClaimedMessage.wire_headers`), which
 #: :func:`headers_json` writes itself: a user's header of one of these names changes
 #: their place or value, and the headers' dict is encoded then.
-_STANDARD_HEADERS = ORDERING_HEADERS | {
+_STANDARD_HEADERS = RELAY_HEADERS | {
     "correlation_id",
     "causation_id",
     "event_id",
@@ -110,12 +111,17 @@ def headers_json(
         if parts is None:
             parts = known.around[key] = _around_id(message, occurred_at, user_text)
         between, after = parts
-    return "".join(('{"correlation_id": "', event_id, between, event_id, after))
+    signed = "" if message.signature is None else _signature_json(message.signature)
+    return "".join(('{"correlation_id": "', event_id, between, event_id, after, signed, "}"))
+
+
+def _signature_json(signature: str) -> str:
+    return f", {encode_basestring_ascii(SIGNATURE_HEADER)}: {encode_basestring_ascii(signature)}"
 
 
 def _around_id(message: ClaimedMessage, occurred_at: str, user_text: str) -> tuple[str, str]:
     """The headers' JSON between the event id's two places (as correlation id and as
-    event id), and after the second one."""
+    event id), and after the second one, up to the signature and the closing brace."""
     user_part = f"{user_text}, " if user_text else ""
     key = message.ordering_key
     after = [
@@ -131,7 +137,6 @@ def _around_id(message: ClaimedMessage, occurred_at: str, user_text: str) -> tup
         after += ', "sequence": ', str(message.sequence)
     if message.skipped:
         after.append(', "skipped": true')
-    after.append("}")
     return f'", "causation_id": null, {user_part}"event_id": "', "".join(after)
 
 

@@ -4,6 +4,7 @@ docs/hostile-input.md: real messages on the test RabbitMQ, consumed by
 
 from __future__ import annotations
 
+import bz2
 import logging
 import pickle
 import threading
@@ -199,3 +200,33 @@ def replay_nacked(request: object) -> str:
     finally:
         delete_queue(queue)
     raise AssertionError("outbox_replay_parked replayed to a full queue without an error")
+
+
+def ordered_event(sequence: int = 1, **headers: Any) -> dict[str, Any]:
+    """An event of an ordered route's key ``order-1`` at ``sequence``, a fresh event id."""
+    message = event()
+    message["headers"].update(
+        destination="orders", ordering_key="order-1", sequence=sequence, **headers
+    )
+    return message
+
+
+def put(queue: str, message: dict[str, Any]) -> None:
+    """Publish one more message as given to ``queue``."""
+    with broker_connection() as connection:
+        connection.Producer().publish(message.pop("body"), routing_key=queue, **message)
+
+
+@case("consumer-sequence-conflict")
+def sequence_conflict(request: object) -> str:
+    first = ordered_event()
+    with queue_with(first.pop("body"), **first) as queue:
+        put(queue, ordered_event())  # another event id claiming the same sequence
+        return logged("inbox.conflict", lambda: consume(queue, lambda event: None))
+
+
+@case("consumer-compressed")
+def compressed(request: object) -> str:
+    message = event(bz2.compress(b'{"id": 1}'))
+    message["headers"]["compression"] = "application/x-bz2"
+    return rejected(message.pop("body"), **message)

@@ -64,6 +64,11 @@ def compression_header(request: object) -> str:
     return _staged(headers={"compression": "application/x-gzip"})
 
 
+@case("broker-header")
+def broker_header(request: object) -> str:
+    return _staged(headers={"x-delivery-count": 40})
+
+
 @case("keyless-ordered-event")
 def keyless_ordered_event(request: object) -> str:
     routes = {"orders": {"exchange": "shop", "queue": "orders", "ordered": True}}

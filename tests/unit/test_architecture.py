@@ -36,7 +36,7 @@ BREAKS = [
     (
         "conf.py",
         "from django_outbox import models",
-        "Settings (conf) import nothing of the package but exceptions, routes and redact",
+        "Settings (conf) import nothing of the package but exceptions, routes, redact and signing",
         "django_outbox.conf -> django_outbox.models",
     ),
     (
