@@ -181,15 +181,9 @@ class RecentValuesFilter(InRecentWindow, admin.AllValuesFieldListFilter):
     (``?event_type=...``): it lists nothing."""
 
     def __init__(
-        self,
-        field: models.Field[Any, Any],
-        request: HttpRequest,
-        params: dict[str, list[str]],
-        model: type[models.Model],
-        model_admin: admin.ModelAdmin[Any],
-        field_path: str,
-    ) -> None:
-        super().__init__(field, request, params, model, model_admin, field_path)
+        self, field: models.Field[Any, Any], request: HttpRequest, *args: Any, **kwargs: Any
+    ) -> None:  # the rest as Django's FieldListFilter takes them
+        super().__init__(field, request, *args, **kwargs)
         rows = self.owner.get_queryset(request).filter(recent(self.owner, request))
         values = rows.order_by().values_list(field.name, flat=True).distinct()
         # A list, not the stubs' QuerySet: choices() only iterates it.

@@ -22,6 +22,7 @@ from django.db import connections, transaction
 
 from django_outbox import stage_many
 from django_outbox.db import database_now
+from django_outbox.envelope import CONTENT_ENCODING, CONTENT_TYPE
 from django_outbox.models import OutboxMessage
 from django_outbox.samples import current_minute
 
@@ -385,3 +386,21 @@ def minute_with_time_left(using: str = "default", *, seconds: int = 10) -> dt.da
     if now.second >= 60 - seconds:
         time.sleep(61 - now.second)
     return current_minute(using)
+
+
+def publish_as_kombu(producer: kombu.Producer, route: Any, message: Any, **options: Any) -> None:
+    """Publish a claimed ``message`` through kombu's own ``Producer.publish`` with what the
+    relay sends (persistent, JSON, its wire headers, message id = event id), for tests that
+    hold the relay's bytes or output against kombu's. ``options`` go to ``publish``."""
+    headers = message.wire_headers()
+    producer.publish(
+        message.body,
+        exchange=route.exchange,
+        routing_key=route.routing_key_for(message.ordering_key),
+        content_type=CONTENT_TYPE,
+        content_encoding=CONTENT_ENCODING,
+        headers=headers,
+        delivery_mode=2,
+        message_id=headers["event_id"],
+        **options,
+    )

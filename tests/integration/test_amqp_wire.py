@@ -35,7 +35,14 @@ from django_outbox.routes import Route
 from django_outbox.transports.amqp_frames import PublishFrames, method_frame
 from django_outbox.transports.base import Failure
 from django_outbox.transports.kombu import AmqpTransport
-from tests.support import AMQP_URL, consume, delete_queue, rabbitmqctl, unique_destination
+from tests.support import (
+    AMQP_URL,
+    consume,
+    delete_queue,
+    publish_as_kombu,
+    rabbitmqctl,
+    unique_destination,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -197,20 +204,8 @@ def kombu_frames(route: Route, message) -> bytes:  # type: ignore[no-untyped-def
     mandatory, as the relay's returns need), on a channel numbered as the relay's."""
     with kombu.Connection(AMQP_URL) as connection:
         producer = kombu.Producer(connection.channel(), auto_declare=False)
-        headers = message.wire_headers()
         with recording(connection) as recorder:
-            producer.publish(
-                message.body,
-                exchange=route.exchange,
-                routing_key=route.routing_key_for(message.ordering_key),
-                content_type=CONTENT_TYPE,
-                content_encoding=CONTENT_ENCODING,
-                headers=headers,
-                delivery_mode=2,
-                message_id=headers["event_id"],
-                mandatory=True,
-                retry=False,
-            )
+            publish_as_kombu(producer, route, message, mandatory=True, retry=False)
     return b"".join(recorder.written)
 
 

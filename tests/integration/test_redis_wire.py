@@ -28,7 +28,7 @@ from django_outbox.routes import Route
 from django_outbox.transports.base import Failure
 from django_outbox.transports.kombu import RedisTransport, binding_key, declare, unroutable
 from tests.integration.test_silent_broker import FreezableProxy
-from tests.support import REDIS_URL, redis_maxmemory, unique_destination
+from tests.support import REDIS_URL, publish_as_kombu, redis_maxmemory, unique_destination
 
 #: A delivery tag in a message's JSON: the one part that differs from kombu's own.
 DELIVERY_TAG = re.compile(rb'"delivery_tag": "([^"]*)"')
@@ -106,17 +106,7 @@ def kombu_publish(route: Route, messages: Sequence[ClaimedMessage], options: dic
         declare(channel, route)
         producer = kombu.Producer(channel, auto_declare=False)
         for claimed in messages:
-            headers = claimed.wire_headers()
-            producer.publish(
-                claimed.body,
-                exchange=route.exchange,
-                routing_key=route.routing_key_for(claimed.ordering_key),
-                content_type=CONTENT_TYPE,
-                content_encoding=CONTENT_ENCODING,
-                headers=headers,
-                delivery_mode=2,
-                message_id=headers["event_id"],
-            )
+            publish_as_kombu(producer, route, claimed)
 
 
 def relay_publish(route: Route, messages: Sequence[ClaimedMessage], **options: Any) -> list:
