@@ -9,10 +9,14 @@
     returns the published events, in publish order; the rows end PUBLISHED (deleted
     with ``PUBLISHED_RETENTION`` 0).
 
-Both give :class:`OutboxEvent` objects: a :class:`~django_outbox.ReceivedEvent`
-(the payload decoded, every wire header, as a consumer's handler gets it) that
-also says its ``destination``. The pytest plugin (``django_outbox.pytest_plugin``)
-offers both as the ``outbox`` fixture.
+``run_tasks(using="default")``
+    (Django 6) Runs the Django tasks enqueued on the outbox task backend, in-process,
+    through the runner a Celery worker uses, and returns their results.
+
+``captured_events()`` and ``drain()`` give :class:`OutboxEvent` objects: a
+:class:`~django_outbox.ReceivedEvent` (the payload decoded, every wire header, as a
+consumer's handler gets it) that also says its ``destination``. The pytest plugin
+(``django_outbox.pytest_plugin``) offers the three as the ``outbox`` fixture.
 
 Under Django's ``TestCase`` (and pytest-django's ``django_db`` without
 ``transaction=True``) the test's transaction never commits, so
@@ -38,16 +42,22 @@ from django.db import connections
 from django.utils import timezone
 
 from .envelope import ClaimedMessage, OutboxEvent
-from .exceptions import OutboxConfigurationError
+from .exceptions import OutboxConfigurationError, OutboxError
 from .signals import event_committed
 from .staging import _committed
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.tasks import TaskResult
 
     from .models import OutboxMessage
 
-__all__ = ["Outbox", "OutboxEvent", "captured_events", "drain"]
+__all__ = ["Outbox", "OutboxEvent", "captured_events", "drain", "run_tasks"]
+
+#: The worker id :func:`run_tasks` records in a task's ``worker_ids``.
+TEST_WORKER = "django_outbox.testing"
+#: How many rounds of tasks enqueued by tasks :func:`run_tasks` runs before it gives up.
+MAX_TASK_ROUNDS = 100
 
 
 def _event_from_row(row: OutboxMessage) -> OutboxEvent:
@@ -101,6 +111,37 @@ def drain(using: str = "default") -> list[OutboxEvent]:
         while relay.run_once().claimed:
             pass
     return [event for _, event in published]
+
+
+def run_tasks(using: str = "default") -> list[TaskResult]:
+    """Run the Django tasks enqueued on the outbox task backend and due on ``using``,
+    in this process, and return their results (``TaskResult``), in the order they ran.
+
+    It relays every due row as :func:`drain` does, then gives each task message to
+    :func:`django_outbox.taskrunner.run`, the code a Celery worker runs: the task runs
+    once, in a transaction with its outcome, and its record ends SUCCESSFUL or FAILED
+    (a failure is a result, not an exception here). Tasks those tasks enqueue run too,
+    round after round; a task that enqueues itself without end raises
+    :class:`~django_outbox.exceptions.OutboxError` after :data:`MAX_TASK_ROUNDS` rounds. The events
+    that are not tasks are relayed to the in-memory store and not returned: a test that
+    reads them calls :func:`drain` first. Django 6.0+ (``django.tasks``)."""
+    from django.tasks import task_backends
+
+    from .routes import TASKS_PREFIX
+    from .taskrunner import run
+
+    ran: list[OutboxEvent] = []
+    for _round in range(MAX_TASK_ROUNDS):
+        tasks = [e for e in drain(using) if e.destination.startswith(TASKS_PREFIX)]
+        if not tasks:
+            return [task_backends[e.payload["backend"]].get_result(str(e.event_id)) for e in ran]
+        for event in tasks:
+            run(event.payload, str(event.event_id), TEST_WORKER)
+        ran += tasks
+    raise OutboxError(
+        f"run_tasks(): the tasks kept enqueuing tasks for {MAX_TASK_ROUNDS} rounds "
+        f"({len(ran)} ran): does a task enqueue itself?"
+    )
 
 
 def _require_route_brokers() -> None:
@@ -157,6 +198,11 @@ class Outbox:
         """The same as :func:`drain`: relay every due row of ``using`` in-process and
         return the published events, in publish order."""
         return drain(using)
+
+    @staticmethod
+    def run_tasks(using: str = "default") -> list[TaskResult]:
+        """The same as :func:`run_tasks`: run the enqueued Django tasks in-process."""
+        return run_tasks(using)
 
     def _held_by_tests(self) -> list[OutboxEvent]:
         events = []

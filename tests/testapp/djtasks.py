@@ -107,3 +107,13 @@ def fails_held_open(barrier: str) -> None:
     with (Path(barrier) / "runs").open("a") as runs:
         runs.write("run\n")
     raise HeldOpen(barrier)
+
+
+@task
+def chain(remaining: int) -> int:
+    """Enqueues itself ``remaining`` more times (-1: without end): tasks enqueued by
+    tasks, for ``django_outbox.testing.run_tasks``."""
+    Delivery.objects.create(consumer="chain", n=remaining)
+    if remaining:
+        chain.enqueue(remaining - 1)
+    return remaining
