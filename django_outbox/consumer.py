@@ -885,6 +885,13 @@ def _decode(message: Any) -> ReceivedEvent:
             f"content type {message.content_type!r} is not {CONTENT_TYPE}: "
             "it was not published by an outbox relay"
         )
+    if (message.content_encoding or CONTENT_ENCODING).lower() != CONTENT_ENCODING:
+        # The relay writes UTF-8; another codec (unicode_escape) can make text no UTF-8
+        # holds, which the signature check and the inbox would then fail to encode.
+        raise InvalidMessage(
+            f"content encoding {message.content_encoding!r} is not {CONTENT_ENCODING}: "
+            "it was not published by an outbox relay"
+        )
     return ReceivedEvent.from_wire(
         _json_body(message), message.headers, message.properties.get("message_id")
     )

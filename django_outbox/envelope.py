@@ -216,7 +216,10 @@ class ReceivedEvent:
 
     @property
     def ordering_key(self) -> str | None:
-        return self.headers.get("ordering_key") or None
+        """The event's key; None without one, or when the header is not text (a message
+        the relay did not write: its signature, if any, then fails)."""
+        value = self.headers.get("ordering_key")
+        return value if isinstance(value, str) and value else None
 
     @property
     def sequence(self) -> int | None:

@@ -471,11 +471,19 @@ def park_refused(
     """Park ``event`` unrun, at once, with ``error``: a message the consumer will not
     handle (a sequence conflict, a missing or wrong signature) keeps its body and
     headers in :class:`~django_outbox.models.InboxFailure` for an operator to judge,
-    as one that failed ``max_deliveries`` times does. Its own transaction."""
+    as one that failed ``max_deliveries`` times does. Its own transaction.
+
+    Anyone who can publish can put any event id on a message: a refused copy never
+    replaces what an event already parked under that id keeps (its body, headers and
+    reason; the consumer's log line tells of the copy), and its body is stored up to
+    ``OUTBOX["MAX_PAYLOAD_BYTES"]``, the most a relay would have sent."""
+    from .conf import outbox_settings
+
     with transaction.atomic(using=using):
-        failures = _failure_record(consumer, event, queue, using)
+        failures = _failure_record(consumer, event, queue, using).filter(parked_at=None)
         failures.update(last_error=storable(error), last_failed_at=Now())
-        _park(failures, body, event)
+        kept = body.encode("utf-8", "replace")[: outbox_settings.MAX_PAYLOAD_BYTES]
+        _park(failures, kept.decode("utf-8", "ignore"), event)
 
 
 def _failure_record(

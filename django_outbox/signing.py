@@ -103,7 +103,7 @@ class Keyring:
             return f"unsigned: the message has no {SIGNATURE_HEADER} header"
         version, _, rest = header.partition(":") if isinstance(header, str) else ("", "", "")
         kid, _, signature = rest.partition(":")
-        if version != VERSION or not kid or not signature:
+        if version != VERSION or not kid or not signature or not signature.isascii():
             return f"the {SIGNATURE_HEADER} header is not {VERSION}:<key id>:<hex HMAC-SHA256>"
         key = self._by_id.get(kid)
         if key is None:

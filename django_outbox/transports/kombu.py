@@ -859,12 +859,13 @@ class RedisTransport(KombuTransport):
         """Have Redis take a write: ``LPUSHX`` to a key that does not exist (nothing is
         written), which Redis refuses like any push when it is out of memory
         (``OutOfMemoryError``), so a relay backing off from a full Redis resumes only
-        once pushes are accepted again."""
+        once pushes are accepted again. Any other refusal (an ACL that does not let this
+        user write the probe's key: ``NOPERM``) is an answer: the broker is up."""
         try:
             self._channel.client.lpushx(f"django_outbox.probe.{uuid.uuid4().hex}", "")
         except self._refused as exc:
             if not out_of_memory(exc):
-                raise
+                return
             raise BrokerOutOfMemory(
                 f"Redis refuses every write at its maxmemory ({exc}): let consumers drain its "
                 "queues or raise maxmemory; the rows wait, attempts unchanged"

@@ -8,6 +8,7 @@ import logging
 import socket
 import threading
 import uuid
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -274,3 +275,36 @@ def test_a_redis_out_of_memory_is_an_outage_that_spends_no_attempt(caplog):
 
 def actions(caplog: pytest.LogCaptureFixture, action: str) -> list[logging.LogRecord]:
     return [r for r in caplog.records if getattr(r, "action", "") == action]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_redis_user_that_may_not_write_the_probes_key_is_published_to_after_an_outage():
+    """After an outage the relay asks Redis whether it takes writes again with a probe (an
+    LPUSHX to a key of its own, refused while out of memory). Under an ACL that names
+    only the queues' keys that probe is refused NOPERM, and the relay took Redis for down
+    for good: nothing published after the outage. A refusal is an answer: Redis is up."""
+    queue, user = unique_destination("acl"), f"outbox-{uuid.uuid4().hex[:8]}"
+    admin = redis.Redis.from_url(REDIS_URL)
+    admin.acl_setuser(
+        user, enabled=True, passwords=["+secret"], keys=["_kombu*", f"{queue}*"], commands=["+@all"]
+    )
+    parts = urlsplit(REDIS_URL)
+    limited = parts._replace(netloc=f"{user}:secret@{parts.hostname}:{parts.port}").geturl()
+    stop = threading.Event()
+    thread = None
+    try:
+        with override_settings(OUTBOX={"BROKER_URL": limited, "ROUTES": {queue: {"queue": queue}}}):
+            with redis_maxmemory():  # the outage
+                ids = stage_events(2, queue)
+                thread = run_in_thread(Relay(), stop)
+                wait_until(lambda: statuses(queue) == {("failed", 0)}, timeout=60, what="down")
+            wait_until(lambda: statuses(queue) == {("published", 0)}, timeout=60, what="up")
+        pushed = [json.loads(m)["headers"]["event_id"] for m in admin.lrange(queue, 0, -1)]
+        assert pushed[::-1] == ids
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(60)
+        admin.delete(queue)
+        admin.acl_deluser(user)
+        admin.close()

@@ -393,3 +393,72 @@ def test_verify_signatures_without_keys_is_a_system_check_error():
         'OUTBOX["VERIFY_SIGNATURES"] is on, but OUTBOX["SIGNING_KEYS"] is empty: a consumer '
         "would park every message.",
     )
+
+
+def test_messages_crafted_to_break_the_signature_check_are_refused_and_the_consumer_goes_on():
+    """Each of these once raised out of a verifying consumer (an unacked message that
+    crashed it again at every restart): a key that is not text, a signature that is not
+    ASCII (hmac.compare_digest raised TypeError), a body whose codec yields text UTF-8
+    cannot hold. Now the first two are parked, the third rejected, and the real event
+    behind them handled."""
+    queue = unique_destination("crafted")
+    try:
+        with transaction.atomic():
+            real = stage("order.placed", {"n": 1}, destination=queue).event_id
+        relay_signed()
+        (signed,) = drain_raw(queue)  # the relay's headers, to copy a real key id
+        kid = signed.headers["outbox_signature"].split(":")[1]
+        not_text = forge(queue, {"n": 2}, ordering_key=7)
+        not_ascii = forge(queue, {"n": 3}, outbox_signature=f"v1:{kid}:é")
+        publish_raw(
+            queue,
+            b'{"n": "\\ud800"}',
+            content_type=CONTENT_TYPE,
+            content_encoding="unicode_escape",
+            headers={"event_id": str(uuid.uuid4()), "event_type": "order.placed"},
+        )
+        publish_raw(  # the real event, after them
+            queue,
+            signed.body,
+            content_type=CONTENT_TYPE,
+            content_encoding="utf-8",
+            headers=signed.headers,
+            message_id=signed.properties["message_id"],
+        )
+        handler = Handler()
+        with verifying():
+            stats = consume(queue, handler, verify_signatures=True).stats
+    finally:
+        delete_queue(queue)
+    assert handler.ran == [real]
+    assert (stats.parked, stats.rejected, stats.handled) == (2, 1, 1)
+    errors = conflicts()
+    assert errors[not_text] == "unsigned: the message has no outbox_signature header"
+    assert errors[not_ascii] == "the outbox_signature header is not v1:<key id>:<hex HMAC-SHA256>"
+
+
+def test_a_refused_copy_never_replaces_a_parked_events_body_and_is_stored_bounded():
+    """Anyone can put a parked event's id on a message: its unsigned copy is refused
+    and parked, but the real event's record keeps its own body (what
+    outbox_replay_parked would send); and a refused message's body is kept up to
+    MAX_PAYLOAD_BYTES, not as large as a publisher makes it."""
+    queue = unique_destination("parked")
+    try:
+        with transaction.atomic():
+            real = stage("order.placed", {"n": 1}, destination=queue).event_id
+        relay_signed()
+        with verifying():  # fails its two deliveries: parked with its own body
+            consume(queue, Handler(fail=99), verify_signatures=True, max_deliveries=2)
+        record = InboxFailure.objects.get(event_id=real)
+        assert record.parked_at is not None and json.loads(record.body) == {"n": 1}
+        forge(queue, {"n": "forged"}, event_id=str(real))
+        large = forge(queue, {"filler": "x" * 5000})
+        with verifying(MAX_PAYLOAD_BYTES=1000):
+            stats = consume(queue, Handler(), verify_signatures=True).stats
+    finally:
+        delete_queue(queue)
+    assert stats.parked == 2
+    record.refresh_from_db()
+    assert json.loads(record.body) == {"n": 1}
+    assert not record.last_error.startswith("unsigned")
+    assert len(InboxFailure.objects.get(event_id=large).body.encode()) == 1000
