@@ -234,6 +234,10 @@ class InboxConsumer(ConsumerMixin):
         #: The broker's outages; its downtime is what ``idle_timeout`` counts.
         self._broker = broker_outage()
         self._database = database_outage(using)
+        self._new_run()
+
+    def _new_run(self) -> None:
+        """The state a run keeps between messages, as it starts."""
         self._attempt: float | None = None  # when the connection attempt under way began
         self._first_message_at: float | None = None
         self._last_message = 0.0  # monotonic time of the last message (or the start)

@@ -262,14 +262,7 @@ def _build(
     available_at: dt.datetime | None = None,
 ) -> OutboxMessage:
     _check_event_type(event_type)
-    _check_destination_format(destination)
-    route = outbox_settings.route_for(destination)
-    if route is None:
-        raise UnknownDestination(
-            f"destination {destination!r} is not in OUTBOX['ROUTES']"
-            f"{did_you_mean(destination, outbox_settings.ROUTES)} and "
-            "OUTBOX['DEFAULT_ROUTE'] is False: add a route for it or turn the default route on"
-        )
+    route = _route_of(destination)
     if key is not None and not (isinstance(key, str) and 0 < len(key) <= _MAX_LENGTH):
         raise InvalidEvent(
             f"event {event_type!r}: key must be None or a non-empty string of at most "
@@ -302,13 +295,31 @@ def _build(
     }
     if available_at is not None:
         fields["available_at"] = _check_time(available_at, event_type)
+    return _outbox_model()(**fields)
+
+
+def _route_of(destination: str) -> Route:
+    """The route events to ``destination`` take; :class:`UnknownDestination` if none."""
+    _check_destination_format(destination)
+    route = outbox_settings.route_for(destination)
+    if route is None:
+        raise UnknownDestination(
+            f"destination {destination!r} is not in OUTBOX['ROUTES']"
+            f"{did_you_mean(destination, outbox_settings.ROUTES)} and "
+            "OUTBOX['DEFAULT_ROUTE'] is False: add a route for it or turn the default route on"
+        )
+    return route
+
+
+def _outbox_model() -> type[OutboxMessage]:
+    """The outbox model; :class:`OutboxConfigurationError` (E050's text) when the app is
+    not in ``INSTALLED_APPS``, instead of Django's ``LookupError``."""
     try:
-        model = apps.get_model("django_outbox", "OutboxMessage")
-    except LookupError:  # not in INSTALLED_APPS
+        return apps.get_model("django_outbox", "OutboxMessage")
+    except LookupError:
         raise OutboxConfigurationError(
             f"{MISSING_APP.id}: {MISSING_APP.msg} {MISSING_APP.hint}"
         ) from None
-    return model(**fields)
 
 
 def _insert(rows: list[OutboxMessage], using: str) -> list[OutboxMessage]:

@@ -110,3 +110,38 @@ def test_a_forbidden_import_breaks_its_contract_and_is_named(broken, untouched, 
     assert status == 1
     assert f"{contract} BROKEN" in output, output
     assert printed in output and printed not in untouched, output
+
+
+#: The house rule (STYLE.md): no function of the package is longer.
+MAX_FUNCTION_LINES = 50
+
+
+def long_functions(root: Path) -> list[str]:
+    """``file:line name (n lines)`` for each function under ``root`` (migrations aside)
+    longer than :data:`MAX_FUNCTION_LINES`, its decorators left out, its docstring in."""
+    import ast
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if "migrations" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    found.append(
+                        f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({lines})"
+                    )
+    return found
+
+
+def test_no_function_of_the_package_is_over_fifty_lines():
+    assert long_functions(REPO / "django_outbox") == []
+
+
+def test_the_function_length_rule_finds_a_long_function(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    body = "".join(f"    x{n} = {n}\n" for n in range(MAX_FUNCTION_LINES))
+    (package / "long.py").write_text(f"def short():\n    pass\n\n\ndef long():\n{body}")
+    assert long_functions(package) == [f"pkg/long.py:5 long ({MAX_FUNCTION_LINES + 1})"]
