@@ -52,9 +52,16 @@ from django.db.models.functions import Now
 from . import db
 from .conf import outbox_settings
 from .envelope import ClaimedBatch
-from .exceptions import RequeueRefused, SkipRefused
+from .exceptions import CancelRefused, EventInFlight, RequeueRefused, SkipRefused
 from .expressions import now_plus
-from .models import KEY_UNFINISHED, REQUEUEABLE, OutboxMessage, OutboxQuerySet, OutboxStatus
+from .models import (
+    KEY_UNFINISHED,
+    REQUEUEABLE,
+    UNFINISHED,
+    OutboxMessage,
+    OutboxQuerySet,
+    OutboxStatus,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -535,6 +542,41 @@ def skip(using: str, ids: Sequence[int | uuid.UUID]) -> int:
             },
         )
     return count
+
+
+def cancel(
+    using: str,
+    destination: str,
+    *,
+    dedup_key: str | None = None,
+    event_id: uuid.UUID | str | None = None,
+) -> bool:
+    """Delete the unfinished row of ``destination`` with ``dedup_key`` (or ``event_id``)
+    in the caller's transaction, unless a relay holds it (PROCESSING:
+    :class:`EventInFlight`) or it is ordered (:class:`CancelRefused`: its key's
+    sequence would keep a gap). Locking the row first (``FOR UPDATE``) waits for a
+    claim in progress and reads the status after it. Returns whether a row went."""
+    db.write_first(using)  # it reads, then writes
+    named = {"dedup_key": dedup_key} if event_id is None else {"event_id": event_id}
+    rows = OutboxMessage.objects.using(using).filter(UNFINISHED, destination=destination, **named)
+    found = rows.select_for_update().values_list("id", "status", "sequence", "locked_by").first()
+    if found is None:
+        return False
+    pk, status, sequence, locked_by = found
+    ((name, value),) = named.items()
+    which = f"the event with {name} {value!r} of {destination!r}"
+    if sequence is not None:
+        raise CancelRefused(
+            f"cancel(): {which} is on an ordered route and is not cancelled: its key's "
+            "sequence would keep a gap (an operator may skip it: outbox_skip)"
+        )
+    if status == OutboxStatus.PROCESSING:
+        raise EventInFlight(
+            f"cancel(): {which} is in flight (claimed by relay {locked_by!r}) and may be "
+            "on the broker already: not cancelled"
+        )
+    OutboxMessage.objects.using(using).filter(id=pk).delete()
+    return True
 
 
 def _locked_heads(using: str, ids: Sequence[int | uuid.UUID], verb: str) -> OutboxQuerySet:
