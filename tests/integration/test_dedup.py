@@ -198,6 +198,20 @@ def test_publish_on_success_takes_a_dedup_key_mapper():
     assert sorted(OutboxMessage.objects.values_list("payload__n", flat=True)) == [0, 1]
 
 
+def test_publish_on_success_refuses_a_bad_dedup_key_when_applied():
+    with pytest.raises(InvalidEvent, match="dedup_key must be None or a non-empty string"):
+        publish_on_success("t", destination="q", payload=lambda result: {}, dedup_key="")
+
+
+def test_a_dedup_key_staged_twice_in_one_transaction_stages_once():
+    destination = unique_destination()
+    with transaction.atomic():
+        first = stage("t", {"n": 1}, destination=destination, dedup_key="k")
+        again = stage("t", {"n": 2}, destination=destination, dedup_key="k", on_duplicate="replace")
+    assert (again.pk, again.staging_outcome, again.payload) == (first.pk, "replaced", {"n": 2})
+    assert OutboxMessage.objects.get().payload == {"n": 2}
+
+
 def test_cancel_removes_an_event_not_yet_claimed_and_says_whether_it_did():
     destination = unique_destination()
     by_key = _stage(destination, 1, dedup_key="k")
