@@ -313,6 +313,45 @@ def backdate_due(using: str, now: dt.datetime) -> int:
     return leases + due.exclude(status=OutboxStatus.PROCESSING).update(available_at=_LONG_AGO)
 
 
+def _dedup_key_held(using: str, selected: OutboxQuerySet) -> list[int]:
+    """The ABANDONED rows of ``selected`` a requeue leaves out because their dedup key
+    would then name two unfinished events (``outbox_dedup_unfinished_idx``): another
+    unfinished event holds it (staged since), or a newer row of the selection has it
+    too. Each is logged (WARNING, ``outbox.requeue_dedup_held``)."""
+    abandoned = selected.filter(abandoned_at__isnull=False, dedup_key__isnull=False)
+    candidates = sorted(abandoned.values_list("id", "destination", "dedup_key"), reverse=True)
+    if not candidates:
+        return []
+    scopes = models.Q(pk__in=[])
+    for _, destination, dedup_key in candidates:
+        scopes |= models.Q(destination=destination, dedup_key=dedup_key)
+    unfinished = OutboxMessage.objects.using(using).filter(UNFINISHED).filter(scopes)
+    holders = dict(
+        ((d, k), pk) for pk, d, k in unfinished.values_list("id", "destination", "dedup_key")
+    )
+    held = []
+    for pk, destination, dedup_key in candidates:  # newest first: it takes a free key
+        holder = holders.setdefault((destination, dedup_key), pk)
+        if holder != pk:
+            held.append(pk)
+            logger.warning(
+                "outbox row %s not requeued: its dedup key %r of %r is held by unfinished "
+                "row %s (cancel that one first to requeue this one)",
+                pk,
+                dedup_key,
+                destination,
+                holder,
+                extra={
+                    "action": "outbox.requeue_dedup_held",
+                    "using": using,
+                    "id": pk,
+                    "destination": destination,
+                    "holder": holder,
+                },
+            )
+    return held
+
+
 def _selection(using: str, rows: OutboxQuerySet | None) -> OutboxQuerySet:
     return (OutboxMessage.objects.all() if rows is None else rows).using(using)
 
@@ -325,6 +364,7 @@ def requeue(using: str, rows: OutboxQuerySet | None = None) -> int:
     now too (see :func:`_park_followers`). Returns how many rows changed."""
     selected = _selection(using, rows).requeueable()
     with transaction.atomic(using=using):
+        selected = selected.exclude(id__in=_dedup_key_held(using, selected))
         ordered = _ordered_ids(selected)
         count = selected.update(
             status=OutboxStatus.PENDING,

@@ -19,9 +19,11 @@ from django_outbox import (
     NotInTransaction,
     cancel,
     db,
+    event_committed,
     publish_on_success,
     stage,
     stage_many,
+    store,
 )
 from django_outbox.models import OutboxMessage
 from tests.integration.test_ordering import _Thread, _waiting_for_a_lock
@@ -134,6 +136,52 @@ def test_a_dedup_key_is_free_again_once_its_event_is_published():
     again = _stage(destination, 2, dedup_key="k")
     assert again.staging_outcome == "staged" and again.pk != first.pk
     assert OutboxMessage.objects.filter(destination=destination).count() == 2
+
+
+def test_event_committed_lists_only_the_events_added():
+    destination = unique_destination()
+    sent: list[list[int]] = []
+
+    def receiver(sender, messages, using, **kwargs):
+        sent.append([message.pk for message in messages])
+
+    event_committed.connect(receiver)
+    try:
+        first = _stage(destination, 1, dedup_key="k")
+        _stage(destination, 2, dedup_key="k")
+        _stage(destination, 3, dedup_key="k", on_duplicate="replace")
+    finally:
+        event_committed.disconnect(receiver)
+    assert sent == [[first.pk]]
+
+
+def test_an_abandoned_event_frees_its_dedup_key():
+    destination = unique_destination()
+    first = _stage(destination, 1, dedup_key="k")
+    assert store.abandon("default", OutboxMessage.objects.filter(pk=first.pk)) == 1
+    assert _stage(destination, 2, dedup_key="k").staging_outcome == "staged"
+
+
+def test_a_requeue_leaves_out_an_abandoned_event_whose_dedup_key_is_held(caplog):
+    """Requeued, the abandoned rows would name two unfinished events with one dedup key
+    (the unique index would refuse the whole requeue): the one staged since keeps it,
+    and of two abandoned ones the newer takes it."""
+    destination = unique_destination()
+    old, older = _stage(destination, 1, dedup_key="k"), _stage(destination, 2, dedup_key="j")
+    store.abandon("default", OutboxMessage.objects.filter(pk__in=[old.pk, older.pk]))
+    newer = _stage(destination, 3, dedup_key="j")
+    store.abandon("default", OutboxMessage.objects.filter(pk=newer.pk))
+    holder = _stage(destination, 4, dedup_key="k")
+    assert store.requeue("default") == 1
+    states = dict(OutboxMessage.objects.values_list("id", "status"))
+    assert states == {
+        old.pk: "abandoned",
+        older.pk: "abandoned",
+        newer.pk: "pending",
+        holder.pk: "pending",
+    }
+    held = [r.id for r in caplog.records if getattr(r, "action", "") == "outbox.requeue_dedup_held"]
+    assert sorted(held) == sorted([old.pk, older.pk])
 
 
 def test_the_same_dedup_key_on_another_destination_is_another_event():
