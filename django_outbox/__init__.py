@@ -12,6 +12,8 @@ from . import apps as _apps  # noqa: F401  (registers E050: imported, not in INS
 from .envelope import ReceivedEvent
 from .exceptions import (
     BrokerUnreachable,
+    CancelRefused,
+    EventInFlight,
     InvalidDestination,
     InvalidEvent,
     InvalidMessage,
@@ -25,7 +27,7 @@ from .exceptions import (
 )
 from .inbox import inbox_handler, process_once
 from .signals import event_abandoned, event_committed, event_failed, event_published
-from .staging import publish_on_success, stage, stage_many
+from .staging import cancel, publish_on_success, stage, stage_many
 
 if TYPE_CHECKING:
     from .celery import InboxTask
@@ -34,6 +36,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BrokerUnreachable",
+    "CancelRefused",
+    "EventInFlight",
     "InboxTask",
     "InvalidDestination",
     "InvalidEvent",
@@ -47,6 +51,7 @@ __all__ = [
     "StagingError",
     "UnknownDestination",
     "__version__",
+    "cancel",
     "event_abandoned",
     "event_committed",
     "event_failed",

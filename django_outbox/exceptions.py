@@ -73,3 +73,13 @@ class SkipRefused(RequeueRefused):
     """A skip (or a head-only requeue) named a row that is not its key's blocked head:
     not found, not ordered, not the head, or not FAILED/ABANDONED; nothing changed.
     The message names each refused row and why."""
+
+
+class CancelRefused(OutboxError, ValueError):
+    """``cancel()`` named an event it may not remove (one of an ordered route, whose
+    key's sequence would keep a gap); nothing was removed."""
+
+
+class EventInFlight(CancelRefused):
+    """``cancel()`` named an event a relay has claimed (PROCESSING): it may be on the
+    broker already, so it is not cancelled."""

@@ -177,6 +177,16 @@ class OutboxMessage(models.Model):
     #: When an operator skipped this event, the blocked head of its key: the relay then
     #: publishes a marker in its place (no payload, header ``skipped``).
     skipped_at = models.DateTimeField(_("skipped at"), null=True, blank=True)
+    #: ``stage(dedup_key=...)``: at most one unfinished event per (destination, dedup
+    #: key) (``outbox_dedup_unfinished_idx``); NULL when none was given. See
+    #: docs/scheduling.md.
+    dedup_key = models.CharField(  # noqa: DJ001  (NULL: none given, outside the index)
+        _("dedup key"), max_length=255, null=True, blank=True, editable=False
+    )
+
+    #: Set on the rows ``stage()`` and ``stage_many()`` return, not a column: ``"staged"``,
+    #: ``"deduplicated"``, ``"replaced"`` or ``"in_flight"`` (docs/scheduling.md).
+    staging_outcome: str
 
     objects = OutboxQuerySet.as_manager()
 
@@ -216,6 +226,15 @@ class OutboxMessage(models.Model):
                 fields=["destination", "ordering_key", "sequence"],
                 condition=KEY_UNFINISHED & models.Q(sequence__isnull=False),
                 name="outbox_key_unfinished_idx",
+            ),
+            # At most one unfinished event per (destination, dedup key): staging's
+            # INSERT ... ON CONFLICT arbitrates concurrent transactions on it. Its
+            # condition names no column the claim writes (UNFINISHED), so the claim
+            # stays a HOT update.
+            models.UniqueConstraint(
+                fields=["destination", "dedup_key"],
+                condition=UNFINISHED & models.Q(dedup_key__isnull=False),
+                name="outbox_dedup_unfinished_idx",
             ),
         ]
         # On PostgreSQL the table's fillfactor is 50 (migration 0007: Django has no option

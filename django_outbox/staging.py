@@ -12,6 +12,7 @@ This module does not import the models at import time, so
 
 from __future__ import annotations
 
+import copy as copy_module
 import dataclasses
 import datetime as dt
 import functools
@@ -20,6 +21,7 @@ import json
 import logging
 import re
 import reprlib
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -75,7 +77,12 @@ RESERVED_HEADERS = frozenset(
         *BROKER_HEADERS,
     }
 )
-EVENT_FIELDS = frozenset({"event_type", "payload", "destination", "key", "headers", "available_at"})
+EVENT_FIELDS = frozenset(
+    {"event_type", "payload", "destination", "key", "headers", "available_at", "dedup_key"}
+)
+#: What ``stage(on_duplicate=...)`` may say when an unfinished event with the dedup key
+#: exists on the destination: keep that one, or replace its payload, headers and time.
+ON_DUPLICATE = ("keep", "replace")
 _REQUIRED_FIELDS = ("event_type", "payload", "destination")
 _MAX_LENGTH = 255
 #: Integers in AMQP headers are signed 64-bit; JSON whole numbers past it cannot go there
@@ -103,12 +110,19 @@ def stage(
     headers: Mapping[str, Any] | None = None,
     using: str = "default",
     available_at: dt.datetime | None = None,
+    dedup_key: str | None = None,
+    on_duplicate: str = "keep",
 ) -> OutboxMessage:
     """Stage one event in the current transaction of ``using`` and return its row.
 
     Must run inside ``transaction.atomic(using=using)``. The payload is encoded
     to JSON now (``DjangoJSONEncoder``: datetime, Decimal and UUID are fine);
     the row stores what will go on the wire.
+
+    With ``dedup_key``, at most one unfinished event per (destination, dedup key):
+    the row returned is then the one that stays, and its ``staging_outcome`` says
+    ``"staged"``, ``"deduplicated"``, ``"replaced"`` or ``"in_flight"`` (see
+    docs/scheduling.md).
     """
     (row,) = _insert(
         [
@@ -119,22 +133,26 @@ def stage(
                 key=key,
                 headers=headers,
                 available_at=available_at,
+                dedup_key=dedup_key,
             )
         ],
         using,
+        on_duplicate,
     )
     return row
 
 
 def stage_many(
-    events: Iterable[Mapping[str, Any]], *, using: str = "default"
+    events: Iterable[Mapping[str, Any]], *, using: str = "default", on_duplicate: str = "keep"
 ) -> list[OutboxMessage]:
     """Stage many events with as few INSERTs as the database takes; each event is a
     dict of ``stage()``'s arguments (``event_type``, ``payload``, ``destination``,
-    optional ``key``, ``headers``, ``available_at``). All are validated before
-    anything is written."""
+    optional ``key``, ``headers``, ``available_at``, ``dedup_key``). All are validated
+    before anything is written. Returns a row per event, in order; events of one call
+    that share a dedup key on a destination are staged once (``on_duplicate="replace"``
+    refuses them: which one wins would be a guess)."""
     rows = [_build_nth(index, event) for index, event in enumerate(events)]
-    return _insert(rows, using) if rows else []
+    return _insert(rows, using, on_duplicate) if rows else []
 
 
 def publish_on_success(
@@ -144,17 +162,23 @@ def publish_on_success(
     payload: Callable[..., Any],
     key: Callable[..., str | None] | None = None,
     using: str = "default",
+    dedup_key: str | Callable[..., str | None] | None = None,
+    on_duplicate: str = "keep",
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Decorate a function so that, when it returns, one event is staged in its transaction.
 
     The call runs in ``transaction.atomic(using=using)`` (a savepoint when an
     outer atomic block is open). ``payload`` and ``key`` are called as
-    ``payload(result, *args, **kwargs)``. If the function raises, nothing is
-    staged; if an outer block rolls back, the event goes with it.
+    ``payload(result, *args, **kwargs)``; ``dedup_key`` is a string, or a callable
+    called the same way. If the function raises, nothing is staged; if an outer
+    block rolls back, the event goes with it.
     """
     _check_event_type(event_type)
     _check_destination_format(destination)
     _check_mappers(payload, key)
+    _check_on_duplicate(on_duplicate)
+    if dedup_key is not None and not callable(dedup_key):
+        _check_dedup_key(dedup_key, event_type)
 
     def decorator(func: Callable[P, R]) -> Callable[P, R]:
         if inspect.iscoroutinefunction(func):
@@ -175,6 +199,8 @@ def publish_on_success(
                     destination=destination,
                     key=None if key is None else call("key", key),
                     using=using,
+                    dedup_key=call("dedup_key", dedup_key) if callable(dedup_key) else dedup_key,
+                    on_duplicate=on_duplicate,
                 )
             return result
 
@@ -260,6 +286,7 @@ def _build(
     key: str | None = None,
     headers: Mapping[str, Any] | None = None,
     available_at: dt.datetime | None = None,
+    dedup_key: str | None = None,
 ) -> OutboxMessage:
     _check_event_type(event_type)
     route = _route_of(destination)
@@ -281,6 +308,13 @@ def _build(
             "give key= (the aggregate's id, say)"
         )
     _check_routing_key(route, key or "", event_type)
+    if dedup_key is not None:
+        _check_dedup_key(dedup_key, event_type)
+        if route.ordered:
+            raise InvalidEvent(
+                f"event {event_type!r}: dedup_key is refused on ordered routes ({destination!r} "
+                "is one): an event left out would leave a gap in its key's sequence"
+            )
     fields: dict[str, Any] = {
         "event_type": event_type,
         "destination": destination,
@@ -292,6 +326,7 @@ def _build(
             event_type,
         ),
         "ordering_key": key or "",
+        "dedup_key": dedup_key,
     }
     if available_at is not None:
         fields["available_at"] = _check_time(available_at, event_type)
@@ -322,11 +357,11 @@ def _outbox_model() -> type[OutboxMessage]:
         ) from None
 
 
-def _insert(rows: list[OutboxMessage], using: str) -> list[OutboxMessage]:
+def _require_atomic(using: str, what: str) -> None:
     connection = transaction.get_connection(using)
     if not in_user_atomic(connection):
         raise NotInTransaction(
-            f"stage() must run inside transaction.atomic(using={using!r}) together with the "
+            f"{what} must run inside transaction.atomic(using={using!r}) together with the "
             "business write it belongs to; wrap both in one atomic block, or use "
             "@publish_on_success, which opens it"
             + (
@@ -335,8 +370,32 @@ def _insert(rows: list[OutboxMessage], using: str) -> list[OutboxMessage]:
                 else ""
             )
         )
-    created = db.insert(using, rows, _ordered({row.destination for row in rows}))
-    transaction.on_commit(functools.partial(_committed, created, using), using=using)
+
+
+def _insert(rows: list[OutboxMessage], using: str, on_duplicate: str) -> list[OutboxMessage]:
+    _check_on_duplicate(on_duplicate)
+    _require_atomic(using, "stage()")
+    first = _first_of_each_dedup_key(rows, on_duplicate)
+    kept = sorted(set(first))
+    saved = dict(
+        zip(
+            kept,
+            db.insert(
+                using,
+                [rows[index] for index in kept],
+                _ordered({row.destination for row in rows}),
+                replace=on_duplicate == "replace",
+            ),
+            strict=True,
+        )
+    )
+    result = [
+        saved[index] if first[index] == index else _deduplicated(saved[first[index]])
+        for index in range(len(rows))
+    ]
+    created = [row for row in saved.values() if row.staging_outcome == "staged"]
+    if created:
+        transaction.on_commit(functools.partial(_committed, created, using), using=using)
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug(
             "staged %d event(s) on %s",
@@ -344,7 +403,74 @@ def _insert(rows: list[OutboxMessage], using: str) -> list[OutboxMessage]:
             using,
             extra={"action": "outbox.staged", "count": len(created), "using": using},
         )
-    return created
+    return result
+
+
+def _first_of_each_dedup_key(rows: list[OutboxMessage], on_duplicate: str) -> list[int]:
+    """For each row, the index of the first row of the call with its (destination, dedup
+    key): its own index when it has no dedup key or is the first. With ``replace``, a
+    dedup key given twice in one call is refused."""
+    seen: dict[tuple[str, str], int] = {}
+    first = []
+    for index, row in enumerate(rows):
+        if row.dedup_key is None:
+            first.append(index)
+            continue
+        earlier = seen.setdefault((row.destination, row.dedup_key), index)
+        if earlier != index and on_duplicate == "replace":
+            raise InvalidEvent(
+                f"stage_many(): events #{earlier} and #{index} share dedup key "
+                f"{row.dedup_key!r} on {row.destination!r}; with on_duplicate='replace' "
+                "give each dedup key once a call"
+            )
+        first.append(earlier)
+    return first
+
+
+def _deduplicated(row: OutboxMessage) -> OutboxMessage:
+    """``row`` as a later event of the same call with its dedup key gets it back."""
+    copy = copy_module.copy(row)
+    copy.staging_outcome = "deduplicated"
+    return copy
+
+
+def _check_on_duplicate(on_duplicate: object) -> None:
+    if on_duplicate not in ON_DUPLICATE:
+        raise InvalidEvent(
+            f"on_duplicate must be one of {', '.join(map(repr, ON_DUPLICATE))}; "
+            f"got {on_duplicate!r}"
+        )
+
+
+def _check_dedup_key(dedup_key: object, event_type: str) -> None:
+    if not (isinstance(dedup_key, str) and 0 < len(dedup_key) <= _MAX_LENGTH):
+        raise InvalidEvent(
+            f"event {event_type!r}: dedup_key must be None or a non-empty string of at most "
+            f"{_MAX_LENGTH} characters; got {_describe_key(dedup_key)}"
+        )
+    if bad := _UNSTORABLE.search(dedup_key):
+        raise InvalidEvent(_unstorable(bad.group(), f"the dedup key of event {event_type!r}"))
+
+
+def cancel(
+    *,
+    destination: str,
+    dedup_key: str | None = None,
+    event_id: uuid.UUID | str | None = None,
+    using: str = "default",
+) -> bool:
+    """Remove, in the current transaction of ``using``, the unfinished event of
+    ``destination`` with ``dedup_key`` (or ``event_id``) that no relay has claimed;
+    returns whether there was one. An event in flight is not cancelled
+    (:class:`~django_outbox.exceptions.EventInFlight`), nor one of an ordered route
+    (:class:`~django_outbox.exceptions.CancelRefused`). See docs/scheduling.md."""
+    if (dedup_key is None) == (event_id is None):
+        raise TypeError("cancel() takes one of dedup_key= and event_id=, exactly one")
+    _check_destination_format(destination)
+    _require_atomic(using, "cancel()")
+    from . import store
+
+    return store.cancel(using, destination, dedup_key=dedup_key, event_id=event_id)
 
 
 def in_user_atomic(connection: Any) -> bool:

@@ -52,9 +52,16 @@ from django.db.models.functions import Now
 from . import db
 from .conf import outbox_settings
 from .envelope import ClaimedBatch
-from .exceptions import RequeueRefused, SkipRefused
+from .exceptions import CancelRefused, EventInFlight, RequeueRefused, SkipRefused
 from .expressions import now_plus
-from .models import KEY_UNFINISHED, REQUEUEABLE, OutboxMessage, OutboxQuerySet, OutboxStatus
+from .models import (
+    KEY_UNFINISHED,
+    REQUEUEABLE,
+    UNFINISHED,
+    OutboxMessage,
+    OutboxQuerySet,
+    OutboxStatus,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -306,6 +313,45 @@ def backdate_due(using: str, now: dt.datetime) -> int:
     return leases + due.exclude(status=OutboxStatus.PROCESSING).update(available_at=_LONG_AGO)
 
 
+def _dedup_key_held(using: str, selected: OutboxQuerySet) -> list[int]:
+    """The ABANDONED rows of ``selected`` a requeue leaves out because their dedup key
+    would then name two unfinished events (``outbox_dedup_unfinished_idx``): another
+    unfinished event holds it (staged since), or a newer row of the selection has it
+    too. Each is logged (WARNING, ``outbox.requeue_dedup_held``)."""
+    abandoned = selected.filter(abandoned_at__isnull=False, dedup_key__isnull=False)
+    candidates = sorted(abandoned.values_list("id", "destination", "dedup_key"), reverse=True)
+    if not candidates:
+        return []
+    scopes = models.Q(pk__in=[])
+    for _, destination, dedup_key in candidates:
+        scopes |= models.Q(destination=destination, dedup_key=dedup_key)
+    unfinished = OutboxMessage.objects.using(using).filter(UNFINISHED).filter(scopes)
+    holders = dict(
+        ((d, k), pk) for pk, d, k in unfinished.values_list("id", "destination", "dedup_key")
+    )
+    held = []
+    for pk, destination, dedup_key in candidates:  # newest first: it takes a free key
+        holder = holders.setdefault((destination, dedup_key), pk)
+        if holder != pk:
+            held.append(pk)
+            logger.warning(
+                "outbox row %s not requeued: its dedup key %r of %r is held by unfinished "
+                "row %s (cancel that one first to requeue this one)",
+                pk,
+                dedup_key,
+                destination,
+                holder,
+                extra={
+                    "action": "outbox.requeue_dedup_held",
+                    "using": using,
+                    "id": pk,
+                    "destination": destination,
+                    "holder": holder,
+                },
+            )
+    return held
+
+
 def _selection(using: str, rows: OutboxQuerySet | None) -> OutboxQuerySet:
     return (OutboxMessage.objects.all() if rows is None else rows).using(using)
 
@@ -318,6 +364,7 @@ def requeue(using: str, rows: OutboxQuerySet | None = None) -> int:
     now too (see :func:`_park_followers`). Returns how many rows changed."""
     selected = _selection(using, rows).requeueable()
     with transaction.atomic(using=using):
+        selected = selected.exclude(id__in=_dedup_key_held(using, selected))
         ordered = _ordered_ids(selected)
         count = selected.update(
             status=OutboxStatus.PENDING,
@@ -535,6 +582,41 @@ def skip(using: str, ids: Sequence[int | uuid.UUID]) -> int:
             },
         )
     return count
+
+
+def cancel(
+    using: str,
+    destination: str,
+    *,
+    dedup_key: str | None = None,
+    event_id: uuid.UUID | str | None = None,
+) -> bool:
+    """Delete the unfinished row of ``destination`` with ``dedup_key`` (or ``event_id``)
+    in the caller's transaction, unless a relay holds it (PROCESSING:
+    :class:`EventInFlight`) or it is ordered (:class:`CancelRefused`: its key's
+    sequence would keep a gap). Locking the row first (``FOR UPDATE``) waits for a
+    claim in progress and reads the status after it. Returns whether a row went."""
+    db.write_first(using)  # it reads, then writes
+    named = {"dedup_key": dedup_key} if event_id is None else {"event_id": event_id}
+    rows = OutboxMessage.objects.using(using).filter(UNFINISHED, destination=destination, **named)
+    found = rows.select_for_update().values_list("id", "status", "sequence", "locked_by").first()
+    if found is None:
+        return False
+    pk, status, sequence, locked_by = found
+    ((name, value),) = named.items()
+    which = f"the event with {name} {value!r} of {destination!r}"
+    if sequence is not None:
+        raise CancelRefused(
+            f"cancel(): {which} is on an ordered route and is not cancelled: its key's "
+            "sequence would keep a gap (an operator may skip it: outbox_skip)"
+        )
+    if status == OutboxStatus.PROCESSING:
+        raise EventInFlight(
+            f"cancel(): {which} is in flight (claimed by relay {locked_by!r}) and may be "
+            "on the broker already: not cancelled"
+        )
+    OutboxMessage.objects.using(using).filter(id=pk).delete()
+    return True
 
 
 def _locked_heads(using: str, ids: Sequence[int | uuid.UUID], verb: str) -> OutboxQuerySet:

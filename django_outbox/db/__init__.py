@@ -214,21 +214,122 @@ def delete_published(using: str, ids: Sequence[int], token: uuid.UUID) -> set[in
 
 
 def insert(
-    using: str, rows: list[OutboxMessage], ordered: frozenset[str] = frozenset()
+    using: str,
+    rows: list[OutboxMessage],
+    ordered: frozenset[str] = frozenset(),
+    *,
+    replace: bool = False,
 ) -> list[OutboxMessage]:
     """Write new outbox rows in one statement; returns them saved (primary key and
-    database defaults filled in).
+    database defaults filled in), in order, each with its ``staging_outcome``.
 
     Rows to the destinations ``ordered`` (ordered routes) are numbered 1, 2, 3, ...
     per (destination, ordering key) from its ``OutboxSequence`` row, which stays
     locked until the caller's transaction ends: see docs/ordering.md. On PostgreSQL
-    this is the same one statement; elsewhere one UPDATE (or INSERT) per key first."""
+    this is the same one statement; elsewhere one UPDATE (or INSERT) per key first.
+
+    Rows with a dedup key (no two of them alike, none ordered) are written apart,
+    insert-first (:func:`_insert_deduplicated`): where an unfinished row of their
+    (destination, dedup key) exists, that row is returned instead, its payload,
+    headers and time replaced with ``replace`` unless a relay holds it."""
+    plain = [row for row in rows if row.dedup_key is None]
+    for row in plain:
+        row.staging_outcome = "staged"
+    connection = connections[using]
+    if plain and connection.vendor == "postgresql":
+        postgresql.insert(connection, plain, ordered)
+    elif plain:
+        _number(using, [row for row in plain if row.destination in ordered])
+        type(plain[0]).objects.using(using).bulk_create(plain)
+    deduplicated = iter(_insert_deduplicated(using, [r for r in rows if r.dedup_key], replace))
+    return [row if row.dedup_key is None else next(deduplicated) for row in rows]
+
+
+def _insert_deduplicated(
+    using: str, rows: list[OutboxMessage], replace: bool
+) -> list[OutboxMessage]:
+    """Rows with a dedup key, saved: on PostgreSQL one ``INSERT ... ON CONFLICT`` on the
+    unique partial index ``outbox_dedup_unfinished_idx`` (which waits for a concurrent
+    transaction staging the same key, and locks the row it conflicts with); elsewhere
+    each row in a savepoint, its ``IntegrityError`` the conflict. The rows that were not
+    inserted are read back: the unfinished row that stays in their place."""
+    if not rows:
+        return []
     connection = connections[using]
     if connection.vendor == "postgresql":
-        postgresql.insert(connection, rows, ordered)
-        return rows
-    _number(using, [row for row in rows if row.destination in ordered])
-    return type(rows[0]).objects.using(using).bulk_create(rows)
+        inserted, replaced = postgresql.insert_deduplicated(connection, rows, replace)
+    else:
+        inserted, replaced = _insert_each(using, rows, replace)
+    from ..models import UNFINISHED, OutboxStatus
+
+    others = [row for row in rows if row.event_id not in inserted]
+    scopes = models.Q()
+    for row in others:
+        scopes |= models.Q(destination=row.destination, dedup_key=row.dedup_key)
+    found = (
+        {
+            (row.destination, row.dedup_key): row
+            for row in type(rows[0]).objects.using(using).filter(UNFINISHED).filter(scopes)
+        }
+        if others
+        else {}
+    )
+    saved = []
+    for row in rows:
+        if row.event_id in inserted:
+            row.staging_outcome = "staged"
+            saved.append(row)
+            continue
+        existing = found[(row.destination, row.dedup_key)]
+        existing.staging_outcome = (
+            "replaced"
+            if (row.destination, row.dedup_key) in replaced
+            else "in_flight"
+            if replace and existing.status == OutboxStatus.PROCESSING
+            else "deduplicated"
+        )
+        saved.append(existing)
+    return saved
+
+
+def _insert_each(
+    using: str, rows: list[OutboxMessage], replace: bool
+) -> tuple[set[uuid.UUID], set[tuple[str, str]]]:
+    """The portable :func:`_insert_deduplicated`: each row in a savepoint; on a conflict,
+    the unfinished row of its dedup key replaced (with ``replace``, unless PROCESSING).
+    Returns the event ids inserted and the (destination, dedup key) replaced."""
+    from ..models import UNFINISHED, OutboxStatus
+
+    inserted, replaced = set(), set()
+    for row in rows:
+        try:
+            with transaction.atomic(using=using):
+                row.save(using=using, force_insert=True)
+            inserted.add(row.event_id)
+            continue
+        except IntegrityError:
+            if not replace:
+                continue
+        scope = {"destination": row.destination, "dedup_key": row.dedup_key}
+        changed = (
+            type(row)
+            .objects.using(using)
+            .filter(UNFINISHED, **scope)
+            .exclude(status=OutboxStatus.PROCESSING)
+            .update(payload=row.payload, headers=row.headers, available_at=_time_of(row))
+        )
+        if changed:
+            replaced.add((row.destination, row.dedup_key or ""))
+    return inserted, replaced
+
+
+def _time_of(row: OutboxMessage) -> Any:
+    """The ``available_at`` a staged row asks for: its own, or the database's now."""
+    return (
+        Now()
+        if isinstance(row.available_at, models.expressions.DatabaseDefault)
+        else row.available_at
+    )
 
 
 def _number(using: str, rows: list[OutboxMessage]) -> None:

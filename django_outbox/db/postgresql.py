@@ -330,6 +330,50 @@ def insert(
         _insert(connection, rows[start : start + INSERT_ORDERED_MAX_ROWS], ordered)
 
 
+#: A row of ``insert_deduplicated`` sends 8 parameters.
+INSERT_DEDUPLICATED_MAX_ROWS = 65_535 // 8
+
+
+def insert_deduplicated(
+    connection: BaseDatabaseWrapper, rows: list[OutboxMessage], replace: bool
+) -> tuple[set[uuid.UUID], set[tuple[str, str]]]:
+    """Stage ``rows`` (each with a dedup key, no two alike, none ordered) with
+    ``INSERT ... ON CONFLICT`` on ``outbox_dedup_unfinished_idx`` (named query
+    ``insert_deduplicated``): a row whose (destination, dedup key) has an unfinished
+    row is not inserted; with ``replace`` that row takes its payload, headers and
+    time unless it is PROCESSING. Returns the event ids inserted (their rows filled in
+    as :func:`insert` does) and the (destination, dedup key) of the rows replaced."""
+    from ..models import OutboxMessage, OutboxStatus
+
+    inserted: set[uuid.UUID] = set()
+    replaced: set[tuple[str, str]] = set()
+    by_event = {row.event_id: row for row in rows}
+    row_sql = queries.sql("deduplicated_row", literals={"pending": OutboxStatus.PENDING.value})
+    for start in range(0, len(rows), INSERT_DEDUPLICATED_MAX_ROWS):
+        batch = rows[start : start + INSERT_DEDUPLICATED_MAX_ROWS]
+        sql = queries.sql(
+            "insert_deduplicated",
+            identifiers={"table": OutboxMessage._meta.db_table},
+            literals={"processing": OutboxStatus.PROCESSING.value},
+            fragments={
+                "rows": ", ".join([row_sql] * len(batch)),
+                "replace": "true" if replace else "false",
+            },
+        )
+        params = [param for row in batch for param in (*_row_params(row), row.dedup_key)]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            for event_id, destination, dedup_key, pk, available_at, created_at in cursor:
+                row = by_event.get(event_id)
+                if row is None:
+                    replaced.add((destination, dedup_key))
+                    continue
+                inserted.add(event_id)
+                row.pk, row.available_at, row.created_at = pk, available_at, created_at
+                row._state.adding, row._state.db = False, connection.alias
+    return inserted, replaced
+
+
 def _scope(row: OutboxMessage, ordered: frozenset[str]) -> tuple[str, str] | None:
     """The scope of ``row``'s sequence, None when its destination is not ordered."""
     return (row.destination, row.ordering_key) if row.destination in ordered else None

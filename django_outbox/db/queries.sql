@@ -228,6 +228,35 @@ RETURNING event_id, id, available_at, created_at
 (%s, %s, %s, %s::jsonb, %s::jsonb, %s, coalesce(%s, statement_timestamp()), {pending}, 0, '', '')
 
 
+-- name: insert_deduplicated
+-- PostgreSQL: stage new rows that each carry a dedup key (none of an ordered
+-- route, no two alike); {rows} is deduplicated_row once per row. A row whose
+-- (destination, dedup_key) already has an unfinished row (the unique partial
+-- index outbox_dedup_unfinished_idx, whose condition the ON CONFLICT repeats)
+-- is not inserted: the statement waits for a concurrent transaction that
+-- staged the key, and locks the row it conflicts with, whether or not it
+-- changes it. With {replace} true that row takes the new payload, headers and
+-- available_at unless a relay holds it (PROCESSING). Returns the rows inserted
+-- (their own event_id) and the rows replaced (the existing row's event_id).
+INSERT INTO {table} AS existing (event_id, event_type, destination, payload, headers,
+                                 ordering_key, available_at, status, attempts, locked_by,
+                                 last_error, dedup_key)
+VALUES {rows}
+ON CONFLICT (destination, dedup_key)
+    WHERE published_at IS NULL AND abandoned_at IS NULL AND dedup_key IS NOT NULL
+DO UPDATE SET payload = excluded.payload, headers = excluded.headers,
+              available_at = excluded.available_at
+    WHERE {replace} AND existing.status <> {processing}
+RETURNING event_id, destination, dedup_key, id, available_at, created_at
+
+
+-- name: deduplicated_row
+-- PostgreSQL: one new row of insert_deduplicated (parameters: event_id,
+-- event_type, destination, payload, headers, ordering_key, available_at or
+-- NULL, dedup_key).
+(%s, %s, %s, %s::jsonb, %s::jsonb, %s, coalesce(%s, statement_timestamp()), {pending}, 0, '', '', %s)
+
+
 -- name: insert_ordered
 -- PostgreSQL: stage new rows, some of them on ordered routes, in one
 -- statement. {scopes} is sequence_scope once per (destination, ordering_key)

@@ -52,6 +52,8 @@ def test_every_query_of_the_package_file_loads():
     assert set(names) == {
         "claim",
         "claim_unordered",
+        "insert_deduplicated",
+        "deduplicated_row",
         "claim_commit_unflushed",
         "claim_unordered_rows",
         "claim_payload",
