@@ -424,7 +424,9 @@ class InboxConsumer(ConsumerMixin):
             self._reject(message, exc)
             return
         if self.keys is not None:
-            body = _text(message).encode(CONTENT_ENCODING)
+            # surrogatepass: a codec such as unicode_escape can decode a body to text
+            # UTF-8 cannot hold; its signature fails instead of the encoding.
+            body = _text(message).encode(CONTENT_ENCODING, "surrogatepass")
             problem = self.keys.problem(event.headers.get(SIGNATURE_HEADER), event.envelope(body))
             if problem is not None:
                 self._refuse(message, event, lambda: problem, "inbox.unsigned")
@@ -887,13 +889,6 @@ def _decode(message: Any) -> ReceivedEvent:
     if message.content_type != CONTENT_TYPE:
         raise InvalidMessage(
             f"content type {message.content_type!r} is not {CONTENT_TYPE}: "
-            "it was not published by an outbox relay"
-        )
-    if (message.content_encoding or CONTENT_ENCODING).lower() != CONTENT_ENCODING:
-        # The relay writes UTF-8; another codec (unicode_escape) can make text no UTF-8
-        # holds, which the signature check and the inbox would then fail to encode.
-        raise InvalidMessage(
-            f"content encoding {message.content_encoding!r} is not {CONTENT_ENCODING}: "
             "it was not published by an outbox relay"
         )
     return ReceivedEvent.from_wire(

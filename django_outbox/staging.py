@@ -181,12 +181,7 @@ def publish_on_success(
         _check_dedup_key(dedup_key, event_type)
 
     def decorator(func: Callable[P, R]) -> Callable[P, R]:
-        if inspect.iscoroutinefunction(func):
-            raise TypeError(
-                f"publish_on_success cannot wrap the coroutine function {func.__qualname__}: "
-                "database transactions are synchronous; decorate a sync function and call it "
-                "with asgiref's sync_to_async"
-            )
+        _check_not_async(func)
 
         @functools.wraps(func)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -207,6 +202,15 @@ def publish_on_success(
         return wrapper
 
     return decorator
+
+
+def _check_not_async(func: Callable[..., Any]) -> None:
+    if inspect.iscoroutinefunction(func):
+        raise TypeError(
+            f"publish_on_success cannot wrap the coroutine function {func.__qualname__}: "
+            "database transactions are synchronous; decorate a sync function and call it "
+            "with asgiref's sync_to_async"
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -290,24 +294,7 @@ def _build(
 ) -> OutboxMessage:
     _check_event_type(event_type)
     route = _route_of(destination)
-    if key is not None and not (isinstance(key, str) and 0 < len(key) <= _MAX_LENGTH):
-        raise InvalidEvent(
-            f"event {event_type!r}: key must be None or a non-empty string of at most "
-            f"{_MAX_LENGTH} characters; got {_describe_key(key)}"
-        )
-    if key is not None and (bad := _UNSTORABLE.search(key)):
-        raise InvalidEvent(_unstorable(bad.group(), f"the key of event {event_type!r}"))
-    if key is None and route.ordered:
-        which = (
-            f"the route of {destination!r} is ordered"
-            if destination in outbox_settings.ROUTES
-            else f"the default route of {destination!r} is ordered (OUTBOX['DEFAULT_ORDERED'])"
-        )
-        raise InvalidEvent(
-            f"event {event_type!r}: {which}, and its events keep their order per key: "
-            "give key= (the aggregate's id, say)"
-        )
-    _check_routing_key(route, key or "", event_type)
+    _check_key(key, route, event_type)
     if dedup_key is not None:
         _check_dedup_key(dedup_key, event_type)
         if route.ordered:
@@ -331,6 +318,30 @@ def _build(
     if available_at is not None:
         fields["available_at"] = _check_time(available_at, event_type)
     return _outbox_model()(**fields)
+
+
+def _check_key(key: object, route: Route, event_type: str) -> None:
+    """:class:`InvalidEvent` for a key that is not a short storable string, or missing
+    where ``route`` is ordered, or that makes a routing key the route cannot carry."""
+    if key is not None and not (isinstance(key, str) and 0 < len(key) <= _MAX_LENGTH):
+        raise InvalidEvent(
+            f"event {event_type!r}: key must be None or a non-empty string of at most "
+            f"{_MAX_LENGTH} characters; got {_describe_key(key)}"
+        )
+    if key is not None and (bad := _UNSTORABLE.search(key)):
+        raise InvalidEvent(_unstorable(bad.group(), f"the key of event {event_type!r}"))
+    if key is None and route.ordered:
+        destination = route.destination
+        which = (
+            f"the route of {destination!r} is ordered"
+            if destination in outbox_settings.ROUTES
+            else f"the default route of {destination!r} is ordered (OUTBOX['DEFAULT_ORDERED'])"
+        )
+        raise InvalidEvent(
+            f"event {event_type!r}: {which}, and its events keep their order per key: "
+            "give key= (the aggregate's id, say)"
+        )
+    _check_routing_key(route, key or "", event_type)
 
 
 def _route_of(destination: str) -> Route:
