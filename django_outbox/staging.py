@@ -320,16 +320,11 @@ def _build(
     return _outbox_model()(**fields)
 
 
-def _check_key(key: object, route: Route, event_type: str) -> None:
+def _check_key(key: str | None, route: Route, event_type: str) -> None:
     """:class:`InvalidEvent` for a key that is not a short storable string, or missing
     where ``route`` is ordered, or that makes a routing key the route cannot carry."""
-    if key is not None and not (isinstance(key, str) and 0 < len(key) <= _MAX_LENGTH):
-        raise InvalidEvent(
-            f"event {event_type!r}: key must be None or a non-empty string of at most "
-            f"{_MAX_LENGTH} characters; got {_describe_key(key)}"
-        )
-    if key is not None and (bad := _UNSTORABLE.search(key)):
-        raise InvalidEvent(_unstorable(bad.group(), f"the key of event {event_type!r}"))
+    if key is not None:
+        _check_text(key, "key", "key", event_type)
     if key is None and route.ordered:
         destination = route.destination
         which = (
@@ -454,13 +449,19 @@ def _check_on_duplicate(on_duplicate: object) -> None:
 
 
 def _check_dedup_key(dedup_key: object, event_type: str) -> None:
-    if not (isinstance(dedup_key, str) and 0 < len(dedup_key) <= _MAX_LENGTH):
+    _check_text(dedup_key, "dedup_key", "dedup key", event_type)
+
+
+def _check_text(value: object, argument: str, what: str, event_type: str) -> None:
+    """:class:`InvalidEvent` unless ``value`` (given as ``argument``) is a non-empty
+    string of at most ``_MAX_LENGTH`` characters that PostgreSQL can store."""
+    if not (isinstance(value, str) and 0 < len(value) <= _MAX_LENGTH):
         raise InvalidEvent(
-            f"event {event_type!r}: dedup_key must be None or a non-empty string of at most "
-            f"{_MAX_LENGTH} characters; got {_describe_key(dedup_key)}"
+            f"event {event_type!r}: {argument} must be None or a non-empty string of at most "
+            f"{_MAX_LENGTH} characters; got {_describe_key(value)}"
         )
-    if bad := _UNSTORABLE.search(dedup_key):
-        raise InvalidEvent(_unstorable(bad.group(), f"the dedup key of event {event_type!r}"))
+    if bad := _UNSTORABLE.search(value):
+        raise InvalidEvent(_unstorable(bad.group(), f"the {what} of event {event_type!r}"))
 
 
 def cancel(

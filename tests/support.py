@@ -404,3 +404,13 @@ def publish_as_kombu(producer: kombu.Producer, route: Any, message: Any, **optio
         message_id=headers["event_id"],
         **options,
     )
+
+
+#: TASKS with the outbox backend refusing an enqueue outside the caller's transaction.
+TASKS_REQUIRING_TRANSACTION = {
+    "default": {
+        "BACKEND": "django_outbox.tasks.OutboxTaskBackend",
+        "QUEUES": [],
+        "OPTIONS": {"REQUIRE_TRANSACTION": True},
+    }
+}

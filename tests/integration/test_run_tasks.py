@@ -53,14 +53,9 @@ def test_a_task_that_enqueues_itself_without_end_is_stopped_with_one_line():
 def test_run_tasks_honours_a_required_transaction_in_the_tasks_code():
     """The runner's own transaction is the caller's: a task that enqueues with
     REQUIRE_TRANSACTION on runs, as it would on a worker."""
-    required = {
-        "default": {
-            "BACKEND": "django_outbox.tasks.OutboxTaskBackend",
-            "QUEUES": [],
-            "OPTIONS": {"REQUIRE_TRANSACTION": True},
-        }
-    }
-    with override_settings(TASKS=required):
+    from tests.support import TASKS_REQUIRING_TRANSACTION
+
+    with override_settings(TASKS=TASKS_REQUIRING_TRANSACTION):
         with transaction.atomic():
             djtasks.chain.enqueue(1)
         assert [r.status for r in run_tasks()] == [TaskResultStatus.SUCCESSFUL] * 2

@@ -668,15 +668,9 @@ def test_a_required_transaction_is_required_under_the_test_cases_own_atomic_too(
     from django.test import override_settings
 
     from django_outbox import NotInTransaction
+    from tests.support import TASKS_REQUIRING_TRANSACTION
 
-    required = {
-        "default": {
-            "BACKEND": "django_outbox.tasks.OutboxTaskBackend",
-            "QUEUES": [],
-            "OPTIONS": {"REQUIRE_TRANSACTION": True},
-        }
-    }
-    with override_settings(TASKS=required):
+    with override_settings(TASKS=TASKS_REQUIRING_TRANSACTION):
         assert connection.in_atomic_block  # the test's own
         with pytest.raises(NotInTransaction, match="REQUIRE_TRANSACTION"):
             djtasks.add.enqueue(1, 2)
