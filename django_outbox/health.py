@@ -18,7 +18,7 @@ from typing import Any
 from .conf import outbox_settings
 from .heartbeat import live_relays
 from .models import OutboxMessage
-from .status import oldest_due_age
+from .status import oldest_due
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,13 +69,14 @@ def check_health(
     ``require_relay``, that a relay of the database is live. Raises the
     ``DatabaseError`` of a database it cannot read."""
     limit = outbox_settings.HEALTH_MAX_DUE_AGE if max_due_age is None else max_due_age
-    age = oldest_due_age(OutboxMessage.objects.using(using))
+    oldest = oldest_due(OutboxMessage.objects.using(using))
+    age, error = oldest if oldest is not None else (None, "")
     relays = live_relays(using)
     problems = []
     if age is not None and age.total_seconds() > limit:
         problems.append(
             f"the oldest due row has waited {age.total_seconds():.0f}s, more than {limit:g}s"
-            + _last_error(using)
+            + _quoted(error)
         )
     if require_relay and not relays:
         problems.append(f"no relay of database {using!r} has a live heartbeat")
@@ -86,11 +87,9 @@ def check_health(
 MAX_QUOTED_ERROR = 300
 
 
-def _last_error(using: str) -> str:
+def _quoted(error: str) -> str:
     """`` (its last error: ...)`` of the oldest due row, or "" when it has none (never
     tried): why it waits, such as a broker that is down or out of memory."""
-    rows = OutboxMessage.objects.using(using).due().order_by("available_at")
-    error = rows.values_list("last_error", flat=True).first()
     if not error:
         return ""
     line = " ".join(error.split())

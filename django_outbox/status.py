@@ -119,6 +119,21 @@ def oldest_due_age(rows: OutboxQuerySet) -> dt.timedelta | None:
     return _waited([part.aggregate(at=Min("available_at"))["at"] for part in parts])
 
 
+def oldest_due(rows: OutboxQuerySet) -> tuple[dt.timedelta, str] | None:
+    """How long the oldest due row has waited and its last error ("" when never
+    tried), both read from that one row (a relay claiming it between two reads cannot
+    part them), or None when nothing is due: one probe of each due index."""
+    firsts = [
+        part.order_by("available_at").values_list("available_at", "last_error").first()
+        for part in _by_due_index(rows.due())
+    ]
+    found = [first for first in firsts if first is not None]
+    if not found:
+        return None
+    at, error = min(found, key=lambda first: first[0])
+    return max(timezone.now() - at, dt.timedelta(0)), error
+
+
 def _waited(oldest: Iterable[dt.datetime | None]) -> dt.timedelta | None:
     """How long the oldest of ``oldest`` (None: nothing there) has waited."""
     found = [at for at in oldest if at is not None]
