@@ -526,7 +526,7 @@ def _latencies(
 def signing_cost(count: int) -> dict[str, float]:
     """The CPU the relay spends signing one event, in process (no broker, no database):
     the canonical encoding and the HMAC-SHA256 of ``count`` claimed messages of the
-    benchmark's payload, as :func:`django_outbox.store.claim` makes them."""
+    benchmark's payload, as :func:`django_outbox.state.store.claim` makes them."""
     keys = parse_keys([SIGNING_KEY])
     now = dt.datetime.now(dt.UTC)
     messages = [

@@ -38,7 +38,7 @@ def switched_on(using: str = "default") -> Iterator[Callable[[Any], None]]:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-    from django_outbox.metrics import RelayMetrics
+    from django_outbox.ops.metrics import RelayMetrics
 
     class Dropped(SpanExporter):
         def export(self, spans: Sequence[Any]) -> SpanExportResult:

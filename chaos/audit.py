@@ -307,8 +307,8 @@ def heartbeat_checks(unbeating: Sequence[str], stopped: Sequence[str]) -> list[C
     when the run drained had a live heartbeat (``unbeating``: the ``host:pid`` of those
     that had none, read before the SIGTERM), and each one SIGTERM stopped (``stopped``)
     wrote its stop."""
-    from django_outbox.heartbeat import WorkerState, state_of
     from django_outbox.models import WorkerHeartbeat
+    from django_outbox.workers.heartbeat import WorkerState, state_of
 
     rows = {row.worker: row for row in WorkerHeartbeat.objects.filter(worker__in=stopped)}
     return [
@@ -332,8 +332,8 @@ def heartbeat_checks(unbeating: Sequence[str], stopped: Sequence[str]) -> list[C
 
 def not_live(workers: Sequence[str]) -> list[str]:
     """Those of ``workers`` (``host:pid``) without a live heartbeat row."""
-    from django_outbox.heartbeat import WorkerState, state_of
     from django_outbox.models import WorkerHeartbeat
+    from django_outbox.workers.heartbeat import WorkerState, state_of
 
     live = {
         row.worker

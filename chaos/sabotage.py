@@ -69,7 +69,7 @@ def apply(kind: str) -> None:
         OutboxQuerySet.leased = lambda self, token: self  # type: ignore[method-assign]
         _replace_query("lease_held", "%s IS NOT NULL")  # PostgreSQL's published mark
     elif kind == "inbox":
-        from django_outbox import consumer
+        from django_outbox.consumer import loop as consumer
 
         consumer.process_once = _no_inbox  # type: ignore[assignment]
     elif kind == "order":
@@ -92,7 +92,7 @@ def apply(kind: str) -> None:
     elif kind == "tasks":
         _unguarded_task_runner()
     elif kind == "heartbeat":
-        from django_outbox.heartbeat import Heartbeat
+        from django_outbox.workers.heartbeat import Heartbeat
 
         Heartbeat._write = lambda self, *args, **kwargs: False  # type: ignore[method-assign]
     elif kind == "frames":
@@ -102,7 +102,7 @@ def apply(kind: str) -> None:
 
         transport.out_of_memory = lambda exc: False  # type: ignore[assignment]
     elif kind == "forgery":
-        from django_outbox import consumer
+        from django_outbox.consumer import loop as consumer
 
         consumer._verifying_keys = lambda verify: None  # type: ignore[assignment]
     elif kind == "parking":
@@ -144,7 +144,7 @@ def _no_inbox(consumer: str, event_id: object, using: str = "default") -> Iterat
 def _unguarded_task_runner() -> None:
     """The Django task runner without its guards: ``process_once`` a plain transaction
     that always runs the task, and no finished result skipped at the start."""
-    from django_outbox import taskrunner
+    from django_outbox.tasks import runner as taskrunner
 
     taskrunner.process_once = _no_inbox  # type: ignore[assignment]
     taskrunner.TASK_FINISHED = ()  # type: ignore[assignment]

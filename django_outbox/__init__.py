@@ -25,9 +25,9 @@ from .exceptions import (
     StagingError,
     UnknownDestination,
 )
-from .inbox import inbox_handler, process_once
+from .inbox.records import inbox_handler, process_once
 from .signals import event_abandoned, event_committed, event_failed, event_published
-from .staging import cancel, publish_on_success, stage, stage_many
+from .staging.stage import cancel, publish_on_success, stage, stage_many
 
 if TYPE_CHECKING:
     from .celery import InboxTask

@@ -47,12 +47,9 @@ from django.utils.timesince import timesince
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from . import samples, store
-from .charts import BarChart, Layer, render
 from .conf import outbox_settings
 from .db import RowCount, count_rows, write_first
 from .exceptions import SkipRefused
-from .heartbeat import WorkerState, clock_of, state_of, with_database_clock
 from .models import (
     InboxFailure,
     InboxMessage,
@@ -62,7 +59,11 @@ from .models import (
     TaskResultRecord,
     WorkerHeartbeat,
 )
-from .status import blocked_keys, summary
+from .ops.charts import BarChart, Layer, render
+from .state import store
+from .state.status import blocked_keys, summary
+from .workers import samples
+from .workers.heartbeat import WorkerState, clock_of, state_of, with_database_clock
 
 logger = logging.getLogger(__name__)
 

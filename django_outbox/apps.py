@@ -23,8 +23,8 @@ class OutboxConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the system checks)
         from .conf import sets_tasks
+        from .ops import checks  # noqa: F401  (registers the system checks)
 
         if sets_tasks():
             # Django registers its check of the TASKS backends (OutboxTaskBackend.check:

@@ -17,12 +17,12 @@ except ImportError as exc:  # pragma: no cover - said by a test in a venv withou
         "pip install 'django-transactional-outbox[health]'"
     ) from exc
 
-from .health import check_health
+from .ops.health import check_health
 
 
 @dataclasses.dataclass
 class OutboxHealthCheck(HealthCheck):
-    """Unavailable when :func:`~django_outbox.health.check_health` finds a problem
+    """Unavailable when :func:`~django_outbox.ops.health.check_health` finds a problem
     (the oldest due row too old, no live relay) or the database cannot be read."""
 
     using: str = "default"

@@ -91,7 +91,7 @@ def in_state(status: str) -> models.Q:
 #: States an operator may requeue.
 REQUEUEABLE = (OutboxStatus.FAILED, OutboxStatus.ABANDONED)
 #: States an operator may abandon (and PROCESSING once its lease has expired; see
-#: django_outbox.store.abandon).
+#: django_outbox.state.store.abandon).
 ABANDONABLE = (OutboxStatus.PENDING, OutboxStatus.FAILED)
 
 

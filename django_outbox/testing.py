@@ -44,7 +44,7 @@ from django.utils import timezone
 from .envelope import ClaimedMessage, OutboxEvent
 from .exceptions import OutboxConfigurationError, OutboxError
 from .signals import event_committed
-from .staging import _committed
+from .staging.stage import _committed
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -94,9 +94,9 @@ def drain(using: str = "default") -> list[OutboxEvent]:
     clock stands still at the transaction's start, before the events were staged: the
     rows due by the wall clock are first made due by the transaction's clock.
     """
-    from . import store
     from .conf import outbox_settings
-    from .relay import Relay
+    from .relay.loop import Relay
+    from .state import store
     from .transports.memory import MemoryTransport
 
     if connections[using].in_atomic_block:
@@ -118,7 +118,7 @@ def run_tasks(using: str = "default") -> list[TaskResult]:
     in this process, and return their results (``TaskResult``), in the order they ran.
 
     It relays every due row as :func:`drain` does, then gives each task message to
-    :func:`django_outbox.taskrunner.run`, the code a Celery worker runs: the task runs
+    :func:`django_outbox.tasks.runner.run`, the code a Celery worker runs: the task runs
     once, in a transaction with its outcome, and its record ends SUCCESSFUL or FAILED
     (a failure is a result, not an exception here). Tasks those tasks enqueue run too,
     round after round; a task that enqueues itself without end raises
@@ -128,7 +128,7 @@ def run_tasks(using: str = "default") -> list[TaskResult]:
     from django.tasks import task_backends
 
     from .routes import TASKS_PREFIX
-    from .taskrunner import run
+    from .tasks.runner import run
 
     ran: list[OutboxEvent] = []
     for _round in range(MAX_TASK_ROUNDS):

@@ -10,7 +10,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from .conf import outbox_settings
-from .health import check_health
+from .ops.health import check_health
 from .redact import SecretFilter
 
 logger = logging.getLogger(__name__)
@@ -20,7 +20,7 @@ logger.addFilter(SecretFilter(outbox_settings.redact))  # the driver's error and
 @never_cache
 @require_GET
 def health(request: HttpRequest, using: str = "default") -> JsonResponse:
-    """200 with the outcome of :func:`~django_outbox.health.check_health` as JSON when
+    """200 with the outcome of :func:`~django_outbox.ops.health.check_health` as JSON when
     the outbox of ``using`` is healthy, 503 when it is not or its database cannot be
     read. Nothing of the request is read: a probe cannot change what is checked."""
     try:

@@ -24,7 +24,7 @@ from django_outbox import stage_many
 from django_outbox.db import database_now
 from django_outbox.envelope import CONTENT_ENCODING, CONTENT_TYPE
 from django_outbox.models import OutboxMessage
-from django_outbox.samples import current_minute
+from django_outbox.workers.samples import current_minute
 
 REPO = Path(__file__).resolve().parent.parent
 AMQP_URL = settings.OUTBOX["BROKER_URL"]

@@ -4,8 +4,12 @@ Callers ask capability questions (``supports_skip_locked``) or call
 operations that pick the vendor's way (the claim, the staging INSERT, LISTEN).
 Vendor SQL lives in ``queries.sql`` (named queries, see :mod:`.queries`), run
 by the submodules named after Django's ``connection.vendor``. Only
-:mod:`django_outbox.store` calls :func:`claim`, :func:`mark_published` and
-:func:`delete_published`.
+:mod:`django_outbox.state.store` calls :func:`claim`, :func:`mark_published` and
+:func:`delete_published`. :mod:`.expressions` holds the database-clock expressions the
+models, the store and retention share.
+
+The package may import the models, the settings, the envelope and the leaves; nothing
+that stages, relays, consumes or operates.
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ from django.utils import timezone
 from ..conf import outbox_settings
 from ..envelope import CLAIMED_FIELDS, ClaimedBatch, ClaimedMessage
 from ..exceptions import OutboxConfigurationError
-from ..expressions import now_plus
 from . import postgresql
+from .expressions import now_plus
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper

@@ -8,6 +8,10 @@ with a class of their own, :data:`KOMBU` for every other kombu transport, and
 and imported on first use, so a broker's driver (redis, celery) is needed only
 where it is used. Adding a broker is one module with a :class:`Transport` subclass
 and one line here.
+
+A transport may import the settings, the routes, the envelope and the leaves; never
+the row's life (:mod:`django_outbox.state`), the relay, the consumer, the admin, the
+commands or the test helpers, which all build on it.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from django.db import transaction
 from django.test import override_settings
 
 from django_outbox import StagingError, stage
-from django_outbox.checks import check_celery_confirms
 from django_outbox.models import OutboxMessage
+from django_outbox.ops.checks import check_celery_confirms
 from django_outbox.relay import Relay
 from tests.support import AMQP_URL, confirming_celery_queue
 

@@ -15,9 +15,10 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from django_outbox import stage, status
+from django_outbox import stage
 from django_outbox.db import EXACT_COUNT_LIMIT, RowCount, count_rows
 from django_outbox.models import InboxFailure, OutboxMessage, WorkerHeartbeat
+from django_outbox.state import status
 from tests.factories import InboxMessageFactory, OutboxMessageFactory
 
 pytestmark = pytest.mark.django_db

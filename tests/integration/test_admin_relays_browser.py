@@ -10,8 +10,8 @@ from pathlib import Path
 from django.contrib.auth.models import Permission
 from playwright.sync_api import Page, expect
 
-from django_outbox.heartbeat import Heartbeat
 from django_outbox.models import WorkerHeartbeat, WorkerKind
+from django_outbox.workers.heartbeat import Heartbeat
 from tests.integration.test_admin_browser import browse, log_in, operator
 from tests.integration.test_admin_browser import pytestmark as browser_marks
 

@@ -19,12 +19,13 @@ from django.core.management.base import CommandError
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from django_outbox import retention, stage, store
+from django_outbox import stage
 from django_outbox.exceptions import RequeueRefused, SkipRefused
 from django_outbox.models import OutboxMessage
-from django_outbox.relay import RunStats
-from django_outbox.reporting import run_result
-from django_outbox.status import blocked_keys
+from django_outbox.ops.reporting import run_result
+from django_outbox.relay import RunStats, retention
+from django_outbox.state import store
+from django_outbox.state.status import blocked_keys
 from django_outbox.testing import drain
 from tests.integration import test_sqlite_claim as sqlite_script
 from tests.support import (

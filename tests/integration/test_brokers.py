@@ -16,8 +16,8 @@ from django.db import connections
 from django.test import override_settings
 
 from django_outbox.consumer import InboxConsumer
-from django_outbox.health import check_health
 from django_outbox.models import OutboxMessage
+from django_outbox.ops.health import check_health
 from django_outbox.relay import Relay
 from tests.support import (
     AMQP_URL,
@@ -163,8 +163,8 @@ def test_the_consumer_of_a_queue_routed_to_another_broker_reads_that_broker():
 def test_parked_messages_are_replayed_to_the_broker_of_their_queue():
     from django.utils import timezone
 
+    from django_outbox.consumer.replay import replay_parked
     from django_outbox.models import InboxFailure
-    from django_outbox.replay import replay_parked
 
     orders, clicks = unique_destination("orders"), unique_destination("clicks")
     for queue in (clicks, orders):

@@ -326,7 +326,7 @@ def test_a_nacked_task_fails_alone_and_the_tasks_around_it_are_sent_once():
 def test_celery_routes_on_rabbitmq_without_confirms_get_a_warning():
     from celery import Celery
 
-    from django_outbox.checks import check_celery_confirms
+    from django_outbox.ops.checks import check_celery_confirms
 
     def warnings(**outbox: object) -> list[str]:
         with override_settings(OUTBOX={"BROKER_URL": AMQP_URL, **outbox}):

@@ -20,11 +20,11 @@ from django.db import transaction
 from django.test import override_settings
 
 from django_outbox import ReceivedEvent, stage
-from django_outbox.checks import check_settings
 from django_outbox.consumer import InboxConsumer
 from django_outbox.envelope import CONTENT_TYPE
 from django_outbox.exceptions import InvalidEvent, OutboxConfigurationError
 from django_outbox.models import InboxFailure
+from django_outbox.ops.checks import check_settings
 from django_outbox.relay import Relay
 from django_outbox.signing import Keyring, key_id
 from tests.integration.test_ordered_consumption import event_id, publish

@@ -23,9 +23,9 @@ from django_outbox import (
     publish_on_success,
     stage,
     stage_many,
-    store,
 )
 from django_outbox.models import OutboxMessage
+from django_outbox.state import store
 from tests.integration.test_ordering import _Thread, _waiting_for_a_lock
 from tests.support import unique_destination, wait_until
 

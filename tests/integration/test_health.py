@@ -13,10 +13,11 @@ from django.db import transaction
 from django.test.utils import override_settings
 from django.utils import timezone
 
-from django_outbox import retention, stage
+from django_outbox import stage
 from django_outbox.consumer import InboxConsumer
-from django_outbox.heartbeat import Heartbeat, WorkerState, live_relays, state_of, workers
 from django_outbox.models import OutboxMessage, OutboxSample, WorkerHeartbeat, WorkerKind
+from django_outbox.relay import retention
+from django_outbox.workers.heartbeat import Heartbeat, WorkerState, live_relays, state_of, workers
 from tests.support import (
     delete_queue,
     manage,
@@ -156,7 +157,7 @@ def test_a_beat_on_a_database_that_is_down_is_swallowed():
     """The loop meets the outage in its own work; a heartbeat never raises it."""
     code = (
         "import django; django.setup()\n"
-        "from django_outbox.heartbeat import Heartbeat\n"
+        "from django_outbox.workers.heartbeat import Heartbeat\n"
         "from django_outbox.models import WorkerKind\n"
         "print(Heartbeat(WorkerKind.RELAY, 'host:3').beat({}))\n"
     )

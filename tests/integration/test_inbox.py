@@ -285,7 +285,7 @@ def test_cleanup_removes_old_inbox_marks_and_failures_only():
 def test_inbox_retention_is_a_checked_setting():
     from django.test import override_settings
 
-    from django_outbox.checks import check_settings
+    from django_outbox.ops.checks import check_settings
 
     with override_settings(OUTBOX={"BROKER_URL": "memory://", "INBOX_RETENTION": "a week"}):
         [error] = check_settings(None)

@@ -12,10 +12,10 @@ import pytest
 from django.core import checks
 from django.test.utils import override_settings
 
-from django_outbox.checks import check_brokers
 from django_outbox.db import EXACT_COUNT_LIMIT
 from django_outbox.models import OutboxMessage
-from django_outbox.relay import MAX_LOGGED_REASONS, Relay
+from django_outbox.ops.checks import check_brokers
+from django_outbox.relay.loop import MAX_LOGGED_REASONS, Relay
 from tests.integration.test_consumer import RECORD, SUMMARY
 from tests.integration.test_silent_broker import BROKER, FreezableProxy
 from tests.support import (

@@ -9,7 +9,7 @@ import pytest
 from django.test import override_settings
 
 from django_outbox.models import OutboxMessage
-from django_outbox.relay import SWITCH_INTERVAL, Relay
+from django_outbox.relay.loop import SWITCH_INTERVAL, Relay
 from django_outbox.transports import memory
 from tests.support import stage_events, unique_destination
 

@@ -142,7 +142,7 @@ def test_a_relay_serves_its_counts_and_the_backlog_read_from_the_database(destin
 SCRAPE_TWICE = (
     "import django; django.setup(); "
     "from prometheus_client import generate_latest; "
-    "from django_outbox.metrics import RelayMetrics; "
+    "from django_outbox.ops.metrics import RelayMetrics; "
     "print(generate_latest(RelayMetrics('other').registry).decode()); print('----'); "
     "print(generate_latest(RelayMetrics('default').registry).decode())"
 )
@@ -176,7 +176,7 @@ django.setup()
 from django.db import transaction
 from prometheus_client import CollectorRegistry, generate_latest
 from django_outbox import stage
-from django_outbox.metrics import BacklogCollector
+from django_outbox.ops.metrics import BacklogCollector
 registry, collector = CollectorRegistry(), BacklogCollector("default", float(sys.argv[1]))
 registry.register(collector)
 print(generate_latest(registry).decode(), "----")

@@ -29,10 +29,10 @@ from django.test import override_settings
 from django_outbox import ReceivedEvent, stage
 from django_outbox.conf import outbox_settings
 from django_outbox.consumer import InboxConsumer
+from django_outbox.consumer.replay import replay_parked
 from django_outbox.envelope import ClaimedMessage
 from django_outbox.inbox import positions_of, start_positions
 from django_outbox.models import InboxFailure, InboxSequence
-from django_outbox.replay import replay_parked
 from django_outbox.transports import for_broker
 from django_outbox.transports.kombu import DeclareRefused, declare
 from tests.support import (

@@ -23,12 +23,13 @@ from django.db import connection, connections, transaction
 from django.db.models.functions import Now
 from django.test.utils import override_settings
 
-from django_outbox import db, stage, stage_many, store, testing
+from django_outbox import db, stage, stage_many, testing
 from django_outbox.db import postgresql
 from django_outbox.envelope import ClaimedMessage
 from django_outbox.exceptions import InvalidEvent
 from django_outbox.models import OutboxMessage, OutboxSequence
 from django_outbox.relay import Relay
+from django_outbox.state import store
 from django_outbox.transports.base import Failure, Outcome
 from django_outbox.transports.memory import MemoryTransport
 from tests.factories import OutboxMessageFactory

@@ -19,9 +19,9 @@ from django.test import override_settings
 from django_outbox import ReceivedEvent
 from django_outbox.conf import outbox_settings
 from django_outbox.consumer import InboxConsumer
+from django_outbox.consumer.replay import replay_parked
 from django_outbox.models import InboxFailure, OutboxMessage
 from django_outbox.relay import Relay
-from django_outbox.replay import replay_parked
 from django_outbox.transports.kombu import DeclareRefused, declare
 from tests.integration.test_ordered_consumption import Recorder, publish, publish_raw
 from tests.support import (

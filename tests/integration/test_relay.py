@@ -22,7 +22,7 @@ from django_outbox import db, stage
 from django_outbox.conf import outbox_settings
 from django_outbox.db import postgresql
 from django_outbox.models import OutboxMessage
-from django_outbox.relay import Relay, _Batch
+from django_outbox.relay.loop import Relay, _Batch
 from django_outbox.signals import event_abandoned, event_failed, event_published
 from django_outbox.transports.base import NACKED, Failure
 from django_outbox.transports.kombu import AmqpTransport

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 import pytest
 from django.db import transaction
 
-from django_outbox import stage, stage_many, store
+from django_outbox import stage, stage_many
 from django_outbox.envelope import ClaimedBatch
+from django_outbox.state import store
 from tests.integration.test_payload_size import blob
 from tests.integration.test_slow_paths import running_relay
 from tests.support import (

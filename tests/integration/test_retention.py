@@ -10,8 +10,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_outbox import retention
 from django_outbox.models import InboxMessage, OutboxMessage, TaskResultRecord, TaskStatus
+from django_outbox.relay import retention
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

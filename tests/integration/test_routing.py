@@ -17,9 +17,9 @@ from django.test.utils import override_settings
 from django.utils import timezone
 
 from django_outbox import stage
-from django_outbox.checks import check_routes
 from django_outbox.exceptions import InvalidEvent
 from django_outbox.models import OutboxMessage
+from django_outbox.ops.checks import check_routes
 from django_outbox.relay import Relay
 from tests.support import (
     AMQP_URL,

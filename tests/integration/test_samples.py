@@ -12,9 +12,10 @@ from django.db import connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_outbox import retention, samples
 from django_outbox.models import OutboxMessage, OutboxSample
-from django_outbox.status import Summary
+from django_outbox.relay import retention
+from django_outbox.state.status import Summary
+from django_outbox.workers import samples
 from tests.factories import OutboxMessageFactory
 from tests.support import minute_with_time_left
 

@@ -21,7 +21,8 @@ import django
 django.setup()
 from django.db import connection, transaction
 from django.db.models.functions import Now
-from django_outbox import stage_many, store
+from django_outbox import stage_many
+from django_outbox.state import store
 from django_outbox.models import OutboxMessage
 
 with transaction.atomic():

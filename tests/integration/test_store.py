@@ -10,9 +10,9 @@ import uuid
 import pytest
 from django.utils import timezone
 
-from django_outbox import store
 from django_outbox.exceptions import RequeueRefused
 from django_outbox.models import OutboxMessage
+from django_outbox.state import store
 from tests.factories import OutboxMessageFactory
 
 Status = OutboxMessage.Status

@@ -27,10 +27,11 @@ from django.tasks import TaskResultStatus
 from django.tasks.exceptions import TaskResultDoesNotExist
 from django.utils import timezone
 
-from django_outbox import stage, taskrunner
+from django_outbox import stage
 from django_outbox.models import InboxMessage, OutboxMessage, TaskResultRecord
 from django_outbox.relay import Relay
 from django_outbox.routes import TASKS_PREFIX
+from django_outbox.tasks import runner as taskrunner
 from tests.support import (
     AMQP_URL,
     REPO,
@@ -427,7 +428,7 @@ def test_a_task_whose_workers_died_five_times_is_failed_not_started_again(queue,
     wait_finished(result)
     assert result.status == TaskResultStatus.FAILED
     (error,) = result.errors
-    assert error.exception_class_path == "django_outbox.taskrunner.WorkerLost"
+    assert error.exception_class_path == "django_outbox.tasks.runner.WorkerLost"
     assert "started 5 times" in error.traceback
     assert not Delivery.objects.exists()
 
@@ -645,7 +646,7 @@ def test_a_worker_stopped_mid_task_commits_nothing_and_the_next_delivery_runs_it
     signal handler in the task's frame; raised by the task here, in-process, as the
     database-failure test does): not the task's failure. The attempt commits nothing and
     the exception goes through to the worker; the broker's redelivery runs the task."""
-    from django_outbox.celery import WORKER_STOPS
+    from django_outbox.tasks.worker import WORKER_STOPS
 
     with transaction.atomic():
         result = djtasks.interrupted_on_first_attempt.enqueue(stop)

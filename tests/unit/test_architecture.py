@@ -8,6 +8,7 @@ runs once in each (a subprocess of about half a second); the repository is never
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -41,13 +42,13 @@ BREAKS = [
     ),
     (
         "db/__init__.py",
-        "from django_outbox import status",
-        "Layers: commands and admin > relay, consumer > samples > status > store > db, "
-        "transports > models > conf > leaves > expressions",
-        "django_outbox.db is not allowed to import django_outbox.status",
+        "from django_outbox.state import status",
+        "Layers: Django's entry points > views > testing, ops > relay, consumer > tasks > "
+        "workers, inbox, staging > state > db, transports > models > conf > leaves",
+        "django_outbox.db is not allowed to import django_outbox.state",
     ),
-    (  # relay imports retry: retry importing relay closes a cycle
-        "retry.py",
+    (  # the relay imports the row's life: the state importing the relay closes a cycle
+        "state/retry.py",
         "from django_outbox import relay",
         "No import cycles in django_outbox",
         ".retry",
@@ -145,3 +146,88 @@ def test_the_function_length_rule_finds_a_long_function(tmp_path):
     body = "".join(f"    x{n} = {n}\n" for n in range(MAX_FUNCTION_LINES))
     (package / "long.py").write_text(f"def short():\n    pass\n\n\ndef long():\n{body}")
     assert long_functions(package) == [f"pkg/long.py:5 long ({MAX_FUNCTION_LINES + 1})"]
+
+
+#: The most Python modules the package's top level holds (issue 40): the rest live in
+#: subpackages grouped by what they are for.
+MAX_TOP_LEVEL_MODULES = 15
+PACKAGE = REPO / "django_outbox"
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+
+
+def test_the_top_level_holds_at_most_fifteen_modules():
+    top = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+
+
+def test_every_subpackage_says_what_lives_there_and_what_it_may_import():
+    import ast
+
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        if init.parent.name in {"migrations", "management"}:
+            continue
+        docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert "may import" in docstring, f"{init.relative_to(REPO)}: {docstring[:80]!r}"
+
+
+def _section(title: str) -> str:
+    return ARCHITECTURE.read_text().split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def floor_plan() -> dict[str, str]:
+    """docs/architecture.md's floor plan: each name of a row's first cell -> the row."""
+    rows = {}
+    for line in _section("The floor plan").splitlines():
+        if line.startswith("| `"):
+            first, rest = line[2:].split(" | ", 1)
+            rows.update(dict.fromkeys(re.findall(r"`([^`]+)`", first), rest))
+    return rows
+
+
+def unnamed_modules(rows: dict[str, str]) -> list[str]:
+    """The package's modules the floor plan names nowhere: a top-level module in a row's
+    first cell, a subpackage's module in its subpackage's row (``__init__.py`` aside)."""
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).parts
+        if parts[0] in {"migrations", "management"} or parts[-1] == "__init__.py" != parts[0]:
+            continue
+        if len(parts) == 1:
+            named = parts[0] in rows
+        else:
+            named = f"`{parts[-1]}`" in rows.get("/".join(parts[:-1]) + "/", "")
+        if not named:
+            missing.append("/".join(parts))
+    return missing
+
+
+def test_docs_architecture_names_every_module_of_the_package():
+    assert unnamed_modules(floor_plan()) == []
+
+
+def test_a_module_missing_from_docs_architecture_is_named():
+    rows = floor_plan()
+    rows["relay/"] = rows["relay/"].replace("`pipeline.py`", "")
+    del rows["signing.py"]
+    assert unnamed_modules(rows) == ["relay/pipeline.py", "signing.py"]
+
+
+def contract_layers() -> list[str]:
+    """The layers of the import contract, optional names' parentheses dropped."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    contracts = config["tool"]["importlinter"]["contracts"]
+    layers = next(contract for contract in contracts if contract["id"] == "layers")["layers"]
+    return [re.sub(r"[()]", "", layer) for layer in layers]
+
+
+def drawn_layers() -> list[str]:
+    """The rows of docs/architecture.md's layer diagram, top first, without their notes."""
+    block = _section("The layers").split("```text\n", 1)[1].split("```", 1)[0]
+    names = (re.split(r"\s{3,}", line.strip(), maxsplit=1)[0] for line in block.splitlines())
+    return [name for name in names if name not in {"", "│", "▼"}]
+
+
+def test_the_layer_diagram_is_the_import_contracts_layers():
+    assert drawn_layers() == contract_layers()

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from django_outbox.charts import PLOT_HEIGHT, BarChart, Layer, axis_top, render
+from django_outbox.ops.charts import PLOT_HEIGHT, BarChart, Layer, axis_top, render
 
 SVG = "{http://www.w3.org/2000/svg}"
 START = dt.datetime(2026, 11, 21, 9, 0, tzinfo=dt.UTC)

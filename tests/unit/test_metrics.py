@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from django_outbox.envelope import ClaimedMessage
-from django_outbox.metrics import ConsumerMetrics, RelayMetrics
+from django_outbox.ops.metrics import ConsumerMetrics, RelayMetrics
 from django_outbox.relay import BatchStats
 from django_outbox.transports.base import Failure
 from tests.support import REPO

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from django_outbox.outage import (
+from django_outbox.workers.outage import (
     MAX_OUTAGE_BACKOFF,
     OutageTracker,
     broker_outage,

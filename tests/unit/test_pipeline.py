@@ -12,7 +12,7 @@ import pytest
 from django.db import DatabaseError
 from django.test import override_settings
 
-from django_outbox.pipeline import Pipeline
+from django_outbox.relay.pipeline import Pipeline
 
 
 class Work:

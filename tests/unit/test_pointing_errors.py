@@ -10,7 +10,7 @@ from django.test.utils import override_settings
 
 from django_outbox import OutboxConfigurationError, UnknownDestination, stage
 from django_outbox.apps import check_installed
-from django_outbox.checks import check_settings
+from django_outbox.ops.checks import check_settings
 
 RABBIT = "amqp://guest:guest@127.0.0.1:5672//"
 

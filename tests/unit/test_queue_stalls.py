@@ -14,10 +14,10 @@ import pytest
 from django.test import override_settings
 
 from django_outbox.envelope import ClaimedMessage
-from django_outbox.outage import database_outage
-from django_outbox.relay import Relay, _Run
+from django_outbox.relay.loop import Relay, _Run
 from django_outbox.routes import Route
 from django_outbox.transports.base import Outcome, Transport
+from django_outbox.workers.outage import database_outage
 
 
 @pytest.fixture(autouse=True)

@@ -7,9 +7,7 @@ import datetime as dt
 import uuid
 
 from django_outbox.db import RowCount
-from django_outbox.failures import Reason
-from django_outbox.relay import BatchStats, RunStats
-from django_outbox.reporting import (
+from django_outbox.ops.reporting import (
     DrainProgress,
     batch_summary,
     blocked_line,
@@ -19,7 +17,9 @@ from django_outbox.reporting import (
     rows,
     run_result,
 )
-from django_outbox.status import BlockedKey, BlockedKeys
+from django_outbox.relay import BatchStats, RunStats
+from django_outbox.relay.failures import Reason
+from django_outbox.state.status import BlockedKey, BlockedKeys
 
 
 def stats(**counts: int) -> BatchStats:

@@ -10,7 +10,7 @@ import threading
 from django.db import DatabaseError
 from django.test import override_settings
 
-from django_outbox.retention import RetentionThread
+from django_outbox.relay.retention import RetentionThread
 
 
 def test_it_cleans_up_on_its_own_thread_until_stopped():

@@ -6,7 +6,7 @@ import pytest
 from django.conf import settings
 from django.test.utils import override_settings
 
-from django_outbox.retry import RetryPolicy
+from django_outbox.state.retry import RetryPolicy
 
 
 def policy(*, base: float = 1, cap: float = 60, jitter: float = 0, attempts: int = 10):

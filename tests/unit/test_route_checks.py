@@ -11,8 +11,8 @@ from django.core import checks
 from django.test.utils import override_settings
 
 from django_outbox import conf
-from django_outbox.checks import check_routes, check_settings
 from django_outbox.conf import outbox_settings
+from django_outbox.ops.checks import check_routes, check_settings
 from tests.support import AMQP_URL, REDIS_URL
 
 BROKER = {"BROKER_URL": AMQP_URL}

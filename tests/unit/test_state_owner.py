@@ -1,4 +1,4 @@
-"""The state of an outbox row has one owner (django_outbox/store.py), and the
+"""The state of an outbox row has one owner (django_outbox/state/store.py), and the
 leaf modules stay leaves. Read from the source: no database, no import."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def _modules() -> dict[str, ast.Module]:
 
 
 def test_only_the_store_and_the_vendor_sql_write_a_status():
-    """``update(status=...)`` and ``update(lease_token=...)`` appear in store.py
+    """``update(status=...)`` and ``update(lease_token=...)`` appear in state/store.py
     (and the claim in db/) only."""
     writers = {
         name
@@ -31,7 +31,7 @@ def test_only_the_store_and_the_vendor_sql_write_a_status():
         and node.func.attr == "update"
         and {"status", "lease_token", "locked_until"} & {k.arg for k in node.keywords}
     }
-    assert writers == {"store.py", "db/__init__.py"}
+    assert writers == {"state/store.py", "db/__init__.py"}
 
 
 def _package_imports(tree: ast.Module) -> set[str]:
@@ -48,4 +48,4 @@ def test_the_models_and_the_expressions_import_nothing_of_the_package():
     """Anything may import them without a cycle (db and store import the models)."""
     modules = _modules()
     assert _package_imports(modules["models.py"]) == set()
-    assert _package_imports(modules["expressions.py"]) == set()
+    assert _package_imports(modules["db/expressions.py"]) == set()

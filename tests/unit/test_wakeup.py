@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from django_outbox.wakeup import WAIT_SLICE, WakeUp
+from django_outbox.relay.wakeup import WAIT_SLICE, WakeUp
 
 
 class Clock:

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_outbox.cli import add_database_option
-from django_outbox.retention import cleanup, describe
+from django_outbox.ops.cli import add_database_option
+from django_outbox.relay.retention import cleanup, describe
 
 
 class Command(BaseCommand):

@@ -8,11 +8,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser, SystemCheckError
 from django.db import DatabaseError
 
-from django_outbox.cli import add_database_option, non_negative_seconds, require_tables
 from django_outbox.conf import outbox_settings
-from django_outbox.health import Health, check_health
 from django_outbox.models import OutboxMessage, WorkerHeartbeat
-from django_outbox.text import one_line
+from django_outbox.ops.cli import add_database_option, non_negative_seconds, require_tables
+from django_outbox.ops.health import Health, check_health
+from django_outbox.ops.text import one_line
 
 #: Exit codes: healthy, unhealthy, could not check (see docs/commands.md).
 HEALTHY, UNHEALTHY, UNKNOWN = 0, 1, 2

@@ -6,9 +6,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_outbox.cli import add_database_option, key_position, require_tables
 from django_outbox.inbox import positions_of, start_positions
 from django_outbox.models import InboxSequence
+from django_outbox.ops.cli import add_database_option, key_position, require_tables
 
 
 class Command(BaseCommand):

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_outbox.cli import add_replay_options, finish
-from django_outbox.reporting import replay_result
+from django_outbox.ops.cli import add_replay_options, finish
+from django_outbox.ops.reporting import replay_result
 
 
 class Command(BaseCommand):

@@ -6,10 +6,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_outbox import store
-from django_outbox.cli import add_database_option, row_id
 from django_outbox.exceptions import RequeueRefused
 from django_outbox.models import REQUEUEABLE
+from django_outbox.ops.cli import add_database_option, row_id
+from django_outbox.state import store
 
 
 class Command(BaseCommand):

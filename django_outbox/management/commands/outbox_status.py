@@ -7,12 +7,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_outbox.cli import add_database_option, require_tables
-from django_outbox.heartbeat import workers
 from django_outbox.models import InboxFailure, OutboxMessage, WorkerHeartbeat
-from django_outbox.reporting import blocked_lines, status_json, worker_lines
-from django_outbox.status import RECENT_ROWS, StatusReport, report
-from django_outbox.text import one_line
+from django_outbox.ops.cli import add_database_option, require_tables
+from django_outbox.ops.reporting import blocked_lines, status_json, worker_lines
+from django_outbox.ops.text import one_line
+from django_outbox.state.status import RECENT_ROWS, StatusReport, report
+from django_outbox.workers.heartbeat import workers
 
 
 class Command(BaseCommand):

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_outbox.cli import (
+from django_outbox.ops.cli import (
     add_consumer_options,
     consumer_from_options,
     consumer_metrics,
@@ -16,7 +16,7 @@ from django_outbox.cli import (
     serving,
     stop_on_signals,
 )
-from django_outbox.reporting import consumer_result
+from django_outbox.ops.reporting import consumer_result
 
 logger = logging.getLogger("django_outbox.consumer")
 

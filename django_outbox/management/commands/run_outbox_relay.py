@@ -9,7 +9,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_outbox.cli import (
+from django_outbox.models import OutboxMessage
+from django_outbox.ops.cli import (
     add_relay_options,
     each,
     finish,
@@ -19,10 +20,9 @@ from django_outbox.cli import (
     serving,
     stop_on_signals,
 )
-from django_outbox.models import OutboxMessage
+from django_outbox.ops.reporting import DrainProgress, once_result, run_result
 from django_outbox.relay import BatchStats, Relay
-from django_outbox.reporting import DrainProgress, once_result, run_result
-from django_outbox.status import due_count
+from django_outbox.state.status import due_count
 
 logger = logging.getLogger("django_outbox.relay")
 

@@ -11,9 +11,9 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 from django.db.models.functions import Now
 
-from django_outbox.cli import positive_int
 from django_outbox.consumer import ConsumerStats, InboxConsumer
 from django_outbox.models import OutboxMessage
+from django_outbox.ops.cli import positive_int
 from example_project.billing.handlers import invoice_order
 from example_project.billing.models import Invoice
 from example_project.shop.services import place_order

@@ -9,10 +9,10 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from .conf import outbox_settings
-from .redact import SecretFilter
+from ..conf import outbox_settings
+from ..redact import SecretFilter
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_outbox.wakeup")
 logger.addFilter(SecretFilter(outbox_settings.redact))  # the driver's error texts
 
 #: How long one slice of a wait on the listener lasts, so a stop request is seen promptly.

@@ -32,13 +32,13 @@ from django.tasks.signals import task_enqueued
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
-from . import db
-from .conf import CELERY_EXTRA, CHECK_IDS
-from .exceptions import NotInTransaction
-from .models import TaskResultRecord
-from .routes import MAX_NAME_BYTES, TASKS_PREFIX, is_valid_destination
-from .staging import in_user_atomic, stage, to_json
-from .transports.celery import publishes_unconfirmed
+from .. import db
+from ..conf import CELERY_EXTRA, CHECK_IDS
+from ..exceptions import NotInTransaction
+from ..models import TaskResultRecord
+from ..routes import MAX_NAME_BYTES, TASKS_PREFIX, is_valid_destination
+from ..staging.stage import in_user_atomic, stage, to_json
+from ..transports.celery import publishes_unconfirmed
 
 #: The backend's ``OPTIONS`` and their defaults.
 DEFAULT_OPTIONS: dict[str, Any] = {"DATABASE": "default", "REQUIRE_TRANSACTION": False}

@@ -49,12 +49,12 @@ from typing import Any
 from django.db import models, transaction
 from django.db.models.functions import Now
 
-from . import db
-from .conf import outbox_settings
-from .envelope import ClaimedBatch
-from .exceptions import CancelRefused, EventInFlight, RequeueRefused, SkipRefused
-from .expressions import now_plus
-from .models import (
+from .. import db
+from ..conf import outbox_settings
+from ..db.expressions import now_plus
+from ..envelope import ClaimedBatch
+from ..exceptions import CancelRefused, EventInFlight, RequeueRefused, SkipRefused
+from ..models import (
     KEY_UNFINISHED,
     REQUEUEABLE,
     UNFINISHED,
@@ -63,7 +63,7 @@ from .models import (
     OutboxStatus,
 )
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_outbox.store")
 
 
 def claim(

@@ -38,10 +38,9 @@ from typing import Any
 from django.db import DatabaseError, close_old_connections, connections
 from django.db.models import QuerySet
 
-from . import store
-from .conf import outbox_settings
-from .expressions import now_minus
-from .models import (
+from ..conf import outbox_settings
+from ..db.expressions import now_minus
+from ..models import (
     InboxFailure,
     InboxMessage,
     OutboxMessage,
@@ -49,9 +48,10 @@ from .models import (
     TaskResultRecord,
     WorkerHeartbeat,
 )
-from .redact import SecretFilter
+from ..redact import SecretFilter
+from ..state import store
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_outbox.retention")
 logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tracebacks
 
 DELETE_BATCH = 1000

@@ -40,14 +40,14 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from .conf import outbox_settings
-from .consumer import ConsumerStats, InboxConsumer
-from .envelope import ReceivedEvent
-from .redact import SecretFilter
-from .relay import BatchStats
-from .status import summary
+from ..conf import outbox_settings
+from ..consumer.loop import ConsumerStats, InboxConsumer
+from ..envelope import ReceivedEvent
+from ..redact import SecretFilter
+from ..relay.loop import BatchStats
+from ..state.status import summary
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_outbox.metrics")
 logger.addFilter(SecretFilter(outbox_settings.redact))  # the driver's error on a failed scrape
 C = TypeVar("C", bound=Collector)
 _destination = operator.attrgetter("destination")

@@ -30,10 +30,10 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.utils import timezone
 
-from . import db, tracing
-from .conf import MISSING_APP, outbox_settings
-from .envelope import BROKER_HEADERS, COMPRESSION_HEADER, RELAY_HEADERS, is_broker_header
-from .exceptions import (
+from .. import db, tracing
+from ..conf import MISSING_APP, outbox_settings
+from ..envelope import BROKER_HEADERS, COMPRESSION_HEADER, RELAY_HEADERS, is_broker_header
+from ..exceptions import (
     InvalidDestination,
     InvalidEvent,
     NotInTransaction,
@@ -43,20 +43,20 @@ from .exceptions import (
     StagingError,
     UnknownDestination,
 )
-from .redact import SecretFilter
-from .routes import (
+from ..redact import SecretFilter
+from ..routes import (
     MAX_NAME_BYTES,
     Route,
     celery_header_clash,
     did_you_mean,
     is_valid_destination,
 )
-from .signals import event_committed
+from ..signals import event_committed
 
 if TYPE_CHECKING:
-    from .models import OutboxMessage
+    from ..models import OutboxMessage
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_outbox.staging")
 logger.addFilter(SecretFilter(outbox_settings.redact))  # receivers' error texts and tracebacks
 
 P = ParamSpec("P")
@@ -480,7 +480,7 @@ def cancel(
         raise TypeError("cancel() takes one of dedup_key= and event_id=, exactly one")
     _check_destination_format(destination)
     _require_atomic(using, "cancel()")
-    from . import store
+    from ..state import store
 
     return store.cancel(using, destination, dedup_key=dedup_key, event_id=event_id)
 

@@ -15,10 +15,10 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
-from .conf import outbox_settings
-from .heartbeat import live_relays
-from .models import OutboxMessage
-from .status import oldest_due
+from ..conf import outbox_settings
+from ..models import OutboxMessage
+from ..state.status import oldest_due
+from ..workers.heartbeat import live_relays
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,11 +17,11 @@ from typing import Any
 from django.core import checks
 from django.db import connections, router
 
-from . import db
-from .conf import CHECK_IDS, broker_problem, celery_problem, outbox_settings
-from .exceptions import OutboxConfigurationError
-from .routes import shape_problems
-from .transports import transport_class
+from .. import db
+from ..conf import CHECK_IDS, broker_problem, celery_problem, outbox_settings
+from ..exceptions import OutboxConfigurationError
+from ..routes import shape_problems
+from ..transports import transport_class
 
 
 @checks.register(checks.Tags.compatibility)
@@ -74,7 +74,7 @@ def check_databases(
     in-memory SQLite database (the one Django's test runner makes) is left out: no
     second process, and so no second relay, can open it.
     """
-    from .models import OutboxMessage
+    from ..models import OutboxMessage
 
     return [
         checks.Warning(
@@ -101,7 +101,7 @@ def check_celery_confirms(app_configs: Any = None, **kwargs: Any) -> list[checks
         return []  # E004 says what is wrong with ROUTES
     if not celery_routes or celery_problem(celery_routes) is not None:
         return []  # no Celery routes, or E016 says celery is not installed
-    from .transports.celery import publishes_unconfirmed
+    from ..transports.celery import publishes_unconfirmed
 
     if not publishes_unconfirmed():
         return []

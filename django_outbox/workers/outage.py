@@ -11,11 +11,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .conf import outbox_settings
-from .exceptions import BrokerOutOfMemory
-from .redact import SecretFilter
+from ..conf import outbox_settings
+from ..exceptions import BrokerOutOfMemory
+from ..redact import SecretFilter
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_outbox.outage")
 # The drivers' error texts are logged: no password may come with them.
 logger.addFilter(SecretFilter(outbox_settings.redact))
 

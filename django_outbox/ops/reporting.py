@@ -13,14 +13,14 @@ from typing import Any
 
 import kombu.exceptions
 
-from .consumer import InboxConsumer
-from .db import EXACT_COUNT_LIMIT, RowCount
-from .exceptions import BrokerUnreachable, OutboxError
-from .heartbeat import Worker
-from .models import InboxFailure
-from .relay import BatchStats, RunStats
-from .replay import replay_parked
-from .status import BlockedKeys, StatusReport, blocked_count, due_rows, retry_wait
+from ..consumer.loop import InboxConsumer
+from ..consumer.replay import replay_parked
+from ..db import EXACT_COUNT_LIMIT, RowCount
+from ..exceptions import BrokerUnreachable, OutboxError
+from ..models import InboxFailure
+from ..relay.loop import BatchStats, RunStats
+from ..state.status import BlockedKeys, StatusReport, blocked_count, due_rows, retry_wait
+from ..workers.heartbeat import Worker
 from .text import duration, one_line
 
 #: How many failure reasons ``run_outbox_relay --once`` and ``--drain`` print, most rows first.

@@ -2,10 +2,10 @@
 
 One :class:`Relay` serves one database alias. :meth:`Relay.run_once` handles
 one batch; :meth:`Relay.run` loops until its stop event is set, waking on
-PostgreSQL NOTIFY (or every ``POLL_INTERVAL``: :class:`~django_outbox.wakeup.WakeUp`),
+PostgreSQL NOTIFY (or every ``POLL_INTERVAL``: :class:`~django_outbox.relay.wakeup.WakeUp`),
 riding out broker and database outages with backoff (an
-:class:`~django_outbox.outage.OutageTracker` each), while a
-:class:`~django_outbox.retention.RetentionThread` cleans up on a thread of its own.
+:class:`~django_outbox.workers.outage.OutageTracker` each), while a
+:class:`~django_outbox.relay.retention.RetentionThread` cleans up on a thread of its own.
 No argparse, no printing, no exits: ``run_outbox_relay`` is a thin command over
 this class.
 
@@ -13,7 +13,7 @@ Each batch is three short steps: claim (one statement on PostgreSQL), publish
 outside any transaction, and finalize, where every write is filtered by the
 batch's lease token, so a relay whose lease was taken over changes nothing.
 In :meth:`Relay.run` the database steps of neighbouring batches run on a claim thread
-and a finalize thread (:class:`~django_outbox.pipeline.Pipeline`) while the relay's
+and a finalize thread (:class:`~django_outbox.relay.pipeline.Pipeline`) while the relay's
 thread publishes; a batch that caught up with what was due, after which the relay
 waits for a NOTIFY, is finalized on the relay's thread.
 """
@@ -37,24 +37,27 @@ from typing import Any
 from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
 
-from . import db, retention, samples, store, tracing
-from .conf import outbox_settings
-from .envelope import ClaimedBatch, ClaimedMessage
-from .exceptions import BrokerUnreachable, OutboxConfigurationError
+from .. import db, tracing
+from ..conf import outbox_settings
+from ..envelope import ClaimedBatch, ClaimedMessage
+from ..exceptions import BrokerUnreachable, OutboxConfigurationError
+from ..models import OutboxMessage, WorkerKind
+from ..redact import SecretFilter, mask_url
+from ..routes import DEFAULT_BROKER, Route
+from ..signals import event_abandoned, event_failed, event_published
+from ..state import store
+from ..state.retry import RetryPolicy
+from ..transports import celery_transport, for_broker, require_celery
+from ..transports.base import Failure, Outcome, Transport
+from ..workers import samples
+from ..workers.heartbeat import Heartbeat, HeartbeatThread, process_name
+from ..workers.outage import OutageTracker, broker_outage, database_outage, queue_outage
+from . import retention
 from .failures import FailureCounts, Reason
-from .heartbeat import Heartbeat, HeartbeatThread, process_name
-from .models import OutboxMessage, WorkerKind
-from .outage import OutageTracker, broker_outage, database_outage, queue_outage
 from .pipeline import Pipeline
-from .redact import SecretFilter, mask_url
-from .retry import RetryPolicy
-from .routes import DEFAULT_BROKER, Route
-from .signals import event_abandoned, event_failed, event_published
-from .transports import celery_transport, for_broker, require_celery
-from .transports.base import Failure, Outcome, Transport
 from .wakeup import WakeUp
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_outbox.relay")
 logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tracebacks
 
 #: The destinations this process has published by the default route: each is logged once.

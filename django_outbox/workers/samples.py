@@ -18,9 +18,9 @@ import datetime as dt
 
 from django.db.models.functions import Now, TruncMinute
 
-from .db import database_now, insert_if_absent
-from .models import OutboxMessage, OutboxSample
-from .status import summary
+from ..db import database_now, insert_if_absent
+from ..models import OutboxMessage, OutboxSample
+from ..state.status import summary
 
 MINUTE = dt.timedelta(minutes=1)
 
@@ -39,7 +39,7 @@ def record_sample(using: str = "default") -> bool:
     """Take this minute's sample of database ``using`` unless it has one; returns
     whether this call inserted it.
 
-    The backlog is :func:`~django_outbox.status.summary`'s counts (exact up to
+    The backlog is :func:`~django_outbox.state.status.summary`'s counts (exact up to
     ``EXACT_COUNT_LIMIT`` rows per state, PostgreSQL's estimate beyond) and oldest
     due age; the published count is exact, a range of ``outbox_published_idx``.
     Callers racing for the same minute are settled by the primary key (insert-first,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from .conf import outbox_settings
+from ..conf import outbox_settings
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,18 +49,18 @@ from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 from django.utils.json import normalize_json
 
-from . import db
-from .conf import outbox_settings
-from .inbox import process_once, storable
-from .models import TASK_FINISHED, TaskResultRecord, TaskStatus
-from .redact import SecretFilter
+from .. import db
+from ..conf import outbox_settings
+from ..inbox.records import process_once, storable
+from ..models import TASK_FINISHED, TaskResultRecord, TaskStatus
+from ..redact import SecretFilter
 
 if TYPE_CHECKING:
     from django.dispatch import Signal
 
-    from .taskbackend import OutboxTaskBackend
+    from .backend import OutboxTaskBackend
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_outbox.taskrunner")
 logger.addFilter(SecretFilter(outbox_settings.redact))  # the tasks' error texts
 
 #: The inbox consumer whose marks say a task's outcome is committed.
@@ -154,7 +154,7 @@ def _attempt(
 
 
 def _backend(alias: object) -> OutboxTaskBackend:
-    from .taskbackend import OutboxTaskBackend
+    from .backend import OutboxTaskBackend
 
     try:
         backend = task_backends[str(alias)]

@@ -19,7 +19,7 @@ is acknowledged without running the handler again. Per message:
 * **handles** it in one transaction with the inbox mark, then **acks**; a
   duplicate is acked at once;
 * an event of an ordered route (it carries a ``sequence``) runs only in its
-  key's turn (:func:`~django_outbox.inbox.process_in_order`): one already handled
+  key's turn (:func:`~django_outbox.inbox.records.process_in_order`): one already handled
   (its event id in the inbox) is acked, one whose predecessor is not handled yet
   is **held back** (requeued once that one is handled here, or after a backoff),
   a skip marker moves its key
@@ -75,12 +75,11 @@ from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
 from kombu.mixins import ConsumerMixin
 
-from . import tracing
-from .conf import outbox_settings
-from .envelope import COMPRESSION_HEADER, CONTENT_ENCODING, CONTENT_TYPE, ReceivedEvent
-from .exceptions import BrokerUnreachable, InvalidMessage, OutboxConfigurationError
-from .heartbeat import Heartbeat, HeartbeatThread, process_name
-from .inbox import (
+from .. import tracing
+from ..conf import outbox_settings
+from ..envelope import COMPRESSION_HEADER, CONTENT_ENCODING, CONTENT_TYPE, ReceivedEvent
+from ..exceptions import BrokerUnreachable, InvalidMessage, OutboxConfigurationError
+from ..inbox.records import (
     UNACKED_ERROR,
     Scope,
     Turn,
@@ -96,13 +95,12 @@ from .inbox import (
     record_redelivery,
     sequence_scope,
 )
-from .models import WorkerKind
-from .outage import broker_outage, database_outage
-from .redact import SecretFilter, mask_url
-from .retry import RetryPolicy
-from .routes import Route
-from .signing import SIGNATURE_HEADER, Keyring
-from .transports.kombu import (
+from ..models import WorkerKind
+from ..redact import SecretFilter, mask_url
+from ..routes import Route
+from ..signing import SIGNATURE_HEADER, Keyring
+from ..state.retry import RetryPolicy
+from ..transports.kombu import (
     CONNECT_TIMEOUT,
     bound_socket_waits,
     connect,
@@ -111,8 +109,10 @@ from .transports.kombu import (
     refusal_errors,
     transient_errors,
 )
+from ..workers.heartbeat import Heartbeat, HeartbeatThread, process_name
+from ..workers.outage import broker_outage, database_outage
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_outbox.consumer")
 logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tracebacks
 
 DEFAULT_PREFETCH = 100

@@ -28,14 +28,14 @@ from django.db import models, transaction
 from django.db.models import Case, Value, When
 from django.db.models.functions import Now
 
-from . import db
-from .exceptions import InvalidMessage
+from .. import db
+from ..exceptions import InvalidMessage
 
 if TYPE_CHECKING:
-    from .envelope import ReceivedEvent
-    from .models import InboxFailure, InboxSequence
+    from ..envelope import ReceivedEvent
+    from ..models import InboxFailure, InboxSequence
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_outbox.inbox")
 
 R = TypeVar("R")
 
@@ -58,7 +58,7 @@ def process_once(
     """
     if not isinstance(consumer, str) or not 0 < len(consumer) <= 255:
         raise ValueError(f"an inbox consumer name is 1-255 characters; got {consumer!r}")
-    from .models import InboxMessage
+    from ..models import InboxMessage
 
     event_uuid = as_event_id(event_id)
     with transaction.atomic(using=using):
@@ -106,7 +106,7 @@ def _turn(using: str, consumer: str, event: ReceivedEvent, last: int, start: int
     At or below ``last``, it is a duplicate only if the inbox has its event id (or its
     sequence is at most ``start``, which counts as handled without inbox rows): a
     sequence number alone is anyone's to write."""
-    from .models import InboxMessage
+    from ..models import InboxMessage
 
     sequence = event.sequence
     assert sequence is not None
@@ -120,7 +120,7 @@ def _turn(using: str, consumer: str, event: ReceivedEvent, last: int, start: int
 
 def conflict_reason(consumer: str, event: ReceivedEvent, using: str = "default") -> str:
     """Why ``event``, whose turn was :attr:`Turn.CONFLICT`, is refused: one line."""
-    from .models import InboxMessage
+    from ..models import InboxMessage
 
     where = f"sequence {event.sequence} of key {event.ordering_key!r}"
     handled = InboxMessage.objects.using(using).filter(consumer=consumer, event_id=event.event_id)
@@ -130,7 +130,7 @@ def conflict_reason(consumer: str, event: ReceivedEvent, using: str = "default")
 
 
 def _sequences(using: str, scope: Scope) -> models.QuerySet[InboxSequence]:
-    from .models import InboxSequence
+    from ..models import InboxSequence
 
     consumer, destination, key = scope
     return InboxSequence.objects.using(using).filter(
@@ -161,7 +161,7 @@ def process_in_order(consumer: str, event: ReceivedEvent, using: str = "default"
     the block then ends without an exception, the key's last sequence is advanced to
     its own, in the same transaction as the mark and the handler's writes.
     """
-    from .models import InboxMessage, InboxSequence
+    from ..models import InboxMessage, InboxSequence
 
     assert event.sequence is not None
     scope = sequence_scope(consumer, event)
@@ -199,7 +199,7 @@ def start_positions(
     would run handlers again); all keys in one transaction. :class:`ValueError` (one
     line, nothing changed) for a negative number or an empty name. Returns how many
     keys moved."""
-    from .models import InboxSequence
+    from ..models import InboxSequence
 
     bad = [f"{d!r} {k!r} at {n!r}" for (d, k), n in positions.items() if not (d and k and n >= 0)]
     if not consumer or bad:
@@ -222,7 +222,7 @@ def start_positions(
 def positions_of(consumer: str, using: str = "default") -> dict[tuple[str, str], int]:
     """The last sequence ``consumer`` handled of each ordered key it has seen, as
     :func:`start_positions` takes them (to start another consumer where it stands)."""
-    from .models import InboxSequence
+    from ..models import InboxSequence
 
     rows = InboxSequence.objects.using(using).filter(consumer=consumer)
     return {
@@ -421,7 +421,7 @@ def record_redelivery(
     An event already in the inbox (handled, but its ack was lost) is a duplicate,
     not a failed delivery: nothing is counted and ``(0, False)`` returned.
     """
-    from .models import InboxMessage
+    from ..models import InboxMessage
 
     if (
         InboxMessage.objects.using(using)
@@ -452,7 +452,7 @@ def forget_redelivery(consumer: str, event_id: uuid.UUID, using: str = "default"
     well, when that is all it holds: one delivery counted, no error. A message that
     comes back once because its consumer stopped holding it is no failure. Call it
     inside the handler's transaction, so it commits with the handler's writes."""
-    from .models import InboxFailure
+    from ..models import InboxFailure
 
     InboxFailure.objects.using(using).filter(
         consumer=consumer, event_id=event_id, attempts=1, last_error=UNACKED_ERROR, parked_at=None
@@ -477,7 +477,7 @@ def park_refused(
     replaces what an event already parked under that id keeps (its body, headers and
     reason; the consumer's log line tells of the copy), and its body is stored up to
     ``OUTBOX["MAX_PAYLOAD_BYTES"]``, the most a relay would have sent."""
-    from .conf import outbox_settings
+    from ..conf import outbox_settings
 
     with transaction.atomic(using=using):
         failures = _failure_record(consumer, event, queue, using).filter(parked_at=None)
@@ -491,7 +491,7 @@ def _failure_record(
 ) -> models.QuerySet[InboxFailure]:
     """The failure record of ``event`` for ``consumer``, created if absent (inside
     the caller's transaction)."""
-    from .models import InboxFailure
+    from ..models import InboxFailure
 
     db.insert_if_absent(
         using,

@@ -21,18 +21,18 @@ from django.core.management.base import CommandError, OutputWrapper
 from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.utils.module_loading import import_string
 
-from . import db
-from .consumer import (
+from .. import db
+from ..consumer.loop import (
     DEFAULT_MAX_DELIVERIES,
     DEFAULT_PREFETCH,
     DEFAULT_RETRY_DELAY,
     DEFAULT_RETRY_MAX_DELAY,
     InboxConsumer,
 )
-from .exceptions import OutboxConfigurationError, OutboxError
-from .models import InboxFailure, InboxMessage
+from ..exceptions import OutboxConfigurationError, OutboxError
+from ..models import InboxFailure, InboxMessage
+from ..transports.kombu import CONFIRM_TIMEOUT
 from .reporting import CommandResult
-from .transports.kombu import CONFIRM_TIMEOUT
 
 if TYPE_CHECKING:
     from .metrics import ConsumerMetrics, Exporter, RelayMetrics

@@ -28,12 +28,12 @@ from django.db.models import Max, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from .conf import outbox_settings
-from .expressions import now_minus
-from .models import WorkerHeartbeat, WorkerKind
-from .redact import SecretFilter
+from ..conf import outbox_settings
+from ..db.expressions import now_minus
+from ..models import WorkerHeartbeat, WorkerKind
+from ..redact import SecretFilter
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_outbox.heartbeat")
 logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts
 
 #: A row whose last beat is at most this many of its intervals old is live ...

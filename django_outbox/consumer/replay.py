@@ -21,15 +21,15 @@ import amqp.exceptions  # type: ignore[import-untyped]
 import kombu
 from django.db.models.functions import Now
 
-from .conf import outbox_settings
-from .envelope import CONTENT_ENCODING, CONTENT_TYPE, is_broker_header
-from .exceptions import OutboxError
-from .transports.kombu import CONFIRM_TIMEOUT, declare, new_connection, refusal_errors
+from ..conf import outbox_settings
+from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, is_broker_header
+from ..exceptions import OutboxError
+from ..transports.kombu import CONFIRM_TIMEOUT, declare, new_connection, refusal_errors
 
 if TYPE_CHECKING:
-    from .models import InboxFailure, InboxFailureQuerySet
+    from ..models import InboxFailure, InboxFailureQuerySet
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("django_outbox.replay")
 
 
 def replay_parked(

@@ -18,7 +18,7 @@ from django.db.models import Count, Max, Min, OuterRef, Subquery
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
-from .db import (
+from ..db import (
     EXACT_COUNT_LIMIT,
     RowCount,
     count_rows,
@@ -26,7 +26,7 @@ from .db import (
     infers_partial_indexes,
     read_backlog,
 )
-from .models import (
+from ..models import (
     DUE_INDEX_STATES,
     KEY_UNFINISHED,
     InboxFailure,
