@@ -32,9 +32,11 @@ _other_db = env.db("OTHER_DATABASE_URL", default="postgres://postgres@127.0.0.1:
 # transactional test's teardown TRUNCATEs every table, and most of the layer's time went
 # into those flushes. Visibility, locks and SKIP LOCKED are the same; only a crash of the
 # server could lose the last commits, and the tests stop PostgreSQL cleanly (pg_ctl's
-# fast shutdown writes the WAL out). The benchmark and the chaos suite keep the default.
+# fast shutdown writes the WAL out). The benchmark and the chaos suite keep the default, and
+# so does a URL that names its own options (the failover test's processes: a commit there
+# must have reached the synchronous standby).
 for _db in (_default_db, _other_db):
-    _db.setdefault("OPTIONS", {})["options"] = "-c synchronous_commit=off"
+    _db.setdefault("OPTIONS", {}).setdefault("options", "-c synchronous_commit=off")
 # "lite" (in-memory SQLite) shows the SQLite-only system check and runs the test helpers
 # on SQLite (tests/integration/test_testing.py).
 DATABASES = {
