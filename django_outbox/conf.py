@@ -353,6 +353,15 @@ SETTINGS: dict[str, Setting] = {
             "report the outbox unhealthy.",
         ),
         Setting(
+            "HEALTH_MAX_SNAPSHOT_AGE",
+            600,
+            _seconds_or_zero,
+            "seconds another session of the database (PostgreSQL) may hold a snapshot open "
+            "before outbox_health and the health view report the outbox unhealthy, naming "
+            "that session: vacuum keeps the rows the relays finished meanwhile; 0: not "
+            "checked.",
+        ),
+        Setting(
             "METRICS_BACKLOG_INTERVAL",
             5,
             _seconds_or_zero,

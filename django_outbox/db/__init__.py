@@ -132,6 +132,16 @@ def read_backlog(
     return postgresql.backlog(connection, parts, limit=limit, blocked=blocked)
 
 
+def oldest_snapshot(using: str) -> postgresql.Snapshot | None:
+    """The session of database ``using`` holding its oldest snapshot
+    (:func:`postgresql.oldest_snapshot`); None without one, or on a database whose
+    vacuum no open snapshot holds back (SQLite)."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return None
+    return postgresql.oldest_snapshot(connection)
+
+
 def require_tables(using: str, *tables: type[models.Model]) -> None:
     """Refuse, naming the first missing table, a database where the tables of ``tables``
     do not exist (``migrate`` not run). A database that cannot be asked now passes: the

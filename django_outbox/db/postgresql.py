@@ -5,6 +5,7 @@ migrations)."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -250,6 +251,33 @@ def backlog(
     with connection.cursor() as cursor:
         cursor.execute(_backlog_sql(parts, blocked), [limit + 1] * (len(parts) + blocked))
         return list(cursor.fetchone())
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """A session holding the database's oldest snapshot (named query ``oldest_snapshot``)."""
+
+    pid: int
+    user: str
+    application: str
+    state: str  # "idle in transaction", "active" ...
+    held: float  # seconds its transaction has been open
+
+    def describe(self) -> str:
+        """``backend 4321 (user 'report', application 'psql', idle in transaction)``."""
+        application = f", application {self.application!r}" if self.application else ""
+        return f"backend {self.pid} (user {self.user!r}{application}, {self.state or 'unknown'})"
+
+
+def oldest_snapshot(connection: BaseDatabaseWrapper) -> Snapshot | None:
+    """The other session of the database whose snapshot is the oldest, or None."""
+    with connection.cursor() as cursor:
+        cursor.execute(queries.sql("oldest_snapshot"))
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    pid, user, application, state, held = row
+    return Snapshot(int(pid), user, application, state, float(held))
 
 
 @functools.cache

@@ -359,6 +359,19 @@ SELECT {figures}
 ) AS blocked)
 
 
+-- name: oldest_snapshot
+-- PostgreSQL: the other session of this database whose snapshot is the oldest (its
+-- backend_xmin): while it holds it, vacuum keeps every row version deleted or updated
+-- since, the outbox rows the relays finished among them, and each claim reads past
+-- them. Its pid, user, application, state and how long its transaction has been open.
+SELECT pid, coalesce(usename, ''), coalesce(application_name, ''), coalesce(state, ''),
+       extract(epoch FROM clock_timestamp() - coalesce(xact_start, query_start))::float8
+FROM pg_stat_activity
+WHERE datname = current_database() AND backend_xmin IS NOT NULL AND pid <> pg_backend_pid()
+ORDER BY age(backend_xmin) DESC, xact_start
+LIMIT 1
+
+
 -- name: listen
 -- PostgreSQL: wait for the notifications of notify_function.
 LISTEN {channel}

@@ -3,8 +3,11 @@ django-health-check.
 
 Unhealthy means an operator should look: the oldest due row has waited longer than
 ``HEALTH_MAX_DUE_AGE`` (nothing relays it, or not fast enough; the problem quotes the
-row's last error, such as a broker out of memory), or no relay of the database has a
-live heartbeat (see :mod:`django_outbox.heartbeat`). A database that
+row's last error, such as a broker out of memory), no relay of the database has a
+live heartbeat (see :mod:`django_outbox.workers.heartbeat`), or (PostgreSQL) another
+session has held a snapshot open longer than ``HEALTH_MAX_SNAPSHOT_AGE``: vacuum keeps
+every outbox row the relays finished since, and each claim reads past them (the
+problem names the session, so it can be ended). A database that
 cannot be read is neither: :func:`check_health` raises its ``DatabaseError``, and each
 caller says so in its own way.
 """
@@ -15,6 +18,7 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
+from .. import db
 from ..conf import outbox_settings
 from ..models import OutboxMessage
 from ..state.status import oldest_due
@@ -62,11 +66,17 @@ class Health:
 
 
 def check_health(
-    using: str = "default", *, max_due_age: float | None = None, require_relay: bool = True
+    using: str = "default",
+    *,
+    max_due_age: float | None = None,
+    require_relay: bool = True,
+    max_snapshot_age: float | None = None,
 ) -> Health:
     """Check the outbox of database ``using``: the oldest due row's age against
-    ``max_due_age`` seconds (default ``OUTBOX["HEALTH_MAX_DUE_AGE"]``), and, with
-    ``require_relay``, that a relay of the database is live. Raises the
+    ``max_due_age`` seconds (default ``OUTBOX["HEALTH_MAX_DUE_AGE"]``), with
+    ``require_relay`` that a relay of the database is live, and the oldest snapshot
+    another session holds against ``max_snapshot_age`` (default
+    ``OUTBOX["HEALTH_MAX_SNAPSHOT_AGE"]``; 0: not checked). Raises the
     ``DatabaseError`` of a database it cannot read."""
     limit = outbox_settings.HEALTH_MAX_DUE_AGE if max_due_age is None else max_due_age
     oldest = oldest_due(OutboxMessage.objects.using(using))
@@ -80,7 +90,21 @@ def check_health(
         )
     if require_relay and not relays:
         problems.append(f"no relay of database {using!r} has a live heartbeat")
+    problems += _held_snapshot(using, max_snapshot_age)
     return Health(using, problems, age, relays, limit, require_relay)
+
+
+def _held_snapshot(using: str, limit: float | None) -> list[str]:
+    """The problem of a snapshot held open longer than ``limit`` seconds, if any."""
+    limit = outbox_settings.HEALTH_MAX_SNAPSHOT_AGE if limit is None else limit
+    snapshot = db.oldest_snapshot(using) if limit else None
+    if snapshot is None or snapshot.held <= limit:
+        return []
+    return [
+        f"{snapshot.describe()} has held a snapshot open for {snapshot.held:.0f}s, more "
+        f"than {limit:g}s: vacuum keeps every outbox row finished since, and each claim "
+        f"reads past them; end its transaction (SELECT pg_terminate_backend({snapshot.pid}))"
+    ]
 
 
 #: The most of a row's last error a health problem quotes.

@@ -8,14 +8,16 @@ import json
 import signal
 import time
 
+import psycopg
 import pytest
-from django.db import transaction
+from django.db import connections, transaction
 from django.test.utils import override_settings
 from django.utils import timezone
 
 from django_outbox import stage
 from django_outbox.consumer import InboxConsumer
 from django_outbox.models import OutboxMessage, OutboxSample, WorkerHeartbeat, WorkerKind
+from django_outbox.ops.health import check_health
 from django_outbox.relay import retention
 from django_outbox.workers.heartbeat import Heartbeat, WorkerState, live_relays, state_of, workers
 from tests.support import (
@@ -229,6 +231,41 @@ def test_outbox_health_fails_on_a_due_row_older_than_the_limit(destination):
     outcome = json.loads(ok.stdout)
     assert (outcome["healthy"], outcome["problems"], outcome["live_relays"]) == (True, [], 0)
     assert outcome["oldest_due_age_seconds"] > 0
+
+
+def test_a_snapshot_held_open_past_the_limit_makes_the_outbox_unhealthy_and_names_its_session():
+    """A report's REPEATABLE READ transaction left open (psql, idle in transaction) holds
+    vacuum back from the rows the relays finish: outbox_health names its backend, the
+    health check with a limit it has not reached says nothing, and 0 turns the check off."""
+    params = connection_params()
+    with psycopg.connect(**params, application_name="monthly-report") as report:
+        report.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        report.execute("SELECT count(*) FROM django_outbox_outboxmessage").fetchone()
+        pid = report.info.backend_pid
+        time.sleep(1.2)
+        result = manage(
+            "outbox_health", "--no-relay-required", HEALTH_MAX_SNAPSHOT_AGE=1, HEALTH_MAX_DUE_AGE=60
+        )
+        assert result.returncode == 1, result
+        line = result.stderr.strip()
+        assert f"backend {pid} (user 'postgres', application 'monthly-report', idle in " in line
+        assert "has held a snapshot open for" in line and "more than 1s" in line
+        assert f"SELECT pg_terminate_backend({pid})" in line
+        assert check_health(require_relay=False, max_snapshot_age=3600).problems == []
+        assert check_health(require_relay=False, max_snapshot_age=0).problems == []
+    assert check_health(require_relay=False, max_snapshot_age=1).problems == []  # ended
+
+
+def connection_params() -> dict[str, object]:
+    """libpq's parameters of the tests' database (``default``)."""
+    settings = connections["default"].settings_dict
+    return {
+        "host": settings["HOST"],
+        "port": settings["PORT"],
+        "user": settings["USER"],
+        "dbname": settings["NAME"],
+        "autocommit": True,
+    }
 
 
 def test_outbox_health_without_a_relay_is_unhealthy_even_when_nothing_is_due():

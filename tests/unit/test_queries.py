@@ -77,6 +77,7 @@ def test_every_query_of_the_package_file_loads():
         "backlog_count",
         "backlog_oldest_due",
         "backlog_blocked",
+        "oldest_snapshot",
         "listen",
         "notify_function",
         "notify_trigger",
