@@ -44,9 +44,9 @@ except ImportError as exc:  # the [celery] extra is not installed
     ) from exc
 
 from .conf import outbox_settings
+from .conf.redact import SecretFilter
+from .conf.routes import TASK_RUNNER
 from .inbox import handled_types, handles, run_once
-from .redact import SecretFilter
-from .routes import TASK_RUNNER
 
 logger = logging.getLogger(__name__)
 logger.addFilter(SecretFilter(outbox_settings.redact))  # the runner's error texts

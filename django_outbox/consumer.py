@@ -77,6 +77,8 @@ from kombu.mixins import ConsumerMixin
 
 from . import tracing
 from .conf import outbox_settings
+from .conf.redact import SecretFilter, mask_url
+from .conf.routes import Route
 from .envelope import COMPRESSION_HEADER, CONTENT_ENCODING, CONTENT_TYPE, ReceivedEvent
 from .exceptions import BrokerUnreachable, InvalidMessage, OutboxConfigurationError
 from .heartbeat import Heartbeat, HeartbeatThread, process_name
@@ -98,9 +100,7 @@ from .inbox import (
 )
 from .models import WorkerKind
 from .outage import broker_outage, database_outage
-from .redact import SecretFilter, mask_url
 from .retry import RetryPolicy
-from .routes import Route
 from .signing import SIGNATURE_HEADER, Keyring
 from .transports.kombu import (
     CONNECT_TIMEOUT,

@@ -41,9 +41,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from .conf import outbox_settings
+from .conf.redact import SecretFilter
 from .consumer import ConsumerStats, InboxConsumer
 from .envelope import ReceivedEvent
-from .redact import SecretFilter
 from .relay import BatchStats
 from .status import summary
 

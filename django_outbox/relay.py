@@ -39,6 +39,8 @@ from django.utils import timezone
 
 from . import db, retention, samples, store, tracing
 from .conf import outbox_settings
+from .conf.redact import SecretFilter, mask_url
+from .conf.routes import DEFAULT_BROKER, Route
 from .envelope import ClaimedBatch, ClaimedMessage
 from .exceptions import BrokerUnreachable, OutboxConfigurationError
 from .failures import FailureCounts, Reason
@@ -46,9 +48,7 @@ from .heartbeat import Heartbeat, HeartbeatThread, process_name
 from .models import OutboxMessage, WorkerKind
 from .outage import OutageTracker, broker_outage, database_outage, queue_outage
 from .pipeline import Pipeline
-from .redact import SecretFilter, mask_url
 from .retry import RetryPolicy
-from .routes import DEFAULT_BROKER, Route
 from .signals import event_abandoned, event_failed, event_published
 from .transports import celery_transport, for_broker, require_celery
 from .transports.base import Failure, Outcome, Transport

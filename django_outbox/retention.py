@@ -40,6 +40,7 @@ from django.db.models import QuerySet
 
 from . import store
 from .conf import outbox_settings
+from .conf.redact import SecretFilter
 from .expressions import now_minus
 from .models import (
     InboxFailure,
@@ -49,7 +50,6 @@ from .models import (
     TaskResultRecord,
     WorkerHeartbeat,
 )
-from .redact import SecretFilter
 
 logger = logging.getLogger(__name__)
 logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tracebacks

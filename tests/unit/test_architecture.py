@@ -34,10 +34,10 @@ BREAKS = [
         "django_outbox.transports.base -> django_outbox.relay",
     ),
     (
-        "conf.py",
+        "conf/settings.py",
         "from django_outbox import models",
-        "Settings (conf) import nothing of the package but exceptions, routes, redact and signing",
-        "django_outbox.conf -> django_outbox.models",
+        "Settings (conf) import nothing of the package but exceptions and signing",
+        "django_outbox.conf.settings -> django_outbox.models",
     ),
     (
         "db/__init__.py",

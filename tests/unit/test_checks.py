@@ -18,8 +18,8 @@ from django_outbox.checks import (
     check_settings,
 )
 from django_outbox.conf import SETTINGS, outbox_settings
+from django_outbox.conf.routes import Route
 from django_outbox.exceptions import OutboxConfigurationError
-from django_outbox.routes import Route
 
 BROKER = {"BROKER_URL": "amqp://guest:guest@127.0.0.1:55672//"}
 

@@ -8,9 +8,9 @@ import argparse
 import pytest
 
 from django_outbox.cli import partition_numbers
+from django_outbox.conf.routes import Route, parse_routes
 from django_outbox.consumer import _queues_to_take
 from django_outbox.exceptions import OutboxConfigurationError
-from django_outbox.routes import Route, parse_routes
 
 
 def route(**spec) -> Route:
