@@ -10,9 +10,9 @@ import pytest
 from django.core import checks
 from django.test.utils import override_settings
 
+import django_outbox.conf.settings as conf_settings
 from django_outbox.checks import check_routes, check_settings
 from django_outbox.conf import outbox_settings
-from django_outbox.conf import settings as conf_settings
 from tests.support import AMQP_URL, REDIS_URL
 
 BROKER = {"BROKER_URL": AMQP_URL}
