@@ -6,7 +6,8 @@ environment variables with :func:`from_env`. The modules, from the bottom up:
 
 - ``redact``: broker URLs masked and passwords scrubbed out of any text (reads nothing);
 - ``routes``: the ``ROUTES`` table parsed into :class:`~django_outbox.conf.routes.Route`
-  values, and the route shapes a broker cannot carry (reads nothing);
+  values, and the route shapes wrong on any broker (reads nothing; what a broker
+  cannot carry is :mod:`django_outbox.transports.capabilities`'s to say);
 - ``parsers``: one parser per kind of value;
 - ``catalog``: :data:`SETTINGS`, each setting with its default, parser and doc;
 - ``problems``: :data:`CHECK_IDS` and :class:`Problem`, the text of one system check;
