@@ -20,7 +20,7 @@ from typing import Any
 
 import kombu
 
-from django_outbox.routes import TASKS_PREFIX, Route
+from django_outbox.conf.routes import TASKS_PREFIX, Route
 from django_outbox.transports.kombu import declare
 
 from . import database as db

@@ -4,7 +4,7 @@ Events are facts: no admin adds or edits a row. The one change an operator
 makes is to an outbox row's fate, through the ``requeue`` and ``abandon``
 actions, and for the blocked head of an ordered key "requeue head" and "skip
 head" (listed above the rows with their buttons); all delegate to
-:mod:`django_outbox.store` and need the ``django_outbox.requeue_outboxmessage``
+:mod:`django_outbox.state.store` and need the ``django_outbox.requeue_outboxmessage``
 permission (not just view or change). Delete is left to superusers only:
 deleting a PENDING row loses a committed event without a trace, which is what
 the outbox exists to prevent; retention deletes finished rows and ``abandon``
@@ -562,7 +562,7 @@ class OutboxMessageAdmin(DeliveryAdmin):
     @staticmethod
     def _charts(using: str) -> list[SafeString]:
         """The last hour's backlog and publish rate as two SVG charts, from the samples
-        relays take once a minute (:mod:`django_outbox.samples`); none without samples.
+        relays take once a minute (:mod:`django_outbox.workers.samples`); none without samples.
         A sample counts what was published in the minute *before* it, so the rate's bars
         stand at that minute and its chart ends with the last whole minute. With
         ``PUBLISHED_RETENTION`` 0 no published row is kept to count: a note says so in

@@ -38,8 +38,8 @@ except ImportError as exc:  # the [celery] extra is not installed
     ) from exc
 
 from .conf import outbox_settings
+from .conf.redact import SecretFilter
 from .inbox.records import handled_types, handles, run_once
-from .redact import SecretFilter
 from .tasks.worker import run_django_task  # noqa: F401  (its documented path)
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 ``OutboxMessage`` rows are written by :func:`django_outbox.stage` inside the
 business transaction and driven through :class:`OutboxMessage.Status` by
-:mod:`django_outbox.store`, the only writer of their state; the querysets here
+:mod:`django_outbox.state.store`, the only writer of their state; the querysets here
 only select.
 ``InboxMessage`` rows record which consumer already handled which event.
 Times that matter for correctness (``created_at``, ``available_at``) default to
@@ -504,7 +504,7 @@ class WorkerKind(models.TextChoices):
 
 class WorkerHeartbeat(models.Model):
     """The last sign of life of one relay or consumer process, written by a thread of
-    the process every ``HEARTBEAT_INTERVAL`` seconds (:mod:`django_outbox.heartbeat`),
+    the process every ``HEARTBEAT_INTERVAL`` seconds (:mod:`django_outbox.workers.heartbeat`),
     and once more when it stops cleanly. Read by ``outbox_status``, ``outbox_health``, the
     health view and the admin, which judge a row live, stale or dead by the age of its
     last beat counted in its own ``interval``.

@@ -127,7 +127,7 @@ def run_tasks(using: str = "default") -> list[TaskResult]:
     reads them calls :func:`drain` first. Django 6.0+ (``django.tasks``)."""
     from django.tasks import task_backends
 
-    from .routes import TASKS_PREFIX
+    from .conf.routes import TASKS_PREFIX
     from .tasks.runner import run
 
     ran: list[OutboxEvent] = []

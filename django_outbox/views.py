@@ -10,8 +10,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from .conf import outbox_settings
+from .conf.redact import SecretFilter
 from .ops.health import check_health
-from .redact import SecretFilter
 
 logger = logging.getLogger(__name__)
 logger.addFilter(SecretFilter(outbox_settings.redact))  # the driver's error and traceback

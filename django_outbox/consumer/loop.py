@@ -77,6 +77,8 @@ from kombu.mixins import ConsumerMixin
 
 from .. import tracing
 from ..conf import outbox_settings
+from ..conf.redact import SecretFilter, mask_url
+from ..conf.routes import Route
 from ..envelope import COMPRESSION_HEADER, CONTENT_ENCODING, CONTENT_TYPE, ReceivedEvent
 from ..exceptions import BrokerUnreachable, InvalidMessage, OutboxConfigurationError
 from ..inbox.records import (
@@ -96,8 +98,6 @@ from ..inbox.records import (
     sequence_scope,
 )
 from ..models import WorkerKind
-from ..redact import SecretFilter, mask_url
-from ..routes import Route
 from ..signing import SIGNATURE_HEADER, Keyring
 from ..state.retry import RetryPolicy
 from ..transports.kombu import (

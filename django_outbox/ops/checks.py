@@ -19,9 +19,10 @@ from django.db import connections, router
 
 from .. import db
 from ..conf import CHECK_IDS, broker_problem, celery_problem, outbox_settings
+from ..conf.routes import shape_problems
 from ..exceptions import OutboxConfigurationError
-from ..routes import shape_problems
 from ..transports import transport_class
+from ..transports.capabilities import broker_shape_problems
 
 
 @checks.register(checks.Tags.compatibility)
@@ -56,7 +57,8 @@ def check_routes(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
     found: list[checks.CheckMessage] = []
     for route in routes.values():
         broker = brokers.get(route.broker)
-        for shape in shape_problems(route, broker.scheme if broker is not None else ""):
+        scheme = broker.scheme if broker is not None else ""
+        for shape in shape_problems(route) + broker_shape_problems(route, scheme):
             check_id = CHECK_IDS[shape.kind]
             level = checks.Error if check_id.startswith("django_outbox.E") else checks.Warning
             found.append(level(shape.msg, hint=shape.hint, id=check_id))

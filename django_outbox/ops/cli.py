@@ -6,22 +6,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 import re
 import signal
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.core.management.base import CommandError, OutputWrapper
-from django.db import DEFAULT_DB_ALIAS, connections, models
+from django.core.management.base import CommandError, OutputWrapper, SystemCheckError
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, models
 from django.utils.module_loading import import_string
 
 from .. import db
+from ..conf import outbox_settings
 from ..consumer.loop import (
     DEFAULT_MAX_DELIVERIES,
     DEFAULT_PREFETCH,
@@ -30,16 +33,24 @@ from ..consumer.loop import (
     InboxConsumer,
 )
 from ..exceptions import OutboxConfigurationError, OutboxError
-from ..models import InboxFailure, InboxMessage
+from ..models import InboxFailure, InboxMessage, OutboxMessage, WorkerHeartbeat
+from ..relay.loop import BatchStats, Relay
+from ..state.status import due_count
 from ..transports.kombu import CONFIRM_TIMEOUT
-from .reporting import CommandResult
+from .health import Health, check_health
+from .reporting import CommandResult, DrainProgress, run_result
+from .text import one_line
 
 if TYPE_CHECKING:
     from .metrics import ConsumerMetrics, Exporter, RelayMetrics
 
+#: ``outbox_health``'s exit codes: healthy, unhealthy, could not check (see docs/commands.md).
+HEALTHY, UNHEALTHY, HEALTH_UNKNOWN = 0, 1, 2
 #: How to install what ``--metrics-port`` needs.
 METRICS_EXTRA = "pip install 'django-transactional-outbox[prometheus]'"
 T = TypeVar("T")
+#: The logger of the relay, whose stopping on a signal ``run_outbox_relay`` logs.
+RELAY_LOGGER = logging.getLogger("django_outbox.relay")
 
 
 def _number(value: str, parse: type[int] | type[float], minimum: float, what: str) -> float:
@@ -167,6 +178,24 @@ def add_relay_options(parser: argparse.ArgumentParser) -> None:
     )
     add_database_option(parser)
     add_metrics_options(parser, "relay")
+
+
+def add_health_options(parser: argparse.ArgumentParser) -> None:
+    """The options of ``outbox_health``."""
+    add_database_option(parser)
+    parser.add_argument(
+        "--max-due-age",
+        type=non_negative_seconds,
+        default=None,
+        metavar="SECONDS",
+        help='how long the oldest due row may wait (default: OUTBOX["HEALTH_MAX_DUE_AGE"])',
+    )
+    parser.add_argument(
+        "--no-relay-required",
+        action="store_true",
+        help="do not require a live relay (relays that run as --drain from cron do not beat)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
 
 
 def add_metrics_options(parser: argparse.ArgumentParser, what: str) -> None:
@@ -343,7 +372,7 @@ def consumer_metrics(options: dict[str, Any]) -> ConsumerMetrics | None:
 
 
 def _metrics_module() -> ModuleType:
-    """:mod:`django_outbox.metrics`; a one-line :class:`CommandError` naming the extra
+    """:mod:`django_outbox.ops.metrics`; a one-line :class:`CommandError` naming the extra
     to install when ``prometheus_client`` is missing."""
     try:
         from . import metrics
@@ -444,6 +473,28 @@ def require_tables(using: str, *tables: type[models.Model]) -> None:
         raise CommandError(str(exc)) from None
 
 
+def checked_health(using: str, run_checks: Callable[[], None], options: dict[str, Any]) -> Health:
+    """``outbox_health``'s outcome for ``options``; a :class:`CommandError` exiting
+    :data:`HEALTH_UNKNOWN` when it cannot be had: ``run_checks`` (the system checks)
+    raises :class:`SystemCheckError`, a table is missing, the database cannot be read."""
+    try:
+        run_checks()
+        require_tables(using, OutboxMessage, WorkerHeartbeat)
+        return check_health(
+            using,
+            max_due_age=options["max_due_age"],
+            require_relay=not options["no_relay_required"],
+        )
+    except SystemCheckError:
+        problem = "the system checks failed (run manage.py check)"
+    except CommandError as exc:
+        problem = str(exc)
+    except DatabaseError as exc:
+        error = one_line(outbox_settings.redact(f"{type(exc).__name__}: {exc}"))
+        problem = f"database {using!r} cannot be read ({error})"
+    raise CommandError(f"cannot check the outbox: {problem}", returncode=HEALTH_UNKNOWN)
+
+
 @contextlib.contextmanager
 def library_errors() -> Iterator[None]:
     """An :class:`OutboxError` raised inside becomes a one-line :class:`CommandError`."""
@@ -459,6 +510,31 @@ def finish(out: OutputWrapper, result: CommandResult) -> None:
         out.write(line)
     if result.error:
         raise CommandError(result.error)
+
+
+def relay_until_stopped(
+    relay: Relay, out: OutputWrapper, options: dict[str, Any], metrics: RelayMetrics | None
+) -> CommandResult:
+    """``run_outbox_relay`` without ``--once``: relay until SIGTERM or SIGINT (with
+    ``--drain``, until nothing is due), serving ``metrics``; a drain on a terminal shows a
+    progress line on ``out``. What the command prints and exits with at the end."""
+    using, drain = options["database"], options["drain"]
+    stop = threading.Event()
+    stop_on_signals(stop, RELAY_LOGGER, "the batch in hand")
+    progress = DrainProgress(due_count(using)) if drain and out.isatty() else None
+    started = time.monotonic()
+    show = None if progress is None else functools.partial(_show_progress, out, progress)
+    with serving(metrics, options):
+        on_batch = each(show, None if metrics is None else metrics.batch)
+        totals = relay.run(stop, drain=drain, on_batch=on_batch)
+    if progress is not None and progress.done:
+        out.write("")  # end the progress line
+    return run_result(totals, time.monotonic() - started, using, drain=drain)
+
+
+def _show_progress(out: OutputWrapper, progress: DrainProgress, stats: BatchStats) -> None:
+    out.write(progress.add(stats), ending="")
+    out.flush()
 
 
 def stop_on_signals(stop: threading.Event, logger: logging.Logger, after: str) -> None:

@@ -41,9 +41,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from ..conf import outbox_settings
+from ..conf.redact import SecretFilter
 from ..consumer.loop import ConsumerStats, InboxConsumer
 from ..envelope import ReceivedEvent
-from ..redact import SecretFilter
 from ..relay.loop import BatchStats
 from ..state.status import summary
 
@@ -244,7 +244,7 @@ class BatchHistogram(Collector):
 
 
 class BacklogCollector(Collector):
-    """The outbox's backlog, read through :mod:`django_outbox.status` (``summary()``,
+    """The outbox's backlog, read through :mod:`django_outbox.state.status` (``summary()``,
     blocked keys included: on PostgreSQL one statement), with a connection of the
     scraping thread's own, closed afterwards. A scrape within ``interval`` seconds
     (``METRICS_BACKLOG_INTERVAL``) of the last read is served that read's gauges:

@@ -19,7 +19,14 @@ from ..db import EXACT_COUNT_LIMIT, RowCount
 from ..exceptions import BrokerUnreachable, OutboxError
 from ..models import InboxFailure
 from ..relay.loop import BatchStats, RunStats
-from ..state.status import BlockedKeys, StatusReport, blocked_count, due_rows, retry_wait
+from ..state.status import (
+    RECENT_ROWS,
+    BlockedKeys,
+    StatusReport,
+    blocked_count,
+    due_rows,
+    retry_wait,
+)
 from ..workers.heartbeat import Worker
 from .text import duration, one_line
 
@@ -272,6 +279,37 @@ def worker_lines(workers: list[Worker]) -> list[str]:
         )
     if len(workers) > TOP_WORKERS:
         lines.append(f"  and {len(workers) - TOP_WORKERS} more")
+    return lines
+
+
+def status_lines(status: StatusReport) -> list[str]:
+    """``outbox_status``'s text: the rows per state, the oldest due row's age, failed rows
+    by attempts, the busiest ordering keys, the blocked keys, the most frequent recent
+    errors and the parked inbox messages per consumer (then come :func:`worker_lines`)."""
+    lines = ["state        rows", *(f"{state:<12} {n}" for state, n in status.counts.items())]
+    age = status.oldest_due_age
+    lines.append(
+        "oldest due row: "
+        + ("none (nothing is due)" if age is None else f"{age.total_seconds():.1f}s old")
+    )
+    if status.failing_attempts:
+        lines.append("failed rows by attempts made:")
+        lines += [f"  {tries:>3} attempts: {n}" for tries, n in status.failing_attempts.items()]
+    if status.top_keys:
+        lines.append("ordering keys with the most rows waiting:")
+        lines += [f"  {count:>7}  {key}" for key, count in status.top_keys]
+    lines += blocked_lines(status.blocked)
+    if status.recent_errors:
+        lines.append(f"most frequent errors of the latest {RECENT_ROWS} failed and abandoned rows:")
+        for error in status.recent_errors:
+            text = one_line(error.error or "no error recorded")  # abandoned by an operator
+            lines.append(f"  {error.rows:>7}  {error.status:<9}  {text}")
+    if status.parked:
+        lines.append("parked inbox messages by consumer (the newest one's error):")
+        lines += [
+            f"  {parked.rows:>7}  {parked.consumer}: {one_line(parked.newest_error)}"
+            for parked in status.parked
+        ]
     return lines
 
 

@@ -39,11 +39,11 @@ from django.utils import timezone
 
 from .. import db, tracing
 from ..conf import outbox_settings
+from ..conf.redact import SecretFilter, mask_url
+from ..conf.routes import DEFAULT_BROKER, Route
 from ..envelope import ClaimedBatch, ClaimedMessage
 from ..exceptions import BrokerUnreachable, OutboxConfigurationError
 from ..models import OutboxMessage, WorkerKind
-from ..redact import SecretFilter, mask_url
-from ..routes import DEFAULT_BROKER, Route
 from ..signals import event_abandoned, event_failed, event_published
 from ..state import store
 from ..state.retry import RetryPolicy
@@ -105,7 +105,7 @@ class BatchStats:
     transport_failed: bool = False  # a transient publish error: the broker may be down
     #: Why the failed and abandoned rows were not published, with a count each.
     reasons: FailureCounts = dataclasses.field(default_factory=FailureCounts)
-    #: Of one batch only, not added up (:mod:`django_outbox.metrics` reads them): the
+    #: Of one batch only, not added up (:mod:`django_outbox.ops.metrics` reads them): the
     #: rows published, the rows not published as (failure, abandoned, rows), and the
     #: seconds from the start of the claim to the end of the finalize.
     published_rows: Sequence[ClaimedMessage] = dataclasses.field(

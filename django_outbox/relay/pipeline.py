@@ -14,7 +14,7 @@ from typing import Any, Generic, TypeVar
 from django.db import DatabaseError, close_old_connections, connections
 
 from ..conf import outbox_settings
-from ..redact import SecretFilter
+from ..conf.redact import SecretFilter
 
 logger = logging.getLogger("django_outbox.pipeline")
 logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tracebacks

@@ -39,6 +39,7 @@ from django.db import DatabaseError, close_old_connections, connections
 from django.db.models import QuerySet
 
 from ..conf import outbox_settings
+from ..conf.redact import SecretFilter
 from ..db.expressions import now_minus
 from ..models import (
     InboxFailure,
@@ -48,17 +49,16 @@ from ..models import (
     TaskResultRecord,
     WorkerHeartbeat,
 )
-from ..redact import SecretFilter
 from ..state import store
 
 logger = logging.getLogger("django_outbox.retention")
 logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tracebacks
 
 DELETE_BATCH = 1000
-#: How long the samples of :mod:`django_outbox.samples` are kept: the chart shows an hour.
+#: How long the samples of :mod:`django_outbox.workers.samples` are kept: the chart shows an hour.
 SAMPLE_RETENTION = dt.timedelta(days=1)
 #: How long the heartbeat row of a process that stopped beating is kept: each process
-#: started leaves one (see :mod:`django_outbox.heartbeat`).
+#: started leaves one (see :mod:`django_outbox.workers.heartbeat`).
 HEARTBEAT_RETENTION = dt.timedelta(days=7)
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..conf import outbox_settings
-from ..redact import SecretFilter
+from ..conf.redact import SecretFilter
 
 logger = logging.getLogger("django_outbox.wakeup")
 logger.addFilter(SecretFilter(outbox_settings.redact))  # the driver's error texts

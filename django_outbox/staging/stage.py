@@ -32,6 +32,14 @@ from django.utils import timezone
 
 from .. import db, tracing
 from ..conf import MISSING_APP, outbox_settings
+from ..conf.redact import SecretFilter
+from ..conf.routes import (
+    MAX_NAME_BYTES,
+    Route,
+    celery_header_clash,
+    did_you_mean,
+    is_valid_destination,
+)
 from ..envelope import BROKER_HEADERS, COMPRESSION_HEADER, RELAY_HEADERS, is_broker_header
 from ..exceptions import (
     InvalidDestination,
@@ -42,14 +50,6 @@ from ..exceptions import (
     PayloadTooLarge,
     StagingError,
     UnknownDestination,
-)
-from ..redact import SecretFilter
-from ..routes import (
-    MAX_NAME_BYTES,
-    Route,
-    celery_header_clash,
-    did_you_mean,
-    is_valid_destination,
 )
 from ..signals import event_committed
 

@@ -4,9 +4,9 @@
 caller's transaction on the backend's database: the task exists if and only if
 that transaction commits, which ``transaction.on_commit(task.enqueue)`` cannot
 promise (a crash after the commit loses it). A relay publishes the row as a
-Celery message of :data:`~django_outbox.routes.TASK_RUNNER` to the Celery queue
+Celery message of :data:`~django_outbox.conf.routes.TASK_RUNNER` to the Celery queue
 named like the task's ``queue_name``, and a Celery worker runs the task once in
-effect through the inbox (:mod:`django_outbox.taskrunner`). See docs/tasks.md.
+effect through the inbox (:mod:`django_outbox.tasks.runner`). See docs/tasks.md.
 
 Import it as ``django_outbox.tasks.OutboxTaskBackend``: this module needs
 ``django.tasks``, which Django 5.2 lacks.
@@ -34,9 +34,9 @@ from django.utils.module_loading import import_string
 
 from .. import db
 from ..conf import CELERY_EXTRA, CHECK_IDS
+from ..conf.routes import MAX_NAME_BYTES, TASKS_PREFIX, is_valid_destination
 from ..exceptions import NotInTransaction
 from ..models import TaskResultRecord
-from ..routes import MAX_NAME_BYTES, TASKS_PREFIX, is_valid_destination
 from ..staging.stage import in_user_atomic, stage, to_json
 from ..transports.celery import publishes_unconfirmed
 

@@ -2,7 +2,7 @@
 
 The relay sends each task enqueued through
 :class:`~django_outbox.tasks.OutboxTaskBackend` as a message of the Celery task
-:data:`~django_outbox.routes.TASK_RUNNER`, whose body is :func:`run`:
+:data:`~django_outbox.conf.routes.TASK_RUNNER`, whose body is :func:`run`:
 
 1. the task's result record is locked (SKIP LOCKED: one held by another delivery
    means that one is running it, and this one runs nothing) and its task imported; a
@@ -51,9 +51,9 @@ from django.utils.json import normalize_json
 
 from .. import db
 from ..conf import outbox_settings
+from ..conf.redact import SecretFilter
 from ..inbox.records import process_once, storable
 from ..models import TASK_FINISHED, TaskResultRecord, TaskStatus
-from ..redact import SecretFilter
 
 if TYPE_CHECKING:
     from django.dispatch import Signal

@@ -17,8 +17,8 @@ from celery.exceptions import (  # type: ignore[import-untyped]
 )
 
 from ..conf import outbox_settings
-from ..redact import SecretFilter
-from ..routes import TASK_RUNNER
+from ..conf.redact import SecretFilter
+from ..conf.routes import TASK_RUNNER
 
 logger = logging.getLogger("django_outbox.celery")
 logger.addFilter(SecretFilter(outbox_settings.redact))  # the runner's error texts
@@ -41,7 +41,7 @@ UNSENT_RETRY_PAUSE_SECONDS = 5
 def run_django_task(self: Task, **payload: Any) -> None:
     """The Celery task that runs Django tasks (``django.tasks``) enqueued through
     :class:`django_outbox.tasks.OutboxTaskBackend`, once in effect: see
-    :mod:`django_outbox.taskrunner`. Registered with every Celery app that imports
+    :mod:`django_outbox.tasks.runner`. Registered with every Celery app that imports
     ``django_outbox.tasks`` (``app.autodiscover_tasks()`` does).
 
     A task it cannot run yet (:class:`~django_outbox.tasks.runner.TaskUnavailable`) and

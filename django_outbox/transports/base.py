@@ -14,8 +14,8 @@ import dataclasses
 from collections.abc import Sequence
 
 from ..conf import Broker, Problem, outbox_settings
+from ..conf.routes import Route
 from ..envelope import ClaimedMessage
-from ..routes import Route
 
 #: Longest error text kept on a row (``last_error``).
 MAX_ERROR_LENGTH = 2000

@@ -20,8 +20,8 @@ import amqp.exceptions  # type: ignore[import-untyped]
 import kombu.exceptions
 
 from .. import tracing
+from ..conf.routes import CELERY_FIELDS, TASK_RUNNER, Route, celery_header_clash
 from ..envelope import ClaimedMessage
-from ..routes import CELERY_FIELDS, TASK_RUNNER, Route, celery_header_clash
 from .base import NACKED, Failure, Outcome, Transport
 from .kombu import lease_confirm_timeout, transient_failure
 

@@ -51,10 +51,10 @@ import kombu.transport.virtual
 from kombu.transport.virtual.base import NotEquivalentError
 
 from ..conf import outbox_settings
+from ..conf.redact import SecretFilter, mask_url
+from ..conf.routes import PARTITION_EXCHANGE_TYPE, Route
 from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, ClaimedMessage
 from ..exceptions import BrokerOutOfMemory, BrokerUnreachable, OutboxConfigurationError
-from ..redact import SecretFilter, mask_url
-from ..routes import PARTITION_EXCHANGE_TYPE, Route
 from .amqp_frames import PublishFrames, chunks, method_frame
 from .base import NACKED, Failure, Outcome, Transport
 from .redis_wire import RedisWire, out_of_memory

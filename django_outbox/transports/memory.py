@@ -25,8 +25,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..conf.routes import DEFAULT_BROKER, Route
 from ..envelope import ClaimedMessage, OutboxEvent
-from ..routes import DEFAULT_BROKER, Route
 from .base import Outcome, Transport
 from .kombu import KombuTransport
 

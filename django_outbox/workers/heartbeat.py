@@ -29,9 +29,9 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from ..conf import outbox_settings
+from ..conf.redact import SecretFilter
 from ..db.expressions import now_minus
 from ..models import WorkerHeartbeat, WorkerKind
-from ..redact import SecretFilter
 
 logger = logging.getLogger("django_outbox.heartbeat")
 logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..conf import outbox_settings
+from ..conf.redact import SecretFilter
 from ..exceptions import BrokerOutOfMemory
-from ..redact import SecretFilter
 
 logger = logging.getLogger("django_outbox.outage")
 # The drivers' error texts are logged: no password may come with them.

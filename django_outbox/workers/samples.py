@@ -8,7 +8,7 @@ whose clocks disagree still agree on the minute, and the published count compare
 ``published_at`` (written by the database clock) with bounds from the same clock.
 
 Retention deletes samples older than a day (``SAMPLE_RETENTION`` in
-:mod:`django_outbox.retention`); the chart shows the last hour.
+:mod:`django_outbox.relay.retention`); the chart shows the last hour.
 """
 
 from __future__ import annotations

@@ -28,10 +28,10 @@ from django.db import transaction
 
 from django_outbox import stage, stage_many
 from django_outbox.conf import outbox_settings
+from django_outbox.conf.routes import Route
 from django_outbox.envelope import CONTENT_ENCODING, CONTENT_TYPE, ClaimedMessage
 from django_outbox.models import OutboxMessage
 from django_outbox.relay import Relay
-from django_outbox.routes import Route
 from django_outbox.state import store
 from django_outbox.transports.amqp_frames import PublishFrames, method_frame
 from django_outbox.transports.base import Failure

@@ -13,9 +13,9 @@ from django.db.models.functions import Now
 from django.test import override_settings
 
 from django_outbox import InvalidEvent, stage
+from django_outbox.conf.routes import CELERY_FIELDS
 from django_outbox.models import InboxMessage, OutboxMessage
 from django_outbox.relay import Relay
-from django_outbox.routes import CELERY_FIELDS
 from django_outbox.staging import RESERVED_HEADERS
 from tests.integration.test_silent_broker import memory_alarm
 from tests.support import (

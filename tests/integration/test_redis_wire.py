@@ -22,9 +22,9 @@ import pytest
 import redis
 from kombu.utils.json import JSONEncoder
 
+from django_outbox.conf.routes import Route
 from django_outbox.consumer import InboxConsumer
 from django_outbox.envelope import CONTENT_ENCODING, CONTENT_TYPE, ClaimedMessage, ReceivedEvent
-from django_outbox.routes import Route
 from django_outbox.transports.base import Failure
 from django_outbox.transports.kombu import RedisTransport, binding_key, declare, unroutable
 from tests.integration.test_silent_broker import FreezableProxy

@@ -29,8 +29,8 @@ from django.db import transaction
 
 from django_outbox import db, stage_many
 from django_outbox.conf import outbox_settings
+from django_outbox.conf.routes import Route
 from django_outbox.envelope import ClaimedMessage
-from django_outbox.routes import Route
 from django_outbox.transports.base import Failure, Outcome
 from django_outbox.transports.kombu import AmqpTransport
 from tests.support import (

@@ -28,9 +28,9 @@ from django.tasks.exceptions import TaskResultDoesNotExist
 from django.utils import timezone
 
 from django_outbox import stage
+from django_outbox.conf.routes import TASKS_PREFIX
 from django_outbox.models import InboxMessage, OutboxMessage, TaskResultRecord
 from django_outbox.relay import Relay
-from django_outbox.routes import TASKS_PREFIX
 from django_outbox.tasks import runner as taskrunner
 from tests.support import (
     AMQP_URL,

@@ -35,10 +35,10 @@ BREAKS = [
         "django_outbox.transports.base -> django_outbox.relay",
     ),
     (
-        "conf.py",
+        "conf/settings.py",
         "from django_outbox import models",
-        "Settings (conf) import nothing of the package but exceptions, routes, redact and signing",
-        "django_outbox.conf -> django_outbox.models",
+        "Settings (conf) import nothing of the package but exceptions and signing",
+        "django_outbox.conf.settings -> django_outbox.models",
     ),
     (
         "db/__init__.py",
@@ -231,3 +231,59 @@ def drawn_layers() -> list[str]:
 
 def test_the_layer_diagram_is_the_import_contracts_layers():
     assert drawn_layers() == contract_layers()
+
+
+#: The house rule (STYLE.md): a command parses its options and calls the library.
+MAX_COMMAND_LINES = 60
+
+
+def long_commands(commands: Path) -> list[str]:
+    """``name (n lines)`` for each module of ``commands`` longer than :data:`MAX_COMMAND_LINES`."""
+    found = []
+    for path in sorted(commands.glob("*.py")):
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_COMMAND_LINES:
+            found.append(f"{path.name} ({lines})")
+    return found
+
+
+def test_no_command_is_over_sixty_lines():
+    assert long_commands(REPO / "django_outbox" / "management" / "commands") == []
+
+
+def test_the_command_length_rule_finds_a_long_command(tmp_path):
+    (tmp_path / "short.py").write_text("x = 1\n" * MAX_COMMAND_LINES)
+    (tmp_path / "long.py").write_text("x = 1\n" * (MAX_COMMAND_LINES + 1))
+    assert long_commands(tmp_path) == [f"long.py ({MAX_COMMAND_LINES + 1})"]
+
+
+def names_imported_from(package: str, roots: list[Path]) -> set[str]:
+    """The names every ``from <package> import name`` (or the relative form, inside
+    django_outbox) under ``roots`` takes, outside the package itself."""
+    import ast
+
+    names = set()
+    for root in roots:
+        for path in root.rglob("*.py"):
+            module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+            if module.startswith(f"{package}."):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if not isinstance(node, ast.ImportFrom):
+                    continue
+                base = node.module or ""
+                if node.level:  # relative: resolved against the importing module's package
+                    parent = module.rsplit(".", node.level)[0]
+                    base = f"{parent}.{base}" if base else parent
+                if base == package:
+                    names |= {alias.name for alias in node.names}
+    return names
+
+
+def test_every_name_imported_from_conf_is_exported_by_the_package():
+    import django_outbox.conf
+
+    parts = ("django_outbox", "tests", "chaos", "benchmarks", "example_project")
+    imported = names_imported_from("django_outbox.conf", [REPO / part for part in parts])
+    assert imported and sorted(imported - set(django_outbox.conf.__all__)) == []
+    assert all(hasattr(django_outbox.conf, name) for name in django_outbox.conf.__all__)

@@ -10,8 +10,8 @@ import pytest
 from django.test import override_settings
 
 from django_outbox.conf import outbox_settings
+from django_outbox.conf.routes import parse_routes
 from django_outbox.exceptions import OutboxConfigurationError
-from django_outbox.routes import parse_routes
 
 RABBIT = "amqp://guest:s3cret@rabbit:5672//"
 REDIS = "redis://:s3cret@redis:6379/0"

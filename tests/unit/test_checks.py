@@ -12,6 +12,7 @@ from django.db import connections
 from django.test.utils import override_settings
 
 from django_outbox.conf import SETTINGS, outbox_settings
+from django_outbox.conf.routes import Route
 from django_outbox.exceptions import OutboxConfigurationError
 from django_outbox.ops.checks import (
     check_broker_configured,
@@ -19,7 +20,6 @@ from django_outbox.ops.checks import (
     check_databases,
     check_settings,
 )
-from django_outbox.routes import Route
 
 BROKER = {"BROKER_URL": "amqp://guest:guest@127.0.0.1:55672//"}
 

@@ -7,7 +7,7 @@ import logging
 
 from django.test import override_settings
 
-from django_outbox.routes import Route
+from django_outbox.conf.routes import Route
 from django_outbox.transports.kombu import DeclareRefused, KombuTransport
 
 URL = "amqp://u:s3cret-pw@nohost.invalid//"

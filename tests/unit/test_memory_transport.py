@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
+from django_outbox.conf.routes import Route
 from django_outbox.envelope import ClaimedMessage
-from django_outbox.routes import Route
 from django_outbox.transports import Transport, transport_class
 from django_outbox.transports.memory import MemoryTransport, clear, sent
 

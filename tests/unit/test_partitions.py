@@ -7,10 +7,10 @@ import argparse
 
 import pytest
 
+from django_outbox.conf.routes import Route, parse_routes
 from django_outbox.consumer.loop import _queues_to_take
 from django_outbox.exceptions import OutboxConfigurationError
 from django_outbox.ops.cli import partition_numbers
-from django_outbox.routes import Route, parse_routes
 
 
 def route(**spec) -> Route:

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 import pytest
 from django.test import override_settings
 
+from django_outbox.conf.routes import Route
 from django_outbox.envelope import ClaimedMessage
 from django_outbox.relay.loop import Relay, _Run
-from django_outbox.routes import Route
 from django_outbox.transports.base import Outcome, Transport
 from django_outbox.workers.outage import database_outage
 

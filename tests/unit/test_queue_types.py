@@ -8,9 +8,9 @@ import pytest
 from django.test.utils import override_settings
 
 from django_outbox.conf import from_env, outbox_settings
+from django_outbox.conf.routes import parse_routes
 from django_outbox.exceptions import OutboxConfigurationError
 from django_outbox.ops.checks import check_routes
-from django_outbox.routes import parse_routes
 from tests.support import AMQP_URL, REDIS_URL
 
 

@@ -8,7 +8,7 @@ import pytest
 from django.test import override_settings
 
 from django_outbox.conf import outbox_settings
-from django_outbox.redact import mask_url, scrub, url_passwords, url_problem
+from django_outbox.conf.redact import mask_url, scrub, url_passwords, url_problem
 from tests.integration.test_secrets import (
     AMQP_PORT,
     MALFORMED,

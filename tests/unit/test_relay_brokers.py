@@ -9,10 +9,10 @@ from unittest import mock
 import pytest
 from django.test import override_settings
 
+from django_outbox.conf.routes import Route
 from django_outbox.consumer import InboxConsumer
 from django_outbox.exceptions import BrokerUnreachable, OutboxConfigurationError
 from django_outbox.relay import Relay
-from django_outbox.routes import Route
 from django_outbox.transports.kombu import AmqpTransport, RedisTransport
 from django_outbox.transports.memory import MemoryTransport
 

@@ -10,7 +10,7 @@ import pytest
 from django.core import checks
 from django.test.utils import override_settings
 
-from django_outbox import conf
+import django_outbox.conf.settings as conf_settings
 from django_outbox.conf import outbox_settings
 from django_outbox.ops.checks import check_routes, check_settings
 from tests.support import AMQP_URL, REDIS_URL
@@ -194,7 +194,7 @@ def test_the_route_of_an_unnamed_destination_is_built_once_and_follows_the_setti
 
 
 def test_the_routes_of_unnamed_destinations_kept_are_bounded(monkeypatch):
-    monkeypatch.setattr(conf, "MAX_UNNAMED_ROUTES", 3)
+    monkeypatch.setattr(conf_settings, "MAX_UNNAMED_ROUTES", 3)
     with override_settings(OUTBOX=BROKER):
         for n in range(10):
             assert outbox_settings.route_for(f"d{n}").queue == f"d{n}"  # type: ignore[union-attr]

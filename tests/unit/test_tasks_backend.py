@@ -14,7 +14,7 @@ from django.core import checks
 from django.test.utils import override_settings
 
 from django_outbox.conf import outbox_settings
-from django_outbox.routes import TASK_RUNNER, TASKS_PREFIX, Route, parse_routes
+from django_outbox.conf.routes import TASK_RUNNER, TASKS_PREFIX, Route, parse_routes
 from django_outbox.transports.celery import broker_priority
 from tests.support import REPO
 

@@ -9,9 +9,8 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from django_outbox.models import InboxFailure, OutboxMessage, WorkerHeartbeat
 from django_outbox.ops.cli import add_database_option, require_tables
-from django_outbox.ops.reporting import blocked_lines, status_json, worker_lines
-from django_outbox.ops.text import one_line
-from django_outbox.state.status import RECENT_ROWS, StatusReport, report
+from django_outbox.ops.reporting import status_json, status_lines, worker_lines
+from django_outbox.state.status import report
 from django_outbox.workers.heartbeat import workers
 
 
@@ -36,39 +35,5 @@ class Command(BaseCommand):
         if options["json"]:
             self.stdout.write(json.dumps(status_json(status, beats, using)))
             return
-        self._text(status)
-        for line in worker_lines(beats):
+        for line in status_lines(status) + worker_lines(beats):
             self.stdout.write(line)
-
-    def _text(self, status: StatusReport) -> None:
-        self.stdout.write("state        rows")
-        for state, count in status.counts.items():
-            self.stdout.write(f"{state:<12} {count}")
-        age = status.oldest_due_age
-        self.stdout.write(
-            "oldest due row: "
-            + ("none (nothing is due)" if age is None else f"{age.total_seconds():.1f}s old")
-        )
-        if status.failing_attempts:
-            self.stdout.write("failed rows by attempts made:")
-            for attempts, count in status.failing_attempts.items():
-                self.stdout.write(f"  {attempts:>3} attempts: {count}")
-        if status.top_keys:
-            self.stdout.write("ordering keys with the most rows waiting:")
-            for key, count in status.top_keys:
-                self.stdout.write(f"  {count:>7}  {key}")
-        for line in blocked_lines(status.blocked):
-            self.stdout.write(line)
-        if status.recent_errors:
-            self.stdout.write(
-                f"most frequent errors of the latest {RECENT_ROWS} failed and abandoned rows:"
-            )
-            for error in status.recent_errors:
-                text = one_line(error.error or "no error recorded")  # abandoned by an operator
-                self.stdout.write(f"  {error.rows:>7}  {error.status:<9}  {text}")
-        if status.parked:
-            self.stdout.write("parked inbox messages by consumer (the newest one's error):")
-            for parked in status.parked:
-                self.stdout.write(
-                    f"  {parked.rows:>7}  {parked.consumer}: {one_line(parked.newest_error)}"
-                )

@@ -415,13 +415,6 @@ def _arguments(name: str, key: str, value: object) -> Arguments:
     return tuple(sorted(value.items()))
 
 
-#: The schemes of kombu's Redis transport, whose fanout exchanges are PUB/SUB channels.
-REDIS_SCHEMES = frozenset({"redis", "rediss", "redis+socket", "sentinel"})
-#: The schemes of RabbitMQ (AMQP 0-9-1): the only brokers with the consistent-hash
-#: exchange and exchange-to-exchange bindings that partition queues need.
-AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp", "librabbitmq"})
-
-
 @dataclasses.dataclass(frozen=True)
 class Shape:
     """A route that cannot deliver (or delivers only when something else binds a
@@ -432,8 +425,10 @@ class Shape:
     hint: str
 
 
-def shape_problems(route: Route, broker_scheme: str) -> list[Shape]:
-    """What is wrong with the way ``route`` is laid out, for the system checks."""
+def shape_problems(route: Route) -> list[Shape]:
+    """What is wrong with the way ``route`` is laid out, whatever its broker, for the
+    system checks (what its broker cannot carry is the transports' to say:
+    :func:`django_outbox.transports.capabilities.broker_shape_problems`)."""
     if route.is_celery:
         return []
     name, exchange, key, queue = route.destination, route.exchange, route.routing_key, route.queue
@@ -467,66 +462,6 @@ def shape_problems(route: Route, broker_scheme: str) -> list[Shape]:
                 f"bind to exchange {exchange!r}; until one is bound they fail and are retried.",
                 "Give the route a queue, or make sure consumers bind theirs before events are "
                 'staged (then silence this with SILENCED_SYSTEM_CHECKS = ["django_outbox.W002"]).',
-            )
-        )
-    return found + _broker_problems(route, broker_scheme)
-
-
-def _broker_problems(route: Route, broker_scheme: str) -> list[Shape]:
-    """What ``route`` asks of its broker that a broker of ``broker_scheme`` cannot do."""
-    name, exchange = route.destination, route.exchange
-    found = []
-    elsewhere = broker_scheme and broker_scheme not in AMQP_SCHEMES  # "": not known
-    if route.partitions and elsewhere:
-        found.append(
-            Shape(
-                "partitions_not_rabbitmq",
-                f"Route {name!r} has partitions, but its broker is {broker_scheme}://, which has "
-                "no consistent-hash exchange: neither the relay nor run_outbox_consumer can "
-                "declare them.",
-                "Route it to a RabbitMQ broker (with the plugin "
-                "rabbitmq_consistent_hash_exchange), or drop partitions: an ordered route "
-                "without them is consumed in order on any transport.",
-            )
-        )
-    # A test's memory:// stands in for the real broker: its queue arguments are moot.
-    if elsewhere and broker_scheme != "memory":
-        found += _queue_argument_problems(route, broker_scheme)
-    if exchange and route.exchange_type == "fanout" and broker_scheme in REDIS_SCHEMES:
-        found.append(
-            Shape(
-                "redis_fanout",
-                f"Route {name!r} uses fanout exchange {exchange!r} on Redis, where kombu delivers "
-                "fanout by PUB/SUB: an event reaches only the consumers connected at that "
-                "moment and is lost, though PUBLISHED, when none is.",
-                'Use a "topic" or "direct" exchange with a queue per consumer group, or RabbitMQ.',
-            )
-        )
-    return found
-
-
-def _queue_argument_problems(route: Route, broker_scheme: str) -> list[Shape]:
-    """The queue arguments of ``route`` that a broker without them would silently drop."""
-    name, found = route.destination, []
-    if route.queue and route.queue_type != "classic":
-        found.append(
-            Shape(
-                "queue_type_not_rabbitmq",
-                f"Route {name!r} declares a {route.queue_type} queue, but its broker is "
-                f"{broker_scheme}://, which has no queue types: its queue would silently be "
-                "an ordinary one.",
-                "Route it to a RabbitMQ broker, or drop queue_type (and x-queue-type).",
-            )
-        )
-    if route.queue and route.dead_letter_exchange is not None:
-        found.append(
-            Shape(
-                "queue_type_not_rabbitmq",
-                f"Route {name!r} gives its queue the dead-letter exchange "
-                f"{route.dead_letter_exchange!r}, but its broker is {broker_scheme}://, which "
-                "ignores queue arguments: a parked message would be dropped, not dead-lettered.",
-                "Route it to a RabbitMQ broker, or drop dead_letter_exchange (parked events "
-                "stay in InboxFailure, replayable, either way).",
             )
         )
     return found

@@ -1,0 +1,79 @@
+"""What each broker can carry of a route, by its URL's scheme: partition queues and
+queue arguments (queue types, dead-letter exchanges) only on RabbitMQ, fanout on Redis
+only as PUB/SUB. The system checks (:func:`django_outbox.ops.checks.check_routes`) report
+what a route asks of its broker that the broker cannot do; the settings
+(:mod:`django_outbox.conf.routes`) check only what is wrong whatever the broker.
+"""
+
+from __future__ import annotations
+
+from ..conf.routes import Route, Shape
+
+#: The schemes of kombu's Redis transport, whose fanout exchanges are PUB/SUB channels.
+REDIS_SCHEMES = frozenset({"redis", "rediss", "redis+socket", "sentinel"})
+#: The schemes of RabbitMQ (AMQP 0-9-1): the only brokers with the consistent-hash
+#: exchange and exchange-to-exchange bindings that partition queues need.
+AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp", "librabbitmq"})
+
+
+def broker_shape_problems(route: Route, broker_scheme: str) -> list[Shape]:
+    """What ``route`` asks of its broker that a broker of ``broker_scheme`` cannot do
+    (nothing for a Celery route, or when the scheme is "", not known)."""
+    if route.is_celery:
+        return []
+    name, exchange = route.destination, route.exchange
+    found = []
+    elsewhere = broker_scheme and broker_scheme not in AMQP_SCHEMES  # "": not known
+    if route.partitions and elsewhere:
+        found.append(
+            Shape(
+                "partitions_not_rabbitmq",
+                f"Route {name!r} has partitions, but its broker is {broker_scheme}://, which has "
+                "no consistent-hash exchange: neither the relay nor run_outbox_consumer can "
+                "declare them.",
+                "Route it to a RabbitMQ broker (with the plugin "
+                "rabbitmq_consistent_hash_exchange), or drop partitions: an ordered route "
+                "without them is consumed in order on any transport.",
+            )
+        )
+    # A test's memory:// stands in for the real broker: its queue arguments are moot.
+    if elsewhere and broker_scheme != "memory":
+        found += _queue_argument_problems(route, broker_scheme)
+    if exchange and route.exchange_type == "fanout" and broker_scheme in REDIS_SCHEMES:
+        found.append(
+            Shape(
+                "redis_fanout",
+                f"Route {name!r} uses fanout exchange {exchange!r} on Redis, where kombu delivers "
+                "fanout by PUB/SUB: an event reaches only the consumers connected at that "
+                "moment and is lost, though PUBLISHED, when none is.",
+                'Use a "topic" or "direct" exchange with a queue per consumer group, or RabbitMQ.',
+            )
+        )
+    return found
+
+
+def _queue_argument_problems(route: Route, broker_scheme: str) -> list[Shape]:
+    """The queue arguments of ``route`` that a broker without them would silently drop."""
+    name, found = route.destination, []
+    if route.queue and route.queue_type != "classic":
+        found.append(
+            Shape(
+                "queue_type_not_rabbitmq",
+                f"Route {name!r} declares a {route.queue_type} queue, but its broker is "
+                f"{broker_scheme}://, which has no queue types: its queue would silently be "
+                "an ordinary one.",
+                "Route it to a RabbitMQ broker, or drop queue_type (and x-queue-type).",
+            )
+        )
+    if route.queue and route.dead_letter_exchange is not None:
+        found.append(
+            Shape(
+                "queue_type_not_rabbitmq",
+                f"Route {name!r} gives its queue the dead-letter exchange "
+                f"{route.dead_letter_exchange!r}, but its broker is {broker_scheme}://, which "
+                "ignores queue arguments: a parked message would be dropped, not dead-lettered.",
+                "Route it to a RabbitMQ broker, or drop dead_letter_exchange (parked events "
+                "stay in InboxFailure, replayable, either way).",
+            )
+        )
+    return found

@@ -1,0 +1,69 @@
+"""Outbox rows in the tests: events staged to a destination no other test uses, rows
+counted per state, the database clock's minute, and TASKS that require a transaction."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import uuid
+
+from django.db import transaction
+
+from django_outbox import stage_many
+from django_outbox.db import database_now
+from django_outbox.models import OutboxMessage
+from django_outbox.workers.samples import current_minute
+
+
+def unique_destination(prefix: str = "t") -> str:
+    """A destination (and so a queue) no other test uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def stage_events(
+    count: int, destination: str, *, using: str = "default", chunk: int = 1000, keys: int = 0
+):
+    """Commit ``count`` events to ``destination``; payload {"n": i}. Returns their event ids."""
+    ids: list[str] = []
+    for start in range(0, count, chunk):
+        with transaction.atomic(using=using):
+            rows = stage_many(
+                [
+                    {
+                        "event_type": "test.event",
+                        "payload": {"n": n},
+                        "destination": destination,
+                        **({"key": f"k{n % keys}"} if keys else {}),
+                    }
+                    for n in range(start, min(start + chunk, count))
+                ],
+                using=using,
+            )
+        ids += [str(row.event_id) for row in rows]
+    return ids
+
+
+def status_counts(using: str = "default") -> dict[str, int]:
+    counts = {s.value: 0 for s in OutboxMessage.Status}
+    for status in OutboxMessage.objects.using(using).values_list("status", flat=True):
+        counts[status] += 1
+    return counts
+
+
+def minute_with_time_left(using: str = "default", *, seconds: int = 10) -> dt.datetime:
+    """The database clock's minute, with at least ``seconds`` of it left (the end of a
+    minute is waited out), so that what a test does next falls in this minute."""
+    now = database_now(using)
+    if now.second >= 60 - seconds:
+        time.sleep(61 - now.second)
+    return current_minute(using)
+
+
+#: TASKS with the outbox backend refusing an enqueue outside the caller's transaction.
+TASKS_REQUIRING_TRANSACTION = {
+    "default": {
+        "BACKEND": "django_outbox.tasks.OutboxTaskBackend",
+        "QUEUES": [],
+        "OPTIONS": {"REQUIRE_TRANSACTION": True},
+    }
+}
