@@ -11,13 +11,11 @@ from collections.abc import Callable
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.db import transaction
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from ..db import write_first
 from ..exceptions import SkipRefused
 from ..models import OutboxQuerySet
 from ..state import store
@@ -204,11 +202,7 @@ class OutboxActions(admin.ModelAdmin):
         outcome: str,
     ) -> tuple[int, int]:
         """Apply ``verb`` to the selected rows; return (changed, refused by their state)."""
-        with transaction.atomic(using=queryset.db):
-            write_first(queryset.db)  # it counts, then changes
-            selected = queryset.count()
-            changed = verb(queryset.db, queryset)
-        refused = selected - changed
+        changed, refused = store.change_counted(queryset.db, queryset, verb)
         logger.info(
             "admin: %s %d outbox rows, %d refused by their state",
             outcome,

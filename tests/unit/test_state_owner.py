@@ -49,3 +49,18 @@ def test_the_models_and_the_expressions_import_nothing_of_the_package():
     modules = _modules()
     assert _package_imports(modules["models.py"]) == set()
     assert _package_imports(modules["db/expressions.py"]) == set()
+
+
+def test_only_the_store_takes_the_write_lock_before_it_reads():
+    """A transaction that counts or checks rows, then changes their state, is the
+    store's (``db.write_first``: SQLite's write lock first; and the portable claim's, in
+    db/); the admin's actions call ``store.change_counted`` instead of opening one of
+    their own."""
+    callers = {
+        name
+        for name, tree in _modules().items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and "write_first" in {getattr(node.func, "attr", None), getattr(node.func, "id", None)}
+    }
+    assert callers == {"state/store.py", "db/__init__.py"}
