@@ -19,19 +19,30 @@ def _modules() -> dict[str, ast.Module]:
     }
 
 
-def test_only_the_store_and_the_vendor_sql_write_a_status():
-    """``update(status=...)`` and ``update(lease_token=...)`` appear in state/store.py
-    (and the claim in db/) only."""
-    writers = {
+def _updating(modules: dict[str, ast.Module], fields: set[str]) -> set[str]:
+    """The modules that call ``update()`` with any of ``fields``."""
+    return {
         name
-        for name, tree in _modules().items()
+        for name, tree in modules.items()
         for node in ast.walk(tree)
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and node.func.attr == "update"
-        and {"status", "lease_token", "locked_until"} & {k.arg for k in node.keywords}
+        and fields & {k.arg for k in node.keywords}
     }
+
+
+def test_only_the_store_and_the_vendor_sql_write_a_status():
+    """``update(status=...)`` and ``update(lease_token=...)`` appear in state/store.py
+    (and the claim in db/) only."""
+    writers = _updating(_modules(), {"status", "lease_token", "locked_until"})
     assert writers == {"state/store.py", "db/__init__.py"}
+
+
+def test_only_the_inbox_parks_and_unparks():
+    """An ``InboxFailure``'s ``parked_at`` is written in inbox/records.py only: the
+    consumer parks and the replay unparks through it."""
+    assert _updating(_modules(), {"parked_at"}) == {"inbox/records.py"}
 
 
 def _package_imports(tree: ast.Module) -> set[str]:
