@@ -45,6 +45,49 @@ def test_only_the_inbox_parks_and_unparks():
     assert _updating(_modules(), {"parked_at"}) == {"inbox/records.py"}
 
 
+def _saving_a_status(modules: dict[str, ast.Module]) -> set[str]:
+    """The modules that write a loaded row's ``status``: ``row.status = ...`` (alone or
+    among other targets) or ``save(update_fields=[..., "status", ...])``."""
+    found = set()
+    for name, tree in modules.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    for each in ast.walk(target):
+                        if isinstance(each, ast.Attribute) and each.attr == "status":
+                            found.add(name)
+            elif isinstance(node, ast.Call):
+                for keyword in node.keywords:
+                    if keyword.arg == "update_fields" and any(
+                        isinstance(c, ast.Constant) and c.value == "status"
+                        for c in ast.walk(keyword.value)
+                    ):
+                        found.add(name)
+    return found
+
+
+def test_only_the_task_runner_writes_a_task_results_status():
+    """A ``TaskResultRecord`` is created READY by the backend (the field's default) and
+    its ``status`` written after that by tasks/runner.py alone (docs/architecture.md);
+    the outbox rows' status is written by UPDATEs, never on a loaded row."""
+    assert _saving_a_status(_modules()) == {"tasks/runner.py"}
+
+
+def test_a_status_written_on_a_loaded_row_is_found():
+    modules = {
+        name: ast.parse(text)
+        for name, text in {
+            "assigned.py": "row.status = 'x'",
+            "among_others.py": "row.status, row.finished_at = 'x', now",
+            "saved.py": "row.save(update_fields=['finished_at', 'status'])",
+            "other_field.py": "row.statuses = 1\nrow.save(update_fields=['errors'])",
+            "read.py": "status = row.status",
+        }.items()
+    }
+    assert _saving_a_status(modules) == {"assigned.py", "among_others.py", "saved.py"}
+
+
 def _package_imports(tree: ast.Module) -> set[str]:
     found = set()
     for node in ast.walk(tree):
