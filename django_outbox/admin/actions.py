@@ -13,7 +13,7 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
-from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext, ngettext, ngettext_lazy
 from django.utils.translation import gettext_lazy as _
 
 from ..exceptions import SkipRefused
@@ -28,6 +28,39 @@ logger = logging.getLogger("django_outbox.admin")
 #: posting one field per row must stay under.
 ACTION_ROW_LIMIT = 500
 
+#: What requeue and abandon say of the rows they changed and of the selected rows their
+#: state refused, by outcome (the number: ``count``).
+_REPORTS = {
+    "requeued": (
+        ngettext_lazy(
+            "%(count)d message requeued: pending again, attempts reset.",
+            "%(count)d messages requeued: pending again, attempts reset.",
+            "count",
+        ),
+        ngettext_lazy(
+            "%(count)d selected message was not requeued: "
+            "only failed or abandoned messages can be.",
+            "%(count)d selected messages were not requeued: "
+            "only failed or abandoned messages can be.",
+            "count",
+        ),
+    ),
+    "abandoned": (
+        ngettext_lazy(
+            "%(count)d message abandoned: the relay will not send it.",
+            "%(count)d messages abandoned: the relay will not send them.",
+            "count",
+        ),
+        ngettext_lazy(
+            "%(count)d selected message was not abandoned: only pending or failed "
+            "messages (or processing ones whose lease expired) can be.",
+            "%(count)d selected messages were not abandoned: only pending or failed "
+            "messages (or processing ones whose lease expired) can be.",
+            "count",
+        ),
+    ),
+}
+
 
 class OutboxActions(admin.ModelAdmin):
     """The actions of :class:`~django_outbox.admin.OutboxMessageAdmin`, named in its
@@ -41,55 +74,14 @@ class OutboxActions(admin.ModelAdmin):
         description=_("Requeue selected failed/abandoned messages"), permissions=["requeue"]
     )
     def requeue(self, request: HttpRequest, queryset: OutboxQuerySet) -> None:
-        if self._too_many(request, queryset, "outbox_requeue --status failed|abandoned"):
-            return
-        changed, refused = self._change_fate(request, queryset, store.requeue, "requeued")
-        self._report(
-            request,
-            ngettext(
-                "%(count)d message requeued: pending again, attempts reset.",
-                "%(count)d messages requeued: pending again, attempts reset.",
-                changed,
-            )
-            % {"count": changed},
-            ngettext(
-                "%(count)d selected message was not requeued: "
-                "only failed or abandoned messages can be.",
-                "%(count)d selected messages were not requeued: "
-                "only failed or abandoned messages can be.",
-                refused,
-            )
-            % {"count": refused},
-            changed,
-            refused,
-        )
+        command = "outbox_requeue --status failed|abandoned"
+        self._act(request, queryset, store.requeue, "requeued", command)
 
     @admin.action(
         description=_("Abandon selected pending/failed messages"), permissions=["requeue"]
     )
     def abandon(self, request: HttpRequest, queryset: OutboxQuerySet) -> None:
-        if self._too_many(request, queryset, None):
-            return
-        changed, refused = self._change_fate(request, queryset, store.abandon, "abandoned")
-        self._report(
-            request,
-            ngettext(
-                "%(count)d message abandoned: the relay will not send it.",
-                "%(count)d messages abandoned: the relay will not send them.",
-                changed,
-            )
-            % {"count": changed},
-            ngettext(
-                "%(count)d selected message was not abandoned: only pending or failed "
-                "messages (or processing ones whose lease expired) can be.",
-                "%(count)d selected messages were not abandoned: only pending or failed "
-                "messages (or processing ones whose lease expired) can be.",
-                refused,
-            )
-            % {"count": refused},
-            changed,
-            refused,
-        )
+        self._act(request, queryset, store.abandon, "abandoned", None)
 
     @admin.action(
         description=_("Requeue head: publish the blocked head of an ordered key again"),
@@ -185,14 +177,25 @@ class OutboxActions(admin.ModelAdmin):
         )
         return changed
 
-    def _report(
-        self, request: HttpRequest, done: str, not_done: str, changed: int, refused: int
+    def _act(
+        self,
+        request: HttpRequest,
+        queryset: OutboxQuerySet,
+        verb: Callable[[str, OutboxQuerySet], int],
+        outcome: str,
+        command: str | None,
     ) -> None:
-        """One success message for the changed rows, one warning for the refused ones."""
+        """Apply ``verb`` to the selected rows, unless there are too many (see
+        :meth:`_too_many`); one success message for the changed rows, one warning for
+        the rows their state refused (:data:`_REPORTS`)."""
+        if self._too_many(request, queryset, command):
+            return
+        changed, refused = self._change_fate(request, queryset, verb, outcome)
+        done, not_done = _REPORTS[outcome]
         if changed:
-            self.message_user(request, done, messages.SUCCESS)
+            self.message_user(request, done % {"count": changed}, messages.SUCCESS)
         if refused:
-            self.message_user(request, not_done, messages.WARNING)
+            self.message_user(request, not_done % {"count": refused}, messages.WARNING)
 
     def _change_fate(
         self,
