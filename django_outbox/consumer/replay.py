@@ -5,7 +5,8 @@ A parked message keeps its body and headers in
 replay publishes each one again to the queue it came from (through the AMQP
 default exchange, which routes by queue name on RabbitMQ and on kombu's virtual
 transports alike), persistent and, on RabbitMQ, confirmed, then unparks its
-record with a fresh count, so ``--max-deliveries`` applies anew.
+record with a fresh count (:func:`django_outbox.inbox.records.unpark`, the inbox's own
+write), so ``--max-deliveries`` applies anew.
 
 Publish first, unpark second: a replay cut short between the two leaves the
 record parked and the message on the queue, so replaying again sends a
@@ -19,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import amqp.exceptions  # type: ignore[import-untyped]
 import kombu
-from django.db.models.functions import Now
 
 from ..conf import outbox_settings
 from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, is_broker_header
 from ..exceptions import OutboxError
+from ..inbox.records import unpark
 from ..transports.kombu import CONFIRM_TIMEOUT, declare, new_connection, refusal_errors
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ def _replay(url: str, options: dict[str, Any], parked: list[InboxFailure], timeo
                 declare(channel, route, refused=refusal_errors(conn))
                 declared.add(failure.queue)
             _publish(producer, failure, timeout)
-            _unpark(failure)
+            unpark(failure)
     except BaseException:
         # No close handshake: a broker that blocked or stopped answering (a resource
         # alarm, a silent network) would never reply to it, and the replay would hang.
@@ -127,13 +128,6 @@ def _publish(producer: kombu.Producer, failure: InboxFailure, timeout: float) ->
             "queue": failure.queue,
         },
     )
-
-
-def _unpark(failure: InboxFailure) -> None:
-    """Unpark with a fresh count; the body stays (retention deletes the record)."""
-    type(failure).objects.using(failure._state.db).filter(
-        pk=failure.pk, parked_at=failure.parked_at
-    ).update(parked_at=None, attempts=0, last_failed_at=Now())
 
 
 def replay_headers(headers: dict[str, Any]) -> dict[str, Any]:

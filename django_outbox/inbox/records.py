@@ -508,6 +508,16 @@ def _park(failures: models.QuerySet[InboxFailure], body: str, event: ReceivedEve
     failures.update(parked_at=Now(), body=storable(body), headers=storable(event.headers))
 
 
+def unpark(failure: InboxFailure) -> None:
+    """Unpark ``failure`` with a fresh count, once its message is on its queue again
+    (:func:`django_outbox.consumer.replay.replay_parked`), so ``max_deliveries``
+    applies anew; the body stays (retention deletes the record). A record parked again
+    meanwhile (a ``parked_at`` of its own) is left parked."""
+    type(failure).objects.using(failure._state.db).filter(
+        pk=failure.pk, parked_at=failure.parked_at
+    ).update(parked_at=None, attempts=0, last_failed_at=Now())
+
+
 def storable(value: Any) -> Any:
     """``value`` as PostgreSQL can store it in a text or JSON column: NUL characters
     and lone surrogates replaced, non-finite floats and other types (bytes,

@@ -24,6 +24,8 @@ Each transition and the function that makes it:
   :func:`record` (``held``).
 - FAILED, ABANDONED -> PENDING: :func:`requeue`, :func:`requeue_selected`.
 - PENDING, FAILED, PROCESSING with an expired lease -> ABANDONED: :func:`abandon`.
+- Either of the two on a selection whose rows are counted too, for the admin's
+  actions: :func:`change_counted`.
 - FAILED, ABANDONED head of an ordered key -> PENDING: :func:`requeue_heads`; -> PENDING
   as a skip marker (``skipped_at`` set): :func:`skip`.
 - PUBLISHED, ABANDONED -> deleted: :func:`delete_in_batches` (called by ``retention``).
@@ -471,11 +473,32 @@ def requeue_selected(
         rows = rows.filter(status=status)
     if event_type:
         rows = rows.filter(event_type=event_type)
-    with transaction.atomic(using=using):
-        db.write_first(using)  # it reads, then writes
+    with _reading_then_writing(using):
         if ids:
             _refuse_unrequeueable(rows, ids)
         return requeue(using, rows)
+
+
+def change_counted(
+    using: str, rows: OutboxQuerySet, change: Callable[[str, OutboxQuerySet], int]
+) -> tuple[int, int]:
+    """Apply ``change`` (:func:`requeue` or :func:`abandon`) to ``rows``, counted in the
+    same transaction: returns (rows changed, selected rows it left alone by their
+    state), as the admin's actions report them."""
+    with _reading_then_writing(using):
+        selected = rows.count()
+        changed = change(using, rows)
+    return changed, selected - changed
+
+
+@contextlib.contextmanager
+def _reading_then_writing(using: str) -> Iterator[None]:
+    """A transaction that reads, then writes: on SQLite it takes the write lock first
+    (:func:`django_outbox.db.write_first`), so another writer's commit makes it wait
+    rather than refuses its write (its snapshot would be stale)."""
+    with transaction.atomic(using=using):
+        db.write_first(using)
+        yield
 
 
 def _refuse_unrequeueable(rows: OutboxQuerySet, ids: Sequence[int | uuid.UUID]) -> None:

@@ -162,9 +162,9 @@ def test_filter_choices_list_the_values_in_use(admin_client, rows):
 def test_a_value_filter_offers_and_lists_the_recent_window_only(admin_client, rows, monkeypatch):
     """Choices and rows come from the newest RECENT_ROWS rows (here the newest two): a
     value seen only in older rows is offered when selected, and lists nothing."""
-    from django_outbox import admin
+    from django_outbox.admin import window
 
-    monkeypatch.setattr(admin, "RECENT_ROWS", 2)
+    monkeypatch.setattr(window, "RECENT_ROWS", 2)
     response = admin_client.get(CHANGELIST, {"destination": "crm"})
     assert listed(response) == []
     spec = next(s for s in response.context["cl"].filter_specs if s.field_path == "event_type")
@@ -692,7 +692,7 @@ def test_an_event_id_is_found_in_the_inbox_of_every_consumer(admin_client):
 def test_a_failure_is_found_by_the_start_of_its_event_type_in_the_recent_window(
     admin_client, monkeypatch
 ):
-    from django_outbox import admin
+    from django_outbox.admin import window
 
     old, new = (
         InboxFailure.objects.create(consumer="billing", event_id=uuid.uuid4(), event_type=name)
@@ -701,7 +701,7 @@ def test_a_failure_is_found_by_the_start_of_its_event_type_in_the_recent_window(
     url = reverse("admin:django_outbox_inboxfailure_changelist")
     assert listed(admin_client.get(url, {"q": "order."})) == [old.pk, new.pk]
     assert listed(admin_client.get(url, {"q": "ORDER."})) == []  # case matters
-    monkeypatch.setattr(admin, "RECENT_ROWS", 1)
+    monkeypatch.setattr(window, "RECENT_ROWS", 1)
     assert listed(admin_client.get(url, {"q": "order."})) == [new.pk]
 
 
