@@ -32,7 +32,14 @@ from django.core.signals import setting_changed
 
 from .exceptions import OutboxConfigurationError
 from .redact import mask_url, option_secrets, scrub, url_passwords, url_problem
-from .routes import DEFAULT_BROKER, Route, did_you_mean, is_valid_destination, parse_routes
+from .routes import (
+    DEFAULT_BROKER,
+    ENVELOPES,
+    Route,
+    did_you_mean,
+    is_valid_destination,
+    parse_routes,
+)
 from .signing import MIN_KEY_BYTES, Keyring, parse_keys
 
 
@@ -118,6 +125,18 @@ def _optional_str(value: object) -> str | None:
 def _exchange_name(value: object) -> str:
     if not isinstance(value, str) or not is_valid_destination(value):
         raise _Invalid("must be an exchange name of letters, digits and ._:/-")
+    return value
+
+
+def _envelope(value: object) -> str:
+    if value not in ENVELOPES or not isinstance(value, str):
+        raise _Invalid(f"must be one of {', '.join(map(repr, ENVELOPES))}")
+    return value
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _Invalid("must be a non-empty string")
     return value
 
 
@@ -239,7 +258,8 @@ SETTINGS: dict[str, Setting] = {
             {},
             None,  # parsed by parse_routes with DEFAULT_EXCHANGE, see _parse()
             "destination -> {exchange, exchange_type, routing_key, queue, queue_arguments, "
-            "exchange_arguments, queue_type, dead_letter_exchange, broker, ordered, partitions} "
+            "exchange_arguments, queue_type, dead_letter_exchange, broker, ordered, partitions, "
+            "envelope} "
             "or {celery_task}.",
         ),
         Setting(
@@ -372,6 +392,20 @@ SETTINGS: dict[str, Setting] = {
             _bool,
             "run_outbox_consumer parks every message not signed by one of SIGNING_KEYS "
             "(also --verify-signatures).",
+        ),
+        Setting(
+            "DEFAULT_ENVELOPE",
+            "outbox",
+            _envelope,
+            'the wire format of broker routes that name no "envelope": "outbox", '
+            '"cloudevents" or "cloudevents-structured" (see docs/cloudevents.md).',
+        ),
+        Setting(
+            "CLOUDEVENTS_SOURCE",
+            "/django-outbox",
+            _text,
+            "the CloudEvents source attribute of every event the relay publishes in a "
+            "CloudEvents envelope: a URI reference naming your service (see docs/cloudevents.md).",
         ),
         Setting(
             "START_JITTER",
@@ -939,6 +973,8 @@ _ENV_CASTS: dict[Callable[[Any], Any] | None, tuple[Callable[[str], Any], str]] 
     _dict: (json.loads, "a JSON object"),
     _broker_table: (json.loads, 'a JSON object of brokers: {"alias": {"URL": ...}}'),
     _signing_keys: (json.loads, 'a JSON list of keys: ["...", "..."]'),
+    _envelope: (str, "outbox, cloudevents or cloudevents-structured"),
+    _text: (str, "a non-empty string"),
     None: (json.loads, "a JSON object of routes"),  # ROUTES
 }
 

@@ -75,7 +75,7 @@ from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
 from kombu.mixins import ConsumerMixin
 
-from . import tracing
+from . import cloudevents, tracing
 from .conf import outbox_settings
 from .envelope import COMPRESSION_HEADER, CONTENT_ENCODING, CONTENT_TYPE, ReceivedEvent
 from .exceptions import BrokerUnreachable, InvalidMessage, OutboxConfigurationError
@@ -885,7 +885,16 @@ def _uninflated(message_class: type[kombu.Message]) -> type[kombu.Message]:
 
 
 def _decode(message: Any) -> ReceivedEvent:
-    """The event in ``message``; :class:`InvalidMessage` if it is not an outbox event."""
+    """The event in ``message``, in the outbox's envelope or a CloudEvent (binary or
+    structured: :mod:`~django_outbox.cloudevents`); :class:`InvalidMessage` if it is
+    neither."""
+    if cloudevents.is_cloudevent(message.content_type, message.headers):
+        limit = 2 * outbox_settings.MAX_PAYLOAD_BYTES
+        event, payload = cloudevents.received(
+            message.content_type, message.headers, _text(message), limit
+        )
+        message.outbox_payload = payload  # what _text() gives from now on: the payload
+        return event
     if message.content_type != CONTENT_TYPE:
         raise InvalidMessage(
             f"content type {message.content_type!r} is not {CONTENT_TYPE}: "
@@ -921,6 +930,11 @@ def _broker_deliveries(headers: dict[str, Any] | None) -> int:
 
 def _text(message: Any) -> str:
     """The body as text, read by its content encoding (py-amqp hands it over decoded
-    already, kombu's virtual transports as bytes)."""
+    already, kombu's virtual transports as bytes); of a CloudEvent, its payload's JSON
+    text (what a signature covers, and what a parked message keeps to be replayed in
+    the outbox's envelope)."""
+    payload = getattr(message, "outbox_payload", None)
+    if payload is not None:
+        return payload
     body = message.body
     return body if isinstance(body, str) else body.decode(message.content_encoding or "utf-8")
