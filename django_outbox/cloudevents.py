@@ -52,6 +52,7 @@ SPECVERSION = "1.0"
 STRUCTURED_CONTENT_TYPE = "application/cloudevents+json"
 #: The prefix of an attribute's header in binary mode (RabbitMQ's binding).
 BINARY_PREFIX = "ce-"
+SPECVERSION_HEADER = BINARY_PREFIX + "specversion"
 #: The envelopes of ``routes.ENVELOPES``.
 OUTBOX, BINARY, STRUCTURED = "outbox", "cloudevents", "cloudevents-structured"
 
@@ -144,10 +145,12 @@ def _text(value: Any) -> str:
 
 def is_cloudevent(content_type: str | None, headers: Mapping[str, Any] | None) -> bool:
     """Whether a message of ``content_type`` with ``headers`` is a CloudEvent: structured
-    (its content type ``application/cloudevents...``) or binary (a ``ce-`` header)."""
+    (its content type ``application/cloudevents...``) or binary (a ``ce-specversion``
+    header, which every binary-mode CloudEvent has: another ``ce-`` header alone may be
+    a user's header on an outbox envelope)."""
     if _is_structured(content_type):
         return True
-    return any(str(name).lower().startswith(BINARY_PREFIX) for name in headers or ())
+    return any(str(name).lower() == SPECVERSION_HEADER for name in headers or ())
 
 
 def _is_structured(content_type: str | None) -> bool:
