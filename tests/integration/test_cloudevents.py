@@ -29,7 +29,15 @@ from django_outbox.models import InboxMessage
 from django_outbox.routes import Route
 from django_outbox.signing import parse_keys
 from django_outbox.transports.kombu import AmqpTransport, RedisTransport
-from tests.support import AMQP_URL, REDIS_URL, consume, delete_queue, unique_destination
+from tests.support import (
+    AMQP_URL,
+    REDIS_URL,
+    consume,
+    delete_queue,
+    run_relay,
+    stage_events,
+    unique_destination,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -258,3 +266,20 @@ def test_the_consumer_handles_events_the_sdk_produces(url, mode):
     finally:
         if url == AMQP_URL:
             delete_queue(queue)
+
+
+def test_a_relay_publishes_the_default_route_as_cloudevents_by_the_project_default():
+    """``OUTBOX["DEFAULT_ENVELOPE"]`` on a real relay process: the events staged to a
+    destination of the default route reach its queue as binary-mode CloudEvents, with
+    the project's source."""
+    destination = unique_destination("ce")
+    ids = stage_events(3, destination, keys=3)
+    try:
+        run_relay("--drain", DEFAULT_ENVELOPE="cloudevents", CLOUDEVENTS_SOURCE=SOURCE)
+        received = [sdk_event(got) for got in consume(destination, len(ids))]
+    finally:
+        delete_queue(destination)
+    assert [event.get_id() for event in received] == ids
+    assert {event.get_source() for event in received} == {SOURCE}
+    assert [event.get_subject() for event in received] == ["k0", "k1", "k2"]
+    assert [event.get_data() for event in received] == [{"n": n} for n in range(3)]
