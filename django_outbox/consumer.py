@@ -891,7 +891,7 @@ def _decode(message: Any) -> ReceivedEvent:
     if cloudevents.is_cloudevent(message.content_type, message.headers):
         limit = 2 * outbox_settings.MAX_PAYLOAD_BYTES
         event, payload = cloudevents.received(
-            message.content_type, message.headers, _text(message), limit
+            message.content_type, message.headers, _body_text(message), limit
         )
         message.outbox_payload = payload  # what _text() gives from now on: the payload
         return event
@@ -909,10 +909,24 @@ def _json_body(message: Any) -> Any:
     """The body as plain JSON, exactly as the relay sent it. Not ``message.decode()``:
     kombu's JSON decoder turns an object with a ``__type__`` key into a datetime,
     Decimal or UUID, so a payload holding one would reach the handler changed."""
+    text = _body_text(message)
     try:
-        return json.loads(_text(message))
+        return json.loads(text)
+    except ValueError as exc:
+        raise InvalidMessage(NOT_JSON % exc) from None
+
+
+#: Why a message's body is refused: its content encoding cannot decode it, or it is not JSON.
+NOT_JSON = "the body is not JSON text: %s"
+
+
+def _body_text(message: Any) -> str:
+    """:func:`_text`, or :class:`InvalidMessage` when the body does not decode by its
+    content encoding (kombu's ``binary``, of bytes published without one, is none)."""
+    try:
+        return _text(message)
     except (ValueError, LookupError) as exc:  # LookupError: an unknown content encoding
-        raise InvalidMessage(f"the body is not JSON text: {exc}") from None
+        raise InvalidMessage(NOT_JSON % exc) from None
 
 
 def _message_key(message: Any) -> Any:

@@ -25,7 +25,8 @@ from django.test import override_settings
 from django_outbox import cloudevents
 from django_outbox.consumer import InboxConsumer
 from django_outbox.envelope import ClaimedMessage, OutboxEvent, ReceivedEvent
-from django_outbox.models import InboxMessage
+from django_outbox.models import InboxFailure, InboxMessage
+from django_outbox.replay import replay_parked
 from django_outbox.routes import Route
 from django_outbox.signing import parse_keys
 from django_outbox.transports.kombu import AmqpTransport, RedisTransport
@@ -283,3 +284,74 @@ def test_a_relay_publishes_the_default_route_as_cloudevents_by_the_project_defau
     assert {event.get_source() for event in received} == {SOURCE}
     assert [event.get_subject() for event in received] == ["k0", "k1", "k2"]
     assert [event.get_data() for event in received] == [{"n": n} for n in range(3)]
+
+
+def test_a_parked_cloudevent_is_replayed_in_the_outbox_envelope_as_the_same_event():
+    """A parked CloudEvent keeps its payload's text and its headers mapped back; the
+    replay sends those in the outbox's envelope, which reads as the same event (its
+    event id made from source and id too)."""
+    queue = unique_destination("ce")
+    (event,) = sdk_events(1)  # its id is no UUID
+    wire = rabbitmq.to_binary_event(event)
+
+    def refuse(received: ReceivedEvent) -> None:
+        raise RuntimeError("the ledger is down")
+
+    handled: list[ReceivedEvent] = []
+    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL}):
+        failing = InboxConsumer(queue, refuse, "billing", max_deliveries=1)
+        with kombu.Connection(AMQP_URL) as connection:
+            kombu.Queue(queue, durable=True)(connection.channel()).declare()
+            connection.Producer().publish(
+                wire.body,
+                routing_key=queue,
+                content_type=wire.content_type,
+                content_encoding="utf-8",
+                headers=wire.headers,
+            )
+        try:
+            assert failing.run(idle_timeout=1).parked == 1
+            (parked,) = InboxFailure.objects.parked()
+            assert json.loads(parked.body) == {"number": 0}
+            assert parked.headers["event_type"] == "invoice.paid"
+            replay_parked(InboxFailure.objects.all())
+            stats = InboxConsumer(queue, handled.append, "billing").run(idle_timeout=1)
+        finally:
+            delete_queue(queue)
+    assert stats.handled == 1
+    (again,) = handled
+    assert again.event_id == cloudevents.event_id("urn:billing", event.get_id())
+    assert (again.event_type, again.payload, again.ordering_key) == (
+        "invoice.paid",
+        {"number": 0},
+        "invoice-0",
+    )
+
+
+@pytest.mark.parametrize("mode", ["binary", "structured"])
+def test_a_cloudevent_whose_body_does_not_decode_is_rejected_and_the_consumer_goes_on(mode):
+    """kombu marks bytes published without a content encoding ``binary``, a codec Python
+    does not know: the message is rejected with one line, and the next one handled."""
+    queue = unique_destination("ce")
+    encode = rabbitmq.to_binary_event if mode == "binary" else rabbitmq.to_structured_event
+    first, second = (encode(event) for event in sdk_events(2))
+    handled: list[ReceivedEvent] = []
+    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL}):
+        consumer = InboxConsumer(queue, handled.append, "billing")
+        with kombu.Connection(AMQP_URL) as connection:
+            kombu.Queue(queue, durable=True)(connection.channel()).declare()
+            producer = connection.Producer()
+            for wire, encoding in ((first, None), (second, "utf-8")):
+                producer.publish(
+                    wire.body,
+                    routing_key=queue,
+                    content_type=wire.content_type,
+                    content_encoding=encoding,
+                    headers=wire.headers,
+                )
+        try:
+            stats = consumer.run(idle_timeout=1)
+        finally:
+            delete_queue(queue)
+    assert (stats.rejected, stats.handled) == (1, 1)
+    assert [event.payload for event in handled] == [{"number": 1}]
