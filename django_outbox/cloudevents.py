@@ -251,7 +251,7 @@ def _data_text(body: str, data: Any) -> str:
 def _loads(text: str, what: str) -> Any:
     try:
         return json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise InvalidMessage(f"{what} is not JSON text: {exc}") from None
 
 

@@ -912,7 +912,7 @@ def _json_body(message: Any) -> Any:
     text = _body_text(message)
     try:
         return json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise InvalidMessage(NOT_JSON % exc) from None
 
 

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from . import case
-from .consumer import rejected
+from .consumer import event, rejected
 from .settings import check_lines, only
 
 
@@ -67,6 +67,13 @@ def data_base64(request: object) -> str:
 def too_large(request: object) -> str:
     with override_settings(OUTBOX={**settings.OUTBOX, "MAX_PAYLOAD_BYTES": 1024}):
         return structured(document(data={"blob": "x" * 4096}))
+
+
+@case("consumer-nested-json")
+def nested_json(request: object) -> str:
+    """In either envelope: Python's JSON decoder raises RecursionError (not ValueError)."""
+    message = event(b"[" * 100_000)
+    return rejected(message.pop("body"), **message)
 
 
 @case("cloudevent-celery-route")

@@ -355,3 +355,43 @@ def test_a_cloudevent_whose_body_does_not_decode_is_rejected_and_the_consumer_go
             delete_queue(queue)
     assert (stats.rejected, stats.handled) == (1, 1)
     assert [event.payload for event in handled] == [{"number": 1}]
+
+
+@pytest.mark.parametrize(
+    ("content_type", "headers", "body"),
+    [
+        (cloudevents.STRUCTURED_CONTENT_TYPE, {}, b'{"data": ' + b"[" * 100_000),
+        (
+            "application/json",
+            {"ce-specversion": "1.0", "ce-id": "1", "ce-source": "s", "ce-type": "t"},
+            b"[" * 100_000,
+        ),
+        ("application/json", {"event_id": str(uuid.uuid4())}, b"[" * 100_000),
+    ],
+    ids=["structured", "binary", "outbox envelope"],
+)
+def test_json_nested_too_deeply_is_rejected_and_the_consumer_goes_on(content_type, headers, body):
+    """100 KB of ``[``: Python's JSON decoder raises RecursionError, no ValueError; the
+    consumer rejects the message with one line instead of dying of it."""
+    queue = unique_destination("ce")
+    handled: list[ReceivedEvent] = []
+    (good,) = sdk_events(1)
+    wire = rabbitmq.to_binary_event(good)
+    with override_settings(OUTBOX={"BROKER_URL": AMQP_URL}):
+        consumer = InboxConsumer(queue, handled.append, "billing")
+        with kombu.Connection(AMQP_URL) as connection:
+            kombu.Queue(queue, durable=True)(connection.channel()).declare()
+            producer = connection.Producer()
+            for data, kind, more in ((body, content_type, headers), (wire.body, None, None)):
+                producer.publish(
+                    data,
+                    routing_key=queue,
+                    content_type=kind or wire.content_type,
+                    content_encoding="utf-8",
+                    headers=more or wire.headers,
+                )
+        try:
+            stats = consumer.run(idle_timeout=1)
+        finally:
+            delete_queue(queue)
+    assert (stats.rejected, stats.handled) == (1, 1)
