@@ -91,9 +91,12 @@ class Wire:
     content_type: str = CONTENT_TYPE
 
 
-def split(message: ClaimedMessage, source: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def split(
+    message: ClaimedMessage, source: str, keyed: bool = False
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The CloudEvents attributes of ``message`` (by their names), and the headers that
-    travel beside them (the user's own, the signature)."""
+    travel beside them (the user's own, the signature; ``keyed``, the ordering key as
+    the ``ordering_key`` header too, which a partitioned route's exchange hashes)."""
     attributes: dict[str, Any] = {"specversion": SPECVERSION, "source": source}
     plain: dict[str, Any] = {}
     for header, value in message.wire_headers().items():
@@ -103,34 +106,37 @@ def split(message: ClaimedMessage, source: str) -> tuple[dict[str, Any], dict[st
         elif value is not None and value != "":
             attributes[name] = value
     attributes["datacontenttype"] = CONTENT_TYPE
+    if keyed:
+        plain["ordering_key"] = message.ordering_key
     return attributes, plain
 
 
-def binary(message: ClaimedMessage, source: str) -> Wire:
+def binary(message: ClaimedMessage, source: str, keyed: bool = False) -> Wire:
     """``message`` in binary content mode: the attributes as ``ce-`` headers (strings,
     ``datacontenttype`` aside: it is the content type), after the plain headers."""
-    attributes, headers = split(message, source)
+    attributes, headers = split(message, source, keyed)
     del attributes["datacontenttype"]
     for name, value in attributes.items():
         headers[BINARY_PREFIX + name] = _text(value)
     return Wire(message.body, headers)
 
 
-def structured(message: ClaimedMessage, source: str) -> Wire:
+def structured(message: ClaimedMessage, source: str, keyed: bool = False) -> Wire:
     """``message`` in structured mode: the event as one JSON object, ``data`` first
     (the payload's text as stored), with the plain headers beside it."""
-    attributes, headers = split(message, source)
+    attributes, headers = split(message, source, keyed)
     rest = json.dumps(attributes, ensure_ascii=False)[1:]
     body = f"{DATA_FIRST}{message.wire_payload}, {rest}".encode(CONTENT_ENCODING)
     return Wire(body, headers, STRUCTURED_CONTENT_TYPE)
 
 
-def wire(message: ClaimedMessage, envelope: str, source: str) -> Wire:
-    """``message`` in ``envelope`` (one of ``routes.ENVELOPES``)."""
+def wire(message: ClaimedMessage, envelope: str, source: str, keyed: bool = False) -> Wire:
+    """``message`` in ``envelope`` (one of ``routes.ENVELOPES``); ``keyed`` (a partitioned
+    route's), with the ``ordering_key`` header beside a CloudEvent's attributes."""
     if envelope == BINARY:
-        return binary(message, source)
+        return binary(message, source, keyed)
     if envelope == STRUCTURED:
-        return structured(message, source)
+        return structured(message, source, keyed)
     return Wire(message.body, message.wire_headers())
 
 

@@ -128,18 +128,20 @@ def transient_failure(exc: BaseException) -> Failure:
     return Failure.from_exception(exc)
 
 
-#: A batch's envelope (one of ``routes.ENVELOPES``) and CloudEvents source.
-Envelope = tuple[str, str]
+#: A batch's envelope (one of ``routes.ENVELOPES``), CloudEvents source, and whether its
+#: CloudEvents carry the ``ordering_key`` header too (see :func:`envelope_of`).
+Envelope = tuple[str, str, bool]
 
 
 def envelope_of(route: Route, *, binary: bool) -> Envelope:
     """The envelope ``route``'s messages go in (``OUTBOX["DEFAULT_ENVELOPE"]`` unless it
     names one), and the CloudEvents source: on a broker without a binary content mode
-    (``binary`` False), CloudEvents are structured."""
+    (``binary`` False), CloudEvents are structured. A partitioned route's CloudEvents
+    keep the ``ordering_key`` header, which its consistent-hash exchange hashes."""
     envelope = route.envelope or outbox_settings.DEFAULT_ENVELOPE
     if envelope == cloudevents.BINARY and not binary:
         envelope = cloudevents.STRUCTURED
-    return envelope, outbox_settings.CLOUDEVENTS_SOURCE
+    return envelope, outbox_settings.CLOUDEVENTS_SOURCE, route.partitions > 0
 
 
 def routing_key(route: Route, message: ClaimedMessage) -> str:

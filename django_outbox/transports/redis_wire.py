@@ -240,7 +240,10 @@ class RedisWire:
     deferred = True
 
     def __init__(
-        self, channel: Any, exchange: str, envelope: tuple[str, str] = (cloudevents.OUTBOX, "")
+        self,
+        channel: Any,
+        exchange: str,
+        envelope: tuple[str, str, bool] = (cloudevents.OUTBOX, "", False),
     ) -> None:
         self._channel = channel
         self._exchange = exchange

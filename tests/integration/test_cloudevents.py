@@ -27,7 +27,7 @@ from django_outbox.consumer import InboxConsumer
 from django_outbox.envelope import ClaimedMessage, OutboxEvent, ReceivedEvent
 from django_outbox.models import InboxFailure, InboxMessage
 from django_outbox.replay import replay_parked
-from django_outbox.routes import Route
+from django_outbox.routes import Route, parse_routes
 from django_outbox.signing import parse_keys
 from django_outbox.transports.kombu import AmqpTransport, RedisTransport
 from tests.support import (
@@ -35,6 +35,7 @@ from tests.support import (
     REDIS_URL,
     consume,
     delete_queue,
+    drain_raw,
     run_relay,
     stage_events,
     unique_destination,
@@ -395,3 +396,27 @@ def test_json_nested_too_deeply_is_rejected_and_the_consumer_goes_on(content_typ
         finally:
             delete_queue(queue)
     assert (stats.rejected, stats.handled) == (1, 1)
+
+
+def test_a_partitioned_route_spreads_cloudevents_by_key_as_its_own_envelope():
+    """The partitions' consistent-hash exchange hashes the ``ordering_key`` header: a
+    partitioned route's CloudEvents carry it beside ``ce-subject``, so each key's
+    events still go to one partition queue, and the keys over several."""
+    name = unique_destination("cep")
+    spec = {"queue": name, "ordered": True, "partitions": 4, "envelope": "cloudevents"}
+    route = parse_routes({name: spec}, "outbox")[name]
+    keys = [f"order-{number}" for number in range(24)]
+    sent = [message(n, ordering_key=key, sequence=1) for n, key in enumerate(keys)]
+    try:
+        publish(AmqpTransport(AMQP_URL), route, sent)
+        placed = {queue: drain_raw(queue) for queue in route.partition_queues}
+    finally:
+        for queue in route.partition_queues:
+            delete_queue(queue)
+        with kombu.Connection(AMQP_URL) as connection:
+            kombu.Exchange(route.partition_exchange, channel=connection.channel()).delete()
+    subjects = {q: [m.headers["ce-subject"] for m in got] for q, got in placed.items()}
+    assert sorted(s for found in subjects.values() for s in found) == sorted(keys)
+    assert sum(1 for found in subjects.values() if found) > 1, subjects
+    for got in placed.values():
+        assert all(m.headers["ordering_key"] == m.headers["ce-subject"] for m in got)
