@@ -125,7 +125,7 @@ def structured(message: ClaimedMessage, source: str, keyed: bool = False) -> Wir
     """``message`` in structured mode: the event as one JSON object, ``data`` first
     (the payload's text as stored), with the plain headers beside it."""
     attributes, headers = split(message, source, keyed)
-    rest = json.dumps(attributes, ensure_ascii=False)[1:]
+    rest = json.dumps(attributes)[1:]  # the cached encoder: non-ASCII as \u escapes
     body = f"{DATA_FIRST}{message.wire_payload}, {rest}".encode(CONTENT_ENCODING)
     return Wire(body, headers, STRUCTURED_CONTENT_TYPE)
 
