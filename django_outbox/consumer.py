@@ -6,9 +6,10 @@ is acknowledged without running the handler again. Per message:
 
 * **decodes** ``application/json`` only (a pickled message is refused, never
   unpickled, and kombu's raw ``application/data`` and text types are refused
-  too); a message of another content type, a body that does not decode or one
-  that carries no event id is **rejected** without requeue, so the broker's
-  dead-letter policy applies;
+  too), in the outbox's envelope or as a CloudEvent (binary or structured:
+  :mod:`~django_outbox.cloudevents`); a message of another content type, a body
+  that does not decode or one that carries no event id is **rejected** without
+  requeue, so the broker's dead-letter policy applies;
 * **rejects** a message with a ``compression`` header as kombu builds it, without
   inflating its body (:func:`_uninflated`);
 * with signatures verified (``verify_signatures``, ``OUTBOX["VERIFY_SIGNATURES"]``),
