@@ -159,6 +159,13 @@ def is_cloudevent(content_type: str | None, headers: Mapping[str, Any] | None) -
     return any(str(name).lower() == SPECVERSION_HEADER for name in headers or ())
 
 
+def is_attribute_header(name: str) -> bool:
+    """Whether ``name`` is the header of a CloudEvents attribute in binary mode (``ce-``,
+    in any case, as the SDK reads it): no user header takes one, since a consumer would
+    read it as the event's attribute (``ce-specversion`` makes the message a CloudEvent)."""
+    return name.lower().startswith(BINARY_PREFIX)
+
+
 def _is_structured(content_type: str | None) -> bool:
     return (content_type or "").lower().startswith("application/cloudevents")
 

@@ -20,11 +20,13 @@ import redis
 from cloudevents.core.bindings import rabbitmq
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
+from django.db import transaction
 from django.test import override_settings
 
-from django_outbox import cloudevents
+from django_outbox import cloudevents, stage
 from django_outbox.consumer import InboxConsumer
 from django_outbox.envelope import ClaimedMessage, OutboxEvent, ReceivedEvent
+from django_outbox.exceptions import InvalidEvent
 from django_outbox.models import InboxFailure, InboxMessage
 from django_outbox.replay import replay_parked
 from django_outbox.routes import Route, parse_routes
@@ -420,3 +422,15 @@ def test_a_partitioned_route_spreads_cloudevents_by_key_as_its_own_envelope():
     assert sum(1 for found in subjects.values() if found) > 1, subjects
     for got in placed.values():
         assert all(m.headers["ordering_key"] == m.headers["ce-subject"] for m in got)
+
+
+@pytest.mark.parametrize("name", ["ce-id", "CE-SpecVersion", "ce-tenant"])
+def test_stage_refuses_a_header_named_like_a_cloudevents_attribute(name):
+    """On a CloudEvents route it would pass for the event's attribute, on any other route
+    make its consumer read the event as a CloudEvent (``ce-specversion``)."""
+    with transaction.atomic(), pytest.raises(InvalidEvent) as raised:
+        stage("order.placed", {}, destination="orders", headers={name: "x", "tenant": "t1"})
+    assert str(raised.value) == (
+        f"event 'order.placed': headers [{name!r}] are reserved for the relay, kombu and the "
+        "brokers and cannot be given"
+    )
