@@ -186,6 +186,7 @@ def _scenarios(
     figures.update(_ordering(profile, amqp, drain))
     figures.update(_telemetry(profile, amqp, drain))
     figures.update(_signing(profile, amqp, drain))
+    figures.update(_cloudevents(profile, amqp, redis, drain))
     figures.update(_end_to_end(profile, env, amqp))
     return figures
 
@@ -353,6 +354,44 @@ def _signing(profile: Profile, amqp: str, drain: Callable[..., Any]) -> dict[str
         "signed_cpu_us_per_event_extra": statistics.median(cpu),
         **scenarios.signing_cost(profile.round_events),
     }
+
+
+def _cloudevents(
+    profile: Profile, amqp: str, redis: str, drain: Callable[..., Any]
+) -> dict[str, Any]:
+    """The relay in the outbox's envelope against the same relay publishing CloudEvents,
+    alternated over rounds: binary and structured mode to RabbitMQ, structured to Redis;
+    their rates' ratios per round, and each drain's relay CPU per event (median), which a
+    busy machine sways less than the rates."""
+    count = profile.round_events
+    _step(f"CloudEvents: {profile.rounds} x (RabbitMQ outbox, binary, structured; Redis x 2)")
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in CLOUDEVENTS_DRAINS}
+    for _ in range(profile.rounds):
+        for name, (broker, envelope) in CLOUDEVENTS_DRAINS.items():
+            url = amqp if broker == "rabbitmq" else redis
+            runs[name].append(drain(url, count, f"ce-{name}", envelope=envelope))
+    plain = [run["events_per_s"] for run in runs["rabbitmq"]]
+    redis_plain = [run["events_per_s"] for run in runs["redis"]]
+    cpu = {name: [run["cpu_us_per_event"] for run in done] for name, done in runs.items()}
+    return {
+        **{f"{name}_cpu_us_per_event": statistics.median(cpu[name]) for name in cpu},
+        "relay_cloudevents_binary_ev_per_s": statistics.median(
+            run["events_per_s"] for run in runs["rabbitmq_binary"]
+        ),
+        **_per_round("cloudevents_binary_vs_plain", runs["rabbitmq_binary"], plain),
+        **_per_round("cloudevents_structured_vs_plain", runs["rabbitmq_structured"], plain),
+        **_per_round("redis_cloudevents_vs_plain", runs["redis_cloudevents"], redis_plain),
+    }
+
+
+#: The drains of :func:`_cloudevents`, in each round's order: name -> (broker, envelope).
+CLOUDEVENTS_DRAINS = {
+    "rabbitmq": ("rabbitmq", "outbox"),
+    "rabbitmq_binary": ("rabbitmq", "cloudevents"),
+    "rabbitmq_structured": ("rabbitmq", "cloudevents-structured"),
+    "redis": ("redis", "outbox"),
+    "redis_cloudevents": ("redis", "cloudevents"),
+}
 
 
 def _ordering(profile: Profile, amqp: str, drain: Callable[..., Any]) -> dict[str, Any]:

@@ -122,13 +122,14 @@ def relay_drain(
     telemetry: bool = False,
     keep_published: bool = True,
     signed: bool = False,
+    envelope: str = "outbox",
 ) -> dict[str, Any]:
     """Stage ``count`` events, then let ``processes`` relays drain them together. With
     ``keys``, the events go to the ordered route, spread over that many keys; with
     ``telemetry``, they are staged under spans and the relays run with metrics and
     tracing on (:mod:`benchmarks.telemetry`); without ``keep_published``, they delete
     each row at its confirm (``PUBLISHED_RETENTION`` 0); ``signed``, they sign every
-    message (``SIGNING_KEYS``).
+    message (``SIGNING_KEYS``); ``envelope`` is their ``DEFAULT_ENVELOPE`` (CloudEvents).
 
     Returns the events/s from the first relay's start to the last one's finish, the
     relays' CPU per event, the first relay's RSS and SQL counts, what the drain cost the
@@ -146,6 +147,7 @@ def relay_drain(
         **env,
         "OUTBOX_BENCH_KEEP_PUBLISHED": "1" if keep_published else "0",
         "OUTBOX_BENCH_SIGNING_KEY": SIGNING_KEY if signed else "",
+        "OUTBOX_BENCH_ENVELOPE": envelope,
     }
     results = _run_relays(env, url, processes, batch_size, tag, profile_dir, telemetry, keys > 0)
     drained = Reading.take(TABLE)

@@ -41,6 +41,8 @@ if not env.bool("OUTBOX_BENCH_KEEP_PUBLISHED", default=True):
 #: The relays of a signed drain (``OUTBOX_BENCH_SIGNING_KEY`` set) sign every message.
 if signing_key := env.str("OUTBOX_BENCH_SIGNING_KEY", default=""):
     OUTBOX["SIGNING_KEYS"] = [signing_key]
+#: The envelope of every route of a CloudEvents drain (``OUTBOX_BENCH_ENVELOPE``).
+OUTBOX["DEFAULT_ENVELOPE"] = env.str("OUTBOX_BENCH_ENVELOPE", default="outbox")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGGING = {
     "version": 1,

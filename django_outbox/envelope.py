@@ -175,10 +175,20 @@ class ReceivedEvent:
     event_type: str
     payload: Any  # the decoded JSON body
     headers: dict[str, Any]  # every header on the wire, the standard ones included
+    #: A CloudEvent's attributes that no outbox header holds (``id`` as sent, ``source``,
+    #: ``specversion``, ``datacontenttype``, other extensions), by their CloudEvents names;
+    #: None for an event in the outbox's own envelope (see docs/cloudevents.md). Not
+    #: compared: the same event reads equal in either envelope.
+    cloudevent: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
     def from_wire(
-        cls, payload: Any, headers: dict[str, Any] | None, message_id: str | None = None
+        cls,
+        payload: Any,
+        headers: dict[str, Any] | None,
+        message_id: str | None = None,
+        *,
+        cloudevent: dict[str, Any] | None = None,
     ) -> ReceivedEvent:
         """Build from a decoded body, the message headers and the broker's message id.
 
@@ -197,7 +207,7 @@ class ReceivedEvent:
                 "the message has no event_id header or message id that is a UUID; "
                 "it was not published by an outbox relay"
             ) from None
-        event = cls(event_id, str(headers.get("event_type") or ""), payload, headers)
+        event = cls(event_id, str(headers.get("event_type") or ""), payload, headers, cloudevent)
         if headers.get("sequence") is not None and event.sequence is None:
             raise InvalidMessage(
                 f"event {event_id} has a sequence header {headers['sequence']!r} that is not "
@@ -276,5 +286,5 @@ class OutboxEvent(ReceivedEvent):
             message.event_type,
             json.loads(message.wire_payload),
             message.wire_headers(),
-            message.destination,
+            destination=message.destination,
         )

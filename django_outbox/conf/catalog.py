@@ -52,7 +52,8 @@ SETTINGS: dict[str, Setting] = {
             {},
             None,  # parsed by parse_routes with DEFAULT_EXCHANGE, see _parse()
             "destination -> {exchange, exchange_type, routing_key, queue, queue_arguments, "
-            "exchange_arguments, queue_type, dead_letter_exchange, broker, ordered, partitions} "
+            "exchange_arguments, queue_type, dead_letter_exchange, broker, ordered, partitions, "
+            "envelope} "
             "or {celery_task}.",
         ),
         Setting(
@@ -197,6 +198,20 @@ SETTINGS: dict[str, Setting] = {
             parsers.boolean,
             "run_outbox_consumer parks every message not signed by one of SIGNING_KEYS "
             "(also --verify-signatures).",
+        ),
+        Setting(
+            "DEFAULT_ENVELOPE",
+            "outbox",
+            parsers.envelope,
+            'the wire format of broker routes that name no "envelope": "outbox", '
+            '"cloudevents" or "cloudevents-structured" (see docs/cloudevents.md).',
+        ),
+        Setting(
+            "CLOUDEVENTS_SOURCE",
+            "/django-outbox",
+            parsers.text,
+            "the CloudEvents source attribute of every event the relay publishes in a "
+            "CloudEvents envelope: a URI reference naming your service (see docs/cloudevents.md).",
         ),
         Setting(
             "START_JITTER",

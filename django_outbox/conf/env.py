@@ -47,6 +47,8 @@ _ENV_CASTS: dict[Callable[[Any], Any] | None, tuple[Callable[[str], Any], str]] 
     parsers.string_dict: (json.loads, "a JSON object"),
     parsers.broker_table: (json.loads, 'a JSON object of brokers: {"alias": {"URL": ...}}'),
     parsers.signing_keys: (json.loads, 'a JSON list of keys: ["...", "..."]'),
+    parsers.envelope: (str, "outbox, cloudevents or cloudevents-structured"),
+    parsers.text: (str, "a non-empty string"),
     None: (json.loads, "a JSON object of routes"),  # ROUTES
 }
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..signing import Keyring, parse_keys
-from .routes import is_valid_destination
+from .routes import ENVELOPES, is_valid_destination
 
 
 class Invalid(ValueError):
@@ -96,6 +96,18 @@ def optional_str(value: object) -> str | None:
 def exchange_name(value: object) -> str:
     if not isinstance(value, str) or not is_valid_destination(value):
         raise Invalid("must be an exchange name of letters, digits and ._:/-")
+    return value
+
+
+def envelope(value: object) -> str:
+    if not isinstance(value, str) or value not in ENVELOPES:
+        raise Invalid(f"must be one of {', '.join(map(repr, ENVELOPES))}")
+    return value
+
+
+def text(value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise Invalid("must be a non-empty string")
     return value
 
 

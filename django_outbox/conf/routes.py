@@ -27,6 +27,12 @@ CELERY_KEYS = frozenset({"celery_task"})
 #: Keys any broker route may take that are not names: see :attr:`Route.ordered` and
 #: :attr:`Route.partitions`.
 FLAG_KEYS = frozenset({"ordered", "partitions"})
+#: A broker route's ``envelope``: how its events go on the wire. ``"outbox"`` is the
+#: outbox's own format (docs/concepts.md); the two others are CloudEvents 1.0
+#: (:mod:`django_outbox.cloudevents`): ``"cloudevents"`` in binary content mode where the
+#: broker has a binding that defines one (RabbitMQ), structured elsewhere (Redis);
+#: ``"cloudevents-structured"`` in structured mode everywhere.
+ENVELOPES = ("outbox", "cloudevents", "cloudevents-structured")
 #: The most partition queues one route may have.
 MAX_PARTITIONS = 1024
 #: The exchange type that spreads a partitioned route's events over its partition
@@ -97,6 +103,8 @@ class Route:
     #: by ordering key, so several consumers share the load and keep per-key order
     #: (0: the one ``queue``). See docs/ordered-consumption.md.
     partitions: int = 0
+    #: One of :data:`ENVELOPES`; None: ``OUTBOX["DEFAULT_ENVELOPE"]``.
+    envelope: str | None = None
 
     @property
     def is_celery(self) -> bool:
@@ -205,10 +213,11 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
         lambda: _check_keys(name, spec),
         lambda: _ordered(name, spec),
         lambda: _partitions(name, spec, ordered),
+        lambda: _envelope(name, spec),
         *(
             functools.partial(_check_string, name, key, val)
             for key, val in spec.items()
-            if key not in ARGUMENT_KEYS | FLAG_KEYS
+            if key not in ARGUMENT_KEYS | FLAG_KEYS | {"envelope"}
         ),
         lambda: _queue_arguments(name, spec),
         lambda: _arguments(name, "exchange_arguments", spec.get("exchange_arguments", {})),
@@ -231,6 +240,7 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
         broker=spec.get("broker") or DEFAULT_BROKER,
         ordered=ordered,
         partitions=_partitions(name, spec, ordered),
+        envelope=spec.get("envelope"),
     )
 
 
@@ -238,9 +248,9 @@ def _check_keys(name: str, spec: Mapping[str, object]) -> None:
     """The keys of route ``name``: known ones (a near miss says which it resembles),
     celery_task not mixed with a broker route's, no empty broker or celery_task."""
     keys = set(spec)
-    unknown = sorted(map(str, keys - BROKER_KEYS - CELERY_KEYS - FLAG_KEYS))
+    known = BROKER_KEYS | CELERY_KEYS | FLAG_KEYS | {"envelope"}
+    unknown = sorted(map(str, keys - known))
     if unknown:
-        known = BROKER_KEYS | CELERY_KEYS | FLAG_KEYS
         named = ", ".join(f"{key!r}{did_you_mean(key, known)}" for key in unknown)
         raise ValueError(f"route {name!r} has unknown keys [{named}]")
     if keys & CELERY_KEYS and keys & BROKER_KEYS:
@@ -279,6 +289,23 @@ def _ordered(name: str, spec: Mapping[str, object]) -> bool:
             "order survives them; use a broker route and run_outbox_consumer"
         )
     return ordered
+
+
+def _envelope(name: str, spec: Mapping[str, object]) -> None:
+    """A route's ``envelope``: one of :data:`ENVELOPES`, and never on a Celery route."""
+    if "envelope" not in spec:
+        return
+    envelope = spec["envelope"]
+    if envelope not in ENVELOPES or not isinstance(envelope, str):
+        raise ValueError(
+            f"route {name!r} envelope must be one of {', '.join(ENVELOPES)}; got {envelope!r}"
+            + did_you_mean(envelope, ENVELOPES)
+        )
+    if "celery_task" in spec:
+        raise ValueError(
+            f"route {name!r} sends Celery tasks (celery_task), whose message is Celery's own "
+            "protocol: it takes no envelope; use a broker route and run_outbox_consumer"
+        )
 
 
 def _partitions(name: str, spec: Mapping[str, object], ordered: bool) -> int:

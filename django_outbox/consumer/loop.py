@@ -6,9 +6,10 @@ is acknowledged without running the handler again. Per message:
 
 * **decodes** ``application/json`` only (a pickled message is refused, never
   unpickled, and kombu's raw ``application/data`` and text types are refused
-  too); a message of another content type, a body that does not decode or one
-  that carries no event id is **rejected** without requeue, so the broker's
-  dead-letter policy applies;
+  too), in the outbox's envelope or as a CloudEvent (binary or structured:
+  :mod:`~django_outbox.cloudevents`); a message of another content type, a body
+  that does not decode or one that carries no event id is **rejected** without
+  requeue, so the broker's dead-letter policy applies;
 * **rejects** a message with a ``compression`` header as kombu builds it, without
   inflating its body (:func:`_uninflated`);
 * with signatures verified (``verify_signatures``, ``OUTBOX["VERIFY_SIGNATURES"]``),
@@ -75,7 +76,7 @@ from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
 from kombu.mixins import ConsumerMixin
 
-from .. import tracing
+from .. import cloudevents, tracing
 from ..conf import outbox_settings
 from ..conf.redact import SecretFilter, mask_url
 from ..conf.routes import Route
@@ -885,7 +886,16 @@ def _uninflated(message_class: type[kombu.Message]) -> type[kombu.Message]:
 
 
 def _decode(message: Any) -> ReceivedEvent:
-    """The event in ``message``; :class:`InvalidMessage` if it is not an outbox event."""
+    """The event in ``message``, in the outbox's envelope or a CloudEvent (binary or
+    structured: :mod:`~django_outbox.cloudevents`); :class:`InvalidMessage` if it is
+    neither."""
+    if cloudevents.is_cloudevent(message.content_type, message.headers):
+        limit = 2 * outbox_settings.MAX_PAYLOAD_BYTES
+        event, payload = cloudevents.received(
+            message.content_type, message.headers, _body_text(message), limit
+        )
+        message.outbox_payload = payload  # what _text() gives from now on: the payload
+        return event
     if message.content_type != CONTENT_TYPE:
         raise InvalidMessage(
             f"content type {message.content_type!r} is not {CONTENT_TYPE}: "
@@ -900,10 +910,24 @@ def _json_body(message: Any) -> Any:
     """The body as plain JSON, exactly as the relay sent it. Not ``message.decode()``:
     kombu's JSON decoder turns an object with a ``__type__`` key into a datetime,
     Decimal or UUID, so a payload holding one would reach the handler changed."""
+    text = _body_text(message)
     try:
-        return json.loads(_text(message))
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
+        raise InvalidMessage(NOT_JSON % exc) from None
+
+
+#: Why a message's body is refused: its content encoding cannot decode it, or it is not JSON.
+NOT_JSON = "the body is not JSON text: %s"
+
+
+def _body_text(message: Any) -> str:
+    """:func:`_text`, or :class:`InvalidMessage` when the body does not decode by its
+    content encoding (kombu's ``binary``, of bytes published without one, is none)."""
+    try:
+        return _text(message)
     except (ValueError, LookupError) as exc:  # LookupError: an unknown content encoding
-        raise InvalidMessage(f"the body is not JSON text: {exc}") from None
+        raise InvalidMessage(NOT_JSON % exc) from None
 
 
 def _message_key(message: Any) -> Any:
@@ -921,6 +945,11 @@ def _broker_deliveries(headers: dict[str, Any] | None) -> int:
 
 def _text(message: Any) -> str:
     """The body as text, read by its content encoding (py-amqp hands it over decoded
-    already, kombu's virtual transports as bytes)."""
+    already, kombu's virtual transports as bytes); of a CloudEvent, its payload's JSON
+    text (what a signature covers, and what a parked message keeps to be replayed in
+    the outbox's envelope)."""
+    payload = getattr(message, "outbox_payload", None)
+    if payload is not None:
+        return payload
     body = message.body
     return body if isinstance(body, str) else body.decode(message.content_encoding or "utf-8")

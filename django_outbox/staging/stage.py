@@ -31,6 +31,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from .. import db, tracing
+from ..cloudevents import is_attribute_header
 from ..conf import MISSING_APP, outbox_settings
 from ..conf.redact import SecretFilter
 from ..conf.routes import (
@@ -595,7 +596,11 @@ def _check_headers(
         raise InvalidEvent(
             f"event {event_type!r}: headers must be a dict with non-empty string keys"
         )
-    clash = [name for name in headers if name in RESERVED_HEADERS or is_broker_header(name)]
+    clash = [
+        name
+        for name in headers
+        if name in RESERVED_HEADERS or is_broker_header(name) or is_attribute_header(name)
+    ]
     if clash:
         raise InvalidEvent(
             f"event {event_type!r}: headers {sorted(clash)} are reserved for the relay, "

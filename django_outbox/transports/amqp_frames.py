@@ -128,18 +128,29 @@ class PublishFrames:
         self.channel_id = channel_id
         self.frame_max = frame_max
         self._body_chunk = frame_max - FRAME_OVERHEAD
+        self._encoding = content_encoding
         self._constant = shortstr(content_type) + shortstr(content_encoding)
         self._table = HeaderTable()
 
     def message(
-        self, method: bytes, body: bytes, headers: Mapping[str, Any], message_id: str
+        self,
+        method: bytes,
+        body: bytes,
+        headers: Mapping[str, Any],
+        message_id: str,
+        content_type: str | None = None,
     ) -> bytes:
-        """One message's frames after ``method`` (from :func:`method_frame`). Raises
-        py-amqp's errors for what AMQP cannot carry, and :class:`FrameTooLarge` for a
-        content header over ``frame_max``, before anything is written."""
+        """One message's frames after ``method`` (from :func:`method_frame`), of the
+        channel's content type unless ``content_type`` is given (a CloudEvent's
+        structured mode). Raises py-amqp's errors for what AMQP cannot carry, and
+        :class:`FrameTooLarge` for a content header over ``frame_max``, before anything
+        is written."""
+        constant = self._constant
+        if content_type is not None:
+            constant = shortstr(content_type) + shortstr(self._encoding)
         properties = b"".join(
             (
-                self._constant,
+                constant,
                 self._table.encode(headers),
                 PERSISTENT_PRIORITY_0,
                 shortstr(message_id),

@@ -50,6 +50,7 @@ import kombu.exceptions
 import kombu.transport.virtual
 from kombu.transport.virtual.base import NotEquivalentError
 
+from .. import cloudevents
 from ..conf import outbox_settings
 from ..conf.redact import SecretFilter, mask_url
 from ..conf.routes import PARTITION_EXCHANGE_TYPE, Route
@@ -125,6 +126,22 @@ def transient_failure(exc: BaseException) -> Failure:
     if _stalled(exc):
         return Failure.broker_down(f"{type(exc).__name__}: {exc}")
     return Failure.from_exception(exc)
+
+
+#: A batch's envelope (one of ``routes.ENVELOPES``), CloudEvents source, and whether its
+#: CloudEvents carry the ``ordering_key`` header too (see :func:`envelope_of`).
+Envelope = tuple[str, str, bool]
+
+
+def envelope_of(route: Route, *, binary: bool) -> Envelope:
+    """The envelope ``route``'s messages go in (``OUTBOX["DEFAULT_ENVELOPE"]`` unless it
+    names one), and the CloudEvents source: on a broker without a binary content mode
+    (``binary`` False), CloudEvents are structured. A partitioned route's CloudEvents
+    keep the ``ordering_key`` header, which its consistent-hash exchange hashes."""
+    envelope = route.envelope or outbox_settings.DEFAULT_ENVELOPE
+    if envelope == cloudevents.BINARY and not binary:
+        envelope = cloudevents.STRUCTURED
+    return envelope, outbox_settings.CLOUDEVENTS_SOURCE, route.partitions > 0
 
 
 def routing_key(route: Route, message: ClaimedMessage) -> str:
@@ -429,22 +446,24 @@ class _ProducerWriter:
         reaches: Callable[[str], bool],
         *,
         deferred: bool,
+        envelope: Envelope,
     ) -> None:
         self._producer, self._exchange = producer, route.exchange
         self.reaches, self.deferred = reaches, deferred
+        self._envelope = envelope
         self.failed: Mapping[int, Exception] = {}  # kombu's batch raises instead
 
     def write(self, message: ClaimedMessage, routing_key: str) -> None:
-        headers = message.wire_headers()
+        wire = cloudevents.wire(message, *self._envelope)
         self._producer.publish(
-            message.body,
+            wire.body,
             exchange=self._exchange,
             routing_key=routing_key,
-            content_type=CONTENT_TYPE,
+            content_type=wire.content_type,
             content_encoding=CONTENT_ENCODING,
-            headers=headers,
+            headers=wire.headers,
             delivery_mode=2,
-            message_id=headers["event_id"],
+            message_id=str(message.event_id),
             retry=False,
         )
 
@@ -459,6 +478,9 @@ class KombuTransport(Transport):
     virtual transports would drop them): a per-message routing result."""
 
     reports_unroutable = True
+    #: Whether the broker has a CloudEvents binding with a binary content mode (AMQP's
+    #: ``ce-`` headers); without one, CloudEvents go in structured mode.
+    cloudevents_binary = True
 
     def __init__(
         self,
@@ -612,11 +634,12 @@ class KombuTransport(Transport):
             return [transient_failure(exc)] * len(messages)
         if refusal is not None:
             return [refusal] * len(messages)
+        envelope = envelope_of(route, binary=self.cloudevents_binary)
         try:
             if self._confirms is not None:
-                self._publish_confirmed(route, messages, outcomes)
+                self._publish_confirmed(route, messages, outcomes, envelope)
             else:
-                self._publish_each(route, messages, outcomes)
+                self._publish_each(route, messages, outcomes, envelope)
         except self._transient as exc:
             # Whatever was not confirmed may or may not have reached the broker:
             # it is retried (at-least-once), and the channel starts afresh.
@@ -679,13 +702,17 @@ class KombuTransport(Transport):
         return bool(exchange_type.lookup(table, route.exchange, key, None))
 
     def _publish_each(
-        self, route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
+        self,
+        route: Route,
+        messages: Sequence[ClaimedMessage],
+        outcomes: list[Outcome],
+        envelope: Envelope,
     ) -> None:
         """Through the route's writer (see :meth:`_writer`); where it defers its writes
         (Redis), a message counts as published only once the whole batch was written,
         and unless the broker refused it then (:attr:`_Writer.failed`)."""
         accepted = []  # written into the batch, not yet to the broker
-        with self._writer(route, len(messages)) as writer:
+        with self._writer(route, len(messages), envelope) as writer:
             for index, message in enumerate(messages):
                 key = routing_key(route, message)
                 if not writer.reaches(key):
@@ -710,15 +737,15 @@ class KombuTransport(Transport):
             outcomes[index] = None if error is None else failures[id(error)]
 
     @contextlib.contextmanager
-    def _writer(self, route: Route, size: int) -> Iterator[_Writer]:
-        """What writes the ``size`` messages of a batch for ``route``: kombu's producer,
-        batched where the transport can defer writes (see :meth:`_batch`)."""
+    def _writer(self, route: Route, size: int, envelope: Envelope) -> Iterator[_Writer]:
+        """What writes the ``size`` messages of a batch for ``route`` in ``envelope``:
+        kombu's producer, batched where the transport can defer writes (see :meth:`_batch`)."""
         producer = self._producer
         assert producer is not None
         with self._batch(producer, size) as batched:
             # Looked up once per routing key and batch, like the bindings themselves.
             reaches = functools.cache(functools.partial(self._reaches_a_queue, route))
-            yield _ProducerWriter(producer, route, reaches, deferred=batched)
+            yield _ProducerWriter(producer, route, reaches, deferred=batched, envelope=envelope)
 
     @contextlib.contextmanager
     def _batch(self, producer: kombu.Producer, size: int) -> Iterator[bool]:
@@ -740,7 +767,11 @@ class KombuTransport(Transport):
             del channel.get_table  # back to kombu's own method
 
     def _publish_confirmed(
-        self, route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
+        self,
+        route: Route,
+        messages: Sequence[ClaimedMessage],
+        outcomes: list[Outcome],
+        envelope: Envelope,
     ) -> None:
         """Encode the batch (a message AMQP cannot carry fails alone, permanently), write
         it in a few socket writes, then collect its confirms."""
@@ -753,7 +784,7 @@ class KombuTransport(Transport):
             connection.drain_events(timeout=0)
         if self._blocked is not None:
             raise self._blocked_error(confirms, len(messages))
-        indices, ids, frames = self._encode(route, messages, outcomes)
+        indices, ids, frames = self._encode(route, messages, outcomes, envelope)
         # The tags are registered first: the broker may confirm while the batch is written.
         confirms.sent(indices, ids)
         self._write(connection, frames)
@@ -773,10 +804,14 @@ class KombuTransport(Transport):
             ) from exc
 
     def _encode(
-        self, route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
+        self,
+        route: Route,
+        messages: Sequence[ClaimedMessage],
+        outcomes: list[Outcome],
+        envelope: Envelope,
     ) -> tuple[list[int], list[str], list[bytes]]:
-        """The indices, message ids and frames of the messages that could be encoded;
-        the others get a permanent failure in ``outcomes``."""
+        """The indices, message ids and frames of the messages that could be encoded
+        (in ``envelope``); the others get a permanent failure in ``outcomes``."""
         frames = self._frames
         assert frames is not None
         methods: dict[str, bytes] = {}  # routing key -> its basic.publish frame
@@ -789,9 +824,15 @@ class KombuTransport(Transport):
                 method = methods.get(key)
                 if method is None:
                     method = methods[key] = method_frame(frames.channel_id, route.exchange, key)
-                headers = message.wire_headers()
-                event_id = headers["event_id"]
-                encoded.append(frames.message(method, message.body, headers, event_id))
+                if envelope[0] == cloudevents.OUTBOX:
+                    headers = message.wire_headers()
+                    event_id = headers["event_id"]
+                    encoded.append(frames.message(method, message.body, headers, event_id))
+                else:
+                    wire = cloudevents.wire(message, *envelope)
+                    event_id = str(message.event_id)
+                    kind = None if wire.content_type == CONTENT_TYPE else wire.content_type
+                    encoded.append(frames.message(method, wire.body, wire.headers, event_id, kind))
             except ENCODE_ERRORS as exc:
                 outcomes[index] = Failure.from_exception(exc, permanent=True)
                 continue
@@ -842,16 +883,17 @@ class RedisTransport(KombuTransport):
     (another version) gets kombu's producer instead."""
 
     supports_batch = True
+    cloudevents_binary = False  # no CloudEvents binding for Redis: structured mode
     #: The channel :meth:`RedisWire.unusable` last checked, and what it said.
     _wire_checked: tuple[Any, str] = (None, "")
 
     @contextlib.contextmanager
-    def _writer(self, route: Route, size: int) -> Iterator[_Writer]:
+    def _writer(self, route: Route, size: int, envelope: Envelope) -> Iterator[_Writer]:
         if self._wire_unusable() or not RedisWire.takes(self._channel, route.exchange):
-            with super()._writer(route, size) as writer:
+            with super()._writer(route, size, envelope) as writer:
                 yield writer
             return
-        wire = RedisWire(self._channel, route.exchange)
+        wire = RedisWire(self._channel, route.exchange, envelope)
         yield wire
         wire.send()
 

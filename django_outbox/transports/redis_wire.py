@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import JSONEncoder, dumps
 
+from .. import cloudevents
 from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, RELAY_HEADERS, ClaimedMessage
 from ..signing import SIGNATURE_HEADER
 
@@ -175,7 +176,13 @@ class Parts(NamedTuple):
     tail: str
 
 
-def message_parts(channel: Any, exchange: str, routing_key: str, tag_prefix: str) -> Parts:
+def message_parts(
+    channel: Any,
+    exchange: str,
+    routing_key: str,
+    tag_prefix: str,
+    content_type: str = CONTENT_TYPE,
+) -> Parts:
     """kombu's JSON of a message published to ``exchange`` with ``routing_key`` on
     ``channel``, cut at its body (base64), headers (a JSON object), message id and
     delivery tag, in that order (kombu's): the five texts around them. The body, message
@@ -188,7 +195,7 @@ def message_parts(channel: Any, exchange: str, routing_key: str, tag_prefix: str
     message = channel.prepare_message(
         _HOLES[0],
         PRIORITY,
-        CONTENT_TYPE,
+        content_type,
         CONTENT_ENCODING,
         _HOLES[1],
         {"message_id": _HOLES[2], "delivery_mode": DELIVERY_MODE},
@@ -232,9 +239,16 @@ class RedisWire:
     #: Messages count as published only once :meth:`send` ran.
     deferred = True
 
-    def __init__(self, channel: Any, exchange: str) -> None:
+    def __init__(
+        self,
+        channel: Any,
+        exchange: str,
+        envelope: tuple[str, str, bool] = (cloudevents.OUTBOX, "", False),
+    ) -> None:
         self._channel = channel
         self._exchange = exchange
+        #: The envelope (``routes.ENVELOPES``) and CloudEvents source of the batch.
+        self._envelope = envelope
         self._table: list[tuple[str, ...]] | None = None
         self._targets: dict[str, _Target] = {}
         self._pushes: dict[str, list[str]] = {}  # list -> messages as RESP bulk strings
@@ -293,8 +307,13 @@ class RedisWire:
         if at is not message.created_at:  # the same object: its text (not equal: a zone)
             occurred_at = message.created_at.isoformat()
             self._occurred = (message.created_at, occurred_at)
-        body = binascii.b2a_base64(message.body, newline=False).decode("ascii")
-        headers = headers_json(message, event_id, occurred_at, self._known)
+        if self._envelope[0] == cloudevents.OUTBOX:
+            data = message.body
+            headers = headers_json(message, event_id, occurred_at, self._known)
+        else:
+            wire = cloudevents.wire(message, *self._envelope)
+            data, headers = wire.body, _encode_headers(wire.headers)
+        body = binascii.b2a_base64(data, newline=False).decode("ascii")
         tag = f"{next(self._serials):012x}"
         text = (head, body, after_body, headers, after_headers, event_id, after_id, tag, tail)
         # Written as the value of an LPUSH already (a RESP bulk string: its size in bytes,
@@ -378,7 +397,10 @@ class RedisWire:
             queues = self._queues(routing_key)
             priority = channel._get_message_priority({"properties": {"priority": PRIORITY}})
             lists = tuple(channel._q_for_pri(queue, priority) for queue in queues)
-            parts = message_parts(channel, self._exchange, routing_key, self._tag_prefix)
+            kind = CONTENT_TYPE
+            if self._envelope[0] == cloudevents.STRUCTURED:
+                kind = cloudevents.STRUCTURED_CONTENT_TYPE
+            parts = message_parts(channel, self._exchange, routing_key, self._tag_prefix, kind)
             size = sum(map(len, parts)) if all(part.isascii() for part in parts) else None
             target = _Target(queues, lists, parts, size)
             self._targets[routing_key] = target
