@@ -55,6 +55,8 @@ class Profile:
     stage_many: int  # events per stage_many / stage() loop transaction
     retained: int  # PUBLISHED rows kept for the second claim measurement
     claim_rows: int  # rows claimed per claim measurement
+    horizon_rows: int  # rows drained by claims with a snapshot held, and without
+    horizon_batch: int  # their claims' batch size
     e2e_seconds: float  # at e2e_rate
     e2e_1000_seconds: float  # at 1,000 events/s, e2e_1000_per_commit to a transaction
     e2e_1000_single_seconds: float  # the same, one event a transaction (0: left out)
@@ -81,6 +83,8 @@ PROFILES = {
         stage_many=200,
         retained=100_000,
         claim_rows=5_000,
+        horizon_rows=20_000,
+        horizon_batch=100,
         e2e_seconds=5,
         e2e_1000_seconds=5,
         e2e_1000_single_seconds=0,
@@ -101,6 +105,8 @@ PROFILES = {
         stage_many=500,
         retained=1_000_000,
         claim_rows=25_000,
+        horizon_rows=200_000,
+        horizon_batch=500,
         e2e_seconds=30,
         e2e_1000_seconds=20,
         e2e_1000_single_seconds=20,
@@ -152,7 +158,7 @@ def measure(profile: Profile, services: Services, profile_dir: Path | None) -> d
 def _scenarios(
     profile: Profile, env: dict[str, str], services: Services, profile_dir: Path | None
 ) -> dict[str, Any]:
-    from . import scenarios
+    from . import horizon, scenarios
 
     amqp, redis, batch = services.amqp_url, services.redis_url, profile.batch_size
     figures: dict[str, Any] = {}
@@ -183,6 +189,8 @@ def _scenarios(
     _step(f"claim with 1k and {profile.retained} retained rows")
     figures["retained_rows"] = profile.retained
     figures.update(scenarios.claim_growth(profile.retained, profile.claim_rows, batch))
+    _step(f"claim draining {profile.horizon_rows} rows with a snapshot held open, and without")
+    figures.update(horizon.claim_under_held_horizon(profile.horizon_rows, profile.horizon_batch))
     figures.update(_ordering(profile, amqp, drain))
     figures.update(_telemetry(profile, amqp, drain))
     figures.update(_signing(profile, amqp, drain))
