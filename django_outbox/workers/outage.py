@@ -65,6 +65,7 @@ class OutageTracker:
         if not self.down:
             self.down, self._failures, self._logged = True, 0, False
             self._since = self._clock() if since is None else since
+            self.condition = "unreachable"  # until failed() says otherwise
 
     def failed(self, exc: BaseException, *, since: float | None = None) -> None:
         """Reaching the resource failed with ``exc``; logs the outage's start once: the

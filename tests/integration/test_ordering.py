@@ -779,17 +779,18 @@ def test_the_unordered_claim_leaves_ordered_rows_alone(vendor):
 
 
 def test_between_its_whole_claims_a_relay_ordering_nothing_leaves_ordered_rows_alone():
-    """Its first claim is whole; the next ones, until POLL_INTERVAL has passed, take
+    """A run's first claim is whole; the next ones, until POLL_INTERVAL has passed, take
     unordered rows only; run_once() claims whole."""
     transport = MemoryTransport(store=[])
     with override_settings(OUTBOX={**ORDERING_NOTHING, "POLL_INTERVAL": 3600}):
         with Relay(transports={"default": transport}) as relay:
             _stage_plain(1)
             assert relay.run_once().published == 1
-            assert relay._claim() is None  # unordered from now on: nothing due
+            batches = relay.batches()  # a run's
+            assert batches.claim() is None  # whole, the first: nothing due
             with override_settings(OUTBOX=ROUTES):  # another process, ordering the route
                 _stage_keys({"a": 2})
-            assert relay._claim() is None  # unordered only
+            assert batches.claim() is None  # unordered only
             assert relay.run_once().published == 2
     assert _published(transport)[1:] == [("a", 1), ("a", 2)]
 

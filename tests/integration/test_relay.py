@@ -22,7 +22,7 @@ from django_outbox import db, stage
 from django_outbox.conf import outbox_settings
 from django_outbox.db import postgresql
 from django_outbox.models import OutboxMessage
-from django_outbox.relay.loop import Relay, _Batch
+from django_outbox.relay.loop import Batch, Relay
 from django_outbox.signals import event_abandoned, event_failed, event_published
 from django_outbox.transports.base import NACKED, Failure
 from django_outbox.transports.kombu import AmqpTransport
@@ -286,8 +286,9 @@ def test_a_relay_whose_lease_was_taken_over_changes_nothing(destination, caplog)
     claimed = db.claim("default", limit=10, lease_seconds=60, worker="zombie", token=token)
     # Another relay takes the rows over (as after the zombie's lease expired).
     OutboxMessage.objects.update(lease_token=uuid.uuid4(), locked_by="rescuer")
-    batch = _Batch(claimed, [None, None, None], token, frozenset({destination}))
-    stats = relay._report(relay._finalize(batch))
+    batch = Batch(claimed, [None, None, None], token, frozenset({destination}))
+    batches = relay.batches()
+    stats = batches.report(batches.finalize(batch))
 
     assert (stats.published, stats.lost) == (0, 3)
     assert set(OutboxMessage.objects.values_list("status", "locked_by")) == {

@@ -306,9 +306,10 @@ def test_a_destination_left_for_lack_of_lease_time_costs_no_attempt():
     with transaction.atomic():
         stage("a.b", {"n": 1}, destination=destination)
     with override_settings(OUTBOX=BROKER), Relay() as relay:
-        claim = relay._claim()
+        batches = relay.batches()
+        claim = batches.claim()
         late = dataclasses.replace(claim, deadline=time.monotonic() - 1)
-        stats = relay._report(relay._finalize(relay._publish_claim(late)))
+        stats = batches.report(batches.finalize(batches.publish(late, relay.outages())))
     row = OutboxMessage.objects.get()
     assert (stats.failed, stats.transport_failed) == (1, False)
     assert (row.status, row.attempts) == (Status.FAILED, 0)

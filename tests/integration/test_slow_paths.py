@@ -13,10 +13,10 @@ counted; broker and database are the real ones.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -24,9 +24,8 @@ from django.conf import settings
 from django.db import connections
 from django.test.utils import override_settings
 
-from django_outbox import db
 from django_outbox.models import OutboxMessage
-from django_outbox.relay.loop import Relay, RunStats, _Batch
+from django_outbox.relay import Relay, RunStats
 from django_outbox.transports.kombu import AmqpTransport, lease_confirm_timeout
 from tests.integration.test_silent_broker import BROKER, FreezableProxy, memory_alarm
 from tests.support import (
@@ -223,12 +222,14 @@ def test_a_claim_whose_turn_comes_after_half_its_lease_keeps_its_attempts(destin
     back due, attempts unchanged."""
     stage_events(5, destination)
     with override_settings(OUTBOX={**settings.OUTBOX, "MAX_ATTEMPTS": 1}), Relay() as relay:
-        token = uuid.uuid4()
-        claimed = db.claim("default", limit=5, lease_seconds=60, worker="t", token=token)
-        outcomes, tried = relay._publish(claimed, deadline=time.monotonic() - 1)  # came late
-        assert {o.counts for o in outcomes if o is not None} == {False}
-        assert tried == frozenset()  # nothing handed to the broker
-        relay._finalize(_Batch(claimed, outcomes, token, tried))
+        batches = relay.batches()
+        claim = batches.claim()
+        assert claim is not None and len(claim.messages) == 5
+        late = dataclasses.replace(claim, deadline=time.monotonic() - 1)  # came late
+        batch = batches.publish(late, relay.outages())
+        assert {o.counts for o in batch.outcomes if o is not None} == {False}
+        assert batch.tried == frozenset()  # nothing handed to the broker
+        batches.finalize(batch)
         assert attempts_spent() == 0
         assert status_counts()["failed"] == 5
         assert relay.run(threading.Event(), drain=True).published == 5  # due again at once

@@ -31,7 +31,7 @@ def test_each_route_gets_the_transport_of_its_brokers_scheme():
         clicks = relay.transport(Route("clicks", "outbox", queue="clicks", broker="events"))
         assert isinstance(orders, AmqpTransport) and isinstance(clicks, RedisTransport)
         assert relay.transport(Route("x", "outbox")) is orders  # one per alias
-        assert set(relay._transports) == {"default", "events"}
+        assert set(relay.publisher.transports) == {"default", "events"}
 
 
 @override_settings(OUTBOX=TWO)
@@ -40,18 +40,19 @@ def test_the_drain_that_gives_up_names_the_broker_masked():
         cause = ConnectionRefusedError(111, "Connection refused")
         named = BrokerUnreachable("broker 'events' (...): ...")
         named.__cause__ = cause
-        assert relay._unreachable("events", named) == (
+        assert relay.publisher.unreachable("events", named) == (
             "the broker 'events' (redis://:***@redis:6379/0) is unreachable "
             "(ConnectionRefusedError: [Errno 111] Connection refused)"
         )
-        assert relay._unreachable("celery", cause).startswith("Celery's broker is unreachable")
+        unreachable = relay.publisher.unreachable("celery", cause)
+        assert unreachable.startswith("Celery's broker is unreachable")
 
 
 @override_settings(OUTBOX={"BROKER_URL": RABBIT})
 def test_the_short_form_keeps_its_text():
     with Relay() as relay:
         error = ConnectionRefusedError(111, "Connection refused")
-        assert relay._unreachable("default", error) == (
+        assert relay.publisher.unreachable("default", error) == (
             "the broker amqp://guest:***@rabbit:5672// is unreachable "
             "(ConnectionRefusedError: [Errno 111] Connection refused)"
         )
