@@ -98,9 +98,10 @@ def apply(kind: str) -> None:
     elif kind == "frames":
         _one_event_id()
     elif kind == "oom":
-        from django_outbox.transports import kombu as transport
+        from django_outbox.transports import connection, declare, kombu
 
-        transport.out_of_memory = lambda exc: False  # type: ignore[assignment]
+        for module in (connection, declare, kombu):  # each module that tells it
+            module.out_of_memory = lambda exc: False  # type: ignore[attr-defined]
     elif kind == "forgery":
         from django_outbox.consumer import loop as consumer
 

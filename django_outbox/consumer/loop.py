@@ -100,15 +100,14 @@ from ..redact import SecretFilter, mask_url
 from ..routes import Route
 from ..signing import SIGNATURE_HEADER, Keyring
 from ..state.retry import RetryPolicy
-from ..transports.kombu import (
+from ..transports.connection import (
     CONNECT_TIMEOUT,
     bound_socket_waits,
     connect,
-    declare,
     new_connection,
-    refusal_errors,
     transient_errors,
 )
+from ..transports.declare import declare, refusal_errors
 from ..workers.heartbeat import Heartbeat, HeartbeatThread, process_name
 from ..workers.outage import broker_outage, database_outage
 

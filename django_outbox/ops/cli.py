@@ -31,7 +31,7 @@ from ..consumer.loop import (
 )
 from ..exceptions import OutboxConfigurationError, OutboxError
 from ..models import InboxFailure, InboxMessage
-from ..transports.kombu import CONFIRM_TIMEOUT
+from ..transports.confirms import CONFIRM_TIMEOUT
 from .reporting import CommandResult
 
 if TYPE_CHECKING:

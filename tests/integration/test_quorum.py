@@ -22,7 +22,7 @@ from django_outbox.consumer import InboxConsumer
 from django_outbox.consumer.replay import replay_parked
 from django_outbox.models import InboxFailure, OutboxMessage
 from django_outbox.relay import Relay
-from django_outbox.transports.kombu import DeclareRefused, declare
+from django_outbox.transports.declare import DeclareRefused, declare
 from tests.integration.test_ordered_consumption import Recorder, publish, publish_raw
 from tests.support import (
     AMQP_URL,
