@@ -41,7 +41,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from ..conf import outbox_settings
-from ..consumer.loop import ConsumerStats, InboxConsumer
+from ..consumer import ConsumerStats, InboxConsumer
 from ..envelope import ReceivedEvent
 from ..redact import SecretFilter
 from ..relay.loop import BatchStats

@@ -49,6 +49,22 @@ def connect(connection: kombu.Connection) -> None:
     )
 
 
+def open_connection(
+    url: str, options: Mapping[str, Any] | None, *, socket_timeout: float
+) -> kombu.Connection:
+    """A connection to ``url``, connected (:func:`connect`: the caller owns the
+    backoff), its socket's waits bounded by ``socket_timeout`` seconds
+    (:func:`bound_socket_waits`); released when it cannot be made."""
+    connection = new_connection(url, options)
+    try:
+        connect(connection)
+        bound_socket_waits(connection, socket_timeout)
+    except BaseException:
+        connection.release()
+        raise
+    return connection
+
+
 def bound_socket_waits(connection: kombu.Connection, seconds: float) -> None:
     """Make py-amqp give up on a broker that does not answer within ``seconds``: it
     waits for the reply to its close without end, so a broker that went silent while

@@ -48,9 +48,7 @@ from .base import Failure, Outcome, Transport
 from .confirms import UNSETTLED, ConfirmedChannel, lease_confirm_timeout, nacked_whole
 from .connection import (
     CONNECT_TIMEOUT,
-    bound_socket_waits,
-    connect,
-    new_connection,
+    open_connection,
     release,
     transient_errors,
     transient_failure,
@@ -125,12 +123,12 @@ class KombuTransport(Transport):
 
     def _connect(self) -> kombu.Connection:
         if self._connection is None:
-            connection = new_connection(self._url, self._options)
+            # One attempt per address (the relay owns the backoff). A broker that stops
+            # reading (a resource alarm, a silent network) fails a write or a reply's
+            # wait instead of blocking the relay without end.
+            waits = max(self._confirm_timeout, CONNECT_TIMEOUT)
+            connection = open_connection(self._url, self._options, socket_timeout=waits)
             try:
-                connect(connection)  # one attempt per address; the relay owns the backoff
-                # A broker that stops reading (a resource alarm, a silent network) fails a
-                # write or a reply's wait instead of blocking the relay without end.
-                bound_socket_waits(connection, max(self._confirm_timeout, CONNECT_TIMEOUT))
                 channel = connection.channel()
                 confirmed = None
                 if self.supports_confirms:  # py-amqp: hears connection.blocked, .unblocked

@@ -47,6 +47,12 @@ BREAKS = [
         "workers, inbox, staging > state > db, transports > models > conf > leaves",
         "django_outbox.db is not allowed to import django_outbox.state",
     ),
+    (
+        "consumer/handling.py",
+        "from django_outbox.transports import kombu",
+        "The consumer imports the broker connection and declarations, not the transport classes",
+        "django_outbox.consumer.handling -> django_outbox.transports.kombu",
+    ),
     (  # the relay imports the row's life: the state importing the relay closes a cycle
         "state/retry.py",
         "from django_outbox import relay",
@@ -97,14 +103,20 @@ def broken(tmp_path_factory) -> tuple[int, str]:
 
 def test_the_untouched_package_keeps_the_transports_and_conf_contracts(untouched):
     # (acyclic and layers are kept once engineer "store" has removed models -> db.)
-    for _, _, contract, _ in BREAKS[:2]:
+    for _, _, contract, _ in [*BREAKS[:2], BREAKS[3]]:
         assert f"{contract} KEPT" in untouched, untouched
 
 
 @pytest.mark.parametrize(
     ("contract", "printed"),
     [case[2:] for case in BREAKS],
-    ids=["transport-imports-relay", "conf-imports-models", "db-imports-status", "cycle"],
+    ids=[
+        "transport-imports-relay",
+        "conf-imports-models",
+        "db-imports-status",
+        "consumer-imports-a-transport-class",
+        "cycle",
+    ],
 )
 def test_a_forbidden_import_breaks_its_contract_and_is_named(broken, untouched, contract, printed):
     status, output = broken
