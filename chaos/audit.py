@@ -21,7 +21,7 @@ from typing import Any
 import kombu
 
 from django_outbox.conf.routes import TASKS_PREFIX, Route
-from django_outbox.transports.kombu import declare
+from django_outbox.transports.declare import declare
 
 from . import database as db
 from .cluster import KINDS as CLUSTER_KINDS

@@ -29,7 +29,7 @@ import kombu
 from benchmarks.services import Services
 from django_outbox.conf import outbox_settings
 from django_outbox.conf.routes import Route
-from django_outbox.transports.kombu import declare
+from django_outbox.transports.declare import declare
 
 from .destinations import CLUSTERED
 

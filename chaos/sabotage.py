@@ -69,9 +69,9 @@ def apply(kind: str) -> None:
         OutboxQuerySet.leased = lambda self, token: self  # type: ignore[method-assign]
         _replace_query("lease_held", "%s IS NOT NULL")  # PostgreSQL's published mark
     elif kind == "inbox":
-        from django_outbox.consumer import loop as consumer
+        from django_outbox.consumer import handling
 
-        consumer.process_once = _no_inbox  # type: ignore[assignment]
+        handling.process_once = _no_inbox  # type: ignore[assignment]
     elif kind == "order":
         _without_ordered_gate()
     elif kind == "due":
@@ -98,9 +98,10 @@ def apply(kind: str) -> None:
     elif kind == "frames":
         _one_event_id()
     elif kind == "oom":
-        from django_outbox.transports import kombu as transport
+        from django_outbox.transports import connection, declare, kombu
 
-        transport.out_of_memory = lambda exc: False  # type: ignore[assignment]
+        for module in (connection, declare, kombu):  # each module that tells it
+            module.out_of_memory = lambda exc: False  # type: ignore[attr-defined]
     elif kind == "forgery":
         from django_outbox.consumer import loop as consumer
 
@@ -221,12 +222,12 @@ def _unsent(size: int) -> list[Any]:
 def _first_address_only() -> None:
     from django_outbox.transports import kombu as transport
 
-    connect = transport.new_connection
+    connect = transport.open_connection
 
-    def first_only(url: str, options: Any = None) -> Any:
-        return connect(url.split(";")[0], options)
+    def first_only(url: str, options: Any, **kwargs: Any) -> Any:
+        return connect(url.split(";")[0], options, **kwargs)
 
-    transport.new_connection = first_only  # type: ignore[assignment]
+    transport.open_connection = first_only  # type: ignore[assignment]
 
 
 def _one_event_id() -> None:

@@ -25,7 +25,9 @@ from ..conf import outbox_settings
 from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, is_broker_header
 from ..exceptions import OutboxError
 from ..inbox.records import unpark
-from ..transports.kombu import CONFIRM_TIMEOUT, declare, new_connection, refusal_errors
+from ..transports.confirms import CONFIRM_TIMEOUT
+from ..transports.connection import new_connection
+from ..transports.declare import declare, refusal_errors
 
 if TYPE_CHECKING:
     from ..models import InboxFailure, InboxFailureQuerySet

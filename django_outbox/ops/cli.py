@@ -36,7 +36,7 @@ from ..exceptions import OutboxConfigurationError, OutboxError
 from ..models import InboxFailure, InboxMessage, OutboxMessage, WorkerHeartbeat
 from ..relay.loop import BatchStats, Relay
 from ..state.status import due_count
-from ..transports.kombu import CONFIRM_TIMEOUT
+from ..transports.confirms import CONFIRM_TIMEOUT
 from .health import Health, check_health
 from .reporting import CommandResult, DrainProgress, run_result
 from .text import one_line

@@ -42,7 +42,7 @@ from prometheus_client.registry import Collector
 
 from ..conf import outbox_settings
 from ..conf.redact import SecretFilter
-from ..consumer.loop import ConsumerStats, InboxConsumer
+from ..consumer import ConsumerStats, InboxConsumer
 from ..envelope import ReceivedEvent
 from ..relay.loop import BatchStats
 from ..state.status import summary

@@ -26,6 +26,11 @@ OUTAGE_RETRY_DELAY = 1.0
 NACKED = "the broker refused the message (basic.nack)"
 
 
+def unroutable(exchange: str, routing_key: str) -> str:
+    """The error of a message that no queue would receive, on every transport."""
+    return f"unroutable: no queue is bound to exchange {exchange!r} for routing key {routing_key!r}"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Failure:
     """Why one message was not published.

@@ -23,7 +23,8 @@ from .. import tracing
 from ..conf.routes import CELERY_FIELDS, TASK_RUNNER, Route, celery_header_clash
 from ..envelope import ClaimedMessage
 from .base import NACKED, Failure, Outcome, Transport
-from .kombu import lease_confirm_timeout, transient_failure
+from .confirms import lease_confirm_timeout
+from .connection import transient_failure
 
 TRANSIENT = (kombu.exceptions.OperationalError, OSError)
 #: Celery's producers come from kombu's process-wide pool, keyed by broker URL, so a

@@ -488,6 +488,18 @@ def test_a_payload_object_with_a_type_key_reaches_the_handler_as_sent(destinatio
     assert [(event.event_id, event.payload) for event in received] == [(event_id, payload)]
 
 
+def test_a_consumer_runs_again_after_an_idle_run(destination):
+    """Each run keeps its own state (a ConsumerRun): a second run of one consumer after an
+    idle one consumes again, its totals added to the first's."""
+    handled: list[ReceivedEvent] = []
+    consumer = InboxConsumer(destination, handled.append, "audit")
+    assert consumer.run(idle_timeout=1).received == 0  # declares the queue; idle: done
+    stage_events(2, destination)
+    run_relay("--drain")
+    stats = consumer.run(idle_timeout=2)
+    assert (stats.received, stats.handled, len(handled)) == (2, 2, 2)
+
+
 def redeliver(queue: str) -> None:
     """Take the first message of ``queue`` without acking it and drop the connection, as
     a consumer that died would: the broker delivers it again, marked redelivered."""

@@ -34,7 +34,7 @@ from django_outbox.envelope import ClaimedMessage
 from django_outbox.inbox import positions_of, start_positions
 from django_outbox.models import InboxFailure, InboxSequence
 from django_outbox.transports import for_broker
-from django_outbox.transports.kombu import DeclareRefused, declare
+from django_outbox.transports.declare import DeclareRefused, declare
 from tests.support import (
     AMQP_URL,
     REDIS_URL,

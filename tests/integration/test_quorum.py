@@ -19,10 +19,11 @@ from django.test import override_settings
 from django_outbox import ReceivedEvent
 from django_outbox.conf import outbox_settings
 from django_outbox.consumer import InboxConsumer
+from django_outbox.consumer.loop import ConsumerRun
 from django_outbox.consumer.replay import replay_parked
 from django_outbox.models import InboxFailure, OutboxMessage
 from django_outbox.relay import Relay
-from django_outbox.transports.kombu import DeclareRefused, declare
+from django_outbox.transports.declare import DeclareRefused, declare
 from tests.integration.test_ordered_consumption import Recorder, publish, publish_raw
 from tests.support import (
     AMQP_URL,
@@ -192,14 +193,15 @@ def test_requeues_while_the_database_is_down_do_not_park_a_quorum_queue_message(
     stop = threading.Event()
     handler = Recorder()
     consumer = InboxConsumer(quorum_route, handler, "quorum", max_deliveries=2, stop=stop)
-    runner = threading.Thread(target=consumer.run)
+    run = ConsumerRun(consumer)  # its database outage's requeues are read below
+    runner = threading.Thread(target=run.run)
     runner.start()
     try:
         database_open(False)
         try:
             publish_raw(quorum_route, n=1)
             wait_until(
-                lambda: sum(consumer._uncounted.values()) >= 3, timeout=60, what="3 requeues"
+                lambda: sum(run.outage.uncounted.values()) >= 3, timeout=60, what="3 requeues"
             )
         finally:
             database_open(True)
@@ -210,7 +212,7 @@ def test_requeues_while_the_database_is_down_do_not_park_a_quorum_queue_message(
         runner.join(timeout=60)
     assert consumer.stats.parked == 0
     assert not InboxFailure.objects.exists()
-    assert not consumer._uncounted  # forgotten once the message was acked
+    assert not run.outage.uncounted  # forgotten once the message was acked
 
 
 def test_a_parked_message_is_dead_lettered_to_the_route_dead_letter_exchange():

@@ -25,8 +25,9 @@ from kombu.utils.json import JSONEncoder
 from django_outbox.conf.routes import Route
 from django_outbox.consumer import InboxConsumer
 from django_outbox.envelope import CONTENT_ENCODING, CONTENT_TYPE, ClaimedMessage, ReceivedEvent
-from django_outbox.transports.base import Failure
-from django_outbox.transports.kombu import RedisTransport, binding_key, declare, unroutable
+from django_outbox.transports.base import Failure, unroutable
+from django_outbox.transports.declare import binding_key, declare
+from django_outbox.transports.kombu import RedisTransport
 from tests.integration.test_silent_broker import FreezableProxy
 from tests.support import REDIS_URL, publish_as_kombu, redis_maxmemory, unique_destination
 

@@ -25,8 +25,9 @@ from django.db import connections
 from django.test.utils import override_settings
 
 from django_outbox.models import OutboxMessage
-from django_outbox.relay import Relay, RunStats
-from django_outbox.transports.kombu import AmqpTransport, lease_confirm_timeout
+from django_outbox.relay.loop import Relay, RunStats
+from django_outbox.transports.confirms import lease_confirm_timeout
+from django_outbox.transports.kombu import AmqpTransport
 from tests.integration.test_silent_broker import BROKER, FreezableProxy, memory_alarm
 from tests.support import (
     AMQP_URL,

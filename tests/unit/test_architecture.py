@@ -47,6 +47,12 @@ BREAKS = [
         "workers, inbox, staging > state > db, transports > models > conf > leaves",
         "django_outbox.db is not allowed to import django_outbox.state",
     ),
+    (
+        "consumer/handling.py",
+        "from django_outbox.transports import kombu",
+        "The consumer imports the broker connection and declarations, not the transport classes",
+        "django_outbox.consumer.handling -> django_outbox.transports.kombu",
+    ),
     (  # the relay imports the row's life: the state importing the relay closes a cycle
         "state/retry.py",
         "from django_outbox import relay",
@@ -97,14 +103,20 @@ def broken(tmp_path_factory) -> tuple[int, str]:
 
 def test_the_untouched_package_keeps_the_transports_and_conf_contracts(untouched):
     # (acyclic and layers are kept once engineer "store" has removed models -> db.)
-    for _, _, contract, _ in BREAKS[:2]:
+    for _, _, contract, _ in [*BREAKS[:2], BREAKS[3]]:
         assert f"{contract} KEPT" in untouched, untouched
 
 
 @pytest.mark.parametrize(
     ("contract", "printed"),
     [case[2:] for case in BREAKS],
-    ids=["transport-imports-relay", "conf-imports-models", "db-imports-status", "cycle"],
+    ids=[
+        "transport-imports-relay",
+        "conf-imports-models",
+        "db-imports-status",
+        "consumer-imports-a-transport-class",
+        "cycle",
+    ],
 )
 def test_a_forbidden_import_breaks_its_contract_and_is_named(broken, untouched, contract, printed):
     status, output = broken
@@ -287,3 +299,38 @@ def test_every_name_imported_from_conf_is_exported_by_the_package():
     imported = names_imported_from("django_outbox.conf", [REPO / part for part in parts])
     assert imported and sorted(imported - set(django_outbox.conf.__all__)) == []
     assert all(hasattr(django_outbox.conf, name) for name in django_outbox.conf.__all__)
+
+
+#: The house rule (issue 40): a class does one job; past this many lines it does several.
+MAX_CLASS_LINES = 300
+
+
+def long_classes(root: Path) -> list[str]:
+    """``file:line name (n lines)`` for each class under ``root`` (migrations aside)
+    longer than :data:`MAX_CLASS_LINES`, its decorators left out."""
+    import ast
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if "migrations" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_CLASS_LINES:
+                    found.append(
+                        f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({lines})"
+                    )
+    return found
+
+
+def test_no_class_of_the_package_is_over_three_hundred_lines():
+    assert long_classes(REPO / "django_outbox") == []
+
+
+def test_the_class_length_rule_finds_a_long_class(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    body = "".join(f"    a{n} = {n}\n" for n in range(MAX_CLASS_LINES))
+    (package / "long.py").write_text(f"class Short:\n    x = 1\n\n\nclass Long:\n{body}")
+    assert long_classes(package) == [f"pkg/long.py:5 Long ({MAX_CLASS_LINES + 1})"]

@@ -10,7 +10,7 @@ from django.test import override_settings
 
 from django_outbox.conf import outbox_settings
 from django_outbox.conf.redact import mask_url, url_problem
-from django_outbox.transports.kombu import new_connection
+from django_outbox.transports.connection import new_connection
 
 SECRETS = ("pw-one-9f2c", "pw-two-7d1e", "pw-three-4b8a")
 CLUSTER = ";".join(

@@ -8,7 +8,8 @@ import logging
 from django.test import override_settings
 
 from django_outbox.conf.routes import Route
-from django_outbox.transports.kombu import DeclareRefused, KombuTransport
+from django_outbox.transports.declare import DeclareRefused
+from django_outbox.transports.kombu import KombuTransport
 
 URL = "amqp://u:s3cret-pw@nohost.invalid//"
 
