@@ -16,7 +16,6 @@ from typing import Any
 
 import kombu
 import pytest
-import redis
 from cloudevents.core.bindings import rabbitmq
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
@@ -37,6 +36,7 @@ from tests.support import (
     REDIS_URL,
     consume,
     delete_queue,
+    delete_redis_keys,
     drain_raw,
     run_relay,
     stage_events,
@@ -88,9 +88,7 @@ def amqp_queue() -> Iterator[str]:
 def redis_queue() -> Iterator[str]:
     queue = unique_destination("ce")
     yield queue
-    client = redis.Redis.from_url(REDIS_URL)
-    client.delete(*client.keys(f"*{queue}*"), "_")
-    client.close()
+    delete_redis_keys(queue)
 
 
 def publish(transport: Any, route: Route, messages: list[ClaimedMessage]) -> None:

@@ -29,7 +29,13 @@ from django_outbox.transports.base import Failure, unroutable
 from django_outbox.transports.declare import binding_key, declare
 from django_outbox.transports.kombu import RedisTransport
 from tests.integration.test_silent_broker import FreezableProxy
-from tests.support import REDIS_URL, publish_as_kombu, redis_maxmemory, unique_destination
+from tests.support import (
+    REDIS_URL,
+    delete_redis_keys,
+    publish_as_kombu,
+    redis_maxmemory,
+    unique_destination,
+)
 
 #: A delivery tag in a message's JSON: the one part that differs from kombu's own.
 DELIVERY_TAG = re.compile(rb'"delivery_tag": "([^"]*)"')
@@ -80,9 +86,7 @@ def name() -> Iterator[str]:
     """A queue name of the test's own; its Redis keys are deleted afterwards."""
     queue = unique_destination("wire")
     yield queue
-    client = redis.Redis.from_url(REDIS_URL)
-    client.delete(*client.keys(f"*{queue}*"), "_")
-    client.close()
+    delete_redis_keys(queue)
 
 
 def lists(name: str) -> dict[bytes, list[bytes]]:

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import kombu
+import redis
 from django.conf import settings
 
 from django_outbox.envelope import CONTENT_ENCODING, CONTENT_TYPE
@@ -56,6 +57,13 @@ def consume(
         finally:
             simple.close()
     return received
+
+
+def delete_redis_keys(queue: str) -> None:
+    """Delete the Redis keys of ``queue`` (its list, its bindings) and kombu's ``_``."""
+    client = redis.Redis.from_url(REDIS_URL)
+    client.delete(*client.keys(f"*{queue}*"), "_")
+    client.close()
 
 
 def delete_queue(queue: str, url: str = AMQP_URL) -> None:

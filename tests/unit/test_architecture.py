@@ -129,9 +129,10 @@ def test_a_forbidden_import_breaks_its_contract_and_is_named(broken, untouched, 
 MAX_FUNCTION_LINES = 50
 
 
-def long_functions(root: Path) -> list[str]:
-    """``file:line name (n lines)`` for each function under ``root`` (migrations aside)
-    longer than :data:`MAX_FUNCTION_LINES`, its decorators left out, its docstring in."""
+def long_definitions(root: Path, kinds: tuple[type, ...], most: int) -> list[str]:
+    """``file:line name (n lines)`` for each definition of ``kinds`` (ast node types)
+    under ``root`` (migrations aside) longer than ``most`` lines, its decorators left
+    out, its docstring in."""
     import ast
 
     found = []
@@ -139,25 +140,21 @@ def long_functions(root: Path) -> list[str]:
         if "migrations" in path.parts:
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            if isinstance(node, kinds) and node.end_lineno - node.lineno + 1 > most:
                 lines = node.end_lineno - node.lineno + 1
-                if lines > MAX_FUNCTION_LINES:
-                    found.append(
-                        f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({lines})"
-                    )
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({lines})")
     return found
+
+
+def long_functions(root: Path) -> list[str]:
+    """The functions under ``root`` longer than :data:`MAX_FUNCTION_LINES`."""
+    import ast
+
+    return long_definitions(root, (ast.FunctionDef, ast.AsyncFunctionDef), MAX_FUNCTION_LINES)
 
 
 def test_no_function_of_the_package_is_over_fifty_lines():
     assert long_functions(REPO / "django_outbox") == []
-
-
-def test_the_function_length_rule_finds_a_long_function(tmp_path):
-    package = tmp_path / "pkg"
-    package.mkdir()
-    body = "".join(f"    x{n} = {n}\n" for n in range(MAX_FUNCTION_LINES))
-    (package / "long.py").write_text(f"def short():\n    pass\n\n\ndef long():\n{body}")
-    assert long_functions(package) == [f"pkg/long.py:5 long ({MAX_FUNCTION_LINES + 1})"]
 
 
 #: The most Python modules the package's top level holds (issue 40): the rest live in
@@ -306,31 +303,28 @@ MAX_CLASS_LINES = 300
 
 
 def long_classes(root: Path) -> list[str]:
-    """``file:line name (n lines)`` for each class under ``root`` (migrations aside)
-    longer than :data:`MAX_CLASS_LINES`, its decorators left out."""
+    """The classes under ``root`` longer than :data:`MAX_CLASS_LINES`."""
     import ast
 
-    found = []
-    for path in sorted(root.rglob("*.py")):
-        if "migrations" in path.parts:
-            continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ClassDef):
-                lines = node.end_lineno - node.lineno + 1
-                if lines > MAX_CLASS_LINES:
-                    found.append(
-                        f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({lines})"
-                    )
-    return found
+    return long_definitions(root, (ast.ClassDef,), MAX_CLASS_LINES)
 
 
 def test_no_class_of_the_package_is_over_three_hundred_lines():
     assert long_classes(REPO / "django_outbox") == []
 
 
-def test_the_class_length_rule_finds_a_long_class(tmp_path):
+@pytest.mark.parametrize(
+    ("find", "short", "long", "most"),
+    [
+        (long_functions, "def short():\n    pass", "def long():", MAX_FUNCTION_LINES),
+        (long_classes, "class Short:\n    x = 1", "class Long:", MAX_CLASS_LINES),
+    ],
+    ids=["function", "class"],
+)
+def test_a_length_rule_finds_a_long_definition(tmp_path, find, short, long, most):
     package = tmp_path / "pkg"
     package.mkdir()
-    body = "".join(f"    a{n} = {n}\n" for n in range(MAX_CLASS_LINES))
-    (package / "long.py").write_text(f"class Short:\n    x = 1\n\n\nclass Long:\n{body}")
-    assert long_classes(package) == [f"pkg/long.py:5 Long ({MAX_CLASS_LINES + 1})"]
+    body = "".join(f"    x{n} = {n}\n" for n in range(most))
+    (package / "long.py").write_text(f"{short}\n\n\n{long}\n{body}")
+    name = long.split()[1].rstrip(":").rstrip("()")
+    assert find(package) == [f"pkg/long.py:5 {name} ({most + 1})"]
