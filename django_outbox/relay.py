@@ -26,6 +26,7 @@ import datetime as dt
 import functools
 import itertools
 import logging
+import math
 import random
 import sys
 import threading
@@ -261,6 +262,9 @@ class _Run:
     #: A batch that may free rows (ordered rows, a failure) was handed to the finalize
     #: since the pipeline was last empty: a claim made meanwhile may have missed them.
     freeing: bool = False
+    #: When the first row not due at the last claim comes due (monotonic clock; inf:
+    #: none), as that claim said; None after a claim that found nothing: the rest asks.
+    due_at: float | None = None
 
     def going(self) -> bool:
         """Until stopped (after the claim made ahead is published) or, draining, done."""
@@ -325,7 +329,21 @@ class _Run:
             return
         close_old_connections()
         self.pipeline.close_old_connections()
-        self.wakeup.wait()
+        self.wakeup.wait(self.until_due())
+
+    def until_due(self) -> float:
+        """How long a wait for a NOTIFY lasts at most: until the first row that was not
+        due comes due (a scheduled event, a retry: no NOTIFY announces it), within the
+        poll interval. After a claim that found nothing, asked now (``db.next_due_in``); a
+        database error leaves the poll interval (the next claim rides out the outage)."""
+        due_at = self.due_at
+        if due_at is None:
+            try:
+                seconds = db.next_due_in(self.wakeup.using)
+            except DatabaseError:
+                return self.wakeup.poll_interval
+            due_at = math.inf if seconds is None else time.monotonic() + seconds
+        return min(max(due_at - time.monotonic(), 0.0), self.wakeup.poll_interval)
 
     def tally(self, stats: BatchStats) -> None:
         self.totals.add(stats)
@@ -863,7 +881,7 @@ class Relay:
             state.pipeline.collect(everything=True)
             settled = state.settled()  # True, and the batches collected forgotten
             claim = self._claim(whole=state.drain)
-        batch, state.caught_up = None, False
+        batch, state.caught_up, state.due_at = None, False, _due_at(claim)
         if claim is not None:
             more_due = len(claim.messages) == self.batch_size
             if more_due and not (state.stop.is_set() or state.brokers_down()):
@@ -875,7 +893,9 @@ class Relay:
             state.freeing |= frees
             state.caught_up = settled and not (more_due or frees) and _caught_up(state, claim)
             state.pipeline.finalize(batch, gate=batch.ordered, here=state.caught_up)
-        if state.caught_up and (state.wakeup.wait(CAUGHT_UP_WAIT) or not state.wakeup.heard):
+        if state.caught_up and (
+            state.wakeup.wait(min(CAUGHT_UP_WAIT, state.until_due())) or not state.wakeup.heard
+        ):
             # A NOTIFY came (or the listener broke): claim at once, as after a batch that
             # did not catch up.
             state.caught_up = False
@@ -1002,6 +1022,14 @@ def _frees_rows(batch: _Batch) -> bool:
     """Whether finalizing ``batch`` may make rows due: the next rows of its ordered keys,
     or a failed row due again at once (held back, or not attempted)."""
     return batch.ordered or not all(outcome is None for outcome in batch.outcomes)
+
+
+def _due_at(claim: _Claim | None) -> float | None:
+    """When the first row not due at ``claim`` comes due (``_Run.due_at``)."""
+    if claim is None:
+        return None
+    seconds = claim.messages.next_due_in
+    return math.inf if seconds is None else claim.started + seconds
 
 
 def _caught_up(state: _Run, claim: _Claim) -> bool:

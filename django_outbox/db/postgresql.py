@@ -41,6 +41,34 @@ def _due_sql(clock: str) -> str:
     return queries.sql("claim_due", literals=literals, fragments={"clock": clock})
 
 
+def _next_due_sql(clock: str, ordered: bool = True) -> str:
+    """The named fragment ``next_due``: seconds from ``clock`` (SQL) to the first row
+    not due yet, in both due indexes, or without ``ordered`` the unordered one."""
+    from ..models import OutboxMessage
+
+    table = {"table": OutboxMessage._meta.db_table}
+    firsts = ", ".join(
+        queries.sql(
+            "next_due_first", identifiers=table, fragments={"clock": clock, "part": _SEQUENCE[part]}
+        )
+        for part in ((False, True) if ordered else (False,))
+    )
+    return queries.sql("next_due", fragments={"clock": clock, "firsts": firsts})
+
+
+def next_due_in(connection: BaseDatabaseWrapper) -> float | None:
+    """Seconds until the first unfinished row that is not due yet comes due (named
+    query ``next_due_in``); None when there is none."""
+    with connection.cursor() as cursor:
+        cursor.execute(queries.sql("next_due_in", fragments={"next_due": _next_due_sql(_NOW)}))
+        (seconds,) = cursor.fetchone()
+    return None if seconds is None else float(seconds)
+
+
+#: The clock of a read outside the claim: the statement's (Django's ``Now()``).
+_NOW = "statement_timestamp()"
+
+
 @functools.cache
 def _claim_sql(ordered: bool = True, unflushed: bool = False) -> str:
     """The claim statement for the outbox table: named query ``claim`` (its gate
@@ -51,7 +79,7 @@ def _claim_sql(ordered: bool = True, unflushed: bool = False) -> str:
 
     table = {"table": OutboxMessage._meta.db_table}
     literals = {"processing": OutboxStatus.PROCESSING.value}
-    due = {"due": _due_sql("now()")}
+    due = {"due": _due_sql("now()"), "next_due": _next_due_sql("now()", ordered)}
     payload = {  # claim_payload of each pick's payload column
         name: queries.sql("claim_payload", fragments={"payload": column})
         for name, column in [
@@ -109,8 +137,13 @@ def claim(
         )
         rows = cursor.fetchall()
         considered = rows[0][columns.index("considered")] if rows else 0
+        next_due = rows[0][columns.index("next_due_in")] if rows else None
         messages = sorted(map(build, rows), key=lambda message: message.id)
-        return ClaimedBatch(messages, left_behind=considered > len(messages))
+        return ClaimedBatch(
+            messages,
+            left_behind=considered > len(messages),
+            next_due_in=None if next_due is None else float(next_due),
+        )
 
 
 @functools.cache
@@ -230,9 +263,11 @@ def _headers() -> Callable[[str], Any]:
 BacklogPart = tuple[str, bool | None]
 
 _SEQUENCE = {None: "", False: " AND sequence IS NULL", True: " AND sequence IS NOT NULL"}
-#: Each state's partial index for backlog_count: the named query of its condition.
+#: Each state's partial index for backlog_count: the named query of its condition;
+#: "scheduled" (PENDING rows not due yet) is not a state, but counted as one.
 _INDEX_PART = {
     "pending": "backlog_part_unfinished",
+    "scheduled": "backlog_part_unfinished",
     "processing": "backlog_part_unfinished",
     "failed": "backlog_part_failed",
     "published": "backlog_part_published",
@@ -252,6 +287,18 @@ def backlog(
         return list(cursor.fetchone())
 
 
+#: The backlog's PENDING rows are the due ones; its "scheduled" rows, PENDING rows not
+#: due yet (the named queries of each range).
+_WHEN = {"pending": "backlog_part_due", "scheduled": "backlog_part_scheduled"}
+_STORED = {"scheduled": "pending"}
+
+
+def _part(status: str, ordered: bool | None) -> str:
+    """What a part of ``status`` adds to its index's condition: which due index, and
+    for PENDING and scheduled rows which range of it."""
+    return _SEQUENCE[ordered] + (f" {queries.sql(_WHEN[status])}" if status in _WHEN else "")
+
+
 @functools.cache
 def _backlog_sql(parts: tuple[BacklogPart, ...], blocked: bool) -> str:
     from ..models import OutboxMessage, OutboxStatus
@@ -261,12 +308,12 @@ def _backlog_sql(parts: tuple[BacklogPart, ...], blocked: bool) -> str:
         queries.sql(
             "backlog_count",
             identifiers=table,
-            literals={"status": status},
-            fragments={"part": f" {queries.sql(_INDEX_PART[status])}{_SEQUENCE[ordered]}"},
+            literals={"status": _STORED.get(status, status)},
+            fragments={"part": f" {queries.sql(_INDEX_PART[status])}{_part(status, ordered)}"},
         )
         for status, ordered in parts
     ]
-    due = _due_sql("statement_timestamp()")
+    due = _due_sql(_NOW)
     figures += [
         queries.sql(
             "backlog_oldest_due",

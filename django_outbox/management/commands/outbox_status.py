@@ -17,7 +17,8 @@ from django_outbox.text import one_line
 
 class Command(BaseCommand):
     help = (
-        "Show outbox counts per state, the oldest due row's age, failing attempts, busy keys, "
+        "Show outbox counts per state (pending: the rows due; scheduled ones apart), the "
+        "oldest due row's age, failing attempts, busy keys, "
         "blocked keys (an abandoned head holds back its ordered key), the most frequent "
         "recent errors, the parked inbox messages per consumer, and the relays and "
         "consumers with their heartbeat (live, stale, dead or stopped)."
@@ -44,6 +45,7 @@ class Command(BaseCommand):
         self.stdout.write("state        rows")
         for state, count in status.counts.items():
             self.stdout.write(f"{state:<12} {count}")
+        self.stdout.write(f"scheduled    {status.scheduled} (pending, not due yet: not in pending)")
         age = status.oldest_due_age
         self.stdout.write(
             "oldest due row: "
