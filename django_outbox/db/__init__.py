@@ -190,12 +190,14 @@ def next_due_in(using: str) -> float | None:
 
 
 def _next_due_portable(using: str) -> float | None:
+    """:func:`next_due_in` through the ORM, by the clock of ``Now()`` (which stages the
+    rows: SQLite's ``CURRENT_TIMESTAMP`` has whole seconds) and this host's (SQLite's
+    database is on it)."""
     from ..models import UNFINISHED, OutboxMessage
 
-    now = database_now(using)
-    later = OutboxMessage.objects.using(using).filter(UNFINISHED, available_at__gt=now)
+    later = OutboxMessage.objects.using(using).filter(UNFINISHED, available_at__gt=Now())
     first = later.aggregate(first=models.Min("available_at"))["first"]
-    return None if first is None else (first - now).total_seconds()
+    return None if first is None else (first - timezone.now()).total_seconds()
 
 
 def mark_published(using: str, ids: Sequence[int], token: uuid.UUID) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -72,6 +73,27 @@ def test_a_resting_relay_publishes_a_scheduled_event_when_it_comes_due(destinati
         < published.available_at + 10 * (dt.timedelta(seconds=1))
     )
     assert len(consume(destination, 1, timeout=20)) == 1
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "lite"])
+@pytest.mark.parametrize("using", ["default", "lite"], ids=["postgresql", "sqlite"])
+def test_the_claim_and_a_rest_know_when_the_next_row_comes_due(using):
+    """``db.next_due_in`` (a rest after an empty claim) and a claim's ``next_due_in``:
+    the seconds until the first unfinished row not due comes due; due rows do not count,
+    none left is None."""
+    assert db.next_due_in(using) is None
+    now = db.database_now(using)
+    with transaction.atomic(using=using):
+        stage("t", {}, destination="q", using=using)  # due now
+        for seconds in (200, 100):
+            at = now + dt.timedelta(seconds=seconds)
+            stage("t", {}, destination="q", available_at=at, using=using)
+    claim = db.claim(using, limit=10, lease_seconds=30, worker="w", token=uuid.uuid4())
+    assert len(claim) == 1
+    for seconds in (db.next_due_in(using), claim.next_due_in):
+        assert seconds is not None and 90 < seconds <= 100
+    OutboxMessage.objects.using(using).filter(available_at__gt=now).delete()
+    assert db.next_due_in(using) is None
 
 
 # ---------------------------------------------------------------- the backlog's figures
