@@ -184,10 +184,12 @@ RETURNING o.id AS id, o.event_id AS event_id, o.event_type AS event_type,
 
 -- name: next_due_first
 -- PostgreSQL, a fragment of next_due: the first available_at after {clock} in
--- one due index (outbox_due_idx or outbox_ordered_due_idx, {part} saying which):
--- min() of its leading column, one probe.
-(SELECT min(available_at) FROM {table}
- WHERE published_at IS NULL AND abandoned_at IS NULL{part} AND available_at > {clock})
+-- one due index (outbox_due_idx or outbox_ordered_due_idx, {part} saying which),
+-- one probe. Written as ORDER BY ... LIMIT 1 rather than min(): the same plan,
+-- planned in less time (about 0.05 ms of a claim's, measured alone).
+(SELECT available_at FROM {table}
+ WHERE published_at IS NULL AND abandoned_at IS NULL{part} AND available_at > {clock}
+ ORDER BY available_at LIMIT 1)
 
 
 -- name: next_due_in
