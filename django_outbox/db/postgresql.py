@@ -70,10 +70,11 @@ _NOW = "statement_timestamp()"
 
 
 @functools.cache
-def _claim_sql(ordered: bool = True, unflushed: bool = False) -> str:
+def _claim_sql(ordered: bool = True, unflushed: bool = False, alone: bool = False) -> str:
     """The claim statement for the outbox table: named query ``claim`` (its gate
-    ``ordered_gate``), or ``claim_unordered`` without ``ordered``; with ``unflushed``,
-    after ``claim_commit_unflushed`` in the same query. Cached: clear it
+    ``ordered_gate``), or ``claim_unordered`` without ``ordered``; ``alone`` (the
+    claim is its own transaction), after ``claim_without_jit`` in the same query, and
+    with ``unflushed`` after ``claim_commit_unflushed`` too. Cached: clear it
     (``_claim_sql.cache_clear()``) after replacing a named query."""
     from ..models import OutboxMessage, OutboxStatus
 
@@ -98,7 +99,10 @@ def _claim_sql(ordered: bool = True, unflushed: bool = False) -> str:
     }
     name = "claim" if ordered else "claim_unordered"
     statement = queries.sql(name, identifiers=table, fragments={**due, **payload, **fragments})
-    return f"{queries.sql('claim_commit_unflushed')};\n{statement}" if unflushed else statement
+    settings = [queries.sql("claim_without_jit")] if alone else []
+    if unflushed:
+        settings.append(queries.sql("claim_commit_unflushed"))
+    return ";\n".join([*settings, statement])
 
 
 def claim(
@@ -123,14 +127,15 @@ def claim(
     Picked rows left out are unlocked when the statement ends, and the next claim
     takes them (the batch's ``left_behind``). Without ``ordered`` only unordered rows
     are claimed (``claim_unordered``: cheaper to plan), and the claim's commit does not
-    wait for its WAL flush."""
+    wait for its WAL flush. A claim in a transaction of its own is never JIT-compiled."""
     params: list[Any] = [limit, limit, limit, limit] if ordered else [limit, limit]
     params += [max_bytes, lease_seconds, worker, token]
     with connection.cursor() as cursor:
-        unflushed = not ordered and _unflushed(connection, cursor)
-        cursor.execute(_claim_sql(ordered, unflushed), params)
-        if unflushed:
-            cursor.nextset()  # from the SET's result to the claim's
+        alone = _alone(connection, cursor)
+        unflushed = alone and not ordered
+        cursor.execute(_claim_sql(ordered, unflushed, alone), params)
+        for _setting in range(alone + unflushed):
+            cursor.nextset()  # from the SETs' results to the claim's
         columns = [column.name for column in cursor.description]
         build = ClaimedMessage.reader(
             columns, headers=_headers(), created_at=_created_at(connection)
@@ -186,11 +191,12 @@ def delete_published(
         return {pk for (pk,) in cursor.fetchall()}
 
 
-def _unflushed(connection: BaseDatabaseWrapper, cursor: Any) -> bool:
-    """Whether the unordered claim's commit may skip its WAL flush
-    (``claim_commit_unflushed``): outside a transaction of the caller's (whose commit it
-    would make unflushed too), through psycopg's client-side binding cursor (Django's
-    default), which sends the two statements in one simple-protocol query."""
+def _alone(connection: BaseDatabaseWrapper, cursor: Any) -> bool:
+    """Whether the claim is a transaction of its own, whose settings its SET LOCALs may
+    change (``claim_without_jit``; the unordered claim's commit may skip its WAL flush,
+    ``claim_commit_unflushed``): outside a transaction of the caller's (whose commit and
+    statements they would change too), through psycopg's client-side binding cursor
+    (Django's default), which sends the statements in one simple-protocol query."""
     import psycopg
 
     driver_cursor = getattr(cursor, "cursor", None)

@@ -93,6 +93,50 @@ def test_the_claim_and_a_rest_know_when_the_next_row_comes_due(using):
     assert db.next_due_in(using) is None
 
 
+def _explained(sql: str, params: object, settings: list[str]) -> dict:
+    """The plan of the claim statement ``sql`` run after ``settings`` in one query
+    (its own transaction, as the relay sends it), with every plan past
+    ``jit_above_cost``."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET jit_above_cost = 0")
+        try:
+            cursor.execute(";\n".join([*settings, f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}"]), params)
+            for _setting in settings:
+                cursor.nextset()
+            (plan,) = cursor.fetchone()
+        finally:
+            cursor.execute("RESET jit_above_cost")
+    return plan[0]
+
+
+@pytest.mark.parametrize("ordered", [True, False], ids=["whole", "unordered"])
+def test_a_claim_is_never_jit_compiled(ordered):
+    """With a million events scheduled ahead (a tenth of them ordered) the planner's
+    cost of the claim passed jit_above_cost, and JIT compiled each claim: 74 ms of an
+    80 ms claim of 500 rows. The claim the relay sends, run with every plan past that
+    cost, is not compiled; the same statement without its settings is."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_jit_available()")
+        if not cursor.fetchone()[0]:
+            pytest.skip("this PostgreSQL has no JIT")
+    stage_events(3, unique_destination())
+    sent: list[tuple[str, object]] = []
+
+    def capture(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        sent.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture):
+        claimed = db.claim(
+            "default", limit=10, lease_seconds=30, worker="w", token=uuid.uuid4(), ordered=ordered
+        )
+    assert len(claimed) == 3
+    ((sql, params),) = [(sql, params) for sql, params in sent if "RETURNING" in sql]
+    *settings, statement = sql.split(";\n")
+    assert "JIT" not in _explained(statement, params, settings)
+    assert "JIT" in _explained(statement, params, [])  # what the settings prevent
+
+
 # ---------------------------------------------------------------- the backlog's figures
 
 

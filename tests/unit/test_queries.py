@@ -55,6 +55,7 @@ def test_every_query_of_the_package_file_loads():
         "insert_deduplicated",
         "deduplicated_row",
         "claim_commit_unflushed",
+        "claim_without_jit",
         "claim_unordered_rows",
         "claim_payload",
         "claim_due",
