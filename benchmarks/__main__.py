@@ -64,6 +64,8 @@ class Profile:
     hot_key: int  # events of one key drained by one relay
     fairness_events: int  # the backlog four relays drain together (relay_fairness)
     fairness_batch: int  # their batch size: shares move by whole batches
+    scheduled: int  # events scheduled a day ahead for the second claim measurement
+    scheduled_seconds: float  # events coming due at 1,000 a second for so long
     batch_size: int = 500
     e2e_rate: float = 200.0
     e2e_1000_per_commit: int = 10
@@ -92,6 +94,8 @@ PROFILES = {
         hot_key=3_000,
         fairness_events=20_000,
         fairness_batch=100,
+        scheduled=100_000,
+        scheduled_seconds=5,
     ),
     "full": Profile(
         rounds=5,
@@ -114,6 +118,8 @@ PROFILES = {
         hot_key=20_000,
         fairness_events=100_000,
         fairness_batch=500,
+        scheduled=1_000_000,
+        scheduled_seconds=20,
     ),
 }
 
@@ -191,11 +197,32 @@ def _scenarios(
     figures.update(scenarios.claim_growth(profile.retained, profile.claim_rows, batch))
     _step(f"claim draining {profile.horizon_rows} rows with a snapshot held open, and without")
     figures.update(horizon.claim_under_held_horizon(profile.horizon_rows, profile.horizon_batch))
+    figures.update(_scheduled(profile, env, amqp))
     figures.update(_ordering(profile, amqp, drain))
     figures.update(_telemetry(profile, amqp, drain))
     figures.update(_signing(profile, amqp, drain))
     figures.update(_cloudevents(profile, amqp, redis, drain))
     figures.update(_end_to_end(profile, env, amqp))
+    return figures
+
+
+def _scheduled(profile: Profile, env: dict[str, str], amqp: str) -> dict[str, Any]:
+    """The claim of due rows with events scheduled a day ahead against the same with
+    none (``scheduled_claim_growth``), and how late events coming due at 1,000 a second
+    are published (``scheduled_lateness_*``)."""
+    from . import scenarios
+
+    _step(f"{profile.rounds} x claim with none and {profile.scheduled} scheduled a day ahead")
+    figures: dict[str, Any] = {"scheduled_rows": profile.scheduled}
+    figures.update(
+        scenarios.scheduled_claim_growth(
+            profile.scheduled, profile.claim_rows, profile.batch_size, profile.rounds
+        )
+    )
+    _step(f"events coming due at 1,000/s for {profile.scheduled_seconds:g}s")
+    figures.update(
+        scenarios.scheduled_lateness(env, amqp, rate=1_000.0, seconds=profile.scheduled_seconds)
+    )
     return figures
 
 

@@ -28,6 +28,7 @@ from django.db.models import F
 
 from django_outbox import db, stage, stage_many
 from django_outbox.conf import outbox_settings
+from django_outbox.db import postgresql
 from django_outbox.envelope import ClaimedMessage
 from django_outbox.models import OutboxMessage
 from django_outbox.signing import parse_keys
@@ -385,6 +386,124 @@ def claim_growth(retained: int, rows: int, batch_size: int) -> dict[str, float]:
         "claim_ms_retained": _median_ms(large),
         "claim_growth": statistics.median(large) / statistics.median(small),
         "claim_rows_per_s": batch_size / statistics.median(small),
+    }
+
+
+def _schedule(
+    total: int, first_due: dt.datetime, rate: float, to: str = "bench-scheduled", *, keyed: bool
+) -> None:
+    """Add ``total`` PENDING rows to ``to``, row ``g`` (from 0) due ``g / rate`` seconds
+    after ``first_due``; ``keyed``, every tenth row of an ordered key (1,000 keys), so
+    that both due indexes hold some. In statements of 200,000 rows, as ``stage()`` would
+    write them (the trigger's NOTIFY included), without its Python work per row."""
+    with connection.cursor() as cursor:
+        for start in range(0, total, 200_000):
+            end = min(start + 200_000, total)
+            cursor.execute(
+                f"""
+                INSERT INTO "{TABLE}" (event_id, event_type, destination, payload, headers,
+                    ordering_key, sequence, status, attempts, available_at, locked_by,
+                    last_error, created_at)
+                SELECT gen_random_uuid(), 'bench.reminder', %s, %s::jsonb, '{{}}',
+                    CASE WHEN %s AND g %% 10 = 0 THEN 'k' || (g %% 1000) ELSE '' END,
+                    CASE WHEN %s AND g %% 10 = 0 THEN g END, 'pending', 0,
+                    %s::timestamptz + make_interval(secs => g / %s), '', '', now()
+                FROM generate_series(%s, %s) AS g
+                """,
+                [to, json.dumps(PAYLOAD), keyed, keyed, first_due, rate, start, end - 1],
+            )
+
+
+def scheduled_claim_growth(
+    scheduled: int, rows: int, batch_size: int, rounds: int
+) -> dict[str, Any]:
+    """Rounds of: the claim of due rows with no event scheduled, then with ``scheduled``
+    events scheduled a day ahead (VACUUM ANALYZE after, as autovacuum would). Each
+    claim's latency (median of the round's claims), and the shared buffers one claim of
+    a batch touches (a count, where the time is noisy: a claim that walked the future
+    rows would touch their pages). Figures are medians of the rounds' ratios."""
+    times: list[float] = []
+    buffers: list[float] = []
+    latencies: dict[str, list[float]] = {"none": [], "future": []}
+    for _ in range(rounds):
+        reset_outbox()
+        _retain(1_000)
+        none = (_claim_latencies(rows, batch_size), _claim_buffers(batch_size))
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT now() + interval '1 day'")
+            (tomorrow,) = cursor.fetchone()
+        _schedule(scheduled, tomorrow, rate=1_000.0, keyed=True)
+        with connection.cursor() as cursor:
+            cursor.execute(f'VACUUM ANALYZE "{TABLE}"')
+        future = (_claim_latencies(rows, batch_size), _claim_buffers(batch_size))
+        latencies["none"] += none[0]
+        latencies["future"] += future[0]
+        times.append(statistics.median(future[0]) / statistics.median(none[0]))
+        buffers.append(future[1] / none[1])
+    reset_outbox()
+    return {
+        "scheduled_claim_ms_none": _median_ms(latencies["none"]),
+        "scheduled_claim_ms_future": _median_ms(latencies["future"]),
+        "scheduled_claim_growth": statistics.median(times),
+        "scheduled_claim_growth_rounds": times,
+        "scheduled_claim_buffers_growth": max(buffers),
+    }
+
+
+def _claim_buffers(batch_size: int) -> int:
+    """The shared buffers (hit or read) one claim of a batch of due rows touches, from
+    ``EXPLAIN (ANALYZE, BUFFERS)`` of the claim statement, rolled back."""
+    to = destination("buffers")
+    backlog(batch_size, to)
+    params = [batch_size] * 4 + [outbox_settings.MAX_BATCH_BYTES, 60, "bench", uuid.uuid4()]
+    with transaction.atomic(), connection.cursor() as cursor:
+        # The relay's whole claim, as the tests read it (its text is the package's own).
+        statement = postgresql._claim_sql()
+        cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}", params)
+        (plan,) = cursor.fetchone()[0]
+        transaction.set_rollback(True)
+    OutboxMessage.objects.filter(destination=to).delete()
+    return int(plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"])
+
+
+def scheduled_lateness(
+    env: dict[str, str], url: str, *, rate: float, seconds: float, lead: float = 3.0
+) -> dict[str, float]:
+    """Events coming due at ``rate`` per second for ``seconds``, all committed
+    beforehand (the first due ``lead`` seconds after), with a running relay (woken by
+    nothing but its own rest: no NOTIFY announces a row coming due) publishing to
+    RabbitMQ: how late each went out, ``published_at - available_at`` by the database
+    clock (figures ``scheduled_lateness_*``)."""
+    reset_outbox()
+    to = _declared_queue(url, destination("scheduled"))
+    count = int(rate * seconds)
+    relay = Worker(
+        {**env, "OUTBOX_BENCH_ORDERED": "0"}, "relay", "--url", url, "--batch-size", "500"
+    )
+    relay.go()
+    time.sleep(1.0 + outbox_settings.START_JITTER)  # a settled relay, resting
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        (now,) = cursor.fetchone()
+    _schedule(count, now + dt.timedelta(seconds=lead), rate, to, keyed=False)
+    published = OutboxMessage.objects.filter(destination=to, published_at__isnull=False)
+    deadline = time.monotonic() + lead + seconds + 60
+    while published.count() < count and time.monotonic() < deadline:
+        time.sleep(0.5)
+    relay.terminate()
+    relay.result(timeout=60)
+    delete_queue(url, to)
+    late = sorted(
+        (row.published_at - row.available_at).total_seconds() * 1000
+        for row in published.only("published_at", "available_at")
+    )
+    if len(late) != count:
+        raise RuntimeError(f"scheduled: {len(late)} of {count} events published")
+    return {
+        "scheduled_lateness_p50_ms": late[len(late) // 2],
+        "scheduled_lateness_p99_ms": late[min(len(late) - 1, int(len(late) * 0.99))],
+        "scheduled_lateness_max_ms": late[-1],
+        "scheduled_events": count,
     }
 
 

@@ -158,13 +158,23 @@ class ClaimedBatch(list[ClaimedMessage]):
     picked due rows that its row or byte bound then left out. (A full batch may leave
     rows due without saying so: the picking stops at the row bound.) A relay that
     hears NOTIFYs rests after a batch whose claim left nothing behind, on the other
-    conditions of docs/relay.md's "The loop"; otherwise it claims again at once."""
+    conditions of docs/relay.md's "The loop"; otherwise it claims again at once.
+    ``next_due_in``: seconds from the claim until the first row not due then comes due
+    (a scheduled event, a retry), None when there is none or the claim found nothing:
+    the rest after the batch ends by then."""
 
-    __slots__ = ("left_behind",)
+    __slots__ = ("left_behind", "next_due_in")
 
-    def __init__(self, messages: Iterable[ClaimedMessage] = (), *, left_behind: bool) -> None:
+    def __init__(
+        self,
+        messages: Iterable[ClaimedMessage] = (),
+        *,
+        left_behind: bool,
+        next_due_in: float | None = None,
+    ) -> None:
         super().__init__(messages)
         self.left_behind = left_behind
+        self.next_due_in = next_due_in
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -49,6 +49,7 @@ def summary_context(using: str) -> dict[str, Any]:
             (status.value, status.label, report.counts[status.value]) for status in OutboxStatus
         ],
         "oldest_due": None if age is None else timesince(timezone.now() - age, depth=2),
+        "scheduled": report.scheduled,  # PENDING, not due yet: not in its count above
     }
 
 

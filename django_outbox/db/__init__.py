@@ -192,6 +192,28 @@ def claim(
     return _claim_portable(using, limit, max_bytes, lease_seconds, worker, token, ordered=ordered)
 
 
+def next_due_in(using: str) -> float | None:
+    """Seconds until the first unfinished row that is not due yet (scheduled, or
+    waiting out a retry) comes due, by the database clock; None when there is none.
+    On PostgreSQL one statement of two index probes (:func:`.postgresql.next_due_in`;
+    a claim that found rows returns the same figure), elsewhere the ORM."""
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        return postgresql.next_due_in(connection)
+    return _next_due_portable(using)
+
+
+def _next_due_portable(using: str) -> float | None:
+    """:func:`next_due_in` through the ORM, by the clock of ``Now()`` (which stages the
+    rows: SQLite's ``CURRENT_TIMESTAMP`` has whole seconds) and this host's (SQLite's
+    database is on it)."""
+    from ..models import UNFINISHED, OutboxMessage
+
+    later = OutboxMessage.objects.using(using).filter(UNFINISHED, available_at__gt=Now())
+    first = later.aggregate(first=models.Min("available_at"))["first"]
+    return None if first is None else (first - timezone.now()).total_seconds()
+
+
 def mark_published(using: str, ids: Sequence[int], token: uuid.UUID) -> int:
     """PROCESSING -> PUBLISHED for the rows of ``ids`` still leased under ``token``
     (``published_at`` the database's now, lease and last error cleared); returns how
@@ -396,13 +418,8 @@ def _claim_portable(
         ids = _within_bytes(((pk, size) for *_, pk, size in candidates[:limit]), max_bytes)
         if not ids:
             return ClaimedBatch(left_behind=False)
-        lease_end = now_plus(lease_seconds)
-        rows.filter(id__in=ids).update(
-            status=OutboxStatus.PROCESSING,
-            locked_until=lease_end,
-            locked_by=worker,
-            lease_token=token,
-        )
+        lease = {"locked_until": now_plus(lease_seconds), "locked_by": worker}
+        rows.filter(id__in=ids).update(status=OutboxStatus.PROCESSING, lease_token=token, **lease)
         claimed = (
             rows.filter(id__in=ids)
             .order_by("id")
@@ -415,7 +432,11 @@ def _claim_portable(
         )
         # The JSONField decoded the payload; the wire wants it as text again.
         build = ClaimedMessage.reader(CLAIMED_FIELDS, payload=_json_text)
-        return ClaimedBatch(map(build, claimed), left_behind=len(candidates) > len(ids))
+        return ClaimedBatch(
+            map(build, claimed),
+            left_behind=len(candidates) > len(ids),
+            next_due_in=_next_due_portable(using),
+        )
 
 
 #: A claim's candidate: (place in its key's run, the head's ``available_at``, the

@@ -42,17 +42,46 @@ def _due_sql(clock: str) -> str:
     return queries.sql("claim_due", literals=literals, fragments={"clock": clock})
 
 
+def _next_due_sql(clock: str, ordered: bool = True) -> str:
+    """The named fragment ``next_due``: seconds from ``clock`` (SQL) to the first row
+    not due yet, in both due indexes, or without ``ordered`` the unordered one."""
+    from ..models import OutboxMessage
+
+    table = {"table": OutboxMessage._meta.db_table}
+    firsts = ", ".join(
+        queries.sql(
+            "next_due_first", identifiers=table, fragments={"clock": clock, "part": _SEQUENCE[part]}
+        )
+        for part in ((False, True) if ordered else (False,))
+    )
+    return queries.sql("next_due", fragments={"clock": clock, "firsts": firsts})
+
+
+def next_due_in(connection: BaseDatabaseWrapper) -> float | None:
+    """Seconds until the first unfinished row that is not due yet comes due (named
+    query ``next_due_in``); None when there is none."""
+    with connection.cursor() as cursor:
+        cursor.execute(queries.sql("next_due_in", fragments={"next_due": _next_due_sql(_NOW)}))
+        (seconds,) = cursor.fetchone()
+    return None if seconds is None else float(seconds)
+
+
+#: The clock of a read outside the claim: the statement's (Django's ``Now()``).
+_NOW = "statement_timestamp()"
+
+
 @functools.cache
-def _claim_sql(ordered: bool = True, unflushed: bool = False) -> str:
+def _claim_sql(ordered: bool = True, unflushed: bool = False, alone: bool = False) -> str:
     """The claim statement for the outbox table: named query ``claim`` (its gate
-    ``ordered_gate``), or ``claim_unordered`` without ``ordered``; with ``unflushed``,
-    after ``claim_commit_unflushed`` in the same query. Cached: clear it
+    ``ordered_gate``), or ``claim_unordered`` without ``ordered``; ``alone`` (the
+    claim is its own transaction), after ``claim_without_jit`` in the same query, and
+    with ``unflushed`` after ``claim_commit_unflushed`` too. Cached: clear it
     (``_claim_sql.cache_clear()``) after replacing a named query."""
     from ..models import OutboxMessage, OutboxStatus
 
     table = {"table": OutboxMessage._meta.db_table}
     literals = {"processing": OutboxStatus.PROCESSING.value}
-    due = {"due": _due_sql("now()")}
+    due = {"due": _due_sql("now()"), "next_due": _next_due_sql("now()", ordered)}
     payload = {  # claim_payload of each pick's payload column
         name: queries.sql("claim_payload", fragments={"payload": column})
         for name, column in [
@@ -71,7 +100,10 @@ def _claim_sql(ordered: bool = True, unflushed: bool = False) -> str:
     }
     name = "claim" if ordered else "claim_unordered"
     statement = queries.sql(name, identifiers=table, fragments={**due, **payload, **fragments})
-    return f"{queries.sql('claim_commit_unflushed')};\n{statement}" if unflushed else statement
+    settings = [queries.sql("claim_without_jit")] if alone else []
+    if unflushed:
+        settings.append(queries.sql("claim_commit_unflushed"))
+    return ";\n".join([*settings, statement])
 
 
 def claim(
@@ -96,22 +128,28 @@ def claim(
     Picked rows left out are unlocked when the statement ends, and the next claim
     takes them (the batch's ``left_behind``). Without ``ordered`` only unordered rows
     are claimed (``claim_unordered``: cheaper to plan), and the claim's commit does not
-    wait for its WAL flush."""
+    wait for its WAL flush. A claim in a transaction of its own is never JIT-compiled."""
     params: list[Any] = [limit, limit, limit, limit] if ordered else [limit, limit]
     params += [max_bytes, lease_seconds, worker, token]
     with connection.cursor() as cursor:
-        unflushed = not ordered and _unflushed(connection, cursor)
-        cursor.execute(_claim_sql(ordered, unflushed), params)
-        if unflushed:
-            cursor.nextset()  # from the SET's result to the claim's
+        alone = _alone(connection, cursor)
+        unflushed = alone and not ordered
+        cursor.execute(_claim_sql(ordered, unflushed, alone), params)
+        for _setting in range(alone + unflushed):
+            cursor.nextset()  # from the SETs' results to the claim's
         columns = [column.name for column in cursor.description]
         build = ClaimedMessage.reader(
             columns, headers=_headers(), created_at=_created_at(connection)
         )
         rows = cursor.fetchall()
         considered = rows[0][columns.index("considered")] if rows else 0
+        next_due = rows[0][columns.index("next_due_in")] if rows else None
         messages = sorted(map(build, rows), key=lambda message: message.id)
-        return ClaimedBatch(messages, left_behind=considered > len(messages))
+        return ClaimedBatch(
+            messages,
+            left_behind=considered > len(messages),
+            next_due_in=None if next_due is None else float(next_due),
+        )
 
 
 @functools.cache
@@ -154,11 +192,12 @@ def delete_published(
         return {pk for (pk,) in cursor.fetchall()}
 
 
-def _unflushed(connection: BaseDatabaseWrapper, cursor: Any) -> bool:
-    """Whether the unordered claim's commit may skip its WAL flush
-    (``claim_commit_unflushed``): outside a transaction of the caller's (whose commit it
-    would make unflushed too), through psycopg's client-side binding cursor (Django's
-    default), which sends the two statements in one simple-protocol query."""
+def _alone(connection: BaseDatabaseWrapper, cursor: Any) -> bool:
+    """Whether the claim is a transaction of its own, whose settings its SET LOCALs may
+    change (``claim_without_jit``; the unordered claim's commit may skip its WAL flush,
+    ``claim_commit_unflushed``): outside a transaction of the caller's (whose commit and
+    statements they would change too), through psycopg's client-side binding cursor
+    (Django's default), which sends the statements in one simple-protocol query."""
     import psycopg
 
     driver_cursor = getattr(cursor, "cursor", None)
@@ -231,9 +270,11 @@ def _headers() -> Callable[[str], Any]:
 BacklogPart = tuple[str, bool | None]
 
 _SEQUENCE = {None: "", False: " AND sequence IS NULL", True: " AND sequence IS NOT NULL"}
-#: Each state's partial index for backlog_count: the named query of its condition.
+#: Each state's partial index for backlog_count: the named query of its condition;
+#: "scheduled" (PENDING rows not due yet) is not a state, but counted as one.
 _INDEX_PART = {
     "pending": "backlog_part_unfinished",
+    "scheduled": "backlog_part_unfinished",
     "processing": "backlog_part_unfinished",
     "failed": "backlog_part_failed",
     "published": "backlog_part_published",
@@ -280,6 +321,18 @@ def oldest_snapshot(connection: BaseDatabaseWrapper) -> Snapshot | None:
     return Snapshot(int(pid), user, application, state, float(held))
 
 
+#: The backlog's PENDING rows are the due ones; its "scheduled" rows, PENDING rows not
+#: due yet (the named queries of each range).
+_WHEN = {"pending": "backlog_part_due", "scheduled": "backlog_part_scheduled"}
+_STORED = {"scheduled": "pending"}
+
+
+def _part(status: str, ordered: bool | None) -> str:
+    """What a part of ``status`` adds to its index's condition: which due index, and
+    for PENDING and scheduled rows which range of it."""
+    return _SEQUENCE[ordered] + (f" {queries.sql(_WHEN[status])}" if status in _WHEN else "")
+
+
 @functools.cache
 def _backlog_sql(parts: tuple[BacklogPart, ...], blocked: bool) -> str:
     from ..models import OutboxMessage, OutboxStatus
@@ -289,12 +342,12 @@ def _backlog_sql(parts: tuple[BacklogPart, ...], blocked: bool) -> str:
         queries.sql(
             "backlog_count",
             identifiers=table,
-            literals={"status": status},
-            fragments={"part": f" {queries.sql(_INDEX_PART[status])}{_SEQUENCE[ordered]}"},
+            literals={"status": _STORED.get(status, status)},
+            fragments={"part": f" {queries.sql(_INDEX_PART[status])}{_part(status, ordered)}"},
         )
         for status, ordered in parts
     ]
-    due = _due_sql("statement_timestamp()")
+    due = _due_sql(_NOW)
     figures += [
         queries.sql(
             "backlog_oldest_due",

@@ -296,21 +296,23 @@ class BacklogCollector(Collector):
 
     def _gauges(self) -> list[Metric]:
         backlog = summary(self.using, BACKLOG_STATES, blocked=True)
-        rows, age, blocked = _backlog_families()
+        rows, age, blocked, scheduled = _backlog_families()
         for status in BACKLOG_STATES:
             rows.add_metric([status], backlog.counts[status].value)
         oldest = backlog.oldest_due_age
         age.add_metric([], 0.0 if oldest is None else oldest.total_seconds())
-        assert backlog.blocked is not None  # asked for
+        assert backlog.blocked is not None and backlog.scheduled is not None  # asked for
         blocked.add_metric([], backlog.blocked.value)
-        return [rows, age, blocked]
+        scheduled.add_metric([], backlog.scheduled.value)
+        return [rows, age, blocked, scheduled]
 
 
-def _backlog_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+def _backlog_families() -> tuple[GaugeMetricFamily, ...]:
     return (
         GaugeMetricFamily(
             "outbox_backlog_messages",
-            "Outbox rows not published, by state (large counts are the planner's estimates).",
+            "Outbox rows not published, by state; pending: those due, the scheduled ones "
+            "apart (large counts are the planner's estimates).",
             labels=["status"],
         ),
         GaugeMetricFamily(
@@ -321,6 +323,12 @@ def _backlog_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetr
         GaugeMetricFamily(
             "outbox_blocked_keys",
             "Ordered keys held back by an ABANDONED head (until it is requeued or skipped).",
+            labels=[],
+        ),
+        GaugeMetricFamily(
+            "outbox_scheduled_messages",
+            "Pending rows not due yet (scheduled with a later available_at), not in the "
+            "backlog (large counts are the planner's estimates).",
             labels=[],
         ),
     )

@@ -287,6 +287,7 @@ def status_lines(status: StatusReport) -> list[str]:
     by attempts, the busiest ordering keys, the blocked keys, the most frequent recent
     errors and the parked inbox messages per consumer (then come :func:`worker_lines`)."""
     lines = ["state        rows", *(f"{state:<12} {n}" for state, n in status.counts.items())]
+    lines.append(f"scheduled    {status.scheduled} (pending, not due yet: not in pending)")
     age = status.oldest_due_age
     lines.append(
         "oldest due row: "

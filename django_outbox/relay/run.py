@@ -13,6 +13,7 @@ import contextlib
 import datetime as dt
 import functools
 import logging
+import math
 import random
 import sys
 import threading
@@ -102,6 +103,9 @@ class Run:
         #: A batch that may free rows (ordered rows, a failure) was handed to the finalize
         #: since the pipeline was last empty: a claim made meanwhile may have missed them.
         self.freeing = False
+        #: When the first row not due at the last claim comes due (monotonic clock; inf:
+        #: none), as that claim said; None after a claim that found nothing: the rest asks.
+        self.due_at: float | None = None
 
     def __enter__(self) -> Run:
         if not self.drain:  # a drain leaves the table as it is, but for the rows it relays
@@ -176,7 +180,21 @@ class Run:
             return
         close_old_connections()
         self.pipeline.close_old_connections()
-        self.wakeup.wait()
+        self.wakeup.wait(self._until_due())
+
+    def _until_due(self) -> float:
+        """How long a wait for a NOTIFY lasts at most: until the first row that was not
+        due comes due (a scheduled event, a retry: no NOTIFY announces it), within the
+        poll interval. After a claim that found nothing, asked now (``db.next_due_in``); a
+        database error leaves the poll interval (the next claim rides out the outage)."""
+        due_at = self.due_at
+        if due_at is None:
+            try:
+                seconds = db.next_due_in(self.using)
+            except DatabaseError:
+                return self.wakeup.poll_interval
+            due_at = math.inf if seconds is None else time.monotonic() + seconds
+        return min(max(due_at - time.monotonic(), 0.0), self.wakeup.poll_interval)
 
     def _turn(self) -> bool:
         """Publish a batch, or ride out a database error; False when the relay is to
@@ -207,10 +225,12 @@ class Run:
             self.pipeline.collect(everything=True)
             settled = self._settled()  # True, and the batches collected forgotten
             claim = self.batches.claim(whole=self.drain)
-        batch, self.caught_up = None, False
+        batch, self.caught_up, self.due_at = None, False, _due_at(claim)
         if claim is not None:
             batch = self._publish(claim, settled)
-        if self.caught_up and (self.wakeup.wait(CAUGHT_UP_WAIT) or not self.wakeup.heard):
+        if self.caught_up and (
+            self.wakeup.wait(min(CAUGHT_UP_WAIT, self._until_due())) or not self.wakeup.heard
+        ):
             # A NOTIFY came (or the listener broke): claim at once, as after a batch that
             # did not catch up.
             self.caught_up = False
@@ -275,6 +295,14 @@ class Run:
             self.last_batch_at = timezone.now()
         if self.on_batch is not None:
             self.on_batch(stats)
+
+
+def _due_at(claim: Claim | None) -> float | None:
+    """When the first row not due at ``claim`` comes due (``Run.due_at``)."""
+    if claim is None:
+        return None
+    seconds = claim.messages.next_due_in
+    return math.inf if seconds is None else claim.started + seconds
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import connections
-from django.db.models import Count, Max, Min, OuterRef, Subquery
+from django.db.models import Case, Count, F, Max, Min, OuterRef, Subquery, Value, When
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
@@ -104,13 +104,24 @@ class StatusReport:
     recent_errors: list[ErrorCount]  # the most frequent errors of recent failed/abandoned rows
     parked: list[ParkedCount]  # parked inbox messages per consumer, most first
     blocked: BlockedKeys  # ordered keys whose head is ABANDONED, longest blocked first
+    #: PENDING rows not due yet (scheduled events), not in ``counts["pending"]``.
+    scheduled: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
 class Summary:
-    counts: dict[str, RowCount]  # each state asked for, zero included; large ones estimates
+    #: Each state asked for, zero included; large ones estimates. PENDING counts the
+    #: rows due (the backlog): the scheduled ones are apart, in ``scheduled``.
+    counts: dict[str, RowCount]
     oldest_due_age: dt.timedelta | None  # how long the oldest due row has waited
     blocked: RowCount | None = None  # the blocked keys, when asked for
+    #: PENDING rows not due yet (scheduled events), when PENDING is asked for.
+    scheduled: RowCount | None = None
+
+
+#: Not a state: the PENDING rows whose ``available_at`` is to come (scheduled events),
+#: counted apart from the backlog's PENDING rows (those due).
+SCHEDULED = "scheduled"
 
 
 def oldest_due_age(rows: OutboxQuerySet) -> dt.timedelta | None:
@@ -166,17 +177,36 @@ def summary(
     """Counts of ``states`` (every state unless told), the backlog age and with
     ``blocked`` the blocked keys, cheap on any table size: each count is read from
     indexes (:func:`count_state`). On PostgreSQL one statement reads them all
-    (:func:`_read_summary`)."""
+    (:func:`_read_summary`). With PENDING, its count is the rows due (the backlog),
+    and ``scheduled`` the rows not due yet: two ranges of the due indexes."""
     states = tuple(str(status) for status in states)
-    read = _read_summary(using, states, blocked)
-    if read is not None:
-        return read
-    rows = OutboxMessage.objects.using(using)
-    return Summary(
-        counts={status: count_state(rows, status) for status in states},
-        oldest_due_age=oldest_due_age(rows),
-        blocked=blocked_count(using) if blocked else None,
-    )
+    counted = (*states, SCHEDULED) if OutboxStatus.PENDING in states else states
+    read = _read_summary(using, counted, blocked)
+    if read is None:
+        rows = OutboxMessage.objects.using(using)
+        read = Summary(
+            counts={status: _count_backlog(rows, status) for status in counted},
+            oldest_due_age=oldest_due_age(rows),
+            blocked=blocked_count(using) if blocked else None,
+        )
+    scheduled = read.counts.pop(SCHEDULED, None)
+    return dataclasses.replace(read, scheduled=scheduled)
+
+
+def _backlog_rows(rows: OutboxQuerySet, status: str) -> OutboxQuerySet:
+    """The rows of ``status`` as the backlog counts them: PENDING ones due (the due
+    indexes' range up to now), the scheduled ones (``SCHEDULED``: the range after it)."""
+    if status == SCHEDULED:
+        return rows.in_states(OutboxStatus.PENDING).filter(available_at__gt=Now())
+    matching = rows.in_states(status)
+    return matching.filter(available_at__lte=Now()) if status == OutboxStatus.PENDING else matching
+
+
+def _count_backlog(rows: OutboxQuerySet, status: str) -> RowCount:
+    """:func:`count_state` of :func:`_backlog_rows`."""
+    if status in (*DUE_INDEX_STATES, SCHEDULED):
+        return _count_by_due_index(_backlog_rows(rows, status))
+    return count_rows(_backlog_rows(rows, status))
 
 
 def _read_summary(using: str, states: tuple[str, ...], blocked: bool) -> Summary | None:
@@ -189,7 +219,7 @@ def _read_summary(using: str, states: tuple[str, ...], blocked: bool) -> Summary
     parts = tuple(
         (status, ordered)
         for status in dict.fromkeys(states)
-        for ordered in ((False, True) if status in DUE_INDEX_STATES else (None,))
+        for ordered in ((False, True) if status in (*DUE_INDEX_STATES, SCHEDULED) else (None,))
     )
     figures = read_backlog(using, parts, limit=EXACT_COUNT_LIMIT, blocked=blocked)
     if figures is None:
@@ -197,7 +227,7 @@ def _read_summary(using: str, states: tuple[str, ...], blocked: bool) -> Summary
     rows = OutboxMessage.objects.using(using)
     counts = {status: RowCount(0, exact=True) for status in states}
     for (status, ordered), seen in zip(parts, figures, strict=False):
-        part = rows.filter(status=status)
+        part = _backlog_rows(rows, status)
         if ordered is not None:
             part = part.filter(sequence__isnull=not ordered)
         counts[status] = _add(counts[status], _bounded(part, seen))
@@ -237,10 +267,15 @@ def count_state(rows: OutboxQuerySet, status: str) -> RowCount:
 def report(using: str = "default", *, top: int = TOP_KEYS) -> StatusReport:
     rows = OutboxMessage.objects.using(using)
     counts = {status.value: 0 for status in OutboxStatus}
-    counts.update(
-        rows.order_by().values_list("status").annotate(n=Count("id")).values_list("status", "n")
+    state = Case(  # the scheduled events apart from the PENDING rows due
+        When(status=OutboxStatus.PENDING, available_at__gt=Now(), then=Value(SCHEDULED)),
+        default=F("status"),
     )
+    by_state = rows.order_by().annotate(state=state).values("state").annotate(n=Count("id"))
+    counts.update(by_state.values_list("state", "n"))
+    scheduled = counts.pop(SCHEDULED, 0)
     return StatusReport(
+        scheduled=scheduled,
         counts=counts,
         oldest_due_age=oldest_due_age(rows),
         failing_attempts=dict(

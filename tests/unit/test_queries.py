@@ -55,6 +55,7 @@ def test_every_query_of_the_package_file_loads():
         "insert_deduplicated",
         "deduplicated_row",
         "claim_commit_unflushed",
+        "claim_without_jit",
         "claim_unordered_rows",
         "claim_payload",
         "claim_due",
@@ -62,6 +63,11 @@ def test_every_query_of_the_package_file_loads():
         "claim_lease",
         "ordered_gate",
         "backlog_part_unfinished",
+        "backlog_part_due",
+        "backlog_part_scheduled",
+        "next_due",
+        "next_due_first",
+        "next_due_in",
         "backlog_part_failed",
         "backlog_part_published",
         "backlog_part_abandoned",
@@ -112,7 +118,9 @@ def test_identifiers_and_literals_are_quoted_and_escaped():
     rows = queries.sql(
         "claim_unordered_rows", identifiers=table, fragments={"due": due, "payload": payload}
     )
-    lease = queries.sql("claim_lease", identifiers=table, literals={"processing": "p"})
+    lease = queries.sql(
+        "claim_lease", identifiers=table, literals={"processing": "p"}, fragments={"next_due": "1"}
+    )
     assert 'FROM "out""box"' in rows
     assert "status IN ('a', 'b''c')" in rows
     assert "SET status = 'p'" in lease
@@ -122,8 +130,9 @@ def test_the_claim_names_every_column_it_returns_after_claimed_message():
     sql = postgresql._claim_sql()
     returning = sql[sql.index("RETURNING") :]
     # ClaimedMessage's fields, then the count of the rows the claim considered
-    # (ClaimedBatch.left_behind).
-    assert re.findall(r"AS (\w+)", returning) == [*CLAIMED_FIELDS, "considered"]
+    # (ClaimedBatch.left_behind) and the seconds until the next row comes due
+    # (ClaimedBatch.next_due_in).
+    assert re.findall(r"AS (\w+)", returning) == [*CLAIMED_FIELDS, "considered", "next_due_in"]
     claimable = ", ".join(f"'{status.value}'" for status in CLAIMABLE)
     assert f"status IN ({claimable})" in sql
     assert f'FROM "{OutboxMessage._meta.db_table}"' in sql

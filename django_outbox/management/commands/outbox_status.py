@@ -16,7 +16,8 @@ from django_outbox.workers.heartbeat import workers
 
 class Command(BaseCommand):
     help = (
-        "Show outbox counts per state, the oldest due row's age, failing attempts, busy keys, "
+        "Show outbox counts per state (pending: the rows due; scheduled ones apart), the "
+        "oldest due row's age, failing attempts, busy keys, "
         "blocked keys (an abandoned head holds back its ordered key), the most frequent "
         "recent errors, the parked inbox messages per consumer, and the relays and "
         "consumers with their heartbeat (live, stale, dead or stopped)."
