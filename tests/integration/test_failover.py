@@ -30,7 +30,7 @@ from tests.support import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.disrupts]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.disrupts, pytest.mark.slow]
 
 #: Stages one event per transaction for ``argv[1]`` seconds, printing the event id of each
 #: commit that returned; a commit whose outcome the failover hid (an error at COMMIT) is
