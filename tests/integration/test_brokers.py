@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 import uuid
 from urllib.parse import urlsplit
@@ -27,16 +26,11 @@ from tests.support import (
     database_url,
     manage,
     redis_maxmemory,
+    refused_port,
     stage_events,
     unique_destination,
     wait_until,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def two_brokers(orders: str, clicks: str, events_url: str = REDIS_URL) -> dict:
@@ -91,7 +85,7 @@ def test_one_relay_publishes_each_route_to_its_own_broker():
 @pytest.mark.django_db(transaction=True)
 def test_a_broker_down_fails_only_its_routes_rows_and_a_drain_names_it():
     orders, clicks = unique_destination("orders"), unique_destination("clicks")
-    events_url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    events_url = f"redis://127.0.0.1:{refused_port()}/0"  # nothing listens there
     with override_settings(OUTBOX=two_brokers(orders, clicks, events_url)):
         order_ids = stage_events(4, orders)
         stage_events(3, clicks)
@@ -109,7 +103,7 @@ def test_a_broker_down_fails_only_its_routes_rows_and_a_drain_names_it():
 def test_a_running_relay_names_the_broker_that_is_down(caplog):
     caplog.set_level(logging.INFO, logger="django_outbox")
     orders, clicks = unique_destination("orders"), unique_destination("clicks")
-    events_url = f"redis://127.0.0.1:{free_port()}/0"
+    events_url = f"redis://127.0.0.1:{refused_port()}/0"
     stop = threading.Event()
     with override_settings(OUTBOX=two_brokers(orders, clicks, events_url)):
         stage_events(2, orders)
@@ -136,7 +130,7 @@ def test_a_running_relay_names_the_broker_that_is_down(caplog):
 def test_the_consumer_of_a_queue_routed_to_another_broker_reads_that_broker():
     # run_outbox_consumer --queue clicks, where the route of clicks names "events"
     # (Redis, down here) while "default" (RabbitMQ) is up: it must wait for Redis.
-    port = free_port()
+    port = refused_port()
     result = manage(
         "run_outbox_consumer",
         "--queue",
@@ -192,7 +186,7 @@ def test_parked_messages_are_replayed_to_the_broker_of_their_queue():
 @pytest.mark.django_db(transaction=True)
 def test_a_running_relay_keeps_publishing_to_the_broker_that_is_up():
     orders, clicks = unique_destination("orders"), unique_destination("clicks")
-    events_url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    events_url = f"redis://127.0.0.1:{refused_port()}/0"  # nothing listens there
     stop = threading.Event()
     with override_settings(OUTBOX=two_brokers(orders, clicks, events_url)):
         stage_events(3, clicks)

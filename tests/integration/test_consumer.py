@@ -6,7 +6,6 @@ import json
 import pickle
 import re
 import signal
-import socket
 import time
 import uuid
 
@@ -27,6 +26,7 @@ from tests.support import (
     manage,
     publish_raw,
     rabbitmqctl,
+    refused_port,
     run_relay,
     services,
     stage_events,
@@ -583,13 +583,6 @@ def test_sigterm_stops_a_consumer_whose_broker_went_silent(destination):
 # -- --idle-timeout without a broker ----------------------------------------------------
 
 
-def closed_port() -> int:
-    """A local port nothing listens on (a broker that is down: connection refused)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.parametrize(
     ("url", "masked", "error"),
     [
@@ -607,7 +600,7 @@ def closed_port() -> int:
     ids=["rabbitmq", "redis"],
 )
 def test_idle_timeout_gives_up_on_a_broker_that_is_down(url, masked, error):
-    port = closed_port()
+    port = refused_port()
     result = manage(
         "run_outbox_consumer",
         "--queue",
@@ -659,7 +652,7 @@ def test_without_idle_timeout_a_consumer_waits_for_a_broker_that_is_down():
         "--queue",
         "q",
         *RECORD,
-        BROKER_URL=f"amqp://guest:guest@127.0.0.1:{closed_port()}//",
+        BROKER_URL=f"amqp://guest:guest@127.0.0.1:{refused_port()}//",
     )
     first = consumer.stderr.readline()  # blocks until the consumer has met the outage
     assert first.startswith("broker unreachable ([Errno 111] Connection refused)"), first

@@ -23,8 +23,11 @@ from django_outbox import stage
 from django_outbox.models import OutboxMessage
 from tests.support import (
     delete_queue,
+    free_port,
+    free_ports,
     manage,
     publish_raw,
+    refused_port,
     run_python,
     run_relay,
     stage_events,
@@ -40,12 +43,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 Status = OutboxMessage.Status
 PROMETHEUS = "/usr/bin/prometheus"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def scrape(port: int) -> Samples:
@@ -157,7 +154,7 @@ def parse(text: str) -> Samples:
 
 
 def test_a_database_error_on_scrape_is_a_gauge_and_a_warning_not_a_crash():
-    nowhere = f"postgres://outbox@127.0.0.1:{free_port()}/nowhere"
+    nowhere = f"postgres://outbox@127.0.0.1:{refused_port()}/nowhere"
     result = run_python(SCRAPE_TWICE, OTHER_DATABASE_URL=nowhere)
     assert result.returncode == 0, result.stderr
     broken, healthy = map(parse, result.stdout.split("----\n"))
@@ -287,7 +284,7 @@ def prometheus(tmp_path) -> Iterator[tuple[int, int]]:
     port, the relay's port). Stopped by its pid."""
     if shutil.which(PROMETHEUS) is None:
         pytest.skip(f"{PROMETHEUS} is not installed (apt-get install prometheus)")
-    relay_port, api_port = free_port(), free_port()
+    relay_port, api_port = free_ports(2)
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"

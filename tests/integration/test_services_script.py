@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import stat
 import subprocess
 import tempfile
@@ -19,18 +18,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support import REPO
+from tests.support import REPO, free_port
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("runuser") is None,
     reason="scripts/services starts PostgreSQL as the postgres user: it runs as root",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def services(state: Path, port: int, *args: str) -> subprocess.CompletedProcess[str]:

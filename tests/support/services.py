@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import functools
 import socket
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from tests.support.brokers import REDIS_URL
@@ -68,10 +69,37 @@ def redis_maxmemory(margin: int | None = None) -> Iterator[Any]:
         client.close()
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports free a moment ago, for servers the test starts
+    there. They are bound together before any is freed: ports bound and freed one at a
+    time can come back equal (it happened: Prometheus then scraped itself)."""
+    with ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+
+
+def free_port() -> int:
+    """A loopback port free a moment ago, for a server the test starts there."""
+    (port,) = free_ports(1)
+    return port
+
+
+@functools.cache
+def _held_unlistened() -> socket.socket:
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    return held
+
+
+def refused_port() -> int:
+    """A loopback port where every connection is refused, for as long as the test process
+    runs: a socket is bound there and never listens. A port only freed could be taken by
+    a server another test (or the other CI chain) starts; this one cannot be bound again."""
+    return int(_held_unlistened().getsockname()[1])
+
+
 def unreachable_broker_url(password: str = "guest") -> str:
-    """An AMQP URL on a loopback port nothing listens on (bound a moment ago, then freed):
-    every connection is refused at once."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return f"amqp://guest:{password}@127.0.0.1:{port}//"
+    """An AMQP URL on a loopback port where every connection is refused at once."""
+    return f"amqp://guest:{password}@127.0.0.1:{refused_port()}//"
