@@ -40,6 +40,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from .. import db
 from ..conf import outbox_settings
 from ..conf.redact import SecretFilter
 from ..consumer import ConsumerStats, InboxConsumer
@@ -296,7 +297,7 @@ class BacklogCollector(Collector):
 
     def _gauges(self) -> list[Metric]:
         backlog = summary(self.using, BACKLOG_STATES, blocked=True)
-        rows, age, blocked, scheduled = _backlog_families()
+        rows, age, blocked, scheduled, snapshot = _backlog_families()
         for status in BACKLOG_STATES:
             rows.add_metric([status], backlog.counts[status].value)
         oldest = backlog.oldest_due_age
@@ -304,7 +305,9 @@ class BacklogCollector(Collector):
         assert backlog.blocked is not None and backlog.scheduled is not None  # asked for
         blocked.add_metric([], backlog.blocked.value)
         scheduled.add_metric([], backlog.scheduled.value)
-        return [rows, age, blocked, scheduled]
+        held = db.oldest_snapshot(self.using)
+        snapshot.add_metric([], 0.0 if held is None else held.held)
+        return [rows, age, blocked, scheduled, snapshot]
 
 
 def _backlog_families() -> tuple[GaugeMetricFamily, ...]:
@@ -329,6 +332,12 @@ def _backlog_families() -> tuple[GaugeMetricFamily, ...]:
             "outbox_scheduled_messages",
             "Pending rows not due yet (scheduled with a later available_at), not in the "
             "backlog (large counts are the planner's estimates).",
+            labels=[],
+        ),
+        GaugeMetricFamily(
+            "outbox_oldest_snapshot_age_seconds",
+            "Seconds another session of the database has held its snapshot open (0 when "
+            "none, and off PostgreSQL): vacuum keeps every row finished since.",
             labels=[],
         ),
     )

@@ -18,6 +18,7 @@ from django_outbox import stage
 from django_outbox.consumer import InboxConsumer
 from django_outbox.models import OutboxMessage, OutboxSample, WorkerHeartbeat, WorkerKind
 from django_outbox.ops.health import check_health
+from django_outbox.ops.metrics import BacklogCollector
 from django_outbox.relay import retention
 from django_outbox.workers.heartbeat import Heartbeat, WorkerState, live_relays, state_of, workers
 from tests.support import (
@@ -236,13 +237,17 @@ def test_outbox_health_fails_on_a_due_row_older_than_the_limit(destination):
 def test_a_snapshot_held_open_past_the_limit_makes_the_outbox_unhealthy_and_names_its_session():
     """A report's REPEATABLE READ transaction left open (psql, idle in transaction) holds
     vacuum back from the rows the relays finish: outbox_health names its backend, the
-    health check with a limit it has not reached says nothing, and 0 turns the check off."""
+    health check with a limit it has not reached says nothing, and 0 turns the check off;
+    the metrics' gauge shows how long it has been held."""
     params = connection_params()
     with psycopg.connect(**params, application_name="monthly-report") as report:
+        began = time.monotonic()
         report.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         report.execute("SELECT count(*) FROM django_outbox_outboxmessage").fetchone()
         pid = report.info.backend_pid
         time.sleep(1.2)
+        held = snapshot_gauge()
+        assert 1.2 <= held <= time.monotonic() - began + 1, held  # +1: two clocks
         result = manage(
             "outbox_health", "--no-relay-required", HEALTH_MAX_SNAPSHOT_AGE=1, HEALTH_MAX_DUE_AGE=60
         )
@@ -254,6 +259,18 @@ def test_a_snapshot_held_open_past_the_limit_makes_the_outbox_unhealthy_and_name
         assert check_health(require_relay=False, max_snapshot_age=3600).problems == []
         assert check_health(require_relay=False, max_snapshot_age=0).problems == []
     assert check_health(require_relay=False, max_snapshot_age=1).problems == []  # ended
+    assert snapshot_gauge() < 1.2
+
+
+def snapshot_gauge() -> float:
+    """``outbox_oldest_snapshot_age_seconds`` as a scrape of the relay's metrics reads it."""
+    (family,) = (
+        family
+        for family in BacklogCollector("default", 0).collect()
+        if family.name == "outbox_oldest_snapshot_age_seconds"
+    )
+    (sample,) = family.samples
+    return float(sample.value)
 
 
 def connection_params() -> dict[str, object]:
