@@ -101,6 +101,11 @@ def failure_of(error: Any, *, own_size: int = 0, limit: int = 0) -> Failure:
     outage, refused = _codes()
     text = f"KafkaError {error.name()}: {error.str()}"
     code = error.code()
+    if code == KafkaError._MSG_TIMED_OUT:
+        text += (
+            " (no acknowledgement from the in-sync replicas within message.timeout.ms: "
+            "brokers down, too few in-sync replicas, or a leader being elected)"
+        )
     if code in outage or error.fatal() or error.retriable():
         return Failure.broker_down(text, kind="kafka_unavailable")
     if code == KafkaError.MSG_SIZE_TOO_LARGE and limit and own_size <= limit:

@@ -191,6 +191,34 @@ def kafka(*args: str) -> str:
     return services_output("kafka", *args, timeout=180)
 
 
+@pytest.mark.disrupts
+def test_too_few_in_sync_replicas_is_an_outage_that_spends_no_attempt():
+    """A topic that needs all three replicas in sync while node 3 is stopped: the
+    cluster answers and refuses every write (NOT_ENOUGH_REPLICAS, retried by the producer
+    until its message timeout); the rows wait, no attempt spent, and go once it is back."""
+    topic = new_topic()
+    route = {"partitions": 1, "replication_factor": 3, "topic_config": {"min.insync.replicas": "3"}}
+    with override_settings(OUTBOX={**outbox(topic, **route), "LEASE_SECONDS": 9}):
+        with Relay() as relay:  # creates the topic while all three are in sync
+            stage_events(1, topic)
+            assert relay.run_once().published == 1
+        kafka("stop-node", "3")
+        try:
+            stage_events(5, topic)
+            with Relay() as relay:
+                relay.run_once()
+            waiting = OutboxMessage.objects.exclude(status=Status.PUBLISHED)
+            assert {(row.status, row.attempts) for row in waiting} == {(Status.FAILED, 0)}
+            print(waiting[0].last_error)
+            assert "KafkaError" in waiting[0].last_error
+        finally:
+            kafka("start-node", "3")
+        OutboxMessage.objects.update(available_at=waiting[0].created_at)
+        drain()
+    assert OutboxMessage.objects.filter(status=Status.PUBLISHED).count() == 6
+    assert len(read(topic, 6)) == 6
+
+
 class Stager(threading.Thread):
     """Commits events over 20 keys to ``topic`` (chunks of 50, about every 50 ms)."""
 
