@@ -172,10 +172,10 @@ class KafkaTransport(Transport):
             ) from exc
 
     def close(self) -> None:
-        producer, self._producer, self._admin = self._producer, None, None
+        """Drop the producer (the next publish builds another); its unsent records are
+        left to time out unacknowledged."""
+        self._producer = self._admin = None
         self._topics.clear()
-        if producer is not None:
-            producer.flush(0)
 
     def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
         from confluent_kafka import KafkaException
@@ -190,7 +190,11 @@ class KafkaTransport(Transport):
             return [missing] * len(messages)
         outcomes: list[_Report] = [False] * len(messages)  # False: no report yet
         sizes = self._produce(producer, route, topic, messages, outcomes)
-        producer.flush(self._wait)
+        try:
+            producer.flush(self._wait)
+        except KafkaException as exc:  # fatal: what was not acknowledged goes again
+            self.close()
+            outcomes = [failure_of(exc.args[0]) if o is False else o for o in outcomes]
         return self._settle(topic, outcomes, sizes)
 
     def _produce(

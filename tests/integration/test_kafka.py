@@ -1,6 +1,7 @@
 """Kafka as a broker of the outbox, on the real three-node KRaft cluster that
 ``scripts/services kafka start`` runs (``min.insync.replicas=2``; scripts/test starts it
 for this layer and exports ``OUTBOX_KAFKA_URL``, as ``scripts/services env`` prints it).
+Three tests stop nodes and are slow (about 25, 40 and 40 s); the others take about 30 s.
 
 What reaches the topics is read back with Apache Kafka's own Java consumer, from the
 broker's jars (``tests/support/KafkaRead.java`` run as a Java single-file program against
@@ -46,6 +47,9 @@ Status = OutboxMessage.Status
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.kafka,
+    # Every test here shares the cluster that some stop nodes of: scripts/test runs them
+    # in its chain of disrupting tests, never beside them.
+    pytest.mark.disrupts,
     pytest.mark.skipif(
         not KAFKA_URL,
         reason="no Kafka cluster: OUTBOX_KAFKA_URL is unset; run scripts/services kafka start "
@@ -191,7 +195,7 @@ def kafka(*args: str) -> str:
     return services_output("kafka", *args, timeout=180)
 
 
-@pytest.mark.disrupts
+@pytest.mark.slow
 def test_too_few_in_sync_replicas_is_an_outage_that_spends_no_attempt():
     """A topic that needs all three replicas in sync while node 3 is stopped: the
     cluster answers and refuses every write (NOT_ENOUGH_REPLICAS, retried by the producer
@@ -217,6 +221,32 @@ def test_too_few_in_sync_replicas_is_an_outage_that_spends_no_attempt():
         drain()
     assert OutboxMessage.objects.filter(status=Status.PUBLISHED).count() == 6
     assert len(read(topic, 6)) == 6
+
+
+@pytest.mark.slow
+def test_the_whole_cluster_down_is_an_outage_that_spends_no_attempt():
+    """Every node stopped under a relay whose producer knows the topic: its records time
+    out (message.timeout.ms, a third of LEASE_SECONDS), the rows wait with no attempt
+    spent, and the same relay publishes them once the cluster is back."""
+    topic = new_topic()
+    route = {"partitions": 3, "replication_factor": 3}
+    with override_settings(OUTBOX={**outbox(topic, **route), "LEASE_SECONDS": 9}):
+        with Relay() as relay:
+            stage_events(1, topic)
+            assert relay.run_once().published == 1
+            kafka("stop-nodes")
+            try:
+                ids = stage_events(20, topic)
+                relay.run_once()
+                waiting = OutboxMessage.objects.exclude(status=Status.PUBLISHED)
+                assert {(row.status, row.attempts) for row in waiting} == {(Status.FAILED, 0)}
+                assert "_MSG_TIMED_OUT" in waiting[0].last_error, waiting[0].last_error
+            finally:
+                kafka("start-nodes")
+            OutboxMessage.objects.update(available_at=waiting[0].created_at)
+            wait_until(lambda: relay.run_once() and published() == 21, timeout=60, what="back")
+    assert OutboxMessage.objects.filter(attempts__gt=0).count() == 0
+    assert set(ids) <= {r["headers"]["event_id"] for r in read(topic, 21)}
 
 
 class Stager(threading.Thread):
@@ -265,7 +295,6 @@ def published_everything(relay: subprocess.Popen[str], stager: Stager) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.disrupts
 def test_a_broker_stopped_while_publishing_loses_nothing():
     topic = new_topic()
     route = {"topic": topic, "partitions": 6, "replication_factor": 3, "ordered": True}
