@@ -183,3 +183,15 @@ def test_record_headers_are_utf8_text_null_or_json():
         ("skipped", b"true"),
         ("ü", "ö".encode()),
     ]
+
+
+def test_the_consumer_refuses_a_kafka_broker_with_a_one_line_error():
+    from django_outbox.exceptions import OutboxConfigurationError
+
+    with override_settings(OUTBOX={"BROKERS": {"default": {"URL": KAFKA}}}):
+        with pytest.raises(OutboxConfigurationError) as raised:
+            outbox_settings.require_broker_url()
+    assert str(raised.value).startswith(
+        f"{KAFKA} is a Kafka cluster, which run_outbox_consumer and outbox_replay_parked "
+        "do not read yet"
+    )
