@@ -255,28 +255,48 @@ class KafkaTransport(Transport):
         return settled
 
     def _ensure_topic(self, route: Route, topic: str) -> Failure | None:
-        """None when ``topic`` exists or was just created; else the failure of its rows."""
+        """None when ``topic`` exists (or its metadata says anything but that it is
+        missing or refused: produce() reports that per record) or was just created; else
+        the failure of its rows: for good when the cluster refuses the topic (an invalid
+        name, not authorized), else they wait (a configuration error, no attempt)."""
+        from confluent_kafka import KafkaError, KafkaException
+
         if topic in self._topics:
             return None
-        metadata = self._producer.list_topics(topic, timeout=CONNECT_TIMEOUT)
-        found = metadata.topics.get(topic)
-        if found is not None and found.error is None:
-            self._topics[topic] = 0
-            return None
-        if route.partitions or route.replication_factor or route.topic_config:
-            self._create(route, topic)
-            self._topics[topic] = 0
-            return None
-        text = (
-            f"topic {topic!r} does not exist on {mask_url(self._url)}: create it, or give route "
-            f"{route.destination!r} partitions (replication_factor, topic_config) to have it "
-            "created (its rows wait, attempts unchanged)"
+        found = self._producer.list_topics(topic, timeout=CONNECT_TIMEOUT).topics.get(topic)
+        if found is not None and found.error is not None and found.error.code() in _codes()[1]:
+            return failure_of(found.error)  # an invalid name, a topic it may not see: for good
+        missing = found is None or (
+            found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
         )
+        creatable = bool(route.partitions or route.replication_factor or route.topic_config)
+        text = ""
+        if missing and not creatable:
+            text = (
+                f"topic {topic!r} does not exist on {mask_url(self._url)}: create it, or give "
+                f"route {route.destination!r} partitions (replication_factor, topic_config) to "
+                "have it created (its rows wait, attempts unchanged)"
+            )
+        elif missing:
+            try:
+                self._create(route, topic)
+            except KafkaException as exc:
+                error = exc.args[0]
+                if failure_of(error).outage:
+                    raise  # the cluster, not the topic: an outage
+                text = f"creating topic {topic!r} failed: KafkaError {error.name()}: {error.str()}"
+        if not text:
+            self._topics[topic] = 0
+            return None
+        self._log_missing(topic, text)
+        return Failure.not_attempted(text, MISSING_TOPIC_RETRY_DELAY)
+
+    def _log_missing(self, topic: str, text: str) -> None:
+        """One ERROR per topic and retry interval, however many batches it fails."""
         now = time.monotonic()
         if self._missing_logged.get(topic, 0.0) <= now:
             self._missing_logged[topic] = now + MISSING_TOPIC_RETRY_DELAY
             logger.error(text, extra={"action": "outbox.kafka_missing_topic", "topic": topic})
-        return Failure.not_attempted(text, MISSING_TOPIC_RETRY_DELAY)
 
     def _create(self, route: Route, topic: str) -> None:
         """Create ``topic`` as ``route`` says (a topic created meanwhile is fine)."""

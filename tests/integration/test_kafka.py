@@ -155,6 +155,31 @@ def test_a_missing_topic_is_created_only_when_the_route_says_how():
     assert len(read(topic, 3)) == 3
 
 
+def test_a_topic_the_cluster_cannot_have_fails_its_own_rows_only():
+    """An invalid topic name is refused for good; a topic the relay cannot create (more
+    replicas than brokers) waits, named, no attempt spent; the other route publishes."""
+    good, bad, big = new_topic(), "no such topic!", new_topic()
+    routes = {
+        good: {"topic": good, "partitions": 1},
+        "bad": {"topic": bad, "partitions": 1},
+        "big": {"topic": big, "partitions": 1, "replication_factor": 5},
+    }
+    with override_settings(OUTBOX={**outbox(good), "ROUTES": routes}):
+        stage_events(2, good)
+        stage_events(2, "bad")
+        stage_events(2, "big")
+        with Relay() as relay:
+            relay.run_once()
+    rows = {row.destination: row for row in OutboxMessage.objects.all()}
+    assert rows[good].status == Status.PUBLISHED
+    assert (rows["bad"].status, rows["bad"].attempts) == (Status.ABANDONED, 1)
+    assert "TOPIC_EXCEPTION" in rows["bad"].last_error, rows["bad"].last_error
+    assert (rows["big"].status, rows["big"].attempts) == (Status.FAILED, 0)
+    assert rows["big"].last_error.startswith(
+        f"creating topic {big!r} failed: KafkaError INVALID_REPLICATION_FACTOR"
+    ), rows["big"].last_error
+
+
 def test_a_too_large_record_fails_alone_while_its_neighbours_publish():
     topic = new_topic()
     with transaction.atomic():
