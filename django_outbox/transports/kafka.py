@@ -19,6 +19,10 @@ What a delivery report's error means for its row:
   with a larger one is not attempted, and goes again;
 - anything else: a failure that counts an attempt, retried with backoff.
 
+On an ordered route a batch goes in waves (each key's first record, then its second ...),
+each wave once the one before is acknowledged, and a key whose record failed gets no more
+records in that batch: nothing of a key reaches the topic after a failed record of it.
+
 A missing topic is created with the route's ``partitions``, ``replication_factor`` and
 ``topic_config`` when it names any of them; otherwise its rows wait (no attempt) and
 one ERROR per interval names the topic.
@@ -26,6 +30,7 @@ one ERROR per interval names the topic.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import logging
@@ -58,6 +63,9 @@ DEFAULTS = {"linger.ms": 5, "socket.connection.setup.timeout.ms": 5000}
 #: What a message's slot holds during a publish: False until its delivery report comes,
 #: then None (delivered) or ``(KafkaError,)``; or a Failure decided before it was sent.
 _Report = Failure | None | Literal[False] | tuple[Any]
+#: On an ordered route, the outcome of a record not sent because one of its key before it
+#: failed in the same batch (the relay sends it again after that one).
+HELD_BACK = Failure.not_attempted("not attempted: an earlier event of its key failed", 0.0)
 #: librdkafka's MSG_SIZE_TOO_LARGE (a broker's refusal of a record over max.message.bytes).
 _TOO_LARGE = 10
 #: Seconds until the rows of a missing topic are due again, and between its ERRORs.
@@ -188,6 +196,27 @@ class KafkaTransport(Transport):
             return [failure_of(exc.args[0])] * len(messages)
         if missing is not None:
             return [missing] * len(messages)
+        if not route.ordered:
+            return self._publish_wave(producer, route, topic, messages)
+        # Ordered: a key's n-th record goes only once its (n-1)-th is acknowledged, so no
+        # record of a key is ever written after one of its key that failed.
+        outcomes: list[Outcome] = [HELD_BACK] * len(messages)
+        failed: set[str] = set()
+        for wave in _waves(messages):
+            todo = [i for i in wave if messages[i].ordering_key not in failed]
+            settled = self._publish_wave(producer, route, topic, [messages[i] for i in todo])
+            for index, outcome in zip(todo, settled, strict=True):
+                outcomes[index] = outcome
+                if outcome is not None:
+                    failed.add(messages[index].ordering_key)
+        return outcomes
+
+    def _publish_wave(
+        self, producer: Any, route: Route, topic: str, messages: Sequence[ClaimedMessage]
+    ) -> list[Outcome]:
+        """Produce ``messages`` and wait for their reports; their outcomes."""
+        from confluent_kafka import KafkaException
+
         outcomes: list[_Report] = [False] * len(messages)  # False: no report yet
         sizes = self._produce(producer, route, topic, messages, outcomes)
         try:
@@ -335,6 +364,19 @@ class KafkaTransport(Transport):
                 logger.debug("cannot read %r's max.message.bytes", topic, exc_info=True)
                 return 0
         return self._topics[topic]
+
+
+def _waves(messages: Sequence[ClaimedMessage]) -> list[list[int]]:
+    """The indices of ``messages`` in waves: the first of each key's, then the second ..."""
+    waves: list[list[int]] = []
+    seen: collections.Counter[str] = collections.Counter()
+    for index, message in enumerate(messages):
+        place = seen[message.ordering_key]
+        seen[message.ordering_key] += 1
+        if place == len(waves):
+            waves.append([])
+        waves[place].append(index)
+    return waves
 
 
 def _delivered(outcomes: list[_Report], index: int, error: Any, record: Any) -> None:

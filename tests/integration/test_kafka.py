@@ -83,12 +83,13 @@ def drain(*, timeout: float = 60) -> None:
         wait_until(settled, timeout=timeout, interval=0.05, what="every row settled")
 
 
-def read(topic: str, count: int) -> list[dict[str, Any]]:
-    """``count`` records of ``topic`` (fewer if no more come for 15 s), in partition and
-    offset order, as Kafka's Java consumer reads them."""
+def read(topic: str, count: int, idle: float = 15) -> list[dict[str, Any]]:
+    """``count`` records of ``topic`` (fewer if no more come for ``idle`` seconds), in
+    partition and offset order, as Kafka's Java consumer reads them."""
     bootstrap = KAFKA_URL.partition("://")[2]
+    idle_ms = str(int(idle * 1000))
     run = subprocess.run(
-        ["java", "-cp", f"{KAFKA_LIB}/*", str(READER), bootstrap, topic, str(count)],
+        ["java", "-cp", f"{KAFKA_LIB}/*", str(READER), bootstrap, topic, str(count), idle_ms],
         capture_output=True,
         text=True,
         timeout=120,
@@ -200,6 +201,28 @@ def test_a_too_large_record_fails_alone_while_its_neighbours_publish():
     published = OutboxMessage.objects.filter(status=Status.PUBLISHED)
     assert sorted(published.values_list("pk", flat=True)) == sorted([before.pk, after.pk])
     assert sorted(r["headers"]["event_type"] for r in read(topic, 2)) == ["test.small"] * 2
+
+
+def test_an_ordered_route_writes_nothing_of_a_key_after_its_refused_record():
+    """k2 is refused for good (too large): k3, staged after it, must not reach the topic
+    ahead of it (idempotence alone would write it in the same batch); key j is untouched."""
+    topic = new_topic()
+    route = {"partitions": 1, "ordered": True, "topic_config": {"max.message.bytes": "20000"}}
+    with override_settings(OUTBOX=outbox(topic, **route)):
+        with transaction.atomic():
+            for key, payload in [("k", {"n": 1}), ("j", {"n": 1}), ("k", {"blob": "x" * 50_000})]:
+                stage("test.e", payload, destination=topic, key=key)
+            for key in ("k", "j"):
+                stage("test.e", {"n": 3 if key == "k" else 2}, destination=topic, key=key)
+        with Relay() as relay:
+            for _ in range(3):
+                relay.run_once()
+    rows = {(r.ordering_key, r.sequence): r.status for r in OutboxMessage.objects.all()}
+    assert rows[("k", 1)] == rows[("j", 1)] == rows[("j", 2)] == Status.PUBLISHED
+    assert rows[("k", 2)] == Status.ABANDONED  # it blocks its key until an operator acts
+    assert rows[("k", 3)] != Status.PUBLISHED
+    written = [(r["key"], r["headers"]["sequence"]) for r in read(topic, 4, idle=3)]
+    assert sorted(written) == [("j", "1"), ("j", "2"), ("k", "1")]
 
 
 def test_an_unreachable_cluster_is_an_outage_that_spends_no_attempt():

@@ -2,7 +2,7 @@
 // from the broker's jars) and prints one JSON line per record: partition, offset, key,
 // value, headers, and the partition Kafka's Java partitioner picks for the key
 // (Utils.murmur2, as its DefaultPartitioner/BuiltInPartitioner does). Run as a Java
-// single-file program: java -cp "$OUTBOX_KAFKA_LIB/*" KafkaRead.java BOOTSTRAP TOPIC COUNT
+// single-file program: java -cp "$OUTBOX_KAFKA_LIB/*" KafkaRead.java BOOTSTRAP TOPIC COUNT [IDLE_MS]
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.*;
@@ -33,6 +33,7 @@ public class KafkaRead {
         p.put("enable.auto.commit", "false");
         p.put("isolation.level", "read_committed");
         int wanted = Integer.parseInt(args[2]);
+        long idle = args.length > 3 ? Long.parseLong(args[3]) : 15000;  // ms without a record
         try (KafkaConsumer<byte[], byte[]> c = new KafkaConsumer<>(p)) {
             List<TopicPartition> parts = new ArrayList<>();
             for (PartitionInfo i : c.partitionsFor(args[1])) parts.add(new TopicPartition(args[1], i.partition()));
@@ -40,7 +41,7 @@ public class KafkaRead {
             c.assign(parts);
             c.seekToBeginning(parts);
             int seen = 0;
-            long idleUntil = System.currentTimeMillis() + 15000;
+            long idleUntil = System.currentTimeMillis() + idle;
             while (seen < wanted && System.currentTimeMillis() < idleUntil) {
                 for (ConsumerRecord<byte[], byte[]> r : c.poll(Duration.ofMillis(500))) {
                     StringBuilder h = new StringBuilder("{");
@@ -54,7 +55,7 @@ public class KafkaRead {
                         + ",\"key\":" + quote(r.key()) + ",\"value\":" + quote(r.value())
                         + ",\"headers\":" + h + ",\"java_partition\":" + java + "}");
                     seen++;
-                    idleUntil = System.currentTimeMillis() + 15000;
+                    idleUntil = System.currentTimeMillis() + idle;
                 }
             }
         }
