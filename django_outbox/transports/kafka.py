@@ -50,6 +50,11 @@ from .writers import ENCODE_ERRORS, envelope_of
 
 logger = logging.getLogger(__name__)
 logger.addFilter(SecretFilter(outbox_settings.redact))
+#: librdkafka's own log lines (a broker refusing connections while the cluster is down,
+#: retries), on a logger of their own that a project can quiet.
+_librdkafka = logging.getLogger(f"{__name__}.librdkafka")
+_librdkafka.addFilter(SecretFilter(outbox_settings.redact))
+LIBRDKAFKA_LOG = logging.LoggerAdapter(_librdkafka, {"action": "outbox.librdkafka"})
 
 #: Producer properties the relay's guarantees rest on: OPTIONS cannot change them.
 REQUIRED = {
@@ -143,7 +148,7 @@ class KafkaTransport(Transport):
             **REQUIRED,
             "bootstrap.servers": kafka_bootstrap(url),
             "error_cb": self._cluster_error,
-            "logger": logger,  # librdkafka's own log lines, redacted, not on stderr
+            "logger": LIBRDKAFKA_LOG,  # librdkafka's own log lines, redacted, not on stderr
         }
         self._wait = int(self.config["message.timeout.ms"]) / 1000 + CONNECT_TIMEOUT
         self._producer: Any = None
@@ -164,7 +169,7 @@ class KafkaTransport(Transport):
             admin = {k: v for k, v in self.config.items() if k not in REQUIRED}
             admin = {k: v for k, v in admin.items() if k not in DEFAULTS}
             admin.pop("message.timeout.ms", None)
-            admin["logger"] = logger
+            admin["logger"] = LIBRDKAFKA_LOG
             self._admin = AdminClient(admin)
         return self._producer
 

@@ -298,7 +298,7 @@ def test_the_whole_cluster_down_is_an_outage_that_spends_no_attempt():
 
 
 class Stager(threading.Thread):
-    """Commits events over 20 keys to ``topic`` (chunks of 50, about every 50 ms)."""
+    """Commits events over 20 keys to ``topic`` (chunks of 50, about every 200 ms)."""
 
     def __init__(self, topic: str) -> None:
         super().__init__(daemon=True)
@@ -308,7 +308,7 @@ class Stager(threading.Thread):
         try:
             while not self.done.is_set():
                 self.ids += stage_events(50, self.topic, keys=20)
-                self.done.wait(0.05)
+                self.done.wait(0.2)
         finally:
             connection.close()
 
@@ -326,11 +326,11 @@ def published_everything(relay: subprocess.Popen[str], stager: Stager) -> None:
     """Stop node 2 while ``relay`` publishes what ``stager`` commits, start it again,
     and wait until every event is PUBLISHED; then stop the relay."""
     try:
-        wait_until(lambda: published() >= 500, timeout=60, what="publishing under way")
+        wait_until(lambda: published() >= 300, timeout=60, what="publishing under way")
         kafka("stop-node", "2")
         try:
             at = published()
-            wait_until(lambda: published() >= at + 500, timeout=60, what="publishing on 2 nodes")
+            wait_until(lambda: published() >= at + 300, timeout=60, what="publishing on 2 nodes")
         finally:
             kafka("start-node", "2")
         ids = stager.stop()
