@@ -140,14 +140,18 @@ def test_events_over_many_keys_arrive_with_keys_headers_and_javas_partitions():
 
 
 def test_a_missing_topic_is_created_only_when_the_route_says_how():
-    topic = new_topic()
+    topic, unrouted = new_topic(), new_topic()  # the second is in no route: the default's
     stage_events(3, topic)
+    stage_events(1, unrouted)
     with override_settings(OUTBOX=outbox(topic)), Relay() as relay:
         relay.run_once()
     rows = list(OutboxMessage.objects.all())
     assert {row.status for row in rows} == {Status.FAILED}
     assert {row.attempts for row in rows} == {0}  # a configuration error: no attempt
-    assert rows[0].last_error.startswith(f"topic {topic!r} does not exist on kafka://")
+    errors = {row.destination: row.last_error for row in rows}
+    assert errors[topic].startswith(f"topic {topic!r} does not exist on kafka://")
+    assert errors[unrouted].startswith(f"topic {unrouted!r} does not exist on kafka://")
+    OutboxMessage.objects.filter(destination=unrouted).delete()
     OutboxMessage.objects.update(available_at=rows[0].created_at)  # due again now
     route = {"partitions": 2, "replication_factor": 3, "topic_config": {"retention.ms": "3600000"}}
     with override_settings(OUTBOX=outbox(topic, **route)):
