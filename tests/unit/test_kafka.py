@@ -195,3 +195,16 @@ def test_the_consumer_refuses_a_kafka_broker_with_a_one_line_error():
         f"{KAFKA} is a Kafka cluster, which run_outbox_consumer and outbox_replay_parked "
         "do not read yet"
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "redacted"),
+    [
+        ("topic 'o' does not exist on kafka://k1:9092,k2:9092: create it", None),
+        ("the broker 'events' (kafka://k1:9092,[::1]:9094): KafkaException", None),
+        ("kafka://app:s3cret-pw@k1:9092 refused", "kafka://app:***@k1:9092 refused"),
+        ("kafka://app:s3cret-pw refused", "kafka://app:*** refused"),
+    ],
+)
+def test_a_kafka_bootstrap_list_in_a_sentence_is_no_password(text, redacted):
+    assert outbox_settings.redact(text) == (redacted or text)
