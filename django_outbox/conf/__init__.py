@@ -25,7 +25,7 @@ nothing above it (the models, the store, the transports, the relay) imports into
 
 from __future__ import annotations
 
-from .brokers import CELERY_EXTRA, DRIVERS, Broker, broker_scheme
+from .brokers import CELERY_EXTRA, DRIVERS, KAFKA_SCHEME, Broker, broker_scheme, kafka_bootstrap
 from .catalog import SETTINGS, Setting
 from .diagnostics import broker_problem, celery_problem, route_problems
 from .env import from_env
@@ -41,6 +41,7 @@ __all__ = [
     "CELERY_URLS",
     "CHECK_IDS",
     "DRIVERS",
+    "KAFKA_SCHEME",
     "MAX_UNNAMED_ROUTES",
     "MISSING_APP",
     "SETTINGS",
@@ -52,6 +53,7 @@ __all__ = [
     "broker_scheme",
     "celery_problem",
     "from_env",
+    "kafka_bootstrap",
     "outbox_settings",
     "route_problems",
     "sets_tasks",

@@ -10,6 +10,7 @@ settings and their checks need before any transport is loaded.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,7 +56,8 @@ DRIVERS = {
     ),
     **dict.fromkeys(("sqs", "SQS"), ("boto3", '"kombu[sqs]"')),
     "mongodb": ("pymongo", '"kombu[mongodb]"'),
-    **dict.fromkeys(("kafka", "confluentkafka"), ("confluent_kafka", '"kombu[confluentkafka]"')),
+    "kafka": ("confluent_kafka", '"django-transactional-outbox[kafka]"'),
+    "confluentkafka": ("confluent_kafka", '"kombu[confluentkafka]"'),
     "zookeeper": ("kazoo", '"kombu[zookeeper]"'),
     **dict.fromkeys(("sqlalchemy", "sqla"), ("sqlalchemy", '"kombu[sqlalchemy]"')),
     "consul": ("consul", '"kombu[consul]"'),
@@ -66,6 +68,27 @@ DRIVERS = {
     "librabbitmq": ("librabbitmq", '"kombu[librabbitmq]"'),
     "pyro": ("Pyro4", '"kombu[pyro]"'),
 }
+
+#: The scheme of the outbox's own Kafka transport (not kombu's ``confluentkafka://``).
+KAFKA_SCHEME = "kafka"
+_KAFKA_ADDRESS = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})")
+
+
+def kafka_bootstrap(url: str) -> str:
+    """The ``bootstrap.servers`` of a ``kafka://host:port[,host:port...]`` URL."""
+    return url.partition("://")[2].rstrip("/")
+
+
+def kafka_url_problem(url: str) -> str | None:
+    """Why ``url`` is no ``kafka://host:port[,host:port...]`` (a phrase that never
+    quotes it), or None. Credentials go in OPTIONS (``sasl.password``), never the URL."""
+    addresses = kafka_bootstrap(url).split(",")
+    for address in addresses:
+        match = _KAFKA_ADDRESS.fullmatch(address)
+        if match is None or not 0 < int(match[1]) < 65536:
+            return "it is not of the form kafka://host:port[,host:port...]"
+    return None
+
 
 #: What to install for the Celery routes.
 CELERY_EXTRA = '"django-transactional-outbox[celery]"'

@@ -13,7 +13,7 @@ import importlib
 import importlib.util
 from collections.abc import Mapping
 
-from .brokers import CELERY_EXTRA, DRIVERS, Broker
+from .brokers import CELERY_EXTRA, DRIVERS, KAFKA_SCHEME, Broker, broker_scheme, kafka_url_problem
 from .passwords import passwords
 from .problems import CHECK_IDS, Problem
 from .redact import mask_url, url_problem
@@ -71,6 +71,8 @@ def broker_problem(url: str, broker: Broker | None = None) -> Problem | None:
     text shows the URL masked, never its password; ``broker`` names the alias of
     ``OUTBOX["BROKERS"]`` it comes from."""
     named = broker.named if broker is not None else ""
+    if broker_scheme(url) == KAFKA_SCHEME:
+        return _kafka_problem(url, named)
     reason = url_problem(url)
     if reason is not None:
         return Problem(
@@ -88,6 +90,29 @@ def broker_problem(url: str, broker: Broker | None = None) -> Problem | None:
             "Use a kombu URL such as amqp://, redis://, memory:// or filesystem://.",
         )
     return _missing_driver(url, scheme, named)
+
+
+def _kafka_problem(url: str, named: str) -> Problem | None:
+    """E010 for a malformed ``kafka://`` URL, E011 naming the extra without confluent-kafka."""
+    if kafka_url_problem(url) is not None:
+        return Problem(
+            CHECK_IDS["malformed_broker"],
+            f"The broker URL {mask_url(url)}{named} is malformed: it is not of the form "
+            "kafka://host:port[,host:port...].",
+            "List the bootstrap brokers as kafka://host1:9092,host2:9092; credentials go in "
+            'OPTIONS as librdkafka properties ("sasl.username", "sasl.password").',
+        )
+    module, install = DRIVERS[KAFKA_SCHEME]
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return Problem(
+            CHECK_IDS["missing_driver"],
+            f"The broker URL {mask_url(url)}{named} is a Kafka cluster, which needs the Python "
+            f"package {module!r} (confluent-kafka), not installed: pip install {install}",
+            "Install it where the relay runs, or use another broker.",
+        )
+    return None
 
 
 #: E010's hint for each kind of malformed URL (by the start of redact.url_problem's reason);

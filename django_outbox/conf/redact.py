@@ -47,7 +47,16 @@ def _split(url: str) -> tuple[str, str | None, str, str] | None:
     return scheme, userinfo if at else None, after[:end], after[end:]
 
 
+#: A Kafka bootstrap list (which has no place for a password: E010), and the punctuation
+#: that follows it in a sentence, which would otherwise read as a password after a ":".
+_KAFKA_LIST = re.compile(
+    r"kafka://(?:(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5},?)+[),.:]*", re.IGNORECASE
+)
+
+
 def _mask_one(url: str) -> str:
+    if _KAFKA_LIST.fullmatch(url):
+        return url
     parts = _split(url)
     if parts is None:
         if _ALIAS.fullmatch(url):

@@ -17,12 +17,15 @@ from collections.abc import Callable, Iterable, Mapping
 DESTINATION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,254}")
 
 EXCHANGE_TYPES = ("direct", "topic", "fanout", "headers")
-STRING_KEYS = frozenset({"exchange", "exchange_type", "routing_key", "queue", "broker"})
+STRING_KEYS = frozenset({"exchange", "exchange_type", "routing_key", "queue", "broker", "topic"})
 #: Keys of a broker route that become arguments of its queue: ``queue_type`` is
 #: ``x-queue-type``, ``dead_letter_exchange`` is ``x-dead-letter-exchange``.
 QUEUE_OPTION_KEYS = {"queue_type": "x-queue-type", "dead_letter_exchange": "x-dead-letter-exchange"}
 ARGUMENT_KEYS = frozenset({"queue_arguments", "exchange_arguments"})
-BROKER_KEYS = STRING_KEYS | ARGUMENT_KEYS | frozenset(QUEUE_OPTION_KEYS)
+#: Keys of a Kafka route (see :attr:`Route.topic`): its topic, and how the relay creates
+#: the topic when it is missing (with ``partitions``).
+KAFKA_KEYS = frozenset({"topic", "replication_factor", "topic_config"})
+BROKER_KEYS = STRING_KEYS | ARGUMENT_KEYS | frozenset(QUEUE_OPTION_KEYS) | KAFKA_KEYS
 CELERY_KEYS = frozenset({"celery_task"})
 #: Keys any broker route may take that are not names: see :attr:`Route.ordered` and
 #: :attr:`Route.partitions`.
@@ -105,6 +108,23 @@ class Route:
     partitions: int = 0
     #: One of :data:`ENVELOPES`; None: ``OUTBOX["DEFAULT_ENVELOPE"]``.
     envelope: str | None = None
+    #: On a Kafka broker: the topic (None: the destination's name). A route with any
+    #: of :data:`KAFKA_KEYS` is a Kafka route, whose ``partitions`` are its topic's.
+    topic: str | None = None
+    #: On a Kafka broker, how a missing topic is created (0: the cluster's default).
+    replication_factor: int = 0
+    #: On a Kafka broker, the missing topic's configuration (``retention.ms`` ...).
+    topic_config: Arguments = ()
+
+    @property
+    def is_kafka(self) -> bool:
+        """Whether it names any of :data:`KAFKA_KEYS`."""
+        return self.topic is not None or bool(self.replication_factor or self.topic_config)
+
+    @property
+    def topic_name(self) -> str:
+        """The Kafka topic its events go to."""
+        return self.topic or self.destination
 
     @property
     def is_celery(self) -> bool:
@@ -217,10 +237,12 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
         *(
             functools.partial(_check_string, name, key, val)
             for key, val in spec.items()
-            if key not in ARGUMENT_KEYS | FLAG_KEYS | {"envelope"}
+            if key not in ARGUMENT_KEYS | FLAG_KEYS | {"envelope", *KAFKA_KEYS} - {"topic"}
         ),
+        lambda: _kafka_options(name, spec),
         lambda: _queue_arguments(name, spec),
         lambda: _arguments(name, "exchange_arguments", spec.get("exchange_arguments", {})),
+        lambda: _arguments(name, "topic_config", spec.get("topic_config", {})),
         lambda: _check_exchange_type(name, spec),
     )
     if reasons:
@@ -241,7 +263,22 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
         ordered=ordered,
         partitions=_partitions(name, spec, ordered),
         envelope=spec.get("envelope"),
+        topic=spec.get("topic"),
+        replication_factor=spec.get("replication_factor", 0),
+        topic_config=_arguments(name, "topic_config", spec.get("topic_config", {})),
     )
+
+
+def _kafka_options(name: str, spec: Mapping[str, object]) -> None:
+    """A Kafka route's ``replication_factor`` (a whole number, 1 or more; its
+    ``topic_config`` is checked as arguments are)."""
+    if "replication_factor" not in spec:
+        return
+    factor = spec["replication_factor"]
+    if not isinstance(factor, int) or isinstance(factor, bool) or factor < 1:
+        raise ValueError(
+            f"route {name!r} replication_factor must be a whole number of 1 or more; got {factor!r}"
+        )
 
 
 def _check_keys(name: str, spec: Mapping[str, object]) -> None:
@@ -321,6 +358,8 @@ def _partitions(name: str, spec: Mapping[str, object], ordered: bool) -> int:
         )
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise ValueError(f"route {name!r} partitions must be 1-{MAX_PARTITIONS}; got {partitions}")
+    if KAFKA_KEYS & set(spec):
+        return partitions  # a Kafka topic's partitions, which need no queue nor order
     if "celery_task" in spec:
         raise ValueError(
             f"route {name!r} has partitions but sends Celery tasks (celery_task): partitions "

@@ -25,12 +25,12 @@ from django.core.signals import setting_changed
 
 from ..exceptions import OutboxConfigurationError
 from . import catalog, parsers
-from .brokers import Broker
+from .brokers import KAFKA_SCHEME, Broker, broker_scheme
 from .catalog import SETTINGS
 from .diagnostics import broker_problem, route_problems, unknown_alias
 from .passwords import CELERY_OPTIONS, CELERY_URLS, passwords
 from .problems import CHECK_IDS, NO_BROKER, Problem
-from .redact import scrub
+from .redact import mask_url, scrub
 from .routes import DEFAULT_BROKER, Route, did_you_mean, parse_routes
 
 #: How many routes of destinations not in ``ROUTES`` (the default route, Django task
@@ -283,12 +283,19 @@ class OutboxSettings:
     def require_broker_url(self, url: str | None = None) -> str:
         """``url`` (by default the "default" broker's URL) if the relay or a consumer
         can connect with it; else :class:`OutboxConfigurationError` with the text
-        of the system check that reports it (E006, E007, E010 or E011)."""
+        of the system check that reports it (E006, E007, E010 or E011). Consumers only
+        (the relay has :meth:`require_broker`): a Kafka broker is refused, which kombu's
+        own ``kafka://`` transport would read as kombu messages."""
         if not url:
-            return self.require_broker().url
-        problem = broker_problem(url)
-        if problem is not None:
+            url = self.require_broker().url
+        elif (problem := broker_problem(url)) is not None:
             raise OutboxConfigurationError(f"{problem.id}: {problem.msg} {problem.hint}")
+        if broker_scheme(url) == KAFKA_SCHEME:
+            raise OutboxConfigurationError(
+                f"{mask_url(url)} is a Kafka cluster, which run_outbox_consumer and "
+                "outbox_replay_parked do not read yet: consume its topics with a Kafka "
+                "client and dedupe with process_once() on the event_id header (docs/kafka.md)"
+            )
         return url
 
     def secrets(self) -> list[str]:

@@ -18,7 +18,7 @@ from django.core import checks
 from django.db import connections, router
 
 from .. import db
-from ..conf import CHECK_IDS, broker_problem, celery_problem, outbox_settings
+from ..conf import CHECK_IDS, KAFKA_SCHEME, broker_problem, celery_problem, outbox_settings
 from ..conf.routes import shape_problems
 from ..exceptions import OutboxConfigurationError
 from ..transports import transport_class
@@ -58,7 +58,9 @@ def check_routes(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
     for route in routes.values():
         broker = brokers.get(route.broker)
         scheme = broker.scheme if broker is not None else ""
-        for shape in shape_problems(route) + broker_shape_problems(route, scheme):
+        # A Kafka route has no exchange nor queue: their shapes are moot there.
+        shapes = [] if scheme == KAFKA_SCHEME else shape_problems(route)
+        for shape in shapes + broker_shape_problems(route, scheme):
             check_id = CHECK_IDS[shape.kind]
             level = checks.Error if check_id.startswith("django_outbox.E") else checks.Warning
             found.append(level(shape.msg, hint=shape.hint, id=check_id))

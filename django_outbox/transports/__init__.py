@@ -1,5 +1,5 @@
-"""Transports publish claimed messages: kombu (RabbitMQ, Redis, filesystem ...), the
-in-memory transport, Celery.
+"""Transports publish claimed messages: kombu (RabbitMQ, Redis, filesystem ...), Kafka
+(confluent-kafka), the in-memory transport, Celery.
 
 The registry maps a broker URL's scheme to the transport class that publishes to
 it, like Django's ``CACHES``/``TASKS`` backends: :data:`REGISTRY` for the schemes
@@ -43,6 +43,7 @@ REGISTRY: dict[str, str] = {
     **dict.fromkeys(("amqp", "amqps", "pyamqp"), f"{_KOMBU}:AmqpTransport"),
     **dict.fromkeys(("redis", "rediss", "sentinel"), f"{_KOMBU}:RedisTransport"),
     "filesystem": "django_outbox.transports.filesystem:FilesystemTransport",
+    "kafka": "django_outbox.transports.kafka:KafkaTransport",
     "memory": "django_outbox.transports.memory:MemoryTransport",
 }
 #: The transport of every other scheme kombu knows (``sqs``, ``mongodb`` ...).

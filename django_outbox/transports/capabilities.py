@@ -7,6 +7,7 @@ what a route asks of its broker that the broker cannot do; the settings
 
 from __future__ import annotations
 
+from ..conf import KAFKA_SCHEME
 from ..conf.routes import Route, Shape
 
 #: The schemes of kombu's Redis transport, whose fanout exchanges are PUB/SUB channels.
@@ -21,6 +22,8 @@ def broker_shape_problems(route: Route, broker_scheme: str) -> list[Shape]:
     (nothing for a Celery route, or when the scheme is "", not known)."""
     if route.is_celery:
         return []
+    if broker_scheme == KAFKA_SCHEME or route.is_kafka:
+        return _kafka_problems(route, broker_scheme)
     name, exchange = route.destination, route.exchange
     found = []
     elsewhere = broker_scheme and broker_scheme not in AMQP_SCHEMES  # "": not known
@@ -50,6 +53,33 @@ def broker_shape_problems(route: Route, broker_scheme: str) -> list[Shape]:
             )
         )
     return found
+
+
+def _kafka_problems(route: Route, broker_scheme: str) -> list[Shape]:
+    """A Kafka route (topic keys) on another broker, or queue keys on a Kafka broker:
+    either would be silently ignored."""
+    name = route.destination
+    if broker_scheme and broker_scheme != KAFKA_SCHEME:
+        return [
+            Shape(
+                "kafka_keys_elsewhere",
+                f"Route {name!r} names a Kafka topic (topic, replication_factor or "
+                f"topic_config), but its broker is {broker_scheme}://, which has no topics: "
+                "they would be ignored.",
+                "Route it to a kafka:// broker (its broker key), or drop those keys.",
+            )
+        ]
+    if broker_scheme and (route.queue or route.queue_arguments or route.exchange_arguments):
+        return [
+            Shape(
+                "queue_on_kafka",
+                f"Route {name!r} declares a queue or queue/exchange arguments, but its broker is "
+                "a Kafka cluster, which has topics only: they would be ignored.",
+                'Give it "topic" (default: the destination), "partitions", '
+                '"replication_factor" and "topic_config" instead.',
+            )
+        ]
+    return []
 
 
 def _queue_argument_problems(route: Route, broker_scheme: str) -> list[Shape]:

@@ -1,6 +1,7 @@
-"""Celery and Redis are optional extras: in a fresh virtualenv with this package and its
-core dependencies only (no celery, no redis), the package imports, the relay runs, and
-a Celery route or a redis:// URL is refused with the pip extra to install.
+"""Celery, Redis and Kafka are optional extras: in a fresh virtualenv with this package and
+its core dependencies only (no celery, no redis, no confluent-kafka), the package imports, the
+relay runs, and a Celery route, a redis:// or a kafka:// URL is refused with the pip extra to
+install.
 
 A real venv, real pip, real subprocesses: slow (about a minute), and it needs the
 package index that pip is configured with (or pip's cache).
@@ -130,6 +131,16 @@ def test_a_redis_url_without_redis_is_a_check_error_naming_the_extra(venv):
         "?: (django_outbox.E011) The broker URL redis://127.0.0.1:6379/0 needs the Python "
         "package 'redis', which is not installed: pip install "
         '"django-transactional-outbox[redis]"\n'
+    ) in result.stderr
+
+
+def test_a_kafka_url_without_confluent_kafka_is_a_check_error_naming_the_extra(venv):
+    result = run_in(venv, "-m", "django", "check", BROKER="kafka://127.0.0.1:9092")
+    assert result.returncode == 1
+    assert (
+        "?: (django_outbox.E011) The broker URL kafka://127.0.0.1:9092 is a Kafka cluster, "
+        "which needs the Python package 'confluent_kafka' (confluent-kafka), not installed: "
+        'pip install "django-transactional-outbox[kafka]"\n'
     ) in result.stderr
 
 

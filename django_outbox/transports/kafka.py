@@ -1,0 +1,393 @@
+"""Apache Kafka (``kafka://host:port[,host:port...]``) through confluent-kafka's idempotent
+producer (``acks=all``), partitioned as Kafka's Java client partitions (murmur2).
+
+Each message becomes one record of its route's topic (:attr:`Route.topic_name`): key =
+its ordering key (UTF-8; none without one), value = its body (the payload's JSON),
+headers = its wire headers and ``content_type``. A message counts as published only
+when its own delivery report says the cluster has it (every in-sync replica, with
+``acks=all``); a batch waits for its reports at most ``message.timeout.ms`` (derived from
+``LEASE_SECONDS``, as RabbitMQ's confirm timeout is).
+
+What a delivery report's error means for its row:
+
+- the cluster unreachable, a timeout, too few in-sync replicas, a leader being elected,
+  a fatal producer error: an outage (:meth:`Failure.broker_down`), no attempt counted;
+  a fatal error rebuilds the producer, and the rows not acknowledged go again;
+- a record the cluster refuses for itself (larger than the topic's ``max.message.bytes``,
+  a topic this user may not write, an invalid topic name): that row fails alone,
+  permanently, with the reason. A record refused as too large for a batch it shared
+  with a larger one is not attempted, and goes again;
+- anything else: a failure that counts an attempt, retried with backoff.
+
+On an ordered route a batch goes in waves (each key's first record, then its second ...),
+each wave once the one before is acknowledged, and a key whose record failed gets no more
+records in that batch: nothing of a key reaches the topic after a failed record of it.
+
+A missing topic is created with the route's ``partitions``, ``replication_factor`` and
+``topic_config`` when it names any of them; otherwise its rows wait (no attempt) and
+one ERROR per interval names the topic.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from ..conf import kafka_bootstrap, outbox_settings
+from ..conf.redact import SecretFilter, mask_url
+from ..conf.routes import Route
+from ..envelope import ClaimedMessage
+from ..exceptions import BrokerUnreachable
+from .base import MAX_ERROR_LENGTH, Failure, Outcome, Transport
+from .confirms import lease_confirm_timeout
+from .connection import CONNECT_TIMEOUT
+from .writers import ENCODE_ERRORS, envelope_of
+
+logger = logging.getLogger(__name__)
+logger.addFilter(SecretFilter(outbox_settings.redact))
+#: librdkafka's own log lines (a broker refusing connections while the cluster is down,
+#: retries), on a logger of their own that a project can quiet.
+_librdkafka = logging.getLogger(f"{__name__}.librdkafka")
+_librdkafka.addFilter(SecretFilter(outbox_settings.redact))
+LIBRDKAFKA_LOG = logging.LoggerAdapter(_librdkafka, {"action": "outbox.librdkafka"})
+
+#: Producer properties the relay's guarantees rest on: OPTIONS cannot change them.
+REQUIRED = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "partitioner": "murmur2_random",  # Java's: JVM producers and consumers agree
+    "allow.auto.create.topics": False,  # a missing topic is the route's to create
+}
+#: Producer properties OPTIONS may change.
+DEFAULTS = {"linger.ms": 5, "socket.connection.setup.timeout.ms": 5000}
+#: What a message's slot holds during a publish: False until its delivery report comes,
+#: then None (delivered) or ``(KafkaError,)``; or a Failure decided before it was sent.
+_Report = Failure | None | Literal[False] | tuple[Any]
+#: On an ordered route, the outcome of a record not sent because one of its key before it
+#: failed in the same batch (the relay sends it again after that one).
+HELD_BACK = Failure.not_attempted("not attempted: an earlier event of its key failed", 0.0)
+#: librdkafka's MSG_SIZE_TOO_LARGE (a broker's refusal of a record over max.message.bytes).
+_TOO_LARGE = 10
+#: Seconds until the rows of a missing topic are due again, and between its ERRORs.
+MISSING_TOPIC_RETRY_DELAY = 30.0
+
+
+@functools.cache
+def _codes() -> tuple[frozenset[int], frozenset[int]]:
+    """(outage codes, refused codes) of librdkafka's errors."""
+    from confluent_kafka import KafkaError as E
+
+    outage = {
+        *(E._MSG_TIMED_OUT, E._TIMED_OUT, E._TRANSPORT, E._ALL_BROKERS_DOWN, E._RESOLVE),
+        *(E.NOT_ENOUGH_REPLICAS, E.NOT_ENOUGH_REPLICAS_AFTER_APPEND, E.REQUEST_TIMED_OUT),
+        *(E.NETWORK_EXCEPTION, E.LEADER_NOT_AVAILABLE, E.NOT_LEADER_FOR_PARTITION),
+        *(E.BROKER_NOT_AVAILABLE, E._PURGE_QUEUE, E._PURGE_INFLIGHT, E._FATAL),
+        *(E.KAFKA_STORAGE_ERROR, E._UNKNOWN_PARTITION),
+    }
+    refused = {E.MSG_SIZE_TOO_LARGE, E.TOPIC_AUTHORIZATION_FAILED, E.TOPIC_EXCEPTION}
+    refused |= {E.INVALID_RECORD, E.RECORD_LIST_TOO_LARGE, E._INVALID_ARG}
+    return frozenset(outage), frozenset(refused)
+
+
+def record_headers(headers: Mapping[str, Any], content_type: str) -> list[tuple[str, bytes | None]]:
+    """Kafka record headers: text as UTF-8, None as a null value, others as JSON."""
+    found: list[tuple[str, bytes | None]] = [("content_type", content_type.encode())]
+    for name, value in headers.items():
+        if value is None or isinstance(value, str):
+            found.append((name, None if value is None else value.encode()))
+        else:
+            found.append((name, json.dumps(value).encode()))
+    return found
+
+
+def failure_of(error: Any, *, own_size: int = 0, limit: int = 0) -> Failure:
+    """The outcome of a delivery report's (or ``produce()``'s) KafkaError ``error``. A
+    record refused as too large fails alone only when it is larger than the topic's
+    ``limit`` itself (``own_size``); otherwise a neighbour's size failed it: not attempted."""
+    from confluent_kafka import KafkaError
+
+    outage, refused = _codes()
+    text = f"KafkaError {error.name()}: {error.str()}"
+    code = error.code()
+    if code == KafkaError._MSG_TIMED_OUT:
+        text += (
+            " (no acknowledgement from the in-sync replicas within message.timeout.ms: "
+            "brokers down, too few in-sync replicas, or a leader being elected)"
+        )
+    if code in outage or error.fatal() or error.retriable():
+        return Failure.broker_down(text, kind="kafka_unavailable")
+    if code == KafkaError.MSG_SIZE_TOO_LARGE and limit and own_size <= limit:
+        return Failure.not_attempted(f"not attempted: a larger record of its batch ({text})", 0.0)
+    if code in refused:
+        text = outbox_settings.redact(text)[:MAX_ERROR_LENGTH]
+        return Failure(text, permanent=True, kind="kafka_refused")
+    return Failure(outbox_settings.redact(text)[:MAX_ERROR_LENGTH], kind="kafka_error")
+
+
+class KafkaTransport(Transport):
+    """One idempotent producer per relay (rebuilt after a fatal error or ``close()``),
+    and an admin client for the topics' metadata and creation."""
+
+    supports_confirms = True
+    supports_batch = True
+
+    def __init__(
+        self, url: str, options: Mapping[str, Any] | None = None, *, alias: str | None = None
+    ) -> None:
+        self._url, self.alias = url, alias
+        timeout_ms = int(lease_confirm_timeout() * 1000)
+        self.config: dict[str, Any] = {
+            **DEFAULTS,
+            "message.timeout.ms": timeout_ms,
+            **(options or {}),
+            **REQUIRED,
+            "bootstrap.servers": kafka_bootstrap(url),
+            "error_cb": self._cluster_error,
+            "logger": LIBRDKAFKA_LOG,  # librdkafka's own log lines, redacted, not on stderr
+        }
+        self._wait = int(self.config["message.timeout.ms"]) / 1000 + CONNECT_TIMEOUT
+        self._producer: Any = None
+        self._admin: Any = None
+        self._topics: dict[str, int] = {}  # known topic -> its max.message.bytes (0: unread)
+        self._missing_logged: dict[str, float] = {}
+
+    def _cluster_error(self, error: Any) -> None:
+        """librdkafka's cluster-level trouble (brokers down): it retries by itself."""
+        logger.debug("kafka: %s", error, extra={"action": "outbox.kafka_cluster_error"})
+
+    def _client(self) -> Any:
+        if self._producer is None:
+            from confluent_kafka import Producer
+            from confluent_kafka.admin import AdminClient
+
+            self._producer = Producer(self.config)
+            admin = {k: v for k, v in self.config.items() if k not in REQUIRED}
+            admin = {k: v for k, v in admin.items() if k not in DEFAULTS}
+            admin.pop("message.timeout.ms", None)
+            admin["logger"] = LIBRDKAFKA_LOG
+            self._admin = AdminClient(admin)
+        return self._producer
+
+    def check(self) -> None:
+        """Read the cluster's metadata (any broker answering); :class:`BrokerUnreachable`
+        naming the broker when none does."""
+        try:
+            self._client().list_topics(timeout=CONNECT_TIMEOUT)
+        except Exception as exc:
+            name = f"broker {self.alias!r} " if self.alias else ""
+            raise BrokerUnreachable(
+                f"{name}({mask_url(self._url)}): {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def close(self) -> None:
+        """Drop the producer (the next publish builds another); its unsent records are
+        left to time out unacknowledged."""
+        self._producer = self._admin = None
+        self._topics.clear()
+
+    def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+        from confluent_kafka import KafkaException
+
+        topic = route.topic_name
+        try:
+            producer = self._client()
+            missing = self._ensure_topic(route, topic)
+        except KafkaException as exc:
+            return [failure_of(exc.args[0])] * len(messages)
+        if missing is not None:
+            return [missing] * len(messages)
+        if not route.ordered:
+            return self._publish_wave(producer, route, topic, messages)
+        # Ordered: a key's n-th record goes only once its (n-1)-th is acknowledged, so no
+        # record of a key is ever written after one of its key that failed.
+        outcomes: list[Outcome] = [HELD_BACK] * len(messages)
+        failed: set[str] = set()
+        for wave in _waves(messages):
+            todo = [i for i in wave if messages[i].ordering_key not in failed]
+            settled = self._publish_wave(producer, route, topic, [messages[i] for i in todo])
+            for index, outcome in zip(todo, settled, strict=True):
+                outcomes[index] = outcome
+                if outcome is not None:
+                    failed.add(messages[index].ordering_key)
+        return outcomes
+
+    def _publish_wave(
+        self, producer: Any, route: Route, topic: str, messages: Sequence[ClaimedMessage]
+    ) -> list[Outcome]:
+        """Produce ``messages`` and wait for their reports; their outcomes."""
+        from confluent_kafka import KafkaException
+
+        outcomes: list[_Report] = [False] * len(messages)  # False: no report yet
+        sizes = self._produce(producer, route, topic, messages, outcomes)
+        try:
+            producer.flush(self._wait)
+        except KafkaException as exc:  # fatal: what was not acknowledged goes again
+            self.close()
+            outcomes = [failure_of(exc.args[0]) if o is False else o for o in outcomes]
+        return self._settle(topic, outcomes, sizes)
+
+    def _produce(
+        self,
+        producer: Any,
+        route: Route,
+        topic: str,
+        messages: Sequence[ClaimedMessage],
+        outcomes: list[_Report],
+    ) -> list[int]:
+        """Hand each message to the producer; its report fills ``outcomes``. Returns each
+        record's size (key, value and headers: what ``max.message.bytes`` weighs)."""
+        from confluent_kafka import KafkaException
+
+        from .. import cloudevents
+
+        envelope, sizes = envelope_of(route, binary=False), [0] * len(messages)
+        for index, message in enumerate(messages):
+            report = functools.partial(_delivered, outcomes, index)
+            try:
+                wire = cloudevents.wire(message, *envelope)
+                key = message.ordering_key.encode() if message.ordering_key else None
+                headers = record_headers(wire.headers, wire.content_type)
+                sizes[index] = len(wire.body) + len(key or b"") + sum(map(_size, headers))
+                self._send(producer, topic, wire.body, key, headers, report)
+            except ENCODE_ERRORS as exc:
+                outcomes[index] = Failure.from_exception(exc, permanent=True)
+            except KafkaException as exc:  # refused before it left (too large for the client)
+                outcomes[index] = failure_of(exc.args[0])
+        return sizes
+
+    def _send(
+        self, producer: Any, topic: str, body: bytes, key: Any, headers: list, report: Any
+    ) -> None:
+        """``produce()``, serving reports while librdkafka's queue is full."""
+        while True:
+            try:
+                producer.produce(topic, body, key, headers=headers, on_delivery=report)
+                return
+            except BufferError:
+                producer.poll(0.1)
+
+    def _settle(self, topic: str, outcomes: list[_Report], sizes: list[int]) -> list[Outcome]:
+        """The outcomes, once reported: a message with no report in time is an outage
+        (it may still arrive: it goes again, at least once); reports that are too-large
+        refusals are weighed against the topic's limit; a fatal error rebuilds the producer."""
+        settled: list[Outcome] = []
+        for index, outcome in enumerate(outcomes):
+            if outcome is False:
+                outcome = Failure.broker_down("no delivery report within message.timeout.ms")
+            elif isinstance(outcome, tuple):  # (KafkaError,) from the report
+                error = outcome[0]
+                limit = self._size_limit(topic) if error.code() == _TOO_LARGE else 0
+                outcome = failure_of(error, own_size=sizes[index], limit=limit)
+                if error.fatal():
+                    self.close()
+            settled.append(outcome)
+        return settled
+
+    def _ensure_topic(self, route: Route, topic: str) -> Failure | None:
+        """None when ``topic`` exists (or its metadata says anything but that it is
+        missing or refused: produce() reports that per record) or was just created; else
+        the failure of its rows: for good when the cluster refuses the topic (an invalid
+        name, not authorized), else they wait (a configuration error, no attempt)."""
+        from confluent_kafka import KafkaError, KafkaException
+
+        if topic in self._topics:
+            return None
+        found = self._producer.list_topics(topic, timeout=CONNECT_TIMEOUT).topics.get(topic)
+        if found is not None and found.error is not None and found.error.code() in _codes()[1]:
+            return failure_of(found.error)  # an invalid name, a topic it may not see: for good
+        missing = found is None or (
+            found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+        )
+        creatable = bool(route.partitions or route.replication_factor or route.topic_config)
+        text = ""
+        if missing and not creatable:
+            text = (
+                f"topic {topic!r} does not exist on {mask_url(self._url)}: create it, or give "
+                f"route {route.destination!r} partitions (replication_factor, topic_config) to "
+                "have it created (its rows wait, attempts unchanged)"
+            )
+        elif missing:
+            try:
+                self._create(route, topic)
+            except KafkaException as exc:
+                error = exc.args[0]
+                if failure_of(error).outage:
+                    raise  # the cluster, not the topic: an outage
+                text = f"creating topic {topic!r} failed: KafkaError {error.name()}: {error.str()}"
+        if not text:
+            self._topics[topic] = 0
+            return None
+        self._log_missing(topic, text)
+        return Failure.not_attempted(text, MISSING_TOPIC_RETRY_DELAY)
+
+    def _log_missing(self, topic: str, text: str) -> None:
+        """One ERROR per topic and retry interval, however many batches it fails."""
+        now = time.monotonic()
+        if self._missing_logged.get(topic, 0.0) <= now:
+            self._missing_logged[topic] = now + MISSING_TOPIC_RETRY_DELAY
+            logger.error(text, extra={"action": "outbox.kafka_missing_topic", "topic": topic})
+
+    def _create(self, route: Route, topic: str) -> None:
+        """Create ``topic`` as ``route`` says (a topic created meanwhile is fine)."""
+        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka.admin import NewTopic
+
+        new = NewTopic(
+            topic,
+            num_partitions=route.partitions or -1,
+            replication_factor=route.replication_factor or -1,
+            config={name: str(value) for name, value in route.topic_config},
+        )
+        try:
+            self._admin.create_topics([new])[topic].result(timeout=CONNECT_TIMEOUT * 2)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+        logger.info(
+            "created topic %r",
+            topic,
+            extra={"action": "outbox.kafka_topic_created", "topic": topic},
+        )
+
+    def _size_limit(self, topic: str) -> int:
+        """The topic's ``max.message.bytes`` (read once; 0 when it cannot be read)."""
+        if not self._topics.get(topic):
+            from confluent_kafka.admin import ConfigResource
+
+            resource = ConfigResource("topic", topic)
+            try:
+                configs = self._admin.describe_configs([resource])[resource].result(
+                    timeout=CONNECT_TIMEOUT
+                )
+                self._topics[topic] = int(configs["max.message.bytes"].value)
+            except Exception:  # unknown: every too-large record fails alone
+                logger.debug("cannot read %r's max.message.bytes", topic, exc_info=True)
+                return 0
+        return self._topics[topic]
+
+
+def _waves(messages: Sequence[ClaimedMessage]) -> list[list[int]]:
+    """The indices of ``messages`` in waves: the first of each key's, then the second ..."""
+    waves: list[list[int]] = []
+    seen: collections.Counter[str] = collections.Counter()
+    for index, message in enumerate(messages):
+        place = seen[message.ordering_key]
+        seen[message.ordering_key] += 1
+        if place == len(waves):
+            waves.append([])
+        waves[place].append(index)
+    return waves
+
+
+def _delivered(outcomes: list[_Report], index: int, error: Any, record: Any) -> None:
+    """A delivery report: None (the cluster has it) or ``(error,)``, settled later."""
+    outcomes[index] = None if error is None else (error,)
+
+
+def _size(header: tuple[str, bytes | None]) -> int:
+    return len(header[0].encode()) + len(header[1] or b"")

@@ -1,0 +1,147 @@
+"""The Kafka transport's outcomes against librdkafka's in-process mock cluster: three mock
+brokers on loopback ports, driven through the mock API the bundled librdkafka exports (the
+Python binding has no class for it, so ctypes calls it; the API is experimental, hence
+the skip when a symbol is missing). Fast checks of the error mapping only: the mock is no
+broker (the proof is tests/integration/test_kafka.py's, on a real cluster)."""
+
+from __future__ import annotations
+
+import ctypes
+import datetime as dt
+import glob
+import os
+import uuid
+from collections.abc import Iterator
+
+import confluent_kafka
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from django_outbox.conf.routes import Route
+from django_outbox.envelope import ClaimedMessage
+from django_outbox.transports.kafka import KafkaTransport
+
+PRODUCE = 0  # Kafka's api key of a Produce request
+NOT_ENOUGH_REPLICAS, TOPIC_AUTHORIZATION_FAILED = 19, 29
+
+
+class MockCluster:
+    """A mock cluster of three brokers, and the calls the tests make to it."""
+
+    def __init__(self) -> None:
+        folder = os.path.join(os.path.dirname(confluent_kafka.__file__), "..")
+        found = glob.glob(os.path.join(folder, "confluent_kafka.libs", "librdkafka*.so*"))
+        if not found or not hasattr(lib := ctypes.CDLL(found[0]), "rd_kafka_mock_cluster_new"):
+            pytest.skip("this confluent-kafka wheel bundles no librdkafka with the mock API")
+        lib.rd_kafka_conf_new.restype = ctypes.c_void_p
+        lib.rd_kafka_conf_set.argtypes = [ctypes.c_void_p, *[ctypes.c_char_p] * 3, ctypes.c_size_t]
+        lib.rd_kafka_new.restype = ctypes.c_void_p
+        lib.rd_kafka_new.argtypes = [
+            ctypes.c_int,
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+        ]
+        lib.rd_kafka_destroy.argtypes = [ctypes.c_void_p]
+        lib.rd_kafka_mock_cluster_new.restype = ctypes.c_void_p
+        lib.rd_kafka_mock_cluster_new.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        lib.rd_kafka_mock_cluster_destroy.argtypes = [ctypes.c_void_p]
+        lib.rd_kafka_mock_cluster_bootstraps.restype = ctypes.c_char_p
+        lib.rd_kafka_mock_cluster_bootstraps.argtypes = [ctypes.c_void_p]
+        lib.rd_kafka_mock_topic_create.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_int,
+            ctypes.c_int,
+        ]
+        errors = [ctypes.c_void_p, ctypes.c_int16, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int)]
+        lib.rd_kafka_mock_push_request_errors_array.argtypes = errors
+        lib.rd_kafka_mock_broker_set_down.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+        self.lib, errbuf = lib, ctypes.create_string_buffer(512)
+        conf = lib.rd_kafka_conf_new()
+        lib.rd_kafka_conf_set(conf, b"log_level", b"0", errbuf, 512)  # no CONFWARN on stderr
+        self.handle = lib.rd_kafka_new(1, conf, errbuf, 512)  # a consumer handle to own it
+        self.cluster = lib.rd_kafka_mock_cluster_new(self.handle, 3)
+        self.url = "kafka://" + lib.rd_kafka_mock_cluster_bootstraps(self.cluster).decode()
+
+    def topic(self, name: str, partitions: int = 1) -> None:
+        assert self.lib.rd_kafka_mock_topic_create(self.cluster, name.encode(), partitions, 3) == 0
+
+    def fail_produce(self, *codes: int) -> None:
+        """The next Produce requests (one each) answer ``codes``."""
+        array = (ctypes.c_int * len(codes))(*codes)
+        self.lib.rd_kafka_mock_push_request_errors_array(self.cluster, PRODUCE, len(codes), array)
+
+    def all_down(self) -> None:
+        for broker in (1, 2, 3):
+            self.lib.rd_kafka_mock_broker_set_down(self.cluster, broker)
+
+    def close(self) -> None:
+        self.lib.rd_kafka_mock_cluster_destroy(self.cluster)
+        self.lib.rd_kafka_destroy(self.handle)
+
+
+@pytest.fixture
+def mock() -> Iterator[MockCluster]:
+    cluster = MockCluster()
+    yield cluster
+    cluster.close()
+
+
+def messages(count: int, topic: str) -> list[ClaimedMessage]:
+    now = dt.datetime.now(dt.UTC)
+    return [
+        ClaimedMessage(n, uuid.uuid4(), "t.e", topic, f'{{"n": {n}}}', {}, "k", 0, now)
+        for n in range(count)
+    ]
+
+
+def transport(mock: MockCluster) -> KafkaTransport:
+    quiet = {"log_level": 0, "message.timeout.ms": 1000, "retry.backoff.ms": 10}
+    return KafkaTransport(mock.url, quiet)
+
+
+def read(mock: MockCluster, topic: str, count: int) -> list[bytes]:
+    """Up to ``count`` values of ``topic``'s partition 0, from its start (10 s at most)."""
+    consumer = Consumer({"bootstrap.servers": mock.url[8:], "group.id": "t", "log_level": 0})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    values: list[bytes] = []
+    for _ in range(20):
+        values += [m.value() for m in consumer.consume(count, timeout=0.5) if m.error() is None]
+        if len(values) >= count:
+            break
+    consumer.close()
+    return values
+
+
+def test_too_few_replicas_for_a_while_is_retried_by_the_producer_in_order(mock):
+    mock.topic("orders")
+    mock.fail_produce(NOT_ENOUGH_REPLICAS, NOT_ENOUGH_REPLICAS)
+    kafka = transport(mock)
+    assert kafka.publish(Route("orders"), messages(5, "orders")) == [None] * 5
+    kafka.close()
+    assert read(mock, "orders", 5) == [f'{{"n": {n}}}'.encode() for n in range(5)]
+
+
+def test_a_topic_the_user_may_not_write_fails_its_records_for_good(mock):
+    mock.topic("orders")
+    mock.fail_produce(TOPIC_AUTHORIZATION_FAILED)
+    outcomes = transport(mock).publish(Route("orders"), messages(1, "orders"))
+    assert [(o.permanent, o.counts, o.outage) for o in outcomes] == [(True, True, False)]
+    assert outcomes[0].error.startswith("KafkaError TOPIC_AUTHORIZATION_FAILED")
+
+
+def test_every_broker_down_is_an_outage_that_spends_no_attempt(mock):
+    mock.topic("orders")
+    kafka = transport(mock)
+    assert kafka.publish(Route("orders"), messages(1, "orders")) == [None]
+    mock.all_down()
+    outcomes = kafka.publish(Route("orders"), messages(3, "orders"))
+    assert [(o.outage, o.counts) for o in outcomes] == [(True, False)] * 3
+    assert outcomes[0].error.startswith("KafkaError _MSG_TIMED_OUT")
+
+
+def test_a_missing_topic_without_partitions_waits_and_names_it(mock):
+    (outcome,) = transport(mock).publish(Route("nowhere"), messages(1, "nowhere"))
+    assert not outcome.counts and not outcome.outage
+    assert outcome.error.startswith("topic 'nowhere' does not exist on kafka://127.0.0.1:")
