@@ -13,7 +13,15 @@ import importlib
 import importlib.util
 from collections.abc import Mapping
 
-from .brokers import CELERY_EXTRA, DRIVERS, Broker
+from .brokers import (
+    CELERY_EXTRA,
+    DRIVERS,
+    NATS_DRIVER,
+    NATS_SCHEMES,
+    Broker,
+    broker_scheme,
+    nats_servers,
+)
 from .passwords import passwords
 from .problems import CHECK_IDS, Problem
 from .redact import mask_url, url_problem
@@ -71,7 +79,10 @@ def broker_problem(url: str, broker: Broker | None = None) -> Problem | None:
     text shows the URL masked, never its password; ``broker`` names the alias of
     ``OUTBOX["BROKERS"]`` it comes from."""
     named = broker.named if broker is not None else ""
-    reason = url_problem(url)
+    if broker_scheme(url) in NATS_SCHEMES:  # a comma-separated list of host:port
+        reason = next(filter(None, map(url_problem, nats_servers(url))), None)
+    else:
+        reason = url_problem(url)
     if reason is not None:
         return Problem(
             CHECK_IDS["malformed_broker"],
@@ -81,6 +92,8 @@ def broker_problem(url: str, broker: Broker | None = None) -> Problem | None:
     from kombu.transport import TRANSPORT_ALIASES
 
     scheme = url.partition("://")[0].partition("+")[0]  # kombu reads sqla+postgresql:// so
+    if scheme.lower() in NATS_SCHEMES:
+        return _missing_nats(url, named)
     if scheme not in TRANSPORT_ALIASES and "." not in scheme:
         return Problem(
             CHECK_IDS["bad_broker"],
@@ -109,6 +122,20 @@ def _malformed_hint(reason: str) -> str:
     return next(
         (hint for start, hint in _MALFORMED_HINTS.items() if reason.startswith(start)),
         _QUOTE_HINT,
+    )
+
+
+def _missing_nats(url: str, named: str) -> Problem | None:
+    """E011 if nats-py, the client of a ``nats://`` broker (not a kombu transport), is
+    not installed."""
+    module, install = NATS_DRIVER
+    if importlib.util.find_spec(module) is not None:
+        return None
+    return Problem(
+        CHECK_IDS["missing_driver"],
+        f"The broker URL {mask_url(url)}{named} is NATS JetStream, whose client nats-py "
+        f"is not installed: pip install {install}",
+        "Install it where the relay runs, or use another broker.",
     )
 
 

@@ -52,6 +52,9 @@ CHECK_IDS = {
     "bad_tasks": "django_outbox.E019",
     "tasks_no_skip_locked": "django_outbox.W006",
     "tasks_no_celery_app": "django_outbox.W007",
+    # NATS JetStream routes (transports.capabilities.broker_shape_problems):
+    "jetstream_not_nats": "django_outbox.E070",
+    "queue_on_nats": "django_outbox.E071",
     # Imported, not installed (apps.check_installed; staging raises the same text):
     "missing_app": "django_outbox.E050",
     # Signed envelopes (signing):

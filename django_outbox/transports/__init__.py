@@ -1,5 +1,5 @@
 """Transports publish claimed messages: kombu (RabbitMQ, Redis, filesystem ...), the
-in-memory transport, Celery.
+in-memory transport, Celery, NATS JetStream (:mod:`.nats`, through nats-py).
 
 The registry maps a broker URL's scheme to the transport class that publishes to
 it, like Django's ``CACHES``/``TASKS`` backends: :data:`REGISTRY` for the schemes
@@ -44,6 +44,7 @@ REGISTRY: dict[str, str] = {
     **dict.fromkeys(("redis", "rediss", "sentinel"), f"{_KOMBU}:RedisTransport"),
     "filesystem": "django_outbox.transports.filesystem:FilesystemTransport",
     "memory": "django_outbox.transports.memory:MemoryTransport",
+    "nats": "django_outbox.transports.nats:NatsTransport",
 }
 #: The transport of every other scheme kombu knows (``sqs``, ``mongodb`` ...).
 KOMBU = f"{_KOMBU}:KombuTransport"

@@ -7,6 +7,7 @@ what a route asks of its broker that the broker cannot do; the settings
 
 from __future__ import annotations
 
+from ..conf.brokers import NATS_SCHEMES
 from ..conf.routes import Route, Shape
 
 #: The schemes of kombu's Redis transport, whose fanout exchanges are PUB/SUB channels.
@@ -21,7 +22,18 @@ def broker_shape_problems(route: Route, broker_scheme: str) -> list[Shape]:
     (nothing for a Celery route, or when the scheme is "", not known)."""
     if route.is_celery:
         return []
+    if broker_scheme in NATS_SCHEMES:
+        return _nats_problems(route, broker_scheme)
     name, exchange = route.destination, route.exchange
+    if route.jetstream is not None and broker_scheme not in ("", "memory"):
+        return [
+            Shape(
+                "jetstream_not_nats",
+                f"Route {name!r} has NATS JetStream keys (subject, stream ...), but its broker "
+                f"is {broker_scheme}://: they would be ignored.",
+                "Route it to a nats:// broker, or drop the JetStream keys.",
+            )
+        ]
     found = []
     elsewhere = broker_scheme and broker_scheme not in AMQP_SCHEMES  # "": not known
     if route.partitions and elsewhere:
@@ -50,6 +62,31 @@ def broker_shape_problems(route: Route, broker_scheme: str) -> list[Shape]:
             )
         )
     return found
+
+
+def _nats_problems(route: Route, broker_scheme: str) -> list[Shape]:
+    """What a route to a NATS JetStream broker asks that JetStream has no use for: a queue,
+    partitions, queue or exchange arguments (its events go to a subject of a stream)."""
+    asked = [
+        key
+        for key, value in (
+            ("queue", route.queue),
+            ("partitions", route.partitions),
+            ("queue_arguments", route.queue_arguments),
+            ("exchange_arguments", route.exchange_arguments),
+        )
+        if value
+    ]
+    if not asked:
+        return []
+    return [
+        Shape(
+            "queue_on_nats",
+            f"Route {route.destination!r} gives {asked}, but its broker is {broker_scheme}:// "
+            "(NATS JetStream), which publishes to a subject of a stream: they would be ignored.",
+            'Give the route "subject" and "stream" (each defaults to the destination) instead.',
+        )
+    ]
 
 
 def _queue_argument_problems(route: Route, broker_scheme: str) -> list[Shape]:
