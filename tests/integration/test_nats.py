@@ -31,6 +31,7 @@ from django_outbox.models import OutboxMessage
 from django_outbox.ops.checks import check_routes
 from tests.support import (
     manage,
+    refused_port,
     run_relay,
     services_output,
     stage_events,
@@ -394,6 +395,22 @@ class Producer(threading.Thread):
         if self.is_alive():
             self.join(timeout=60)
         return self.ids
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cluster_refusing_connections_is_an_outage_that_spends_no_attempt():
+    """Every address of the URL refuses connections: no attempt spent, no password shown."""
+    port = refused_port()
+    url = f"nats://outbox:s3cret-pw@127.0.0.1:{port},127.0.0.1:{port}"
+    stage_events(3, unique_destination("nats"))
+    result = manage(
+        "run_outbox_relay", "--once", BROKER_URL=None, BROKERS={"default": {"URL": url}}
+    )
+    rows = OutboxMessage.objects.values_list("status", "attempts", "last_error")
+    assert {(status, attempts) for status, attempts, _ in rows} == {(Status.FAILED, 0)}
+    errors = {error for _, _, error in rows}
+    assert len(errors) == 1 and "s3cret-pw" not in errors.pop()
+    assert "s3cret-pw" not in result.stderr + result.stdout
 
 
 # -- system checks (no cluster needed) ---------------------------------------------------
