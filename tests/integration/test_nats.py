@@ -444,3 +444,20 @@ def test_a_queue_on_a_nats_broker_is_an_error_and_no_exchange_warning():
                 id="django_outbox.E071",
             )
         ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_outbox_consumer_refuses_a_nats_broker_in_one_line():
+    url = "nats://outbox:s3cret-pw@127.0.0.1:4222"
+    result = manage(
+        "run_outbox_consumer",
+        *("--queue", "orders", "--consumer", "c", "--handler", "tests.testapp.handlers.record"),
+        BROKER_URL=None,
+        BROKERS={"default": {"URL": url}},
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "CommandError: run_outbox_consumer cannot consume from the NATS JetStream broker "
+        "nats://outbox:***@127.0.0.1:4222 yet: read its stream with a JetStream consumer of "
+        "your own and dedupe with process_once() on the event_id header (see docs/nats.md)"
+    )
