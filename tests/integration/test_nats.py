@@ -205,6 +205,27 @@ class TestPublishing:
             f"k{k}": list(range(1, 61)) for k in range(5)
         }
 
+    def test_an_ordered_keys_events_after_a_failed_one_are_not_sent(self, route):
+        """Key a's second event is over max_payload: its third is held back, not sent
+        ahead of it (the stream would hold a's events 1 and 3); key b goes on."""
+        destination, stream, outbox = route
+        outbox["ROUTES"][destination]["ordered"] = True
+        big = {"blob": "x" * (1024 * 1024 + 10)}
+        with override_settings(OUTBOX={**outbox, "MAX_PAYLOAD_BYTES": 4 * 1024 * 1024}):
+            with transaction.atomic():
+                for n, payload in enumerate([{"n": 1}, big, {"n": 3}]):
+                    stage("e", payload, destination=destination, key="a")
+                    stage("e", {"n": n}, destination=destination, key="b")
+        manage("run_outbox_relay", "--once", **outbox)
+        stored_keys = [
+            (m.headers["ordering_key"], int(m.headers["sequence"])) for m in read_stream(stream, 4)
+        ]
+        assert sorted(stored_keys) == [("a", 1), ("b", 1), ("b", 2), ("b", 3)]
+        rows = dict(
+            OutboxMessage.objects.filter(ordering_key="a").values_list("sequence", "status")
+        )
+        assert rows[2] == Status.ABANDONED and rows[3] != Status.PUBLISHED
+
     def test_an_oversize_message_fails_alone(self, route):
         destination, stream, outbox = route
         big = {"blob": "x" * (1024 * 1024 + 10)}  # over nats-server's max_payload (1 MB)
