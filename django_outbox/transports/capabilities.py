@@ -1,7 +1,8 @@
 """What each broker can carry of a route, by its URL's scheme: partition queues and
 queue arguments (queue types, dead-letter exchanges) only on RabbitMQ, fanout on Redis
-only as PUB/SUB. The system checks (:func:`django_outbox.ops.checks.check_routes`) report
-what a route asks of its broker that the broker cannot do; the settings
+only as PUB/SUB, subjects and streams only on NATS JetStream (and no queue there). The
+system checks (:func:`django_outbox.ops.checks.check_routes`) report what a route asks of
+its broker that the broker cannot do; the settings
 (:mod:`django_outbox.conf.routes`) check only what is wrong whatever the broker.
 """
 
