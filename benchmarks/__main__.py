@@ -190,6 +190,7 @@ def _scenarios(
     figures["relay_2proc_ev_per_s"] = two["events_per_s"]
     figures.update(_fairness(profile, amqp, drain))
     figures.update(_redis(profile, redis, drain, profile_dir))
+    figures.update(_nats(profile, drain))
     _step("staging")
     figures.update(scenarios.staging(profile.staging_rounds, profile.stage_many))
     _step(f"claim with 1k and {profile.retained} retained rows")
@@ -326,6 +327,24 @@ def _redis(
         **{f"redis_{k}": v for k, v in pgcost.medians(kept).items()},
         **{f"redis_deleting_{k}": v for k, v in pgcost.medians(deleted).items()},
     }
+
+
+def _nats(profile: Profile, drain: Callable[..., Any]) -> dict[str, Any]:
+    """The relay to NATS JetStream against nats-py alone (:mod:`benchmarks.nats`), when
+    ``OUTBOX_NATS_URL`` names a cluster; nothing otherwise."""
+    from . import nats
+
+    url = os.environ.get("OUTBOX_NATS_URL", "")
+    if not url:
+        _step("NATS: left out (no OUTBOX_NATS_URL: scripts/services nats start)")
+        return {}
+    count = profile.redis_relay
+    _step(f"NATS: {profile.rounds} x (nats-py ceiling, relay), {count} events each")
+    rounds = [
+        (nats.raw_batches(url, count, profile.batch_size), drain(url, count, "nats"))
+        for _ in range(profile.rounds)
+    ]
+    return nats.figures(rounds)
 
 
 def _per_round(name: str, runs: list[dict[str, Any]], bases: list[float]) -> dict[str, Any]:

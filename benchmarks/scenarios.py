@@ -106,6 +106,11 @@ def backlog(count: int, to: str, chunk: int = 2000, *, keys: int = 0, traced: bo
 
 
 def delete_queue(url: str, name: str) -> None:
+    if url.startswith("nats://"):
+        from . import nats
+
+        nats.delete_stream(url, name)
+        return
     with kombu.Connection(url) as broker:
         bound_queue(name)(broker.default_channel).delete()
 

@@ -92,3 +92,18 @@ def kafka_url_problem(url: str) -> str | None:
 
 #: What to install for the Celery routes.
 CELERY_EXTRA = '"django-transactional-outbox[celery]"'
+
+#: The schemes of NATS JetStream brokers (``nats://host:port[,host:port...]``), published
+#: by :mod:`django_outbox.transports.nats` through nats-py, not kombu.
+NATS_SCHEMES = frozenset({"nats"})
+#: What to install for a ``nats://`` broker: (module to import, what to install).
+NATS_DRIVER = ("nats", '"django-transactional-outbox[nats]"')
+
+
+def nats_servers(url: str) -> list[str]:
+    """The server URLs of ``nats://user:password@h1:p1,h2:p2``: each address with the
+    user and password the URL gives once."""
+    scheme, _, rest = url.partition("://")
+    userinfo, at, hosts = rest.rpartition("@")
+    prefix = f"{scheme}://{userinfo}{at}"
+    return [prefix + host.strip().rstrip("/") for host in hosts.split(",")]

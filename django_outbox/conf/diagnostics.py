@@ -13,7 +13,17 @@ import importlib
 import importlib.util
 from collections.abc import Mapping
 
-from .brokers import CELERY_EXTRA, DRIVERS, KAFKA_SCHEME, Broker, broker_scheme, kafka_url_problem
+from .brokers import (
+    CELERY_EXTRA,
+    DRIVERS,
+    KAFKA_SCHEME,
+    NATS_DRIVER,
+    NATS_SCHEMES,
+    Broker,
+    broker_scheme,
+    kafka_url_problem,
+    nats_servers,
+)
 from .passwords import passwords
 from .problems import CHECK_IDS, Problem
 from .redact import mask_url, url_problem
@@ -73,7 +83,10 @@ def broker_problem(url: str, broker: Broker | None = None) -> Problem | None:
     named = broker.named if broker is not None else ""
     if broker_scheme(url) == KAFKA_SCHEME:
         return _kafka_problem(url, named)
-    reason = url_problem(url)
+    if broker_scheme(url) in NATS_SCHEMES:  # a comma-separated list of host:port
+        reason = next(filter(None, map(url_problem, nats_servers(url))), None)
+    else:
+        reason = url_problem(url)
     if reason is not None:
         return Problem(
             CHECK_IDS["malformed_broker"],
@@ -83,6 +96,8 @@ def broker_problem(url: str, broker: Broker | None = None) -> Problem | None:
     from kombu.transport import TRANSPORT_ALIASES
 
     scheme = url.partition("://")[0].partition("+")[0]  # kombu reads sqla+postgresql:// so
+    if scheme.lower() in NATS_SCHEMES:
+        return _missing_nats(url, named)
     if scheme not in TRANSPORT_ALIASES and "." not in scheme:
         return Problem(
             CHECK_IDS["bad_broker"],
@@ -134,6 +149,20 @@ def _malformed_hint(reason: str) -> str:
     return next(
         (hint for start, hint in _MALFORMED_HINTS.items() if reason.startswith(start)),
         _QUOTE_HINT,
+    )
+
+
+def _missing_nats(url: str, named: str) -> Problem | None:
+    """E011 if nats-py, the client of a ``nats://`` broker (not a kombu transport), is
+    not installed."""
+    module, install = NATS_DRIVER
+    if importlib.util.find_spec(module) is not None:
+        return None
+    return Problem(
+        CHECK_IDS["missing_driver"],
+        f"The broker URL {mask_url(url)}{named} is NATS JetStream, whose client nats-py "
+        f"is not installed: pip install {install}",
+        "Install it where the relay runs, or use another broker.",
     )
 
 

@@ -55,6 +55,9 @@ CHECK_IDS = {
     # Kafka routes (transports.capabilities.broker_shape_problems):
     "kafka_keys_elsewhere": "django_outbox.E060",
     "queue_on_kafka": "django_outbox.E061",
+    # NATS JetStream routes (transports.capabilities.broker_shape_problems):
+    "jetstream_not_nats": "django_outbox.E070",
+    "queue_on_nats": "django_outbox.E071",
     # Imported, not installed (apps.check_installed; staging raises the same text):
     "missing_app": "django_outbox.E050",
     # Signed envelopes (signing):

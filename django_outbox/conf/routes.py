@@ -30,6 +30,18 @@ CELERY_KEYS = frozenset({"celery_task"})
 #: Keys any broker route may take that are not names: see :attr:`Route.ordered` and
 #: :attr:`Route.partitions`.
 FLAG_KEYS = frozenset({"ordered", "partitions"})
+#: Keys of a NATS JetStream route (:class:`JetStream`): the subject its events are published
+#: on, the stream that stores them, and how that stream is made when it is missing.
+JETSTREAM_KEYS = frozenset({"subject", "stream", "replicas", "duplicate_window", "create_stream"})
+#: The keys whose values are checked by their own rules, not as strings (the JetStream
+#: keys by the route's JetStream parse: its subject and stream are names NATS takes).
+NOT_STRING_KEYS = ARGUMENT_KEYS | FLAG_KEYS | JETSTREAM_KEYS | {"envelope", *KAFKA_KEYS} - {"topic"}
+#: A JetStream stream name: no white space, ``.``, ``*``, ``>``, path separators.
+STREAM_RE = re.compile(r"[A-Za-z0-9_-]{1,255}")
+#: A NATS subject: tokens of printable characters separated by ``.``, no wildcards.
+SUBJECT_RE = re.compile(r"[^\s.*>]+(\.[^\s.*>]+)*")
+#: The most replicas a JetStream stream may have (NATS's own limit).
+MAX_REPLICAS = 5
 #: A broker route's ``envelope``: how its events go on the wire. ``"outbox"`` is the
 #: outbox's own format (docs/concepts.md); the two others are CloudEvents 1.0
 #: (:mod:`django_outbox.cloudevents`): ``"cloudevents"`` in binary content mode where the
@@ -47,6 +59,28 @@ PARTITION_EXCHANGE_TYPE = "x-consistent-hash"
 QUEUE_TYPES = ("classic", "quorum")
 #: AMQP names (exchange, queue) and routing keys are short strings: at most 255 bytes.
 MAX_NAME_BYTES = 255
+
+
+@dataclasses.dataclass(frozen=True)
+class JetStream:
+    """Where a NATS JetStream route's events go: the ``subject`` they are published on and
+    the ``stream`` that must hold them (each defaults to the destination, the stream's
+    name with every character NATS refuses in it as ``_``). A missing stream is created
+    with ``replicas`` and ``duplicate_window`` (seconds during which the stream drops a
+    message whose ``Nats-Msg-Id`` it has stored) unless ``create_stream`` is False."""
+
+    subject: str = ""
+    stream: str = ""
+    replicas: int = 1
+    duplicate_window: float = 120.0
+    create_stream: bool = True
+
+    def subject_for(self, destination: str) -> str:
+        return self.subject or destination
+
+    def stream_for(self, destination: str) -> str:
+        return self.stream or re.sub(r"[^A-Za-z0-9_-]", "_", destination)
+
 
 #: ``x-`` arguments of a queue or exchange, as sorted ``(name, value)`` pairs (hashable,
 #: so a :class:`Route` can be kept in a set); ``dict(arguments)`` gives them back.
@@ -115,6 +149,10 @@ class Route:
     replication_factor: int = 0
     #: On a Kafka broker, the missing topic's configuration (``retention.ms`` ...).
     topic_config: Arguments = ()
+
+    #: Its NATS JetStream subject and stream (the route's JetStream keys); None when it
+    #: gives none (on a ``nats://`` broker: both the destination's).
+    jetstream: JetStream | None = None
 
     @property
     def is_kafka(self) -> bool:
@@ -234,10 +272,11 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
         lambda: _ordered(name, spec),
         lambda: _partitions(name, spec, ordered),
         lambda: _envelope(name, spec),
+        lambda: _jetstream(name, spec),
         *(
             functools.partial(_check_string, name, key, val)
             for key, val in spec.items()
-            if key not in ARGUMENT_KEYS | FLAG_KEYS | {"envelope", *KAFKA_KEYS} - {"topic"}
+            if key not in NOT_STRING_KEYS
         ),
         lambda: _kafka_options(name, spec),
         lambda: _queue_arguments(name, spec),
@@ -266,7 +305,52 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
         topic=spec.get("topic"),
         replication_factor=spec.get("replication_factor", 0),
         topic_config=_arguments(name, "topic_config", spec.get("topic_config", {})),
+        jetstream=_jetstream(name, spec),
     )
+
+
+def _jetstream(name: str, spec: Mapping[str, object]) -> JetStream | None:
+    """A route's JetStream keys (None when it has none): names NATS takes, never beside an
+    exchange's or a Celery task's keys."""
+    given = JETSTREAM_KEYS.intersection(spec)
+    if not given:
+        return None
+    mixed = sorted(set(spec) & (BROKER_KEYS | CELERY_KEYS | {"partitions"}) - {"broker"})
+    if mixed:
+        raise ValueError(
+            f"route {name!r} mixes NATS JetStream keys {sorted(given)} with {mixed}; a "
+            "JetStream route takes subject, stream and the stream's settings"
+        )
+    subject, stream = spec.get("subject", ""), spec.get("stream", "")
+    if not isinstance(subject, str) or (subject and not SUBJECT_RE.fullmatch(subject)):
+        raise ValueError(
+            f"route {name!r} subject must be a NATS subject without wildcards (tokens "
+            f"separated by '.'); got {subject!r}"
+        )
+    if not isinstance(stream, str) or (stream and not STREAM_RE.fullmatch(stream)):
+        raise ValueError(
+            f"route {name!r} stream must be a JetStream stream name (letters, digits, _ "
+            f"and -); got {stream!r}"
+        )
+    return JetStream(subject, stream, *_stream_settings(name, spec))
+
+
+def _stream_settings(name: str, spec: Mapping[str, object]) -> tuple[int, float, bool]:
+    """A JetStream route's ``replicas``, ``duplicate_window`` and ``create_stream``."""
+    replicas = spec.get("replicas", 1)
+    if isinstance(replicas, bool) or not isinstance(replicas, int):
+        raise ValueError(f"route {name!r} replicas must be a whole number; got {replicas!r}")
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise ValueError(f"route {name!r} replicas must be 1-{MAX_REPLICAS}; got {replicas}")
+    window = spec.get("duplicate_window", 120.0)
+    if isinstance(window, bool) or not isinstance(window, int | float) or window <= 0:
+        raise ValueError(
+            f"route {name!r} duplicate_window must be a positive number of seconds; got {window!r}"
+        )
+    create = spec.get("create_stream", True)
+    if not isinstance(create, bool):
+        raise ValueError(f"route {name!r} create_stream must be True or False; got {create!r}")
+    return replicas, float(window), create
 
 
 def _kafka_options(name: str, spec: Mapping[str, object]) -> None:
@@ -285,7 +369,7 @@ def _check_keys(name: str, spec: Mapping[str, object]) -> None:
     """The keys of route ``name``: known ones (a near miss says which it resembles),
     celery_task not mixed with a broker route's, no empty broker or celery_task."""
     keys = set(spec)
-    known = BROKER_KEYS | CELERY_KEYS | FLAG_KEYS | {"envelope"}
+    known = BROKER_KEYS | CELERY_KEYS | FLAG_KEYS | JETSTREAM_KEYS | {"envelope"}
     unknown = sorted(map(str, keys - known))
     if unknown:
         named = ", ".join(f"{key!r}{did_you_mean(key, known)}" for key in unknown)

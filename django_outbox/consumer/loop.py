@@ -43,6 +43,7 @@ from kombu.mixins import ConsumerMixin
 
 from .. import tracing
 from ..conf import outbox_settings
+from ..conf.brokers import NATS_SCHEMES, broker_scheme
 from ..conf.redact import mask_url
 from ..conf.routes import Route
 from ..exceptions import BrokerUnreachable, OutboxConfigurationError
@@ -378,6 +379,12 @@ def _broker_for(
             transport_options = dict(chosen.options)
     if transport_options is None:
         transport_options = outbox_settings.BROKER_TRANSPORT_OPTIONS
+    if broker_scheme(url) in NATS_SCHEMES:
+        raise OutboxConfigurationError(
+            f"run_outbox_consumer cannot consume from the NATS JetStream broker "
+            f"{mask_url(url)} yet: read its stream with a JetStream consumer of your own and "
+            "dedupe with process_once() on the event_id header (see docs/nats.md)"
+        )
     return outbox_settings.require_broker_url(url), transport_options
 
 

@@ -1,9 +1,10 @@
 """System checks: ``django_outbox.E001``-``E007`` (``E006`` with ``check --deploy``),
 ``E010``, ``E011``, ``E013``-``E016``, ``E035`` and ``E036`` for settings
 (``OUTBOX["BROKERS"]`` and the routes' broker aliases, and the signing keys, among them),
-``E008``, ``E009``, ``E017``, ``E018``, ``W002`` and ``W003`` for route shapes, ``W001``
-for databases, ``W004`` for Celery routes without publisher confirms, and each broker's
-transport's own (``E012`` and ``W005`` for the folders of a ``filesystem://`` broker).
+``E008``, ``E009``, ``E017``, ``E018``, ``E070``, ``E071``, ``W002`` and ``W003`` for
+route shapes, ``W001`` for databases, ``W004`` for Celery routes without publisher
+confirms, and each broker's transport's own (``E012`` and ``W005`` for the folders of a
+``filesystem://`` broker).
 ``E050`` (imported, not installed) lives in :mod:`django_outbox.apps`, which runs without
 the app.
 
@@ -19,6 +20,7 @@ from django.db import connections, router
 
 from .. import db
 from ..conf import CHECK_IDS, KAFKA_SCHEME, broker_problem, celery_problem, outbox_settings
+from ..conf.brokers import NATS_SCHEMES
 from ..conf.routes import shape_problems
 from ..exceptions import OutboxConfigurationError
 from ..transports import transport_class
@@ -58,9 +60,11 @@ def check_routes(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
     for route in routes.values():
         broker = brokers.get(route.broker)
         scheme = broker.scheme if broker is not None else ""
-        # A Kafka route has no exchange nor queue: their shapes are moot there.
-        shapes = [] if scheme == KAFKA_SCHEME else shape_problems(route)
-        for shape in shapes + broker_shape_problems(route, scheme):
+        # A Kafka route has no exchange nor queue, a JetStream route a subject and a
+        # stream: an exchange's shapes are moot there (theirs are the broker's shapes).
+        moot = scheme == KAFKA_SCHEME or scheme in NATS_SCHEMES or route.jetstream
+        general = [] if moot else shape_problems(route)
+        for shape in general + broker_shape_problems(route, scheme):
             check_id = CHECK_IDS[shape.kind]
             level = checks.Error if check_id.startswith("django_outbox.E") else checks.Warning
             found.append(level(shape.msg, hint=shape.hint, id=check_id))

@@ -1,5 +1,6 @@
 """Transports publish claimed messages: kombu (RabbitMQ, Redis, filesystem ...), Kafka
-(confluent-kafka), the in-memory transport, Celery.
+(confluent-kafka), NATS JetStream (:mod:`.nats`, through nats-py), the in-memory
+transport, Celery.
 
 The registry maps a broker URL's scheme to the transport class that publishes to
 it, like Django's ``CACHES``/``TASKS`` backends: :data:`REGISTRY` for the schemes
@@ -45,6 +46,7 @@ REGISTRY: dict[str, str] = {
     "filesystem": "django_outbox.transports.filesystem:FilesystemTransport",
     "kafka": "django_outbox.transports.kafka:KafkaTransport",
     "memory": "django_outbox.transports.memory:MemoryTransport",
+    "nats": "django_outbox.transports.nats:NatsTransport",
 }
 #: The transport of every other scheme kombu knows (``sqs``, ``mongodb`` ...).
 KOMBU = f"{_KOMBU}:KombuTransport"

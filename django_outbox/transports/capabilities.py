@@ -1,13 +1,15 @@
 """What each broker can carry of a route, by its URL's scheme: partition queues and
 queue arguments (queue types, dead-letter exchanges) only on RabbitMQ, fanout on Redis
-only as PUB/SUB. The system checks (:func:`django_outbox.ops.checks.check_routes`) report
-what a route asks of its broker that the broker cannot do; the settings
+only as PUB/SUB, subjects and streams only on NATS JetStream (and no queue there). The
+system checks (:func:`django_outbox.ops.checks.check_routes`) report what a route asks of
+its broker that the broker cannot do; the settings
 (:mod:`django_outbox.conf.routes`) check only what is wrong whatever the broker.
 """
 
 from __future__ import annotations
 
 from ..conf import KAFKA_SCHEME
+from ..conf.brokers import NATS_SCHEMES
 from ..conf.routes import Route, Shape
 
 #: The schemes of kombu's Redis transport, whose fanout exchanges are PUB/SUB channels.
@@ -24,7 +26,18 @@ def broker_shape_problems(route: Route, broker_scheme: str) -> list[Shape]:
         return []
     if broker_scheme == KAFKA_SCHEME or route.is_kafka:
         return _kafka_problems(route, broker_scheme)
+    if broker_scheme in NATS_SCHEMES:
+        return _nats_problems(route, broker_scheme)
     name, exchange = route.destination, route.exchange
+    if route.jetstream is not None and broker_scheme not in ("", "memory"):
+        return [
+            Shape(
+                "jetstream_not_nats",
+                f"Route {name!r} has NATS JetStream keys (subject, stream ...), but its broker "
+                f"is {broker_scheme}://: they would be ignored.",
+                "Route it to a nats:// broker, or drop the JetStream keys.",
+            )
+        ]
     found = []
     elsewhere = broker_scheme and broker_scheme not in AMQP_SCHEMES  # "": not known
     if route.partitions and elsewhere:
@@ -80,6 +93,31 @@ def _kafka_problems(route: Route, broker_scheme: str) -> list[Shape]:
             )
         ]
     return []
+
+
+def _nats_problems(route: Route, broker_scheme: str) -> list[Shape]:
+    """What a route to a NATS JetStream broker asks that JetStream has no use for: a queue,
+    partitions, queue or exchange arguments (its events go to a subject of a stream)."""
+    asked = [
+        key
+        for key, value in (
+            ("queue", route.queue),
+            ("partitions", route.partitions),
+            ("queue_arguments", route.queue_arguments),
+            ("exchange_arguments", route.exchange_arguments),
+        )
+        if value
+    ]
+    if not asked:
+        return []
+    return [
+        Shape(
+            "queue_on_nats",
+            f"Route {route.destination!r} gives {asked}, but its broker is {broker_scheme}:// "
+            "(NATS JetStream), which publishes to a subject of a stream: they would be ignored.",
+            'Give the route "subject" and "stream" (each defaults to the destination) instead.',
+        )
+    ]
 
 
 def _queue_argument_problems(route: Route, broker_scheme: str) -> list[Shape]:

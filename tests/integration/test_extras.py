@@ -1,7 +1,7 @@
-"""Celery, Redis and Kafka are optional extras: in a fresh virtualenv with this package and
-its core dependencies only (no celery, no redis, no confluent-kafka), the package imports, the
-relay runs, and a Celery route, a redis:// or a kafka:// URL is refused with the pip extra to
-install.
+"""Celery, Redis, Kafka and NATS are optional extras: in a fresh virtualenv with this package
+and its core dependencies only (no celery, no redis, no confluent-kafka, no nats-py), the
+package imports, the relay runs, and a Celery route, a redis://, a kafka:// or a nats:// URL
+is refused with the pip extra to install.
 
 A real venv, real pip, real subprocesses: slow (about a minute), and it needs the
 package index that pip is configured with (or pip's cache).
@@ -151,3 +151,13 @@ def test_inboxtask_without_celery_names_the_extra(venv):
         "ImportError: django_outbox.celery requires the celery package: "
         'pip install "django-transactional-outbox[celery]"'
     )
+
+
+def test_a_nats_url_without_nats_py_is_a_check_error_naming_the_extra(venv):
+    result = run_in(venv, "-m", "django", "check", BROKER="nats://u:secret@127.0.0.1:4222,h2:4222")
+    assert result.returncode == 1
+    assert (
+        "?: (django_outbox.E011) The broker URL nats://u:***@127.0.0.1:4222,h2:4222 is NATS "
+        "JetStream, whose client nats-py is not installed: pip install "
+        '"django-transactional-outbox[nats]"\n'
+    ) in result.stderr

@@ -1,0 +1,484 @@
+"""NATS JetStream (issue 45, the publishing half) on the real three-node cluster
+(``scripts/services nats start``; scripts/test starts it for this layer's disrupting
+chain): what arrives is read back with nats-py's own JetStream pull subscriber, not with
+code of this project.
+
+The relay runs as a subprocess (``run_outbox_relay``) and is killed for real; the
+cluster's nodes are killed with SIGKILL and stopped with SIGSTOP (to hold the PubAcks of
+a batch back while the test takes its row locks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import signal
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core import checks
+from django.db import connection, connections, transaction
+from django.test import override_settings
+
+from django_outbox import stage
+from django_outbox.models import OutboxMessage
+from django_outbox.ops.checks import check_routes
+from tests.support import (
+    manage,
+    refused_port,
+    run_relay,
+    services_output,
+    stage_events,
+    start_relay,
+    stop,
+    unique_destination,
+    wait_until,
+)
+
+NATS_URL = os.environ.get("OUTBOX_NATS_URL", "")
+SERVERS = [f"nats://{host}" for host in NATS_URL.removeprefix("nats://").split(",")]
+nats = pytest.importorskip("nats", reason="nats-py is not installed (the [nats] extra)")
+
+live = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.disrupts,
+    pytest.mark.skipif(
+        not NATS_URL,
+        reason="no NATS cluster: run scripts/services nats start and export its env "
+        "(scripts/test does)",
+    ),
+]
+
+Status = OutboxMessage.Status
+
+
+# -- reading the stream with nats-py (a client nobody here wrote) ------------------------
+
+
+def read_stream(stream: str, expected: int, timeout: float = 20) -> list[Any]:
+    """Every message of ``stream`` (at least ``expected`` are awaited), through a pull
+    consumer of nats-py's, each acked."""
+
+    async def read() -> list[Any]:
+        nc = await nats.connect(SERVERS, connect_timeout=2)
+        try:
+            js = nc.jetstream()
+            sub = await js.pull_subscribe(
+                ">", durable=f"reader-{uuid.uuid4().hex[:8]}", stream=stream
+            )
+            got: list[Any] = []
+            deadline = asyncio.get_running_loop().time() + timeout
+            while asyncio.get_running_loop().time() < deadline:
+                try:
+                    batch = await sub.fetch(500, timeout=1)
+                except TimeoutError:  # (nats-py raises asyncio.TimeoutError too)
+                    if len(got) >= expected:
+                        break
+                    continue
+                for message in batch:
+                    await message.ack()
+                got += batch
+            return got
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def stream_info(stream: str) -> Any:
+    async def info() -> Any:
+        nc = await nats.connect(SERVERS, connect_timeout=2)
+        try:
+            return await nc.jetstream().stream_info(stream)
+        finally:
+            await nc.close()
+
+    return asyncio.run(info())
+
+
+def stored(stream: str) -> int:
+    try:
+        return stream_info(stream).state.messages
+    except Exception:  # a stream not there yet, or a leader being elected
+        return -1
+
+
+# -- the cluster -----------------------------------------------------------------------
+
+
+def node_pids() -> dict[int, int]:
+    """The running nodes (1-3) and their PIDs, from ``scripts/services nats status``."""
+    lines = services_output("nats", "status").splitlines()
+    return {
+        int(line.split()[2].rstrip(":")): int(line.split()[5])
+        for line in lines
+        if ": running" in line
+    }
+
+
+@contextlib.contextmanager
+def nodes_stopped() -> Iterator[None]:
+    """Every node SIGSTOPped (its connections open, nothing answered) until the block ends."""
+    pids = list(node_pids().values())
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+
+
+@pytest.fixture
+def route() -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """A destination with a stream of three replicas of its own, and the relay's OUTBOX."""
+    destination = unique_destination("nats")
+    stream = destination.replace("-", "_").upper()
+    outbox = {
+        "BROKER_URL": None,
+        "BROKERS": {"default": {"URL": NATS_URL}},
+        "ROUTES": {
+            destination: {"subject": f"outbox.{destination}", "stream": stream, "replicas": 3}
+        },
+        "RETRY_BASE_DELAY": 0.2,
+        "RETRY_MAX_DELAY": 1,
+        "POLL_INTERVAL": 0.2,
+    }
+    yield destination, stream, outbox
+    assert sorted(node_pids()) == [1, 2, 3], "the test left a node stopped"
+
+
+def statuses() -> collections.Counter[str]:
+    return collections.Counter(OutboxMessage.objects.values_list("status", flat=True))
+
+
+# -- tests -----------------------------------------------------------------------------
+
+
+class TestPublishing:
+    pytestmark = live
+
+    def test_ids_headers_and_payload_arrive(self, route):
+        destination, stream, outbox = route
+        with transaction.atomic():
+            first = stage(
+                "order.placed",
+                {"order": 1, "total": "9.50"},
+                destination=destination,
+                key="order-1",
+                headers={"tenant": "acme", "attempt": 2},
+            )
+        ids = [str(first.event_id), *stage_events(4, destination)]
+        run_relay("--drain", **outbox)
+        assert statuses() == {Status.PUBLISHED: 5}
+
+        received = read_stream(stream, 5)
+        assert [m.headers["Nats-Msg-Id"] for m in received] == ids
+        head = received[0]
+        assert json.loads(head.data) == {"order": 1, "total": "9.50"}
+        assert head.subject == f"outbox.{destination}"
+        assert head.headers["event_id"] == ids[0]
+        assert head.headers["event_type"] == "order.placed"
+        assert head.headers["ordering_key"] == "order-1"
+        assert head.headers["correlation_id"] == ids[0]
+        assert head.headers["tenant"] == "acme"
+        assert head.headers["attempt"] == "2"
+        assert head.headers["occurred_at"] == first.created_at.isoformat()
+        assert stream_info(stream).config.num_replicas == 3  # created with the route's settings
+
+    def test_an_ordered_route_keeps_each_keys_sequence_in_the_stream(self, route):
+        destination, stream, outbox = route
+        outbox["ROUTES"][destination]["ordered"] = True
+        with override_settings(OUTBOX={**outbox, "ROUTES": outbox["ROUTES"]}):
+            stage_events(300, destination, keys=5)
+        run_relay("--drain", "--batch-size", "64", **outbox)
+        by_key = collections.defaultdict(list)
+        for message in read_stream(stream, 300):
+            by_key[message.headers["ordering_key"]].append(int(message.headers["sequence"]))
+        assert {key: seqs for key, seqs in by_key.items()} == {
+            f"k{k}": list(range(1, 61)) for k in range(5)
+        }
+
+    def test_an_ordered_keys_events_after_a_failed_one_are_not_sent(self, route):
+        """Key a's second event is over max_payload: its third is held back, not sent
+        ahead of it (the stream would hold a's events 1 and 3); key b goes on."""
+        destination, stream, outbox = route
+        outbox["ROUTES"][destination]["ordered"] = True
+        big = {"blob": "x" * (1024 * 1024 + 10)}
+        with override_settings(OUTBOX={**outbox, "MAX_PAYLOAD_BYTES": 4 * 1024 * 1024}):
+            with transaction.atomic():
+                for n, payload in enumerate([{"n": 1}, big, {"n": 3}]):
+                    stage("e", payload, destination=destination, key="a")
+                    stage("e", {"n": n}, destination=destination, key="b")
+        manage("run_outbox_relay", "--once", **outbox)
+        stored_keys = [
+            (m.headers["ordering_key"], int(m.headers["sequence"])) for m in read_stream(stream, 4)
+        ]
+        assert sorted(stored_keys) == [("a", 1), ("b", 1), ("b", 2), ("b", 3)]
+        rows = dict(
+            OutboxMessage.objects.filter(ordering_key="a").values_list("sequence", "status")
+        )
+        assert rows[2] == Status.ABANDONED and rows[3] != Status.PUBLISHED
+
+    def test_an_oversize_message_fails_alone(self, route):
+        destination, stream, outbox = route
+        big = {"blob": "x" * (1024 * 1024 + 10)}  # over nats-server's max_payload (1 MB)
+        with override_settings(OUTBOX={**outbox, "MAX_PAYLOAD_BYTES": 4 * 1024 * 1024}):
+            small = stage_events(1, destination)
+            with transaction.atomic():
+                huge = stage("blob", big, destination=destination)
+            small += stage_events(1, destination)
+        result = manage("run_outbox_relay", "--drain", **outbox)
+        assert result.returncode == 1  # --drain: a row failed
+        row = OutboxMessage.objects.get(pk=huge.pk)
+        assert row.status == Status.ABANDONED
+        assert row.last_error.startswith("MaxPayloadError: the message"), row.last_error
+        assert [m.headers["Nats-Msg-Id"] for m in read_stream(stream, 2)] == small
+
+    def test_a_missing_stream_the_route_may_not_create_waits_without_an_attempt(self, route):
+        destination, stream, outbox = route
+        outbox["ROUTES"][destination]["create_stream"] = False
+        stage_events(2, destination)
+        result = manage("run_outbox_relay", "--once", **outbox)
+        assert (
+            f"JetStream stream {stream!r} of route {destination!r} does not exist" in result.stderr
+        )
+        assert set(OutboxMessage.objects.values_list("status", "attempts")) == {(Status.FAILED, 0)}
+
+
+class TestFaults:
+    pytestmark = live
+
+    def test_a_relay_killed_between_publish_and_mark_leaves_no_duplicate(self, route):
+        """The batch's PubAcks are held back (every node SIGSTOPped) until the test has
+        locked its claimed rows; then the acks come, the relay's mark waits on the lock,
+        and the relay is SIGKILLed there (its database session ended with it). A second
+        relay takes the rows over when their lease ends and publishes them again: the
+        stream drops them (Nats-Msg-Id)."""
+        destination, stream, outbox = route
+        outbox["LEASE_SECONDS"] = 9  # PubAcks awaited 3 s; the rows reclaimable after 9 s
+        stage_events(1, destination)
+        relay = start_relay(**outbox)
+        try:
+            wait_until(lambda: statuses() == {Status.PUBLISHED: 1}, timeout=30, what="warm-up")
+            OutboxMessage.objects.all().delete()
+            locker = connections.create_connection("default")
+            try:
+                with nodes_stopped():
+                    ids = stage_events(50, destination)
+                    wait_until(
+                        lambda: statuses() == {Status.PROCESSING: 50},
+                        timeout=2,
+                        interval=0.02,
+                        what="the batch claimed",
+                    )
+                    locker.set_autocommit(False)
+                    with locker.cursor() as cursor:
+                        cursor.execute(
+                            f"SELECT id FROM {OutboxMessage._meta.db_table} "
+                            "WHERE status = %s FOR SHARE",
+                            [Status.PROCESSING],
+                        )
+                        assert len(cursor.fetchall()) == 50
+                # The acks come: the stream holds the batch, the relay's mark waits on the lock.
+                wait_until(lambda: stored(stream) == 51, timeout=20, what="the batch stored")
+                wait_until(mark_waiting, timeout=20, what="the mark blocked")
+                relay.send_signal(signal.SIGKILL)
+                relay.communicate(timeout=30)  # (closes its pipes)
+                # Its session would finish the waiting UPDATE (and commit it) once the lock
+                # is released: PostgreSQL notices a client gone only when it writes to it.
+                assert terminate_waiting_marks() == 1
+            finally:
+                locker.rollback()
+                locker.close()
+            assert statuses() == {Status.PROCESSING: 50}  # published, never marked
+        finally:
+            if relay.poll() is None:
+                stop(relay)
+        again = start_relay(**outbox)
+        try:
+            wait_until(lambda: statuses() == {Status.PUBLISHED: 50}, timeout=60, what="republished")
+        finally:
+            code, out, err = stop(again)
+        assert code == 0, (out, err)
+        assert stored(stream) == 51, "the stream dropped every message it had (Nats-Msg-Id)"
+        assert OutboxMessage.objects.filter(attempts__gt=0).count() == 0
+        received = [m.headers["Nats-Msg-Id"] for m in read_stream(stream, 51)][1:]
+        assert received == ids
+
+    @pytest.mark.slow
+    def test_a_node_killed_while_publishing_loses_nothing(self, route):
+        destination, stream, outbox = route
+        outbox["MAX_ATTEMPTS"] = 1000
+        producer = Producer(destination)
+        relay = start_relay(**outbox)
+        try:
+            producer.start()
+            wait_until(lambda: stored(stream) >= 200, timeout=60, what="publishing under way")
+            leader = stream_info(stream).cluster.leader  # "n1" .. "n3"
+            victim = int(leader.removeprefix("n"))
+            os.kill(node_pids()[victim], signal.SIGKILL)
+            try:
+                at = published()
+                wait_until(lambda: published() >= at + 300, timeout=60, what="publishing resumed")
+            finally:
+                services_output("nats", "start-node", str(victim), timeout=120)
+            ids = producer.stop()
+            wait_until(lambda: published() == len(ids), timeout=120, what="every event published")
+        finally:
+            producer.stop()
+            code, _out, err = stop(relay)
+            print(err)
+        assert code == 0, err
+        received = collections.Counter(
+            m.headers["Nats-Msg-Id"] for m in read_stream(stream, len(ids))
+        )
+        assert set(received) == set(ids), "every committed event is in the stream"
+        assert sum(received.values()) == len(ids), "and none twice"
+        print(
+            f"nats: {len(ids)} events through a SIGKILLed stream leader ({leader}), "
+            "0 lost, 0 duplicated"
+        )
+
+    def test_the_whole_cluster_down_is_an_outage_that_spends_no_attempt(self, route):
+        destination, stream, outbox = route
+        outbox["LEASE_SECONDS"] = 6  # PubAcks awaited 2 s
+        stage_events(1, destination)
+        relay = start_relay(**outbox)
+        try:
+            wait_until(lambda: statuses() == {Status.PUBLISHED: 1}, timeout=30, what="warm-up")
+            with nodes_stopped():
+                ids = stage_events(20, destination)
+                wait_until(
+                    lambda: statuses().get(Status.FAILED) == 20, timeout=30, what="the batch failed"
+                )
+                assert OutboxMessage.objects.filter(attempts__gt=0).count() == 0
+            wait_until(lambda: statuses() == {Status.PUBLISHED: 21}, timeout=60, what="published")
+        finally:
+            code, _out, err = stop(relay)
+        assert code == 0, err
+        assert "unreachable" in err or "broker_down" in err or "down" in err, err
+        assert OutboxMessage.objects.filter(attempts__gt=0).count() == 0
+        assert [m.headers["Nats-Msg-Id"] for m in read_stream(stream, 21)][1:] == ids
+
+
+def terminate_waiting_marks() -> int:
+    """End the sessions whose UPDATE of the outbox waits for a lock; how many."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE wait_event_type = 'Lock' AND query ILIKE %s",
+            [f"UPDATE%{OutboxMessage._meta.db_table}%"],
+        )
+        return cursor.fetchone()[0]
+
+
+def mark_waiting() -> bool:
+    """Whether a session (the relay's) waits for a lock in an UPDATE of the outbox."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query ILIKE %s",
+            [f"UPDATE%{OutboxMessage._meta.db_table}%"],
+        )
+        return cursor.fetchone()[0] > 0
+
+
+def published() -> int:
+    return OutboxMessage.objects.filter(status=Status.PUBLISHED).count()
+
+
+class Producer(threading.Thread):
+    """Commits events to ``destination`` (chunks of 20, about every 50 ms) until stopped."""
+
+    def __init__(self, destination: str) -> None:
+        super().__init__(daemon=True)
+        self.destination = destination
+        self.ids: list[str] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.done.is_set():
+                self.ids += stage_events(20, self.destination)
+                self.done.wait(0.05)
+        finally:
+            connection.close()
+
+    def stop(self) -> list[str]:
+        self.done.set()
+        if self.is_alive():
+            self.join(timeout=60)
+        return self.ids
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cluster_refusing_connections_is_an_outage_that_spends_no_attempt():
+    """Every address of the URL refuses connections: no attempt spent, no password shown."""
+    port = refused_port()
+    url = f"nats://outbox:s3cret-pw@127.0.0.1:{port},127.0.0.1:{port}"
+    stage_events(3, unique_destination("nats"))
+    result = manage(
+        "run_outbox_relay", "--once", BROKER_URL=None, BROKERS={"default": {"URL": url}}
+    )
+    rows = OutboxMessage.objects.values_list("status", "attempts", "last_error")
+    assert {(status, attempts) for status, attempts, _ in rows} == {(Status.FAILED, 0)}
+    errors = {error for _, _, error in rows}
+    assert len(errors) == 1 and "s3cret-pw" not in errors.pop()
+    assert "s3cret-pw" not in result.stderr + result.stdout
+
+
+# -- system checks (no cluster needed) ---------------------------------------------------
+
+
+def test_jetstream_keys_on_a_rabbitmq_broker_are_an_error():
+    outbox = {
+        "BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//",
+        "ROUTES": {"o": {"subject": "o.x"}},
+    }
+    with override_settings(OUTBOX=outbox):
+        assert check_routes() == [
+            checks.Error(
+                "Route 'o' has NATS JetStream keys (subject, stream ...), but its broker is "
+                "amqp://: they would be ignored.",
+                hint="Route it to a nats:// broker, or drop the JetStream keys.",
+                id="django_outbox.E070",
+            )
+        ]
+
+
+def test_a_queue_on_a_nats_broker_is_an_error_and_no_exchange_warning():
+    outbox = {"BROKER_URL": "nats://127.0.0.1:4222", "ROUTES": {"o": {"queue": "q"}, "p": {}}}
+    with override_settings(OUTBOX=outbox):
+        assert check_routes() == [
+            checks.Error(
+                "Route 'o' gives ['queue'], but its broker is nats:// (NATS JetStream), which "
+                "publishes to a subject of a stream: they would be ignored.",
+                hint='Give the route "subject" and "stream" (each defaults to the destination) '
+                "instead.",
+                id="django_outbox.E071",
+            )
+        ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_outbox_consumer_refuses_a_nats_broker_in_one_line():
+    url = "nats://outbox:s3cret-pw@127.0.0.1:4222"
+    result = manage(
+        "run_outbox_consumer",
+        *("--queue", "orders", "--consumer", "c", "--handler", "tests.testapp.handlers.record"),
+        BROKER_URL=None,
+        BROKERS={"default": {"URL": url}},
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "CommandError: run_outbox_consumer cannot consume from the NATS JetStream broker "
+        "nats://outbox:***@127.0.0.1:4222 yet: read its stream with a JetStream consumer of "
+        "your own and dedupe with process_once() on the event_id header (see docs/nats.md)"
+    )
