@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import collections
 import os
-import threading
 
 import kombu
 import pytest
-from django.db import connection
 
 from django_outbox.models import OutboxMessage
 from tests.support import (
+    Producer,
     consume,
     delete_queue,
     services_output,
@@ -108,31 +107,6 @@ def quorum_route():
     yield destination, outbox
     assert sorted(running_nodes()) == [1, 2, 3], "the test left a node stopped"
     delete_queue(destination, url=CLUSTER_URL)
-
-
-class Producer(threading.Thread):
-    """Commits events to ``destination`` (chunks of 25, about every 100 ms) until stopped,
-    so that the relay is publishing whenever the fault lands."""
-
-    def __init__(self, destination: str) -> None:
-        super().__init__(daemon=True)
-        self.destination = destination
-        self.ids: list[str] = []
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        try:
-            while not self.done.is_set():
-                self.ids += stage_events(25, self.destination)
-                self.done.wait(0.1)
-        finally:
-            connection.close()
-
-    def stop(self) -> list[str]:
-        self.done.set()
-        if self.is_alive():
-            self.join(timeout=60)
-        return self.ids
 
 
 def test_the_leader_node_stops_and_starts_while_the_relay_publishes(quorum_route):

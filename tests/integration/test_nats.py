@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import signal
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -30,6 +29,7 @@ from django_outbox import stage
 from django_outbox.models import OutboxMessage
 from django_outbox.ops.checks import check_routes
 from tests.support import (
+    Producer,
     manage,
     refused_port,
     run_relay,
@@ -316,7 +316,7 @@ class TestFaults:
     def test_a_node_killed_while_publishing_loses_nothing(self, route):
         destination, stream, outbox = route
         outbox["MAX_ATTEMPTS"] = 1000
-        producer = Producer(destination)
+        producer = Producer(destination, chunk=20, every=0.05)
         relay = start_relay(**outbox)
         try:
             producer.start()
@@ -392,30 +392,6 @@ def mark_waiting() -> bool:
 
 def published() -> int:
     return OutboxMessage.objects.filter(status=Status.PUBLISHED).count()
-
-
-class Producer(threading.Thread):
-    """Commits events to ``destination`` (chunks of 20, about every 50 ms) until stopped."""
-
-    def __init__(self, destination: str) -> None:
-        super().__init__(daemon=True)
-        self.destination = destination
-        self.ids: list[str] = []
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        try:
-            while not self.done.is_set():
-                self.ids += stage_events(20, self.destination)
-                self.done.wait(0.05)
-        finally:
-            connection.close()
-
-    def stop(self) -> list[str]:
-        self.done.set()
-        if self.is_alive():
-            self.join(timeout=60)
-        return self.ids
 
 
 @pytest.mark.django_db(transaction=True)

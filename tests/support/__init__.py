@@ -41,6 +41,7 @@ from tests.support.processes import (
 )
 from tests.support.rows import (
     TASKS_REQUIRING_TRANSACTION,
+    Producer,
     minute_with_time_left,
     stage_events,
     status_counts,
@@ -63,6 +64,7 @@ __all__ = [
     "REDIS_URL",
     "REPO",
     "TASKS_REQUIRING_TRANSACTION",
+    "Producer",
     "broker_connection",
     "confirming_celery_queue",
     "consume",

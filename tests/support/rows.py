@@ -4,10 +4,11 @@ counted per state, the database clock's minute, and TASKS that require a transac
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 import uuid
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from django_outbox import stage_many
 from django_outbox.db import database_now
@@ -67,3 +68,29 @@ TASKS_REQUIRING_TRANSACTION = {
         "OPTIONS": {"REQUIRE_TRANSACTION": True},
     }
 }
+
+
+class Producer(threading.Thread):
+    """Commits ``chunk`` events to ``destination`` every ``every`` seconds or so until
+    stopped, so that a relay is publishing whenever a test's fault lands."""
+
+    def __init__(self, destination: str, chunk: int = 25, every: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.destination, self.chunk, self.every = destination, chunk, every
+        self.ids: list[str] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.done.is_set():
+                self.ids += stage_events(self.chunk, self.destination)
+                self.done.wait(self.every)
+        finally:
+            connection.close()
+
+    def stop(self) -> list[str]:
+        """Stop committing; the ids of every event committed."""
+        self.done.set()
+        if self.is_alive():
+            self.join(timeout=60)
+        return self.ids
