@@ -96,8 +96,10 @@ def messages(count: int, topic: str) -> list[ClaimedMessage]:
     ]
 
 
-def transport(mock: MockCluster) -> KafkaTransport:
-    quiet = {"log_level": 0, "message.timeout.ms": 1000, "retry.backoff.ms": 10}
+def transport(mock: MockCluster, timeout_ms: int = 15_000) -> KafkaTransport:
+    """A transport whose records time out after ``timeout_ms``: long where a record must
+    be delivered (a busy machine's mock can take seconds), short where it must time out."""
+    quiet = {"log_level": 0, "message.timeout.ms": timeout_ms, "retry.backoff.ms": 10}
     return KafkaTransport(mock.url, quiet)
 
 
@@ -133,7 +135,7 @@ def test_a_topic_the_user_may_not_write_fails_its_records_for_good(mock):
 
 def test_every_broker_down_is_an_outage_that_spends_no_attempt(mock):
     mock.topic("orders")
-    kafka = transport(mock)
+    kafka = transport(mock, timeout_ms=3000)
     assert kafka.publish(Route("orders"), messages(1, "orders")) == [None]
     mock.all_down()
     outcomes = kafka.publish(Route("orders"), messages(3, "orders"))
