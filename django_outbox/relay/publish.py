@@ -137,10 +137,10 @@ class Publisher:
         if not all(type(message.headers) is dict for message in batch):
             publish = functools.partial(self._publish_route, route, outages=outages)
             return _refusing_malformed(batch, publish)
-        _note_default_route(route)
         # No broker for the route raises OutboxConfigurationError: the relay
         # cannot run as configured.
         transport = self.transport(route)
+        _note_default_route(route, transport)
         with tracing.sending(route.destination, self._span_attributes(route), batch) as span:
             try:
                 results = transport.publish(route, batch)
@@ -212,21 +212,21 @@ def _no_route(destination: str) -> Failure:
     )
 
 
-def _note_default_route(route: Route) -> None:
+def _note_default_route(route: Route, transport: Transport) -> None:
     """Log, once per process, the first publish of a destination ``ROUTES`` does not
-    name. The default route declares a queue of that name, so a typo (``"order"`` for
-    ``"orders"``) would otherwise fill a queue nobody reads without a word."""
+    name. The default route declares a queue of that name (a topic, a subject), so a
+    typo (``"order"`` for ``"orders"``) would otherwise fill one nobody reads without a
+    word."""
     name = route.destination
     if name in _DEFAULT_ROUTED or route.is_celery or name in outbox_settings.ROUTES:
         return
     _DEFAULT_ROUTED.add(name)
     logger.warning(
-        "destination %r is not in OUTBOX['ROUTES']: the default route publishes it to queue "
-        "%r (exchange %r); if that is a typo, no consumer reads it. Name your destinations in "
-        "ROUTES and set OUTBOX['DEFAULT_ROUTE'] = False to refuse unknown ones at stage time",
+        "destination %r is not in OUTBOX['ROUTES']: the default route publishes it to %s; "
+        "if that is a typo, no consumer reads it. Name your destinations in ROUTES and set "
+        "OUTBOX['DEFAULT_ROUTE'] = False to refuse unknown ones at stage time",
         name,
-        route.queue,
-        route.exchange,
+        transport.target(route),
         extra={"action": "outbox.default_route", "destination": name},
     )
 

@@ -125,6 +125,11 @@ class Transport(abc.ABC):
         """Publish ``messages`` (all of ``route``) in order; one outcome each. The
         messages are the relay's record of its claim: read them, never change them."""
 
+    def target(self, route: Route) -> str:
+        """Where ``route``'s messages go, as a log line names it: ``queue 'orders'
+        (exchange 'outbox')`` on the brokers with exchanges and queues."""
+        return f"queue {route.queue!r} (exchange {route.exchange!r})"
+
     @classmethod
     def problems(cls, broker: Broker) -> list[Problem]:
         """What keeps ``broker`` from working with this transport, found without

@@ -173,6 +173,9 @@ class KafkaTransport(Transport):
             self._admin = AdminClient(admin)
         return self._producer
 
+    def target(self, route: Route) -> str:
+        return f"topic {route.topic_name!r}"
+
     def check(self) -> None:
         """Read the cluster's metadata (any broker answering); :class:`BrokerUnreachable`
         naming the broker when none does."""

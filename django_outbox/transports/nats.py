@@ -183,6 +183,13 @@ class NatsTransport(Transport):
             extra={"action": "outbox.nats_client_error"},
         )
 
+    def target(self, route: Route) -> str:
+        jetstream = route.jetstream or JetStream()
+        subject, stream = (
+            f(route.destination) for f in (jetstream.subject_for, jetstream.stream_for)
+        )
+        return f"subject {subject!r} (stream {stream!r})"
+
     def check(self) -> None:
         """Connect (once) and have JetStream answer an account info request."""
         try:
