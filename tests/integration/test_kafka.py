@@ -265,7 +265,6 @@ def test_too_few_in_sync_replicas_is_an_outage_that_spends_no_attempt():
                 relay.run_once()
             waiting = OutboxMessage.objects.exclude(status=Status.PUBLISHED)
             assert {(row.status, row.attempts) for row in waiting} == {(Status.FAILED, 0)}
-            print(waiting[0].last_error)
             assert "KafkaError" in waiting[0].last_error
         finally:
             kafka("start-node", "3")
