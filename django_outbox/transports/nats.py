@@ -266,37 +266,45 @@ class NatsTransport(Transport):
         return encoded
 
     async def _ensure_stream(self, route: Route, jetstream: JetStream) -> None:
-        """Make sure the route's stream exists (once per connection): create it with the
-        route's settings when it is missing, or raise :class:`StreamRefused`."""
-        from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
+        """Make sure the route's stream exists (once per connection) and takes the
+        route's subject: create it with the route's settings when it is missing, or
+        raise :class:`StreamRefused`."""
+        from nats.js.errors import NotFoundError
 
         stream = jetstream.stream_for(route.destination)
         if stream in self._streams:
             return
         try:
-            await self._js.stream_info(stream)
+            info = await self._js.stream_info(stream)
         except NotFoundError:
-            if not jetstream.create_stream:
-                raise StreamRefused(
-                    f"JetStream stream {stream!r} of route {route.destination!r} does not "
-                    "exist and the route has create_stream False: create it, or let the "
-                    "relay do it"
-                ) from None
-            try:
-                await self._js.add_stream(
-                    name=stream,
-                    subjects=[jetstream.subject_for(route.destination)],
-                    num_replicas=jetstream.replicas,
-                    duplicate_window=jetstream.duplicate_window,
-                )
-            except ServiceUnavailableError:
-                raise
-            except APIError as exc:
-                raise StreamRefused(
-                    f"JetStream refused to create stream {stream!r} of route "
-                    f"{route.destination!r}: {exc.description or exc}"
-                ) from exc
+            await self._create_stream(route, jetstream, stream)
+        else:
+            _require_subject(route, stream, jetstream, info.config.subjects or [])
         self._streams.add(stream)
+
+    async def _create_stream(self, route: Route, jetstream: JetStream, stream: str) -> None:
+        from nats.js.errors import APIError, ServiceUnavailableError
+
+        if not jetstream.create_stream:
+            raise StreamRefused(
+                f"JetStream stream {stream!r} of route {route.destination!r} does not "
+                "exist and the route has create_stream False: create it, or let the "
+                "relay do it"
+            )
+        try:
+            await self._js.add_stream(
+                name=stream,
+                subjects=[jetstream.subject_for(route.destination)],
+                num_replicas=jetstream.replicas,
+                duplicate_window=jetstream.duplicate_window,
+            )
+        except ServiceUnavailableError:
+            raise
+        except APIError as exc:
+            raise StreamRefused(
+                f"JetStream refused to create stream {stream!r} of route "
+                f"{route.destination!r}: {exc.description or exc}"
+            ) from exc
 
     async def _publish_chains(
         self, subject: str, stream: str, chains: list[list[tuple[int, bytes, dict[str, str]]]]
@@ -383,6 +391,32 @@ class NatsTransport(Transport):
 def outage(exc: BaseException) -> Failure:
     """The outcome of a message the cluster did not answer for: no attempt counted."""
     return Failure.broker_down(f"{type(exc).__name__}: {exc}")
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """Whether a stream subject ``pattern`` takes ``subject``, as NATS matches them:
+    tokens split on ``.``, ``*`` standing for one token, a last ``>`` for one or more."""
+    tokens, wanted = pattern.split("."), subject.split(".")
+    for place, token in enumerate(tokens):
+        if token == ">" and place == len(tokens) - 1:
+            return len(wanted) > place
+        if place >= len(wanted) or token not in ("*", wanted[place]):
+            return False
+    return len(tokens) == len(wanted)
+
+
+def _require_subject(
+    route: Route, stream: str, jetstream: JetStream, subjects: Sequence[str]
+) -> None:
+    """:class:`StreamRefused` when none of an existing stream's ``subjects`` takes the
+    route's subject: its messages would find no stream (no responders) forever."""
+    subject = jetstream.subject_for(route.destination)
+    if not any(subject_matches(pattern, subject) for pattern in subjects):
+        raise StreamRefused(
+            f"JetStream stream {stream!r} of route {route.destination!r} takes subjects "
+            f"{list(subjects)}, not the route's subject {subject!r}: add it to the stream's "
+            "subjects, or give the route a stream that takes it"
+        )
 
 
 def _chains(

@@ -28,6 +28,8 @@ from django.test import override_settings
 from django_outbox import stage
 from django_outbox.models import OutboxMessage
 from django_outbox.ops.checks import check_routes
+from django_outbox.transports.nats import subject_matches
+
 from tests.support import (
     Producer,
     manage,
@@ -100,6 +102,17 @@ def stream_info(stream: str) -> Any:
             await nc.close()
 
     return asyncio.run(info())
+
+
+def create_stream(stream: str, subjects: list[str]) -> None:
+    async def create() -> None:
+        nc = await nats.connect(SERVERS, connect_timeout=2)
+        try:
+            await nc.jetstream().add_stream(name=stream, subjects=subjects, num_replicas=3)
+        finally:
+            await nc.close()
+
+    asyncio.run(create())
 
 
 def stored(stream: str) -> int:
@@ -250,6 +263,28 @@ class TestPublishing:
             f"JetStream stream {stream!r} of route {destination!r} does not exist" in result.stderr
         )
         assert set(OutboxMessage.objects.values_list("status", "attempts")) == {(Status.FAILED, 0)}
+
+    def test_a_stream_that_does_not_take_the_routes_subject_waits_with_an_error(self, route):
+        """The stream exists with other subjects (a wildcard that misses the route's): the
+        rows wait without an attempt and the relay says why, not a silent outage."""
+        destination, stream, outbox = route
+        subjects = [f"{stream}.*", f"{stream}.a.>", f"{destination}.*"]
+        create_stream(stream, subjects)
+        stage_events(2, destination)
+        result = manage("run_outbox_relay", "--once", **outbox)
+        assert (
+            f"JetStream stream {stream!r} of route {destination!r} takes subjects "
+            f"{subjects}, not the route's subject 'outbox.{destination}'" in result.stderr
+        ), result.stderr
+        assert set(OutboxMessage.objects.values_list("status", "attempts")) == {(Status.FAILED, 0)}
+
+    def test_a_stream_whose_wildcard_takes_the_routes_subject_is_used(self, route):
+        destination, stream, outbox = route
+        outbox["ROUTES"][destination]["subject"] = f"{stream}.events"
+        create_stream(stream, [f"{stream}.*"])
+        ids = stage_events(2, destination)
+        run_relay("--drain", **outbox)
+        assert [m.headers["Nats-Msg-Id"] for m in read_stream(stream, 2)] == ids
 
 
 class TestFaults:
@@ -458,3 +493,20 @@ def test_run_outbox_consumer_refuses_a_nats_broker_in_one_line():
         "nats://outbox:***@127.0.0.1:4222 yet: read its stream with a JetStream consumer of "
         "your own and dedupe with process_once() on the event_id header (see docs/nats.md)"
     )
+
+
+@pytest.mark.parametrize(
+    "pattern, subject, takes",
+    [
+        ("orders", "orders", True),
+        ("orders.*", "orders.eu", True),
+        ("orders.*", "orders.eu.x", False),
+        ("orders.>", "orders.eu.x", True),
+        ("orders.>", "orders", False),
+        ("*.eu", "orders.eu", True),
+        ("orders", "orders.eu", False),
+        ("orders.eu", "orders", False),
+    ],
+)
+def test_a_streams_subjects_match_as_nats_matches_them(pattern, subject, takes):
+    assert subject_matches(pattern, subject) is takes
