@@ -24,20 +24,15 @@ def broker_shape_problems(route: Route, broker_scheme: str) -> list[Shape]:
     (nothing for a Celery route, or when the scheme is "", not known)."""
     if route.is_celery:
         return []
+    if route.jetstream is not None and broker_scheme == KAFKA_SCHEME:
+        return [_jetstream_elsewhere(route, broker_scheme)]
     if broker_scheme == KAFKA_SCHEME or route.is_kafka:
         return _kafka_problems(route, broker_scheme)
     if broker_scheme in NATS_SCHEMES:
         return _nats_problems(route, broker_scheme)
     name, exchange = route.destination, route.exchange
     if route.jetstream is not None and broker_scheme not in ("", "memory"):
-        return [
-            Shape(
-                "jetstream_not_nats",
-                f"Route {name!r} has NATS JetStream keys (subject, stream ...), but its broker "
-                f"is {broker_scheme}://: they would be ignored.",
-                "Route it to a nats:// broker, or drop the JetStream keys.",
-            )
-        ]
+        return [_jetstream_elsewhere(route, broker_scheme)]
     found = []
     elsewhere = broker_scheme and broker_scheme not in AMQP_SCHEMES  # "": not known
     if route.partitions and elsewhere:
@@ -66,6 +61,16 @@ def broker_shape_problems(route: Route, broker_scheme: str) -> list[Shape]:
             )
         )
     return found
+
+
+def _jetstream_elsewhere(route: Route, broker_scheme: str) -> Shape:
+    """E070: a route with NATS JetStream keys whose broker is not NATS."""
+    return Shape(
+        "jetstream_not_nats",
+        f"Route {route.destination!r} has NATS JetStream keys (subject, stream ...), but its "
+        f"broker is {broker_scheme}://: they would be ignored.",
+        "Route it to a nats:// broker, or drop the JetStream keys.",
+    )
 
 
 def _kafka_problems(route: Route, broker_scheme: str) -> list[Shape]:

@@ -464,6 +464,19 @@ def test_jetstream_keys_on_a_rabbitmq_broker_are_an_error():
         ]
 
 
+def test_jetstream_keys_on_a_kafka_broker_are_an_error():
+    outbox = {"BROKER_URL": "kafka://127.0.0.1:9092", "ROUTES": {"o": {"stream": "O"}}}
+    with override_settings(OUTBOX=outbox):
+        assert check_routes() == [
+            checks.Error(
+                "Route 'o' has NATS JetStream keys (subject, stream ...), but its broker is "
+                "kafka://: they would be ignored.",
+                hint="Route it to a nats:// broker, or drop the JetStream keys.",
+                id="django_outbox.E070",
+            )
+        ]
+
+
 def test_a_queue_on_a_nats_broker_is_an_error_and_no_exchange_warning():
     outbox = {"BROKER_URL": "nats://127.0.0.1:4222", "ROUTES": {"o": {"queue": "q"}, "p": {}}}
     with override_settings(OUTBOX=outbox):
