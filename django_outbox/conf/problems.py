@@ -58,6 +58,8 @@ CHECK_IDS = {
     # NATS JetStream routes (transports.capabilities.broker_shape_problems):
     "jetstream_not_nats": "django_outbox.E070",
     "queue_on_nats": "django_outbox.E071",
+    # A NATS broker's OPTIONS (transports.nats.NatsTransport.problems, checks.check_brokers):
+    "nats_options": "django_outbox.E072",
     # Imported, not installed (apps.check_installed; staging raises the same text):
     "missing_app": "django_outbox.E050",
     # Signed envelopes (signing):

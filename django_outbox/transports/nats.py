@@ -19,13 +19,19 @@ later, :func:`~django_outbox.relay.batch._held_back`). Keys go concurrently.
 What fails how: a cluster that cannot be reached, a PubAck that does not come in time, a
 stream without a leader (no quorum) are outages (no attempt counted, DESIGN 2.8); a
 message the server or the client refuses for itself (over ``max_payload``, no stream for
-its subject, a header NATS cannot carry) fails alone, with its reason.
+its subject, a header NATS cannot carry) fails alone, with its reason. Each publish has
+one deadline (:func:`~.confirms.lease_confirm_timeout`) for connecting, the stream check
+and its PubAcks: what is not acknowledged by then is an outage. Errors other than nats-py's
+connection and timeout errors are bugs: they leave :meth:`NatsTransport.publish`, and the
+relay logs them and counts an attempt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import inspect
 import json
 import logging
 import threading
@@ -34,13 +40,13 @@ from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .. import cloudevents
-from ..conf import Broker, Problem, outbox_settings
+from ..conf import CHECK_IDS, Broker, Problem, outbox_settings
 from ..conf.brokers import nats_servers
 from ..conf.redact import SecretFilter, mask_url
 from ..conf.routes import JetStream, Route
 from ..envelope import ClaimedMessage
 from ..exceptions import BrokerUnreachable
-from .base import Failure, Outcome, Transport
+from .base import MAX_ERROR_LENGTH, Failure, Outcome, Transport
 from .confirms import lease_confirm_timeout
 
 logger = logging.getLogger(__name__)
@@ -48,8 +54,9 @@ logger.addFilter(SecretFilter(outbox_settings.redact))
 
 T = TypeVar("T")
 
-#: Seconds to connect to one server of the list.
-CONNECT_TIMEOUT = 2.0
+#: Seconds to connect to one server of the list (nats-py's ``connect_timeout``; the
+#: kombu transports' ``connection.CONNECT_TIMEOUT`` is another budget).
+SERVER_CONNECT_TIMEOUT = 2.0
 #: Seconds until the rows of a route whose stream is missing (and may not be created) or
 #: cannot be created are due again: a configuration error, no attempt counted.
 STREAM_RETRY_DELAY = 30.0
@@ -61,8 +68,22 @@ RESERVED_PREFIX = "nats-"
 
 
 class StreamRefused(Exception):
-    """A route's stream is missing and may not be created, or the server refused to
-    create it: a configuration error (no attempt counted)."""
+    """A route's stream is missing and may not be created, the server refused to
+    create it, or it does not take the route's subject: a configuration error (no
+    attempt counted)."""
+
+
+class OptionsRefused(StreamRefused):
+    """The broker's ``OPTIONS`` hold a keyword nats-py's ``connect()`` does not take:
+    a configuration error too (:meth:`NatsTransport.problems` reports it at start-up)."""
+
+
+def cluster_errors() -> tuple[type[BaseException], ...]:
+    """What nats-py raises when the cluster cannot be reached or does not answer in
+    time: an outage. Anything else is a bug or a configuration error."""
+    import nats.errors
+
+    return (nats.errors.Error, asyncio.TimeoutError, TimeoutError, OSError)
 
 
 class EventLoop:
@@ -71,10 +92,21 @@ class EventLoop:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self.loop.run_forever, name="django_outbox.nats", daemon=True
-        )
+        self._thread = threading.Thread(target=self._serve, name="django_outbox.nats", daemon=True)
         self._thread.start()
+
+    def _serve(self) -> None:
+        """Run the loop until :meth:`stop`; then cancel the tasks left on it (a connect
+        cut short, the client's reader), give them a moment to finish, and close it."""
+        try:
+            self.loop.run_forever()
+        finally:
+            tasks = asyncio.all_tasks(self.loop)
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                self.loop.run_until_complete(asyncio.wait(tasks, timeout=SERVER_CONNECT_TIMEOUT))
+            self.loop.close()
 
     def run(self, coroutine: Coroutine[Any, Any, T], timeout: float) -> T:
         """``coroutine``'s result; :class:`TimeoutError` (and the coroutine cancelled)
@@ -87,10 +119,19 @@ class EventLoop:
             raise TimeoutError(f"no answer from the NATS cluster within {timeout:g}s") from None
 
     def stop(self) -> None:
+        """Stop the loop and wait a moment for its thread to close it. A loop stuck in a
+        call that never returns (blocking code on it) cannot be stopped from outside:
+        its thread, a daemon, is left with the loop and its sockets, and closes them if
+        the call ever returns; a WARNING says so."""
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=CONNECT_TIMEOUT)
-        if not self._thread.is_alive():
-            self.loop.close()
+        self._thread.join(timeout=SERVER_CONNECT_TIMEOUT * 2)
+        if self._thread.is_alive():
+            logger.warning(
+                "a NATS event loop did not stop within %gs: its thread is left behind "
+                "and closes the loop if it ever returns",
+                SERVER_CONNECT_TIMEOUT * 2,
+                extra={"action": "outbox.nats_loop_stuck"},
+            )
 
 
 def nats_headers(message: ClaimedMessage, wire: cloudevents.Wire) -> dict[str, str]:
@@ -145,7 +186,7 @@ class NatsTransport(Transport):
 
     @classmethod
     def problems(cls, broker: Broker) -> list[Problem]:
-        return []
+        return options_problems(broker)
 
     # -- connection -----------------------------------------------------------------
 
@@ -153,15 +194,17 @@ class NatsTransport(Transport):
         assert self._loop is not None
         return self._loop.run(coroutine, timeout)
 
-    def _connect(self) -> None:
-        if self._nc is not None and not self._nc.is_closed:
+    def _connect(self, timeout: float) -> None:
+        """Connect unless connected, in ``timeout`` seconds at most. The client is kept
+        from the start, so that :meth:`close` closes its socket when connecting fails."""
+        if self._js is not None and not self._nc.is_closed:
             return
         self.close()
-        import nats
+        from nats.aio.client import Client
 
         self._loop = EventLoop()
         options = {
-            "connect_timeout": CONNECT_TIMEOUT,
+            "connect_timeout": SERVER_CONNECT_TIMEOUT,
             "reconnect_time_wait": 0.5,
             # A few reconnections (a node that stopped: the next one of the list), then
             # the connection closes and the relay's outage backoff takes over.
@@ -170,9 +213,15 @@ class NatsTransport(Transport):
             "error_cb": self._error,
             **self._options,
         }
-        server_list = nats_servers(self._url)
-        timeout = CONNECT_TIMEOUT * 3 * len(server_list) + 1
-        self._nc = self._run(nats.connect(server_list, **options), timeout)
+        client = Client()
+        try:
+            connecting = client.connect(nats_servers(self._url), **options)
+        except TypeError as exc:  # a keyword of OPTIONS connect() does not take
+            raise OptionsRefused(
+                f"broker {self.alias or 'default'!r}: its OPTIONS are not nats-py's: {exc}"
+            ) from None
+        self._nc = client
+        self._run(connecting, timeout)
         self._js = self._nc.jetstream(timeout=self._ack_timeout)
 
     async def _error(self, exc: Exception) -> None:
@@ -192,10 +241,11 @@ class NatsTransport(Transport):
 
     def check(self) -> None:
         """Connect (once) and have JetStream answer an account info request."""
+        down: tuple[type[BaseException], ...] = (*cluster_errors(), OptionsRefused)
         try:
-            self._connect()
+            self._connect(SERVER_CONNECT_TIMEOUT * 3 * len(nats_servers(self._url)) + 1)
             self._run(self._js.account_info(), self._ack_timeout + 1)
-        except Exception as exc:
+        except down as exc:
             self.close()
             raise BrokerUnreachable(
                 f"broker {self.alias or 'default'!r} ({mask_url(self._url)}): "
@@ -211,59 +261,61 @@ class NatsTransport(Transport):
             return
         if nc is not None and not nc.is_closed:
             try:
-                loop.run(nc.close(), CONNECT_TIMEOUT)
-            except Exception:  # the connection is already broken; nothing to save
+                loop.run(nc.close(), SERVER_CONNECT_TIMEOUT)
+            except cluster_errors():  # the connection is already broken; nothing to save
                 logger.debug("error closing a NATS connection", exc_info=True)
         loop.stop()
 
     # -- publishing -----------------------------------------------------------------
 
     def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+        """Publish ``messages`` within one deadline, :func:`lease_confirm_timeout` from
+        now (connecting, the stream check and every chain of PubAcks): a message not
+        acknowledged by then is an outage (no attempt)."""
+        deadline = time.monotonic() + self._ack_timeout
         jetstream = route.jetstream or JetStream()
-        stream = jetstream.stream_for(route.destination)
         outcomes: list[Outcome] = [None] * len(messages)
-        encoded = self._encode(route, messages, outcomes)
+        encoded = _encode(route, messages, outcomes)
         try:
-            self._connect()
-            self._run(self._ensure_stream(route, jetstream), self._ack_timeout + 1)
+            self._connect(_left(deadline))
+            self._run(self._ensure_stream(route, jetstream), _left(deadline))
         except StreamRefused as exc:
             self._log_refusal(route, str(exc))
             return [Failure.not_attempted(str(exc), STREAM_RETRY_DELAY)] * len(messages)
-        except Exception as exc:  # nothing sent: the cluster is out of reach
+        except cluster_errors() as exc:  # nothing sent: the cluster is out of reach
             self.close()
             return [outage(exc)] * len(messages)
-        subject = jetstream.subject_for(route.destination)
         chains = _chains(messages, encoded, outcomes, ordered=route.ordered)
-        try:
-            results = self._run(
-                self._publish_chains(subject, stream, chains), self._ack_timeout * 2 + 1
-            )
-        except Exception as exc:  # the loop itself gave up: every outcome unknown
-            self.close()
-            return [outage(exc) if o is None else o for o in outcomes]
-        for index, result in results.items():
-            outcomes[index] = result
-        if any(isinstance(o, Failure) and o.outage for o in outcomes):
-            self._streams.discard(stream)  # asked again next time (a leader may be new)
+        results = self._publish_within(route, jetstream, chains, deadline)
+        late = outage(TimeoutError(f"no PubAck within the publish's {self._ack_timeout:g}s"))
+        for index, outcome in enumerate(outcomes):
+            if outcome is None:
+                outcomes[index] = results.get(index, late)
         return outcomes
 
-    def _encode(
-        self, route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
-    ) -> dict[int, tuple[bytes, dict[str, str]]]:
-        """Each message's body and headers by its index; a message that cannot be
-        encoded gets a permanent failure in ``outcomes``."""
-        envelope = route.envelope or outbox_settings.DEFAULT_ENVELOPE
-        if envelope == cloudevents.BINARY:  # no binary binding for NATS: structured
-            envelope = cloudevents.STRUCTURED
-        source = outbox_settings.CLOUDEVENTS_SOURCE
-        encoded = {}
-        for index, message in enumerate(messages):
-            try:
-                wire = cloudevents.wire(message, envelope, source)
-                encoded[index] = (wire.body, nats_headers(message, wire))
-            except (TypeError, ValueError, UnicodeError) as exc:
-                outcomes[index] = Failure.from_exception(exc, permanent=True)
-        return encoded
+    def _publish_within(
+        self,
+        route: Route,
+        jetstream: JetStream,
+        chains: list[list[tuple[int, bytes, dict[str, str]]]],
+        deadline: float,
+    ) -> dict[int, Outcome]:
+        """The outcomes of the messages of ``chains`` acknowledged (or refused) by
+        ``deadline``; the others are left out."""
+        subject = jetstream.subject_for(route.destination)
+        stream = jetstream.stream_for(route.destination)
+        results: dict[int, Outcome] = {}
+        chained = self._publish_chains(subject, stream, chains, results)
+        try:
+            # The loop stops waiting at the deadline; this thread a second later, when
+            # the loop itself is stuck.
+            self._run(_until(chained, _left(deadline)), _left(deadline) + 1)
+        except TimeoutError:  # the loop itself gave up: the outcomes not in are unknown
+            self.close()
+        outcomes = dict(results)  # (taken now: a stuck loop may still write to it)
+        if any(isinstance(o, Failure) and o.outage for o in outcomes.values()):
+            self._streams.discard(stream)  # asked again next time (a leader may be new)
+        return outcomes
 
     async def _ensure_stream(self, route: Route, jetstream: JetStream) -> None:
         """Make sure the route's stream exists (once per connection) and takes the
@@ -307,13 +359,16 @@ class NatsTransport(Transport):
             ) from exc
 
     async def _publish_chains(
-        self, subject: str, stream: str, chains: list[list[tuple[int, bytes, dict[str, str]]]]
-    ) -> dict[int, Outcome]:
+        self,
+        subject: str,
+        stream: str,
+        chains: list[list[tuple[int, bytes, dict[str, str]]]],
+        results: dict[int, Outcome],
+    ) -> None:
         """Publish each chain (a key's messages, or an unordered message alone) one
-        message after the other, the chains concurrently; every message's outcome."""
-        results: dict[int, Outcome] = {}
+        message after the other, the chains concurrently; each message's outcome into
+        ``results`` as it comes."""
         await asyncio.gather(*(self._chain(subject, stream, c, results) for c in chains))
-        return results
 
     async def _chain(
         self,
@@ -351,7 +406,8 @@ class NatsTransport(Transport):
         except ServiceUnavailableError as exc:  # 503: JetStream without a leader
             return outage(exc)
         except APIError as exc:  # the stream refused this message for itself
-            return Failure(f"JetStream refused the message: {exc.description or exc}"[:2000])
+            error = f"JetStream refused the message: {exc.description or exc}"
+            return Failure(error[:MAX_ERROR_LENGTH])
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             return outage(exc)
         return None
@@ -369,7 +425,7 @@ class NatsTransport(Transport):
                 f"no JetStream stream takes subject {subject!r} (stream {stream!r} is gone)",
                 kind="unroutable",
             )
-        except Exception as exc:  # (the probe is best effort: an outage)
+        except cluster_errors() as exc:  # (the probe is best effort: an outage)
             return outage(exc)
         return outage(TimeoutError(f"stream {stream!r} did not answer (no leader?)"))
 
@@ -386,6 +442,58 @@ class NatsTransport(Transport):
             STREAM_RETRY_DELAY,
             extra={"action": "outbox.stream_refused", "destination": route.destination},
         )
+
+
+def options_problems(broker: Broker) -> list[Problem]:
+    """E072: keys of ``OPTIONS`` that nats-py's ``connect()`` does not take (without
+    nats-py, E011 says what to install)."""
+    try:
+        from nats.aio.client import Client
+    except ImportError:
+        return []
+    taken = set(inspect.signature(Client.connect).parameters) - {"self", "servers"}
+    unknown = sorted(set(broker.options) - taken)
+    if not unknown:
+        return []
+    return [
+        Problem(
+            CHECK_IDS["nats_options"],
+            f"{broker.options_setting} gives {unknown}, which nats-py's connect() does "
+            "not take: the relay could not connect to this NATS broker.",
+            "Give only keyword arguments of nats.connect() there (tls, user_credentials, "
+            "token, ...), or drop them.",
+        )
+    ]
+
+
+def _encode(
+    route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
+) -> dict[int, tuple[bytes, dict[str, str]]]:
+    """Each message's body and headers by its index; a message that cannot be
+    encoded gets a permanent failure in ``outcomes``."""
+    envelope = route.envelope or outbox_settings.DEFAULT_ENVELOPE
+    if envelope == cloudevents.BINARY:  # no binary binding for NATS: structured
+        envelope = cloudevents.STRUCTURED
+    source = outbox_settings.CLOUDEVENTS_SOURCE
+    encoded = {}
+    for index, message in enumerate(messages):
+        try:
+            wire = cloudevents.wire(message, envelope, source)
+            encoded[index] = (wire.body, nats_headers(message, wire))
+        except (TypeError, ValueError, UnicodeError) as exc:
+            outcomes[index] = Failure.from_exception(exc, permanent=True)
+    return encoded
+
+
+def _left(deadline: float) -> float:
+    """Seconds until ``deadline`` (monotonic), at least 0."""
+    return max(0.0, deadline - time.monotonic())
+
+
+async def _until(coroutine: Coroutine[Any, Any, None], timeout: float) -> None:
+    """Await ``coroutine`` for ``timeout`` seconds at most, then cancel it."""
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(coroutine, timeout)
 
 
 def outage(exc: BaseException) -> Failure:

@@ -16,6 +16,8 @@ import contextlib
 import json
 import os
 import signal
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -26,12 +28,14 @@ from django.db import connection, connections, transaction
 from django.test import override_settings
 
 from django_outbox import stage
+from django_outbox.conf import outbox_settings
+from django_outbox.conf.routes import Route
 from django_outbox.models import OutboxMessage
-from django_outbox.ops.checks import check_routes
-from django_outbox.transports.nats import subject_matches
-
+from django_outbox.ops.checks import check_brokers, check_routes
+from django_outbox.transports.nats import EventLoop, NatsTransport, subject_matches
 from tests.support import (
     Producer,
+    claimed_message,
     manage,
     refused_port,
     run_relay,
@@ -102,6 +106,12 @@ def stream_info(stream: str) -> Any:
             await nc.close()
 
     return asyncio.run(info())
+
+
+def route_for(destination: str) -> Route:
+    found = outbox_settings.route_for(destination)
+    assert found is not None
+    return found
 
 
 def create_stream(stream: str, subjects: list[str]) -> None:
@@ -402,6 +412,43 @@ class TestFaults:
         assert OutboxMessage.objects.filter(attempts__gt=0).count() == 0
         assert [m.headers["Nats-Msg-Id"] for m in read_stream(stream, 21)][1:] == ids
 
+    def test_a_publish_gives_up_within_the_leases_confirm_budget(self, route):
+        """Every node SIGSTOPped before the transport connects (a connection accepted,
+        never answered): the publish gives the batch up as an outage at its deadline,
+        2 s here, where connecting alone could take 2 s per server and attempt (19 s at
+        most). The bound asserted leaves the machine 3 s of slack over the 2 s."""
+        destination, _stream, outbox = route
+        with override_settings(OUTBOX=outbox):
+            transport = NatsTransport(NATS_URL, alias="default", ack_timeout=2)
+            messages = [claimed_message(n, destination) for n in range(3)]
+            try:
+                with nodes_stopped():
+                    started = time.monotonic()
+                    outcomes = transport.publish(route_for(destination), messages)
+                    took = time.monotonic() - started
+            finally:
+                transport.close()
+        assert [(o.outage, o.counts) for o in outcomes] == [(True, False)] * 3, outcomes
+        assert took < 5, f"the publish took {took:.1f}s, its budget is 2s"
+
+    def test_an_error_nats_py_does_not_raise_for_the_cluster_is_a_bug_not_an_outage(self, route):
+        """A bug cannot be made to order: a subclass stands in for one, raising where the
+        stream is checked. It leaves publish() (the relay logs it with its traceback and
+        counts an attempt), where it was an outage, retried forever without a word."""
+        destination, _stream, outbox = route
+
+        class Buggy(NatsTransport):
+            async def _ensure_stream(self, route: Route, jetstream: Any) -> None:
+                raise KeyError("a bug")
+
+        with override_settings(OUTBOX=outbox):
+            transport = Buggy(NATS_URL, alias="default")
+            try:
+                with pytest.raises(KeyError, match="a bug"):
+                    transport.publish(route_for(destination), [claimed_message(1, destination)])
+            finally:
+                transport.close()
+
 
 def terminate_waiting_marks() -> int:
     """End the sessions whose UPDATE of the outbox waits for a lock; how many."""
@@ -491,6 +538,43 @@ def test_a_queue_on_a_nats_broker_is_an_error_and_no_exchange_warning():
         ]
 
 
+def test_options_nats_py_does_not_take_are_an_error():
+    outbox = {
+        "BROKER_URL": None,
+        "BROKERS": {"events": {"URL": "nats://127.0.0.1:4222", "OPTIONS": {"tls_hostnme": "x"}}},
+    }
+    with override_settings(OUTBOX=outbox):
+        assert check_brokers() == [
+            checks.Error(
+                'OUTBOX["BROKERS"]["events"]["OPTIONS"] gives [\'tls_hostnme\'], which '
+                "nats-py's connect() does not take: the relay could not connect to this NATS "
+                "broker.",
+                hint="Give only keyword arguments of nats.connect() there (tls, "
+                "user_credentials, token, ...), or drop them.",
+                id="django_outbox.E072",
+            )
+        ]
+
+
+def test_a_relay_given_options_nats_py_does_not_take_keeps_the_rows_waiting(caplog):
+    """The checks skipped: the rows wait (no attempt, not an outage either), and the
+    ERROR names the option, where TypeError was an outage retried every second."""
+    outbox = {
+        "BROKER_URL": None,
+        "BROKERS": {"default": {"URL": f"nats://127.0.0.1:{refused_port()}"}},
+    }
+    with override_settings(OUTBOX=outbox):
+        transport = NatsTransport(outbox["BROKERS"]["default"]["URL"], {"tls_hostnme": "x"})
+        try:
+            outcomes = transport.publish(route_for("o"), [claimed_message(1, "o")])
+        finally:
+            transport.close()
+    [outcome] = outcomes
+    assert (outcome.counts, outcome.outage) == (False, False), outcome
+    assert "tls_hostnme" in outcome.error
+    assert "tls_hostnme" in caplog.text
+
+
 @pytest.mark.django_db(transaction=True)
 def test_run_outbox_consumer_refuses_a_nats_broker_in_one_line():
     url = "nats://outbox:s3cret-pw@127.0.0.1:4222"
@@ -523,3 +607,26 @@ def test_run_outbox_consumer_refuses_a_nats_broker_in_one_line():
 )
 def test_a_streams_subjects_match_as_nats_matches_them(pattern, subject, takes):
     assert subject_matches(pattern, subject) is takes
+
+
+def test_a_hung_event_loop_is_closed_with_its_tasks_cancelled_once_it_returns(caplog):
+    """stop() comes while a blocking call holds the loop: its thread is left behind (a
+    WARNING says so); once the call returns, the thread cancels the loop's tasks and
+    closes the loop, where a stop that gave up on the thread left both open."""
+    event_loop = EventLoop()
+    release = threading.Event()
+    waiting = event_loop.run(_task_waiting_forever(), timeout=5)
+    event_loop.loop.call_soon_threadsafe(release.wait)  # the loop hangs here
+    try:
+        event_loop.stop()
+        assert event_loop._thread.is_alive()
+        assert "a NATS event loop did not stop" in caplog.text
+    finally:
+        release.set()
+    event_loop._thread.join(timeout=10)
+    assert not event_loop._thread.is_alive()
+    assert event_loop.loop.is_closed() and waiting.cancelled()
+
+
+async def _task_waiting_forever() -> asyncio.Task[None]:
+    return asyncio.get_running_loop().create_task(asyncio.sleep(3600))

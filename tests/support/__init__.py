@@ -42,6 +42,7 @@ from tests.support.processes import (
 from tests.support.rows import (
     TASKS_REQUIRING_TRANSACTION,
     Producer,
+    claimed_message,
     minute_with_time_left,
     stage_events,
     status_counts,
@@ -66,6 +67,7 @@ __all__ = [
     "TASKS_REQUIRING_TRANSACTION",
     "Producer",
     "broker_connection",
+    "claimed_message",
     "confirming_celery_queue",
     "consume",
     "database_url",

@@ -1,9 +1,11 @@
 """Outbox rows in the tests: events staged to a destination no other test uses, rows
-counted per state, the database clock's minute, and TASKS that require a transaction."""
+counted per state, the database clock's minute, a claimed message built without a row,
+and TASKS that require a transaction."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 import time
 import uuid
@@ -12,6 +14,7 @@ from django.db import connection, transaction
 
 from django_outbox import stage_many
 from django_outbox.db import database_now
+from django_outbox.envelope import ClaimedMessage
 from django_outbox.models import OutboxMessage
 from django_outbox.workers.samples import current_minute
 
@@ -42,6 +45,21 @@ def stage_events(
             )
         ids += [str(row.event_id) for row in rows]
     return ids
+
+
+def claimed_message(n: int, destination: str = "orders") -> ClaimedMessage:
+    """A message as the relay claims it (payload {"n": n}, key ``order-n``), no row behind it."""
+    return ClaimedMessage(
+        id=n,
+        event_id=uuid.uuid4(),
+        event_type="order.placed",
+        destination=destination,
+        payload=json.dumps({"n": n}),
+        headers={"tenant": "t1"},
+        ordering_key=f"order-{n}",
+        attempts=0,
+        created_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+    )
 
 
 def status_counts(using: str = "default") -> dict[str, int]:

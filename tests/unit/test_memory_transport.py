@@ -2,34 +2,18 @@
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import uuid
 
 import pytest
 
 from django_outbox.conf.routes import Route
-from django_outbox.envelope import ClaimedMessage
 from django_outbox.transports import Transport, transport_class
 from django_outbox.transports.memory import MemoryTransport, clear, sent
+from tests.support import claimed_message
 
 ORDERS = Route("orders", "outbox", "topic", "orders", "orders")
 EMAILS = Route("emails", celery_task="shop.tasks.send_receipt")
 FANOUT = Route("audit", "audit", "fanout", "audit", None)
-
-
-def message(n: int, destination: str = "orders") -> ClaimedMessage:
-    return ClaimedMessage(
-        id=n,
-        event_id=uuid.uuid4(),
-        event_type="order.placed",
-        destination=destination,
-        payload=json.dumps({"n": n}),
-        headers={"tenant": "t1"},
-        ordering_key=f"order-{n}",
-        attempts=0,
-        created_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
-    )
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +25,7 @@ def _empty_store():
 
 def test_every_message_is_kept_in_publish_order_and_confirmed():
     transport = MemoryTransport(alias="events")
-    first, second = [message(1), message(2)], [message(3, "emails")]
+    first, second = [claimed_message(1), claimed_message(2)], [claimed_message(3, "emails")]
     assert transport.publish(ORDERS, first) == [None, None]
     assert transport.publish(EMAILS, second) == [None]
     events = sent("events")
@@ -53,9 +37,9 @@ def test_every_message_is_kept_in_publish_order_and_confirmed():
 
 
 def test_messages_are_kept_per_alias_and_queue():
-    MemoryTransport(alias="default").publish(ORDERS, [message(1)])
-    MemoryTransport(alias="events").publish(FANOUT, [message(2, "audit")])
-    MemoryTransport(alias="events").publish(ORDERS, [message(3)])
+    MemoryTransport(alias="default").publish(ORDERS, [claimed_message(1)])
+    MemoryTransport(alias="events").publish(FANOUT, [claimed_message(2, "audit")])
+    MemoryTransport(alias="events").publish(ORDERS, [claimed_message(3)])
     assert [e.payload["n"] for e in sent("default")] == [1]
     assert [e.payload["n"] for e in sent("events", queue="orders")] == [3]
     # A route that declares no queue keeps its events under its destination.
@@ -65,18 +49,18 @@ def test_messages_are_kept_per_alias_and_queue():
 
 def test_clear_forgets_one_alias_or_all_and_transports_keep_working():
     default, events = MemoryTransport(), MemoryTransport(alias="events")
-    default.publish(ORDERS, [message(1)])
-    events.publish(ORDERS, [message(2)])
+    default.publish(ORDERS, [claimed_message(1)])
+    events.publish(ORDERS, [claimed_message(2)])
     clear("events")
     assert ([len(sent()), len(sent("events"))]) == [1, 0]
     clear()
-    default.publish(ORDERS, [message(3)])  # built before clear(): still seen
+    default.publish(ORDERS, [claimed_message(3)])  # built before clear(): still seen
     assert [e.payload["n"] for e in sent()] == [3]
 
 
 def test_a_store_of_its_own_leaves_the_process_wide_one_alone():
     mine: list = []
-    MemoryTransport(store=mine).publish(ORDERS, [message(1)])
+    MemoryTransport(store=mine).publish(ORDERS, [claimed_message(1)])
     assert [event.payload for _, event in mine] == [{"n": 1}]
     assert sent() == []
 
@@ -95,7 +79,7 @@ def test_with_a_memory_url_an_unroutable_message_fails_and_is_not_kept():
     transport = MemoryTransport("memory://", alias="mem")
     exchange = f"x-{uuid.uuid4().hex}"
     route = Route("lonely", exchange, "topic", "lonely", None)
-    (outcome,) = transport.publish(route, [message(1, "lonely")])
+    (outcome,) = transport.publish(route, [claimed_message(1, "lonely")])
     assert outcome is not None and outcome.error.startswith("unroutable: no queue is bound")
     assert sent("mem") == []
     transport.check()  # this process: always reachable
