@@ -415,8 +415,9 @@ class TestFaults:
     def test_a_publish_gives_up_within_the_leases_confirm_budget(self, route):
         """Every node SIGSTOPped before the transport connects (a connection accepted,
         never answered): the publish gives the batch up as an outage at its deadline,
-        2 s here, where connecting alone could take 2 s per server and attempt (19 s at
-        most). The bound asserted leaves the machine 3 s of slack over the 2 s."""
+        2 s here, where connecting alone could take 2 s per server and attempt (18 s
+        measured before the deadline). The bound asserted, 10 s, leaves a busy machine 8 s
+        of slack over the 2 s and still fails the publish without a deadline."""
         destination, _stream, outbox = route
         with override_settings(OUTBOX=outbox):
             transport = NatsTransport(NATS_URL, alias="default", ack_timeout=2)
@@ -429,7 +430,7 @@ class TestFaults:
             finally:
                 transport.close()
         assert [(o.outage, o.counts) for o in outcomes] == [(True, False)] * 3, outcomes
-        assert took < 5, f"the publish took {took:.1f}s, its budget is 2s"
+        assert took < 10, f"the publish took {took:.1f}s, its budget is 2s"
 
     def test_an_error_nats_py_does_not_raise_for_the_cluster_is_a_bug_not_an_outage(self, route):
         """A bug cannot be made to order: a subclass stands in for one, raising where the
