@@ -38,11 +38,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from ..conf import kafka_bootstrap, outbox_settings
+from ..conf import CHECK_IDS, Broker, Problem, kafka_bootstrap, outbox_settings
 from ..conf.redact import SecretFilter, mask_url
 from ..conf.routes import Route
 from ..envelope import ClaimedMessage
-from ..exceptions import BrokerUnreachable
+from ..exceptions import BrokerUnreachable, OutboxConfigurationError
 from .base import MAX_ERROR_LENGTH, Failure, Outcome, Transport
 from .confirms import lease_confirm_timeout
 from .connection import CONNECT_TIMEOUT
@@ -73,7 +73,8 @@ _Report = Failure | None | Literal[False] | tuple[Any]
 HELD_BACK = Failure.not_attempted("not attempted: an earlier event of its key failed", 0.0)
 #: librdkafka's MSG_SIZE_TOO_LARGE (a broker's refusal of a record over max.message.bytes).
 _TOO_LARGE = 10
-#: Seconds until the rows of a missing topic are due again, and between its ERRORs.
+#: Seconds until the rows of a missing topic (or of a producer OPTIONS cannot build) are
+#: due again, and between two ERRORs about it.
 MISSING_TOPIC_RETRY_DELAY = 30.0
 
 
@@ -129,6 +130,23 @@ def failure_of(error: Any, *, own_size: int = 0, limit: int = 0) -> Failure:
     return Failure(outbox_settings.redact(text)[:MAX_ERROR_LENGTH], kind="kafka_error")
 
 
+def options_error(options: Mapping[str, Any]) -> str | None:
+    """What librdkafka says of a producer built from ``options`` (an unknown property, a
+    bad value, a missing ``ssl.*`` file), or None when it builds. Offline: the producer
+    is given no broker to reach, and dropped at once."""
+    from confluent_kafka import KafkaException, Producer
+
+    quiet = logging.getLogger(f"{__name__}.check")
+    quiet.propagate = False  # librdkafka warns of the missing bootstrap.servers
+    try:
+        Producer({**DEFAULTS, **options, **REQUIRED, "logger": quiet})
+    except KafkaException as exc:
+        return str(outbox_settings.redact(exc.args[0].str()))
+    except (TypeError, ValueError) as exc:  # refused by the binding before librdkafka
+        return str(outbox_settings.redact(f"{type(exc).__name__}: {exc}"))
+    return None
+
+
 class KafkaTransport(Transport):
     """One idempotent producer per relay (rebuilt after a fatal error or ``close()``),
     and an admin client for the topics' metadata and creation."""
@@ -154,18 +172,38 @@ class KafkaTransport(Transport):
         self._producer: Any = None
         self._admin: Any = None
         self._topics: dict[str, int] = {}  # known topic -> its max.message.bytes (0: unread)
-        self._missing_logged: dict[str, float] = {}
+        self._logged: dict[str, float] = {}  # ERROR text -> when it may be logged again
 
     def _cluster_error(self, error: Any) -> None:
         """librdkafka's cluster-level trouble (brokers down): it retries by itself."""
         logger.debug("kafka: %s", error, extra={"action": "outbox.kafka_cluster_error"})
 
+    @classmethod
+    def problems(cls, broker: Broker) -> list[Problem]:
+        """E062: ``OPTIONS`` librdkafka refuses, found by building a producer offline."""
+        error = options_error(broker.options)
+        if error is None:
+            return []
+        return [
+            Problem(
+                CHECK_IDS["kafka_options"],
+                f"{broker.options_setting} cannot build a Kafka producer: {error}",
+                "Fix or remove that property (librdkafka's CONFIGURATION.md lists them); "
+                "a file it names must exist where the relay runs.",
+            )
+        ]
+
     def _client(self) -> Any:
         if self._producer is None:
-            from confluent_kafka import Producer
+            from confluent_kafka import KafkaException, Producer
             from confluent_kafka.admin import AdminClient
 
-            self._producer = Producer(self.config)
+            try:
+                self._producer = Producer(self.config)
+            except KafkaException as exc:
+                raise ProducerRefused(self.alias, exc.args[0].str()) from exc
+            except (TypeError, ValueError) as exc:  # refused by the binding before librdkafka
+                raise ProducerRefused(self.alias, f"{type(exc).__name__}: {exc}") from exc
             admin = {k: v for k, v in self.config.items() if k not in REQUIRED}
             admin = {k: v for k, v in admin.items() if k not in DEFAULTS}
             admin.pop("message.timeout.ms", None)
@@ -202,6 +240,9 @@ class KafkaTransport(Transport):
             missing = self._ensure_topic(route, topic)
         except KafkaException as exc:
             return [failure_of(exc.args[0])] * len(messages)
+        except ProducerRefused as exc:  # the settings' fault: no row loses an attempt
+            self._log_error(str(exc), "outbox.kafka_options_refused")
+            return [Failure.not_attempted(str(exc), MISSING_TOPIC_RETRY_DELAY)] * len(messages)
         if missing is not None:
             return [missing] * len(messages)
         if not route.ordered:
@@ -325,15 +366,15 @@ class KafkaTransport(Transport):
         if not text:
             self._topics[topic] = 0
             return None
-        self._log_missing(topic, text)
+        self._log_error(text, "outbox.kafka_missing_topic", topic=topic)
         return Failure.not_attempted(text, MISSING_TOPIC_RETRY_DELAY)
 
-    def _log_missing(self, topic: str, text: str) -> None:
-        """One ERROR per topic and retry interval, however many batches it fails."""
+    def _log_error(self, text: str, action: str, **extra: str) -> None:
+        """One ERROR per text and retry interval, however many batches it fails."""
         now = time.monotonic()
-        if self._missing_logged.get(topic, 0.0) <= now:
-            self._missing_logged[topic] = now + MISSING_TOPIC_RETRY_DELAY
-            logger.error(text, extra={"action": "outbox.kafka_missing_topic", "topic": topic})
+        if self._logged.get(text, 0.0) <= now:
+            self._logged[text] = now + MISSING_TOPIC_RETRY_DELAY
+            logger.error(text, extra={"action": action, **extra})
 
     def _create(self, route: Route, topic: str) -> None:
         """Create ``topic`` as ``route`` says (a topic created meanwhile is fine)."""
@@ -372,6 +413,18 @@ class KafkaTransport(Transport):
                 logger.debug("cannot read %r's max.message.bytes", topic, exc_info=True)
                 return 0
         return self._topics[topic]
+
+
+class ProducerRefused(OutboxConfigurationError):
+    """librdkafka cannot build a producer from the broker's ``OPTIONS``."""
+
+    def __init__(self, alias: str | None, error: str) -> None:
+        setting = f'OUTBOX["BROKERS"][{alias!r}]["OPTIONS"]' if alias else "the broker's OPTIONS"
+        error = outbox_settings.redact(error)
+        super().__init__(
+            f"{setting} cannot build a Kafka producer: {error} (its rows wait, attempts "
+            "unchanged; manage.py check reports it as django_outbox.E062)"
+        )
 
 
 def _waves(messages: Sequence[ClaimedMessage]) -> list[list[int]]:

@@ -5,7 +5,9 @@ carry them. (The real cluster's behaviour is tests/integration/test_kafka.py's.)
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
+import uuid
 from unittest import mock
 
 import pytest
@@ -14,7 +16,9 @@ from django.core import checks
 from django.test.utils import override_settings
 
 from django_outbox.conf import outbox_settings
-from django_outbox.ops.checks import check_routes
+from django_outbox.conf.routes import Route
+from django_outbox.envelope import ClaimedMessage
+from django_outbox.ops.checks import check_brokers, check_routes
 from django_outbox.transports import transport_class
 from django_outbox.transports.kafka import KafkaTransport, failure_of, record_headers
 
@@ -208,3 +212,55 @@ def test_the_consumer_refuses_a_kafka_broker_with_a_one_line_error():
 )
 def test_a_kafka_bootstrap_list_in_a_sentence_is_no_password(text, redacted):
     assert outbox_settings.redact(text) == (redacted or text)
+
+
+#: OPTIONS librdkafka refuses to build a producer from, and what it says of each.
+REFUSED_OPTIONS = [
+    ({"no.such.property": 1}, 'No such configuration property: "no.such.property"'),
+    ({"linger.ms": "lots"}, 'Invalid value for configuration property "queue.buffering.max.ms"'),
+    (
+        {"security.protocol": "SSL", "ssl.ca.location": "/nowhere/ca.pem"},
+        "Failed to create producer: ssl.ca.location failed: ",
+    ),
+]
+
+
+@pytest.mark.parametrize(("options", "said"), REFUSED_OPTIONS)
+def test_options_librdkafka_refuses_are_e062(options, said):
+    brokers = {"events": {"URL": KAFKA, "OPTIONS": options}}
+    with override_settings(OUTBOX={"BROKERS": brokers}):
+        (error,) = check_brokers()
+    assert error.id == "django_outbox.E062"
+    assert error.msg.startswith(
+        f'OUTBOX["BROKERS"]["events"]["OPTIONS"] cannot build a Kafka producer: {said}'
+    )
+    assert error.hint.startswith("Fix or remove that property")
+
+
+def test_options_librdkafka_takes_pass_the_check():
+    options = {"linger.ms": 20, "compression.type": "zstd", "sasl.password": "pw"}
+    with override_settings(OUTBOX={"BROKERS": {"events": {"URL": KAFKA, "OPTIONS": options}}}):
+        assert check_brokers() == []
+
+
+@pytest.mark.parametrize(("options", "said"), REFUSED_OPTIONS)
+def test_a_producer_options_cannot_build_leaves_its_rows_unattempted(options, said, caplog):
+    """A certificate not mounted yet at deploy: the rows wait, none is abandoned, and one
+    ERROR names the property (librdkafka refuses before any broker is reached)."""
+    kafka = KafkaTransport(KAFKA, options, alias="events")
+    outcomes = kafka.publish(Route("orders"), claimed(3))
+    assert [(o.permanent, o.counts, o.outage) for o in outcomes] == [(False, False, False)] * 3
+    text = f'OUTBOX["BROKERS"][\'events\']["OPTIONS"] cannot build a Kafka producer: {said}'
+    assert outcomes[0].error.startswith(text)
+    kafka.publish(Route("orders"), claimed(1))  # the same error again: logged once
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert [(r.action, r.getMessage()[: len(text)]) for r in errors] == [
+        ("outbox.kafka_options_refused", text)
+    ]
+
+
+def claimed(count: int) -> list[ClaimedMessage]:
+    now = dt.datetime.now(dt.UTC)
+    return [
+        ClaimedMessage(n, uuid.uuid4(), "t.e", "orders", "{}", {}, "", 0, now) for n in range(count)
+    ]
