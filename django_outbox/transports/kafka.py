@@ -15,8 +15,8 @@ What a delivery report's error means for its row:
   a fatal error rebuilds the producer, and the rows not acknowledged go again;
 - a record the cluster refuses for itself (larger than the topic's ``max.message.bytes``,
   a topic this user may not write, an invalid topic name): that row fails alone,
-  permanently, with the reason. A record refused as too large for a batch it shared
-  with a larger one is not attempted, and goes again;
+  permanently, with the reason. A record refused as too large in a batch of several
+  goes again alone within the same publish, and only a refusal of it alone is its own;
 - anything else: a failure that counts an attempt, retried with backoff.
 
 On an ordered route a batch goes in waves (each key's first record, then its second ...),
@@ -71,8 +71,6 @@ _Report = Failure | None | Literal[False] | tuple[Any]
 #: On an ordered route, the outcome of a record not sent because one of its key before it
 #: failed in the same batch (the relay sends it again after that one).
 HELD_BACK = Failure.not_attempted("not attempted: an earlier event of its key failed", 0.0)
-#: librdkafka's MSG_SIZE_TOO_LARGE (a broker's refusal of a record over max.message.bytes).
-_TOO_LARGE = 10
 #: Seconds until the rows of a missing topic (or of a producer OPTIONS cannot build) are
 #: due again, and between two ERRORs about it.
 MISSING_TOPIC_RETRY_DELAY = 30.0
@@ -106,10 +104,8 @@ def record_headers(headers: Mapping[str, Any], content_type: str) -> list[tuple[
     return found
 
 
-def failure_of(error: Any, *, own_size: int = 0, limit: int = 0) -> Failure:
-    """The outcome of a delivery report's (or ``produce()``'s) KafkaError ``error``. A
-    record refused as too large fails alone only when it is larger than the topic's
-    ``limit`` itself (``own_size``); otherwise a neighbour's size failed it: not attempted."""
+def failure_of(error: Any) -> Failure:
+    """The outcome of a delivery report's (or ``produce()``'s) KafkaError ``error``."""
     from confluent_kafka import KafkaError
 
     outage, refused = _codes()
@@ -122,8 +118,6 @@ def failure_of(error: Any, *, own_size: int = 0, limit: int = 0) -> Failure:
         )
     if code in outage or error.fatal() or error.retriable():
         return Failure.broker_down(text, kind="kafka_unavailable")
-    if code == KafkaError.MSG_SIZE_TOO_LARGE and limit and own_size <= limit:
-        return Failure.not_attempted(f"not attempted: a larger record of its batch ({text})", 0.0)
     if code in refused:
         text = outbox_settings.redact(text)[:MAX_ERROR_LENGTH]
         return Failure(text, permanent=True, kind="kafka_refused")
@@ -171,7 +165,7 @@ class KafkaTransport(Transport):
         self._wait = int(self.config["message.timeout.ms"]) / 1000 + CONNECT_TIMEOUT
         self._producer: Any = None
         self._admin: Any = None
-        self._topics: dict[str, int] = {}  # known topic -> its max.message.bytes (0: unread)
+        self._topics: set[str] = set()  # topics known to exist
         self._logged: dict[str, float] = {}  # ERROR text -> when it may be logged again
 
     def _cluster_error(self, error: Any) -> None:
@@ -263,17 +257,24 @@ class KafkaTransport(Transport):
     def _publish_wave(
         self, producer: Any, route: Route, topic: str, messages: Sequence[ClaimedMessage]
     ) -> list[Outcome]:
-        """Produce ``messages`` and wait for their reports; their outcomes."""
-        from confluent_kafka import KafkaException
+        """Produce ``messages`` and wait for their reports; their outcomes. librdkafka
+        batches records without knowing the topic's ``max.message.bytes``: records refused
+        as too large in a batch of several go again one at a time, so each is then
+        published or refused for its own size."""
+        from confluent_kafka import KafkaError, KafkaException
 
         outcomes: list[_Report] = [False] * len(messages)  # False: no report yet
-        sizes = self._produce(producer, route, topic, messages, outcomes)
+        self._produce(producer, route, topic, messages, outcomes)
         try:
             producer.flush(self._wait)
         except KafkaException as exc:  # fatal: what was not acknowledged goes again
             self.close()
             outcomes = [failure_of(exc.args[0]) if o is False else o for o in outcomes]
-        return self._settle(topic, outcomes, sizes)
+        settled = _settle(outcomes)
+        for index, outcome in enumerate(outcomes):
+            if len(messages) > 1 and _code(outcome) == KafkaError.MSG_SIZE_TOO_LARGE:
+                (settled[index],) = self._publish_wave(producer, route, topic, [messages[index]])
+        return settled
 
     def _produce(
         self,
@@ -282,27 +283,24 @@ class KafkaTransport(Transport):
         topic: str,
         messages: Sequence[ClaimedMessage],
         outcomes: list[_Report],
-    ) -> list[int]:
-        """Hand each message to the producer; its report fills ``outcomes``. Returns each
-        record's size (key, value and headers: what ``max.message.bytes`` weighs)."""
+    ) -> None:
+        """Hand each message to the producer; its report fills ``outcomes``."""
         from confluent_kafka import KafkaException
 
         from .. import cloudevents
 
-        envelope, sizes = envelope_of(route, binary=False), [0] * len(messages)
+        envelope = envelope_of(route, binary=False)
         for index, message in enumerate(messages):
             report = functools.partial(_delivered, outcomes, index)
             try:
                 wire = cloudevents.wire(message, *envelope)
                 key = message.ordering_key.encode() if message.ordering_key else None
                 headers = record_headers(wire.headers, wire.content_type)
-                sizes[index] = len(wire.body) + len(key or b"") + sum(map(_size, headers))
                 self._send(producer, topic, wire.body, key, headers, report)
             except ENCODE_ERRORS as exc:
                 outcomes[index] = Failure.from_exception(exc, permanent=True)
             except KafkaException as exc:  # refused before it left (too large for the client)
                 outcomes[index] = failure_of(exc.args[0])
-        return sizes
 
     def _send(
         self, producer: Any, topic: str, body: bytes, key: Any, headers: list, report: Any
@@ -314,23 +312,6 @@ class KafkaTransport(Transport):
                 return
             except BufferError:
                 producer.poll(0.1)
-
-    def _settle(self, topic: str, outcomes: list[_Report], sizes: list[int]) -> list[Outcome]:
-        """The outcomes, once reported: a message with no report in time is an outage
-        (it may still arrive: it goes again, at least once); reports that are too-large
-        refusals are weighed against the topic's limit; a fatal error rebuilds the producer."""
-        settled: list[Outcome] = []
-        for index, outcome in enumerate(outcomes):
-            if outcome is False:
-                outcome = Failure.broker_down("no delivery report within message.timeout.ms")
-            elif isinstance(outcome, tuple):  # (KafkaError,) from the report
-                error = outcome[0]
-                limit = self._size_limit(topic) if error.code() == _TOO_LARGE else 0
-                outcome = failure_of(error, own_size=sizes[index], limit=limit)
-                if error.fatal():
-                    self.close()
-            settled.append(outcome)
-        return settled
 
     def _ensure_topic(self, route: Route, topic: str) -> Failure | None:
         """None when ``topic`` exists (or its metadata says anything but that it is
@@ -364,7 +345,7 @@ class KafkaTransport(Transport):
                     raise  # the cluster, not the topic: an outage
                 text = f"creating topic {topic!r} failed: KafkaError {error.name()}: {error.str()}"
         if not text:
-            self._topics[topic] = 0
+            self._topics.add(topic)
             return None
         self._log_error(text, "outbox.kafka_missing_topic", topic=topic)
         return Failure.not_attempted(text, MISSING_TOPIC_RETRY_DELAY)
@@ -398,22 +379,6 @@ class KafkaTransport(Transport):
             extra={"action": "outbox.kafka_topic_created", "topic": topic},
         )
 
-    def _size_limit(self, topic: str) -> int:
-        """The topic's ``max.message.bytes`` (read once; 0 when it cannot be read)."""
-        if not self._topics.get(topic):
-            from confluent_kafka.admin import ConfigResource
-
-            resource = ConfigResource("topic", topic)
-            try:
-                configs = self._admin.describe_configs([resource])[resource].result(
-                    timeout=CONNECT_TIMEOUT
-                )
-                self._topics[topic] = int(configs["max.message.bytes"].value)
-            except Exception:  # unknown: every too-large record fails alone
-                logger.debug("cannot read %r's max.message.bytes", topic, exc_info=True)
-                return 0
-        return self._topics[topic]
-
 
 class ProducerRefused(OutboxConfigurationError):
     """librdkafka cannot build a producer from the broker's ``OPTIONS``."""
@@ -425,6 +390,24 @@ class ProducerRefused(OutboxConfigurationError):
             f"{setting} cannot build a Kafka producer: {error} (its rows wait, attempts "
             "unchanged; manage.py check reports it as django_outbox.E062)"
         )
+
+
+def _settle(outcomes: list[_Report]) -> list[Outcome]:
+    """The outcomes, once reported: a message with no report in time is an outage (it
+    may still arrive: it goes again, at least once)."""
+    settled: list[Outcome] = []
+    for outcome in outcomes:
+        if outcome is False:
+            outcome = Failure.broker_down("no delivery report within message.timeout.ms")
+        elif isinstance(outcome, tuple):  # (KafkaError,) from the report
+            outcome = failure_of(outcome[0])
+        settled.append(outcome)
+    return settled
+
+
+def _code(report: _Report) -> int | None:
+    """The error code of a delivery report's KafkaError (None for any other outcome)."""
+    return report[0].code() if isinstance(report, tuple) else None
 
 
 def _waves(messages: Sequence[ClaimedMessage]) -> list[list[int]]:
@@ -443,7 +426,3 @@ def _waves(messages: Sequence[ClaimedMessage]) -> list[list[int]]:
 def _delivered(outcomes: list[_Report], index: int, error: Any, record: Any) -> None:
     """A delivery report: None (the cluster has it) or ``(error,)``, settled later."""
     outcomes[index] = None if error is None else (error,)
-
-
-def _size(header: tuple[str, bytes | None]) -> int:
-    return len(header[0].encode()) + len(header[1] or b"")

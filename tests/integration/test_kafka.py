@@ -12,6 +12,7 @@ partition a JVM producer would have picked for each key.
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import json
 import os
 import subprocess
@@ -26,8 +27,11 @@ from django.db import connection, transaction
 from django.test.utils import override_settings
 
 from django_outbox import stage
+from django_outbox.conf.routes import Route
+from django_outbox.envelope import ClaimedMessage
 from django_outbox.models import OutboxMessage
 from django_outbox.relay.loop import Relay
+from django_outbox.transports.kafka import KafkaTransport
 from tests.support import (
     refused_port,
     services_output,
@@ -205,6 +209,27 @@ def test_a_too_large_record_fails_alone_while_its_neighbours_publish():
     published = OutboxMessage.objects.filter(status=Status.PUBLISHED)
     assert sorted(published.values_list("pk", flat=True)) == sorted([before.pk, after.pk])
     assert sorted(r["headers"]["event_type"] for r in read(topic, 2)) == ["test.small"] * 2
+
+
+def test_records_too_large_only_together_are_each_published():
+    """30 records of about 1 kB on a topic capped at 20,000 bytes: librdkafka batches them
+    over the cap and the broker refuses the batch; each goes again alone in the same
+    publish (they came back not attempted, to be re-claimed, batched and refused again)."""
+    topic = new_topic()
+    route = Route(topic, topic=topic, partitions=1, topic_config=(("max.message.bytes", 20000),))
+    now = dt.datetime.now(dt.UTC)
+    batch = [
+        ClaimedMessage(
+            n, uuid.uuid4(), "t.e", topic, json.dumps({"blob": "x" * 1000}), {}, "", 0, now
+        )
+        for n in range(30)
+    ]
+    kafka = KafkaTransport(KAFKA_URL)
+    try:
+        assert kafka.publish(route, batch) == [None] * 30
+    finally:
+        kafka.close()
+    assert len(read(topic, 30, idle=5)) == 30
 
 
 def test_an_ordered_route_writes_nothing_of_a_key_after_its_refused_record():

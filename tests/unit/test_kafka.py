@@ -157,15 +157,9 @@ def test_an_unreachable_or_short_handed_cluster_is_an_outage(code):
     ],
 )
 def test_a_record_the_cluster_refuses_for_itself_fails_alone_for_good(code):
-    failure = failure_of(KafkaError(code), own_size=2_000_000, limit=1_048_588)
+    failure = failure_of(KafkaError(code))
     assert failure.permanent and failure.counts and not failure.outage
     assert KafkaError(code).name() in failure.error
-
-
-def test_a_record_refused_for_a_larger_neighbour_is_not_attempted():
-    failure = failure_of(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), own_size=100, limit=20_000)
-    assert not failure.permanent and not failure.counts and not failure.outage
-    assert failure.retry_delay == 0.0
 
 
 def test_a_fatal_error_is_an_outage():

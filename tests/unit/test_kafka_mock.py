@@ -22,8 +22,9 @@ from django_outbox.conf.routes import Route
 from django_outbox.envelope import ClaimedMessage
 from django_outbox.transports.kafka import KafkaTransport
 
-PRODUCE = 0  # Kafka's api key of a Produce request
-NOT_ENOUGH_REPLICAS, TOPIC_AUTHORIZATION_FAILED = 19, 29
+PRODUCE, INIT_PRODUCER_ID = 0, 22  # Kafka's api keys of a Produce, an InitProducerId request
+MSG_SIZE_TOO_LARGE, NOT_ENOUGH_REPLICAS, TOPIC_AUTHORIZATION_FAILED = 10, 19, 29
+CLUSTER_AUTHORIZATION_FAILED = 31
 
 
 class MockCluster:
@@ -70,8 +71,12 @@ class MockCluster:
 
     def fail_produce(self, *codes: int) -> None:
         """The next Produce requests (one each) answer ``codes``."""
+        self.fail_request(PRODUCE, *codes)
+
+    def fail_request(self, api_key: int, *codes: int) -> None:
+        """The next requests of ``api_key`` (one each) answer ``codes``."""
         array = (ctypes.c_int * len(codes))(*codes)
-        self.lib.rd_kafka_mock_push_request_errors_array(self.cluster, PRODUCE, len(codes), array)
+        self.lib.rd_kafka_mock_push_request_errors_array(self.cluster, api_key, len(codes), array)
 
     def all_down(self) -> None:
         for broker in (1, 2, 3):
@@ -153,3 +158,24 @@ def test_a_missing_topic_without_partitions_waits_and_names_it(mock):
     (outcome,) = transport(mock).publish(Route("nowhere"), messages(1, "nowhere"))
     assert not outcome.counts and not outcome.outage
     assert outcome.error.startswith("topic 'nowhere' does not exist on kafka://127.0.0.1:")
+
+
+
+def test_records_refused_as_too_large_together_go_again_one_at_a_time(mock):
+    """A Produce request refused as too large (the topic's max.message.bytes weighs the
+    batch librdkafka made, not each record): each record goes again alone in the same
+    publish and is published, in order; none waits to be refused again for ever."""
+    mock.topic("orders")
+    mock.fail_produce(MSG_SIZE_TOO_LARGE)
+    kafka = transport(mock)
+    assert kafka.publish(Route("orders"), messages(5, "orders")) == [None] * 5
+    kafka.close()
+    assert read(mock, "orders", 5) == [f'{{"n": {n}}}'.encode() for n in range(5)]
+
+
+def test_a_record_refused_as_too_large_alone_fails_for_good(mock):
+    mock.topic("orders")
+    mock.fail_produce(MSG_SIZE_TOO_LARGE)
+    (outcome,) = transport(mock).publish(Route("orders"), messages(1, "orders"))
+    assert (outcome.permanent, outcome.counts) == (True, True)
+    assert outcome.error.startswith("KafkaError MSG_SIZE_TOO_LARGE")
