@@ -35,7 +35,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from ..conf import CHECK_IDS, Broker, Problem, kafka_bootstrap, outbox_settings
@@ -71,6 +71,13 @@ _Report = Failure | None | Literal[False] | tuple[Any]
 #: On an ordered route, the outcome of a record not sent because one of its key before it
 #: failed in the same batch (the relay sends it again after that one).
 HELD_BACK = Failure.not_attempted("not attempted: an earlier event of its key failed", 0.0)
+#: The outcome of a wave whose turn came after the publish's deadline (the lease's
+#: confirm budget, :func:`~.confirms.lease_confirm_timeout`): due again at once.
+LATE = Failure.not_attempted(
+    "not attempted: the publish used its confirm budget (a third of LEASE_SECONDS, at most "
+    "30 s) before this record's turn",
+    0.0,
+)
 #: Seconds until the rows of a missing topic (or of a producer OPTIONS cannot build) are
 #: due again, and between two ERRORs about it.
 MISSING_TOPIC_RETRY_DELAY = 30.0
@@ -152,17 +159,15 @@ class KafkaTransport(Transport):
         self, url: str, options: Mapping[str, Any] | None = None, *, alias: str | None = None
     ) -> None:
         self._url, self.alias = url, alias
-        timeout_ms = int(lease_confirm_timeout() * 1000)
         self.config: dict[str, Any] = {
             **DEFAULTS,
-            "message.timeout.ms": timeout_ms,
             **(options or {}),
+            "message.timeout.ms": _message_timeout_ms(options or {}),
             **REQUIRED,
             "bootstrap.servers": kafka_bootstrap(url),
             "error_cb": self._cluster_error,
             "logger": LIBRDKAFKA_LOG,  # librdkafka's own log lines, redacted, not on stderr
         }
-        self._wait = int(self.config["message.timeout.ms"]) / 1000 + CONNECT_TIMEOUT
         self._producer: Any = None
         self._admin: Any = None
         self._topics: set[str] = set()  # topics known to exist
@@ -228,7 +233,7 @@ class KafkaTransport(Transport):
     def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
         from confluent_kafka import KafkaException
 
-        topic = route.topic_name
+        topic, deadline = route.topic_name, time.monotonic() + lease_confirm_timeout()
         try:
             producer = self._client()
             missing = self._ensure_topic(route, topic)
@@ -239,23 +244,16 @@ class KafkaTransport(Transport):
             return [Failure.not_attempted(str(exc), MISSING_TOPIC_RETRY_DELAY)] * len(messages)
         if missing is not None:
             return [missing] * len(messages)
-        if not route.ordered:
-            return self._publish_wave(producer, route, topic, messages)
-        # Ordered: a key's n-th record goes only once its (n-1)-th is acknowledged, so no
-        # record of a key is ever written after one of its key that failed.
-        outcomes: list[Outcome] = [HELD_BACK] * len(messages)
-        failed: set[str] = set()
-        for wave in _waves(messages):
-            todo = [i for i in wave if messages[i].ordering_key not in failed]
-            settled = self._publish_wave(producer, route, topic, [messages[i] for i in todo])
-            for index, outcome in zip(todo, settled, strict=True):
-                outcomes[index] = outcome
-                if outcome is not None:
-                    failed.add(messages[index].ordering_key)
-        return outcomes
+        wave = functools.partial(self._publish_wave, producer, route, topic, deadline)
+        return _in_waves(wave, messages) if route.ordered else wave(messages)
 
     def _publish_wave(
-        self, producer: Any, route: Route, topic: str, messages: Sequence[ClaimedMessage]
+        self,
+        producer: Any,
+        route: Route,
+        topic: str,
+        deadline: float,
+        messages: Sequence[ClaimedMessage],
     ) -> list[Outcome]:
         """Produce ``messages`` and wait for their reports; their outcomes. librdkafka
         batches records without knowing the topic's ``max.message.bytes``: records refused
@@ -263,17 +261,20 @@ class KafkaTransport(Transport):
         published or refused for its own size."""
         from confluent_kafka import KafkaError, KafkaException
 
+        if time.monotonic() >= deadline:
+            return [LATE] * len(messages)
         outcomes: list[_Report] = [False] * len(messages)  # False: no report yet
         self._produce(producer, route, topic, messages, outcomes)
         try:
-            producer.flush(self._wait)
+            producer.flush(max(0.0, deadline - time.monotonic()))
         except KafkaException as exc:  # fatal: what was not acknowledged goes again
             self.close()
             outcomes = [failure_of(exc.args[0]) if o is False else o for o in outcomes]
         settled = _settle(outcomes)
         for index, outcome in enumerate(outcomes):
             if len(messages) > 1 and _code(outcome) == KafkaError.MSG_SIZE_TOO_LARGE:
-                (settled[index],) = self._publish_wave(producer, route, topic, [messages[index]])
+                alone = [messages[index]]
+                (settled[index],) = self._publish_wave(producer, route, topic, deadline, alone)
         return settled
 
     def _produce(
@@ -408,6 +409,35 @@ def _settle(outcomes: list[_Report]) -> list[Outcome]:
 def _code(report: _Report) -> int | None:
     """The error code of a delivery report's KafkaError (None for any other outcome)."""
     return report[0].code() if isinstance(report, tuple) else None
+
+
+def _message_timeout_ms(options: Mapping[str, Any]) -> Any:
+    """``message.timeout.ms``: the lease's confirm budget, or OPTIONS' value capped at it
+    (a record must not outlive the lease of its row)."""
+    budget = int(lease_confirm_timeout() * 1000)
+    given = options.get("message.timeout.ms", budget)
+    try:
+        return min(int(given), budget)
+    except (TypeError, ValueError):
+        return given  # librdkafka refuses it: ProducerRefused quotes its reason
+
+
+def _in_waves(
+    publish: Callable[[Sequence[ClaimedMessage]], list[Outcome]],
+    messages: Sequence[ClaimedMessage],
+) -> list[Outcome]:
+    """Ordered: a key's n-th record goes only once its (n-1)-th is acknowledged, so no
+    record of a key is ever written after one of its key that failed."""
+    outcomes: list[Outcome] = [HELD_BACK] * len(messages)
+    failed: set[str] = set()
+    for wave in _waves(messages):
+        todo = [i for i in wave if messages[i].ordering_key not in failed]
+        settled = publish([messages[i] for i in todo])
+        for index, outcome in zip(todo, settled, strict=True):
+            outcomes[index] = outcome
+            if outcome is not None:
+                failed.add(messages[index].ordering_key)
+    return outcomes
 
 
 def _waves(messages: Sequence[ClaimedMessage]) -> list[list[int]]:

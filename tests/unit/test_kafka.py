@@ -258,3 +258,12 @@ def claimed(count: int) -> list[ClaimedMessage]:
     return [
         ClaimedMessage(n, uuid.uuid4(), "t.e", "orders", "{}", {}, "", 0, now) for n in range(count)
     ]
+
+
+@pytest.mark.parametrize(("given", "used"), [(None, 20_000), (300_000, 20_000), (5_000, 5_000)])
+def test_message_timeout_is_at_most_the_leases_confirm_budget(given, used):
+    """LEASE_SECONDS = 60: a record waits at most 20 s (a third of the lease), however
+    long OPTIONS asks (librdkafka's own default is 300 s); a shorter one is kept."""
+    options = {} if given is None else {"message.timeout.ms": given}
+    with override_settings(OUTBOX={"BROKERS": {"default": {"URL": KAFKA}}, "LEASE_SECONDS": 60}):
+        assert KafkaTransport(KAFKA, options).config["message.timeout.ms"] == used

@@ -7,6 +7,7 @@ broker (the proof is tests/integration/test_kafka.py's, on a real cluster)."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import datetime as dt
 import glob
 import os
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 import confluent_kafka
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from django.test.utils import override_settings
 
 from django_outbox.conf.routes import Route
 from django_outbox.envelope import ClaimedMessage
@@ -59,6 +61,7 @@ class MockCluster:
         errors = [ctypes.c_void_p, ctypes.c_int16, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int)]
         lib.rd_kafka_mock_push_request_errors_array.argtypes = errors
         lib.rd_kafka_mock_broker_set_down.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+        lib.rd_kafka_mock_broker_set_rtt.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int]
         self.lib, errbuf = lib, ctypes.create_string_buffer(512)
         conf = lib.rd_kafka_conf_new()
         lib.rd_kafka_conf_set(conf, b"log_level", b"0", errbuf, 512)  # no CONFWARN on stderr
@@ -81,6 +84,11 @@ class MockCluster:
     def all_down(self) -> None:
         for broker in (1, 2, 3):
             self.lib.rd_kafka_mock_broker_set_down(self.cluster, broker)
+
+    def slow(self, rtt_ms: int) -> None:
+        """Every broker answers ``rtt_ms`` late."""
+        for broker in (1, 2, 3):
+            self.lib.rd_kafka_mock_broker_set_rtt(self.cluster, broker, rtt_ms)
 
     def close(self) -> None:
         self.lib.rd_kafka_mock_cluster_destroy(self.cluster)
@@ -160,7 +168,6 @@ def test_a_missing_topic_without_partitions_waits_and_names_it(mock):
     assert outcome.error.startswith("topic 'nowhere' does not exist on kafka://127.0.0.1:")
 
 
-
 def test_records_refused_as_too_large_together_go_again_one_at_a_time(mock):
     """A Produce request refused as too large (the topic's max.message.bytes weighs the
     batch librdkafka made, not each record): each record goes again alone in the same
@@ -179,3 +186,20 @@ def test_a_record_refused_as_too_large_alone_fails_for_good(mock):
     (outcome,) = transport(mock).publish(Route("orders"), messages(1, "orders"))
     assert (outcome.permanent, outcome.counts) == (True, True)
     assert outcome.error.startswith("KafkaError MSG_SIZE_TOO_LARGE")
+
+
+def test_waves_past_the_confirm_budget_are_not_attempted(mock, settings):
+    """LEASE_SECONDS = 6: a publish has 2 s (a third of the lease); each wave of an ordered
+    batch (a key of six events) takes a round trip of at least 1.5 s: the second wave's
+    wait ends at the budget (no report: an outage) and the later ones are not sent (held
+    back behind it, or past the budget), where all six were published in 9 s or more."""
+    mock.topic("orders")
+    with override_settings(OUTBOX={**settings.OUTBOX, "LEASE_SECONDS": 6}):
+        kafka = transport(mock)
+        assert kafka.publish(Route("orders"), messages(1, "orders")) == [None]  # warm
+        mock.slow(1500)
+        batch = [dataclasses.replace(m, sequence=m.id + 1) for m in messages(6, "orders")]
+        outcomes = kafka.publish(Route("orders", ordered=True), batch)
+    assert outcomes[0] is None
+    late = outcomes[2:]
+    assert all(o is not None and not o.counts and not o.outage for o in late), outcomes
