@@ -12,7 +12,8 @@ What a delivery report's error means for its row:
 
 - the cluster unreachable, a timeout, too few in-sync replicas, a leader being elected,
   a fatal producer error: an outage (:meth:`Failure.broker_down`), no attempt counted;
-  a fatal error rebuilds the producer, and the rows not acknowledged go again;
+  a fatal error is logged (ERROR), fails :meth:`~KafkaTransport.check` for
+  :data:`FATAL_RETRY_DELAY`, and rebuilds the producer; the rows not acknowledged go again;
 - a record the cluster refuses for itself (larger than the topic's ``max.message.bytes``,
   a topic this user may not write, an invalid topic name): that row fails alone,
   permanently, with the reason. A record refused as too large in a batch of several
@@ -78,6 +79,9 @@ LATE = Failure.not_attempted(
     "30 s) before this record's turn",
     0.0,
 )
+#: Seconds after a fatal producer error during which :meth:`KafkaTransport.check` fails,
+#: before a new producer is tried.
+FATAL_RETRY_DELAY = 30.0
 #: Seconds until the rows of a missing topic (or of a producer OPTIONS cannot build) are
 #: due again, and between two ERRORs about it.
 MISSING_TOPIC_RETRY_DELAY = 30.0
@@ -123,7 +127,7 @@ def failure_of(error: Any) -> Failure:
             " (no acknowledgement from the in-sync replicas within message.timeout.ms: "
             "brokers down, too few in-sync replicas, or a leader being elected)"
         )
-    if code in outage or error.fatal() or error.retriable():
+    if code in outage:
         return Failure.broker_down(text, kind="kafka_unavailable")
     if code in refused:
         text = outbox_settings.redact(text)[:MAX_ERROR_LENGTH]
@@ -172,6 +176,23 @@ class KafkaTransport(Transport):
         self._admin: Any = None
         self._topics: set[str] = set()  # topics known to exist
         self._logged: dict[str, float] = {}  # ERROR text -> when it may be logged again
+        self._fatal_until, self._fatal_text = 0.0, ""  # check() fails until then (monotonic)
+
+    def _fatal(self, error: Any) -> Failure:
+        """A fatal producer error (an idempotent producer the cluster refuses, such as a
+        user without the IdempotentWrite ACL): one ERROR with its reason, the producer
+        dropped (the next publish builds another), :meth:`check` failing meanwhile."""
+        text = f"KafkaError {error.name()}: {error.str()}"
+        if self._fatal_until <= time.monotonic():
+            logger.error(
+                "the Kafka producer hit a fatal error (%s): a new one is built in %g s",
+                text,
+                FATAL_RETRY_DELAY,
+                extra={"action": "outbox.kafka_fatal"},
+            )
+        self._fatal_until, self._fatal_text = time.monotonic() + FATAL_RETRY_DELAY, text
+        self.close()
+        return Failure.broker_down(f"fatal producer error: {text}", kind="kafka_unavailable")
 
     def _cluster_error(self, error: Any) -> None:
         """librdkafka's cluster-level trouble (brokers down): it retries by itself."""
@@ -217,6 +238,8 @@ class KafkaTransport(Transport):
         """Read the cluster's metadata (any broker answering); :class:`BrokerUnreachable`
         naming the broker when none does."""
         try:
+            if self._fatal_until > time.monotonic():
+                raise RuntimeError(f"fatal producer error: {self._fatal_text}")
             self._client().list_topics(timeout=CONNECT_TIMEOUT)
         except Exception as exc:
             name = f"broker {self.alias!r} " if self.alias else ""
@@ -259,17 +282,16 @@ class KafkaTransport(Transport):
         batches records without knowing the topic's ``max.message.bytes``: records refused
         as too large in a batch of several go again one at a time, so each is then
         published or refused for its own size."""
-        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka import KafkaError
 
         if time.monotonic() >= deadline:
             return [LATE] * len(messages)
         outcomes: list[_Report] = [False] * len(messages)  # False: no report yet
         self._produce(producer, route, topic, messages, outcomes)
-        try:
-            producer.flush(max(0.0, deadline - time.monotonic()))
-        except KafkaException as exc:  # fatal: what was not acknowledged goes again
-            self.close()
-            outcomes = [failure_of(exc.args[0]) if o is False else o for o in outcomes]
+        fatal = _flush(producer, max(0.0, deadline - time.monotonic()))
+        if fatal is not None:  # what it did not deliver (purged) goes again, by a new producer
+            failure = self._fatal(fatal)
+            outcomes = [failure if o is False or isinstance(o, tuple) else o for o in outcomes]
         settled = _settle(outcomes)
         for index, outcome in enumerate(outcomes):
             if len(messages) > 1 and _code(outcome) == KafkaError.MSG_SIZE_TOO_LARGE:
@@ -391,6 +413,23 @@ class ProducerRefused(OutboxConfigurationError):
             f"{setting} cannot build a Kafka producer: {error} (its rows wait, attempts "
             "unchanged; manage.py check reports it as django_outbox.E062)"
         )
+
+
+def _flush(producer: Any, timeout: float) -> Any:
+    """``flush()``; the fatal KafkaError it raises, or None. confluent-kafka raises a
+    fatal error from the next flush (error_cb never sees it); when a delivery report is
+    served in the same call, the binding turns it into a SystemError caused by it."""
+    from confluent_kafka import KafkaException
+
+    try:
+        producer.flush(timeout)
+    except KafkaException as exc:
+        return exc.args[0]
+    except SystemError as exc:
+        if not isinstance(exc.__cause__, KafkaException):
+            raise
+        return exc.__cause__.args[0]
+    return None
 
 
 def _settle(outcomes: list[_Report]) -> list[Outcome]:

@@ -162,10 +162,6 @@ def test_a_record_the_cluster_refuses_for_itself_fails_alone_for_good(code):
     assert KafkaError(code).name() in failure.error
 
 
-def test_a_fatal_error_is_an_outage():
-    assert failure_of(KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, fatal=True)).outage
-
-
 def test_another_error_counts_an_attempt():
     failure = failure_of(KafkaError(KafkaError.INVALID_REQUIRED_ACKS))
     assert failure.counts and not failure.permanent and not failure.outage

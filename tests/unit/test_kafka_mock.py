@@ -22,6 +22,7 @@ from django.test.utils import override_settings
 
 from django_outbox.conf.routes import Route
 from django_outbox.envelope import ClaimedMessage
+from django_outbox.exceptions import BrokerUnreachable
 from django_outbox.transports.kafka import KafkaTransport
 
 PRODUCE, INIT_PRODUCER_ID = 0, 22  # Kafka's api keys of a Produce, an InitProducerId request
@@ -203,3 +204,23 @@ def test_waves_past_the_confirm_budget_are_not_attempted(mock, settings):
     assert outcomes[0] is None
     late = outcomes[2:]
     assert all(o is not None and not o.counts and not o.outage for o in late), outcomes
+
+
+def test_a_fatal_producer_error_is_an_outage_logged_and_the_producer_rebuilt(mock, caplog):
+    """The cluster refuses the idempotent producer its id (CLUSTER_AUTHORIZATION_FAILED:
+    a user without the IdempotentWrite ACL), which librdkafka makes fatal: the rows wait
+    (an outage, no attempt), an ERROR gives the reason, check() fails for a while, and
+    the next publish builds a new producer (it raised a SystemError out of publish, an
+    attempt counted on every row, the reason logged at DEBUG only)."""
+    mock.topic("orders")
+    mock.fail_request(INIT_PRODUCER_ID, CLUSTER_AUTHORIZATION_FAILED)
+    kafka = transport(mock)
+    outcomes = kafka.publish(Route("orders"), messages(2, "orders"))
+    assert [(o.outage, o.counts) for o in outcomes] == [(True, False)] * 2, outcomes
+    assert "CLUSTER_AUTHORIZATION_FAILED" in outcomes[0].error
+    (error,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert error.action == "outbox.kafka_fatal"
+    assert "Cluster authorization failed" in error.getMessage()
+    with pytest.raises(BrokerUnreachable, match="fatal producer error: KafkaError "):
+        kafka.check()
+    assert kafka.publish(Route("orders"), messages(2, "orders")) == [None] * 2
