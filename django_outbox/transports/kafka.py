@@ -26,7 +26,9 @@ records in that batch: nothing of a key reaches the topic after a failed record 
 
 A missing topic is created with the route's ``partitions``, ``replication_factor`` and
 ``topic_config`` when it names any of them; otherwise its rows wait (no attempt) and
-one ERROR per interval names the topic.
+one ERROR per interval names the topic. So do the rows of a topic this user may not
+describe, or whose creation got no answer; a topic deleted while the relay runs is
+forgotten, and looked up again by the next publish.
 """
 
 from __future__ import annotations
@@ -129,6 +131,8 @@ def failure_of(error: Any) -> Failure:
         )
     if code in outage:
         return Failure.broker_down(text, kind="kafka_unavailable")
+    if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+        return Failure.not_attempted(f"not attempted: {text} (the topic is gone?)", 0.0)
     if code in refused:
         text = outbox_settings.redact(text)[:MAX_ERROR_LENGTH]
         return Failure(text, permanent=True, kind="kafka_refused")
@@ -259,7 +263,7 @@ class KafkaTransport(Transport):
         topic, deadline = route.topic_name, time.monotonic() + lease_confirm_timeout()
         try:
             producer = self._client()
-            missing = self._ensure_topic(route, topic)
+            missing = self._ensure_topic(route, topic, deadline)
         except KafkaException as exc:
             return [failure_of(exc.args[0])] * len(messages)
         except ProducerRefused as exc:  # the settings' fault: no row loses an attempt
@@ -297,6 +301,8 @@ class KafkaTransport(Transport):
             if len(messages) > 1 and _code(outcome) == KafkaError.MSG_SIZE_TOO_LARGE:
                 alone = [messages[index]]
                 (settled[index],) = self._publish_wave(producer, route, topic, deadline, alone)
+        if any(outcome is not None and not outcome.counts for outcome in settled):
+            self._topics.discard(topic)  # deleted meanwhile? the next publish looks again
         return settled
 
     def _produce(
@@ -336,42 +342,60 @@ class KafkaTransport(Transport):
             except BufferError:
                 producer.poll(0.1)
 
-    def _ensure_topic(self, route: Route, topic: str) -> Failure | None:
+    def _ensure_topic(self, route: Route, topic: str, deadline: float) -> Failure | None:
         """None when ``topic`` exists (or its metadata says anything but that it is
         missing or refused: produce() reports that per record) or was just created; else
-        the failure of its rows: for good when the cluster refuses the topic (an invalid
-        name, not authorized), else they wait (a configuration error, no attempt)."""
-        from confluent_kafka import KafkaError, KafkaException
+        the failure of its rows: for good when its name is invalid, else they wait (a
+        missing topic, one this user may not see, a creation refused or unanswered: a
+        configuration error, no attempt) and one ERROR per interval says why."""
+        from confluent_kafka import KafkaError
 
         if topic in self._topics:
             return None
         found = self._producer.list_topics(topic, timeout=CONNECT_TIMEOUT).topics.get(topic)
-        if found is not None and found.error is not None and found.error.code() in _codes()[1]:
-            return failure_of(found.error)  # an invalid name, a topic it may not see: for good
-        missing = found is None or (
-            found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-        )
-        creatable = bool(route.partitions or route.replication_factor or route.topic_config)
-        text = ""
-        if missing and not creatable:
+        code = None if found is None or found.error is None else found.error.code()
+        if code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
             text = (
-                f"topic {topic!r} does not exist on {mask_url(self._url)}: create it, or give "
-                f"route {route.destination!r} partitions (replication_factor, topic_config) to "
-                "have it created (its rows wait, attempts unchanged)"
+                f"topic {topic!r} on {mask_url(self._url)}: this user may not describe it "
+                "(TOPIC_AUTHORIZATION_FAILED): grant it Describe and Write on the topic (its "
+                "rows wait, attempts unchanged)"
             )
-        elif missing:
-            try:
-                self._create(route, topic)
-            except KafkaException as exc:
-                error = exc.args[0]
-                if failure_of(error).outage:
-                    raise  # the cluster, not the topic: an outage
-                text = f"creating topic {topic!r} failed: KafkaError {error.name()}: {error.str()}"
+        elif code in _codes()[1]:
+            return failure_of(found.error)  # an invalid name: for good
+        elif found is None or code == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            text = self._missing(route, topic, deadline)
+        else:
+            text = ""
         if not text:
             self._topics.add(topic)
             return None
         self._log_error(text, "outbox.kafka_missing_topic", topic=topic)
         return Failure.not_attempted(text, MISSING_TOPIC_RETRY_DELAY)
+
+    def _missing(self, route: Route, topic: str, deadline: float) -> str:
+        """Why the rows of missing ``topic`` wait, or "" once it is created."""
+        from confluent_kafka import KafkaException
+
+        if not (route.partitions or route.replication_factor or route.topic_config):
+            return (
+                f"topic {topic!r} does not exist on {mask_url(self._url)}: create it, or give "
+                f"route {route.destination!r} partitions (replication_factor, topic_config) to "
+                "have it created (its rows wait, attempts unchanged)"
+            )
+        timeout = max(0.0, min(CONNECT_TIMEOUT * 2, deadline - time.monotonic()))
+        try:
+            self._create(route, topic, timeout)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if failure_of(error).outage:
+                raise  # the cluster, not the topic: an outage
+            return f"creating topic {topic!r} failed: KafkaError {error.name()}: {error.str()}"
+        except TimeoutError:  # concurrent.futures': the cluster may create it yet
+            return (
+                f"creating topic {topic!r} got no answer within {timeout:g} s (its rows wait, "
+                "attempts unchanged)"
+            )
+        return ""
 
     def _log_error(self, text: str, action: str, **extra: str) -> None:
         """One ERROR per text and retry interval, however many batches it fails."""
@@ -380,7 +404,7 @@ class KafkaTransport(Transport):
             self._logged[text] = now + MISSING_TOPIC_RETRY_DELAY
             logger.error(text, extra={"action": action, **extra})
 
-    def _create(self, route: Route, topic: str) -> None:
+    def _create(self, route: Route, topic: str, timeout: float) -> None:
         """Create ``topic`` as ``route`` says (a topic created meanwhile is fine)."""
         from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.admin import NewTopic
@@ -392,7 +416,7 @@ class KafkaTransport(Transport):
             config={name: str(value) for name, value in route.topic_config},
         )
         try:
-            self._admin.create_topics([new])[topic].result(timeout=CONNECT_TIMEOUT * 2)
+            self._admin.create_topics([new])[topic].result(timeout=timeout)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise

@@ -232,6 +232,28 @@ def test_records_too_large_only_together_are_each_published():
     assert len(read(topic, 30, idle=5)) == 30
 
 
+def test_a_topic_deleted_under_a_running_relay_makes_its_rows_wait():
+    """The relay knows the topic; an operator deletes it: its rows cost no attempt, and
+    the next publish finds it missing (the relay kept it as known, and the records came
+    back _UNKNOWN_TOPIC, an attempt each, or timed out, an outage, for ever)."""
+    from confluent_kafka.admin import AdminClient
+
+    topic = new_topic()
+    now = dt.datetime.now(dt.UTC)
+    batch = [ClaimedMessage(n, uuid.uuid4(), "t.e", topic, "{}", {}, "", 0, now) for n in range(3)]
+    kafka = KafkaTransport(KAFKA_URL)
+    try:
+        assert kafka.publish(Route(topic, topic=topic, partitions=1), batch) == [None] * 3
+        admin = AdminClient({"bootstrap.servers": KAFKA_URL.partition("://")[2]})
+        admin.delete_topics([topic])[topic].result(timeout=30)
+        waiting = Route(topic, topic=topic)  # no partitions: a missing topic is not created
+        outcomes = [kafka.publish(waiting, batch) for _ in range(2)]
+    finally:
+        kafka.close()
+    assert all(not o.counts for o in outcomes[0]), outcomes[0]
+    assert outcomes[1][0].error.startswith(f"topic {topic!r} does not exist on kafka://")
+
+
 def test_an_ordered_route_writes_nothing_of_a_key_after_its_refused_record():
     """k2 is refused for good (too large): k3, staged after it, must not reach the topic
     ahead of it (idempotence alone would write it in the same batch); key j is untouched."""

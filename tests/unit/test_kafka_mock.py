@@ -25,7 +25,7 @@ from django_outbox.envelope import ClaimedMessage
 from django_outbox.exceptions import BrokerUnreachable
 from django_outbox.transports.kafka import KafkaTransport
 
-PRODUCE, INIT_PRODUCER_ID = 0, 22  # Kafka's api keys of a Produce, an InitProducerId request
+PRODUCE, CREATE_TOPICS, INIT_PRODUCER_ID = 0, 19, 22  # Kafka's api keys of requests
 MSG_SIZE_TOO_LARGE, NOT_ENOUGH_REPLICAS, TOPIC_AUTHORIZATION_FAILED = 10, 19, 29
 CLUSTER_AUTHORIZATION_FAILED = 31
 
@@ -62,6 +62,11 @@ class MockCluster:
         errors = [ctypes.c_void_p, ctypes.c_int16, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int)]
         lib.rd_kafka_mock_push_request_errors_array.argtypes = errors
         lib.rd_kafka_mock_broker_set_down.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+        lib.rd_kafka_mock_topic_set_error.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_int,
+        ]
         lib.rd_kafka_mock_broker_set_rtt.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int]
         self.lib, errbuf = lib, ctypes.create_string_buffer(512)
         conf = lib.rd_kafka_conf_new()
@@ -85,6 +90,22 @@ class MockCluster:
     def all_down(self) -> None:
         for broker in (1, 2, 3):
             self.lib.rd_kafka_mock_broker_set_down(self.cluster, broker)
+
+    def topic_error(self, name: str, code: int) -> None:
+        """Metadata responses give ``code`` as the topic's error."""
+        self.lib.rd_kafka_mock_topic_set_error(self.cluster, name.encode(), code)
+
+    def delay(self, api_key: int, rtt_ms: int) -> None:
+        """Every broker answers its next request of ``api_key`` ``rtt_ms`` late."""
+        for broker in (1, 2, 3):
+            self.lib.rd_kafka_mock_broker_push_request_error_rtts(  # varargs: no argtypes
+                ctypes.c_void_p(self.cluster),
+                ctypes.c_int32(broker),
+                ctypes.c_int(api_key),  # an int16_t, promoted as a variadic C call does
+                ctypes.c_size_t(1),
+                ctypes.c_int(0),
+                ctypes.c_int(rtt_ms),
+            )
 
     def slow(self, rtt_ms: int) -> None:
         """Every broker answers ``rtt_ms`` late."""
@@ -224,3 +245,29 @@ def test_a_fatal_producer_error_is_an_outage_logged_and_the_producer_rebuilt(moc
     with pytest.raises(BrokerUnreachable, match="fatal producer error: KafkaError "):
         kafka.check()
     assert kafka.publish(Route("orders"), messages(2, "orders")) == [None] * 2
+
+
+def test_a_topic_this_user_may_not_describe_waits_with_an_error(mock, caplog):
+    """TOPIC_AUTHORIZATION_FAILED in the topic's metadata: an ACL granted late must not
+    cost the backlog, so the rows wait (no attempt) and one ERROR says why (they were
+    abandoned)."""
+    mock.topic("orders")
+    mock.topic_error("orders", TOPIC_AUTHORIZATION_FAILED)
+    kafka = transport(mock)
+    for _ in range(2):
+        outcomes = kafka.publish(Route("orders"), messages(2, "orders"))
+        assert [(o.permanent, o.counts, o.outage) for o in outcomes] == [(False, False, False)] * 2
+    assert "TOPIC_AUTHORIZATION_FAILED" in outcomes[0].error
+    (error,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert error.getMessage() == outcomes[0].error
+
+
+def test_a_topic_creation_unanswered_within_the_budget_waits(mock, settings):
+    """CreateTopics answered 5 s late, a budget of 2 s (LEASE_SECONDS = 6): the rows wait,
+    no attempt (concurrent.futures' TimeoutError escaped publish: an attempt each)."""
+    mock.delay(CREATE_TOPICS, 5000)
+    with override_settings(OUTBOX={**settings.OUTBOX, "LEASE_SECONDS": 6}):
+        route = Route("orders", partitions=1)
+        outcomes = transport(mock).publish(route, messages(2, "orders"))
+    assert [(o.permanent, o.counts, o.outage) for o in outcomes] == [(False, False, False)] * 2
+    assert outcomes[0].error.startswith("creating topic 'orders' got no answer within ")
