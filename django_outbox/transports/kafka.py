@@ -291,7 +291,7 @@ class KafkaTransport(Transport):
         if time.monotonic() >= deadline:
             return [LATE] * len(messages)
         outcomes: list[_Report] = [False] * len(messages)  # False: no report yet
-        self._produce(producer, route, topic, messages, outcomes)
+        self._produce(producer, route, topic, messages, outcomes, deadline)
         fatal = _flush(producer, max(0.0, deadline - time.monotonic()))
         if fatal is not None:  # what it did not deliver (purged) goes again, by a new producer
             failure = self._fatal(fatal)
@@ -312,6 +312,7 @@ class KafkaTransport(Transport):
         topic: str,
         messages: Sequence[ClaimedMessage],
         outcomes: list[_Report],
+        deadline: float,
     ) -> None:
         """Hand each message to the producer; its report fills ``outcomes``."""
         from confluent_kafka import KafkaException
@@ -325,22 +326,13 @@ class KafkaTransport(Transport):
                 wire = cloudevents.wire(message, *envelope)
                 key = message.ordering_key.encode() if message.ordering_key else None
                 headers = record_headers(wire.headers, wire.content_type)
-                self._send(producer, topic, wire.body, key, headers, report)
+                refused = _send(producer, deadline, topic, wire.body, key, headers, report)
+                if refused is not None:
+                    outcomes[index] = refused
             except ENCODE_ERRORS as exc:
                 outcomes[index] = Failure.from_exception(exc, permanent=True)
             except KafkaException as exc:  # refused before it left (too large for the client)
                 outcomes[index] = failure_of(exc.args[0])
-
-    def _send(
-        self, producer: Any, topic: str, body: bytes, key: Any, headers: list, report: Any
-    ) -> None:
-        """``produce()``, serving reports while librdkafka's queue is full."""
-        while True:
-            try:
-                producer.produce(topic, body, key, headers=headers, on_delivery=report)
-                return
-            except BufferError:
-                producer.poll(0.1)
 
     def _ensure_topic(self, route: Route, topic: str, deadline: float) -> Failure | None:
         """None when ``topic`` exists (or its metadata says anything but that it is
@@ -439,6 +431,28 @@ class ProducerRefused(OutboxConfigurationError):
         )
 
 
+def _send(
+    producer: Any, deadline: float, topic: str, body: bytes, key: Any, headers: list, report: Any
+) -> Failure | None:
+    """``produce()``, serving reports while librdkafka's queue is full, until ``deadline``
+    (then :data:`LATE`); a record the empty queue cannot take fails for good."""
+    while True:
+        try:
+            producer.produce(topic, body, key, headers=headers, on_delivery=report)
+            return None
+        except BufferError:
+            if len(producer) == 0:
+                return Failure(
+                    f"a record of {len(body)} bytes is larger than the producer's whole queue "
+                    "(OPTIONS' queue.buffering.max.kbytes)",
+                    permanent=True,
+                    kind="kafka_refused",
+                )
+            if time.monotonic() >= deadline:
+                return LATE
+            producer.poll(0.1)
+
+
 def _flush(producer: Any, timeout: float) -> Any:
     """``flush()``; the fatal KafkaError it raises, or None. confluent-kafka raises a
     fatal error from the next flush (error_cb never sees it); when a delivery report is
@@ -504,12 +518,14 @@ def _in_waves(
 
 
 def _waves(messages: Sequence[ClaimedMessage]) -> list[list[int]]:
-    """The indices of ``messages`` in waves: the first of each key's, then the second ..."""
+    """The indices of ``messages`` in waves: the first of each key's, then the second ...;
+    every message without a key (or a sequence) in the first: none waits for another."""
     waves: list[list[int]] = []
     seen: collections.Counter[str] = collections.Counter()
     for index, message in enumerate(messages):
-        place = seen[message.ordering_key]
-        seen[message.ordering_key] += 1
+        independent = not message.ordering_key or message.sequence is None
+        place = 0 if independent else seen[message.ordering_key]
+        seen[message.ordering_key] += not independent
         if place == len(waves):
             waves.append([])
         waves[place].append(index)

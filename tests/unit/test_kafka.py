@@ -5,6 +5,7 @@ carry them. (The real cluster's behaviour is tests/integration/test_kafka.py's.)
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import sys
 import uuid
@@ -20,7 +21,7 @@ from django_outbox.conf.routes import Route
 from django_outbox.envelope import ClaimedMessage
 from django_outbox.ops.checks import check_brokers, check_routes
 from django_outbox.transports import transport_class
-from django_outbox.transports.kafka import KafkaTransport, failure_of, record_headers
+from django_outbox.transports.kafka import KafkaTransport, _waves, failure_of, record_headers
 
 KAFKA = "kafka://k1:9092,k2:9092,[::1]:9094"
 RABBIT = "amqp://guest:guest@rabbit//"
@@ -263,3 +264,13 @@ def test_message_timeout_is_at_most_the_leases_confirm_budget(given, used):
     options = {} if given is None else {"message.timeout.ms": given}
     with override_settings(OUTBOX={"BROKERS": {"default": {"URL": KAFKA}}, "LEASE_SECONDS": 60}):
         assert KafkaTransport(KAFKA, options).config["message.timeout.ms"] == used
+
+
+def test_rows_without_a_key_on_an_ordered_route_go_in_the_first_wave():
+    """Keyless rows have no order to keep: all in one wave, where each went in a wave of
+    its own (under the key ""), and one failure held back every later one."""
+    keyless = [dataclasses.replace(m, sequence=None) for m in claimed(3)]
+    keyed = [
+        dataclasses.replace(m, ordering_key="k", sequence=n + 1) for n, m in enumerate(claimed(2))
+    ]
+    assert _waves([*keyless, *keyed]) == [[0, 1, 2, 3], [4]]

@@ -10,6 +10,7 @@ import ctypes
 import dataclasses
 import datetime as dt
 import glob
+import json
 import os
 import re
 import uuid
@@ -271,3 +272,15 @@ def test_a_topic_creation_unanswered_within_the_budget_waits(mock, settings):
         outcomes = transport(mock).publish(route, messages(2, "orders"))
     assert [(o.permanent, o.counts, o.outage) for o in outcomes] == [(False, False, False)] * 2
     assert outcomes[0].error.startswith("creating topic 'orders' got no answer within ")
+
+
+def test_a_record_larger_than_the_producers_whole_queue_fails_for_good(mock):
+    """queue.buffering.max.kbytes = 1 and a record of 2 kB: produce() raises BufferError
+    with nothing queued, which serving reports never cures (publish spun for ever)."""
+    mock.topic("orders")
+    kafka = KafkaTransport(mock.url, {"log_level": 0, "queue.buffering.max.kbytes": 1})
+    big = dataclasses.replace(messages(1, "orders")[0], payload=json.dumps("x" * 2000))
+    small, big_outcome = kafka.publish(Route("orders"), [*messages(1, "orders"), big])
+    assert small is None
+    assert (big_outcome.permanent, big_outcome.counts) == (True, True)
+    assert "queue.buffering.max.kbytes" in big_outcome.error
