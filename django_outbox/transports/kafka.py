@@ -5,8 +5,9 @@ Each message becomes one record of its route's topic (:attr:`Route.topic_name`):
 its ordering key (UTF-8; none without one), value = its body (the payload's JSON),
 headers = its wire headers and ``content_type``. A message counts as published only
 when its own delivery report says the cluster has it (every in-sync replica, with
-``acks=all``); a batch waits for its reports at most ``message.timeout.ms`` (derived from
-``LEASE_SECONDS``, as RabbitMQ's confirm timeout is).
+``acks=all``). A publish has one deadline for all of it, the lease's confirm budget
+(:func:`~.confirms.lease_confirm_timeout`, as RabbitMQ's confirms have), and
+``message.timeout.ms`` is capped at that budget.
 
 What a delivery report's error means for its row:
 
