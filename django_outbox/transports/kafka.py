@@ -82,6 +82,13 @@ LATE = Failure.not_attempted(
     "30 s) before this record's turn",
     0.0,
 )
+#: The error of a record with no delivery report by the publish's deadline: its
+#: message.timeout.ms ends there too, and librdkafka may report the timeout a moment late.
+NO_REPORT = (
+    "no delivery report within the publish's confirm budget (a third of LEASE_SECONDS, at "
+    "most 30 s; message.timeout.ms): brokers down, too few in-sync replicas, or a leader "
+    "being elected"
+)
 #: Seconds after a fatal producer error during which :meth:`KafkaTransport.check` fails,
 #: before a new producer is tried.
 FATAL_RETRY_DELAY = 30.0
@@ -477,7 +484,7 @@ def _settle(outcomes: list[_Report]) -> list[Outcome]:
     settled: list[Outcome] = []
     for outcome in outcomes:
         if outcome is False:
-            outcome = Failure.broker_down("no delivery report within message.timeout.ms")
+            outcome = Failure.broker_down(NO_REPORT, kind="kafka_unavailable")
         elif isinstance(outcome, tuple):  # (KafkaError,) from the report
             outcome = failure_of(outcome[0])
         settled.append(outcome)
