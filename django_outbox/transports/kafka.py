@@ -275,7 +275,7 @@ class KafkaTransport(Transport):
         except KafkaException as exc:
             return [failure_of(exc.args[0])] * len(messages)
         except ProducerRefused as exc:  # the settings' fault: no row loses an attempt
-            self._log_error(str(exc), "outbox.kafka_options_refused")
+            self._log_error(str(exc), extra={"action": "outbox.kafka_options_refused"})
             return [Failure.not_attempted(str(exc), MISSING_TOPIC_RETRY_DELAY)] * len(messages)
         if missing is not None:
             return [missing] * len(messages)
@@ -369,7 +369,7 @@ class KafkaTransport(Transport):
         if not text:
             self._topics.add(topic)
             return None
-        self._log_error(text, "outbox.kafka_missing_topic", topic=topic)
+        self._log_error(text, extra={"action": "outbox.kafka_missing_topic", "topic": topic})
         return Failure.not_attempted(text, MISSING_TOPIC_RETRY_DELAY)
 
     def _missing(self, route: Route, topic: str, deadline: float) -> str:
@@ -397,12 +397,12 @@ class KafkaTransport(Transport):
             )
         return ""
 
-    def _log_error(self, text: str, action: str, **extra: str) -> None:
+    def _log_error(self, text: str, *, extra: dict[str, str]) -> None:
         """One ERROR per text and retry interval, however many batches it fails."""
         now = time.monotonic()
         if self._logged.get(text, 0.0) <= now:
             self._logged[text] = now + MISSING_TOPIC_RETRY_DELAY
-            logger.error(text, extra={"action": action, **extra})
+            logger.error(text, extra=extra)
 
     def _create(self, route: Route, topic: str, timeout: float) -> None:
         """Create ``topic`` as ``route`` says (a topic created meanwhile is fine)."""
