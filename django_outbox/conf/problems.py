@@ -55,6 +55,8 @@ CHECK_IDS = {
     # Kafka routes (transports.capabilities.broker_shape_problems):
     "kafka_keys_elsewhere": "django_outbox.E060",
     "queue_on_kafka": "django_outbox.E061",
+    # Kafka OPTIONS librdkafka refuses (transports.kafka.KafkaTransport.problems):
+    "kafka_options": "django_outbox.E062",
     # NATS JetStream routes (transports.capabilities.broker_shape_problems):
     "jetstream_not_nats": "django_outbox.E070",
     "queue_on_nats": "django_outbox.E071",

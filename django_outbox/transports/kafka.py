@@ -5,18 +5,20 @@ Each message becomes one record of its route's topic (:attr:`Route.topic_name`):
 its ordering key (UTF-8; none without one), value = its body (the payload's JSON),
 headers = its wire headers and ``content_type``. A message counts as published only
 when its own delivery report says the cluster has it (every in-sync replica, with
-``acks=all``); a batch waits for its reports at most ``message.timeout.ms`` (derived from
-``LEASE_SECONDS``, as RabbitMQ's confirm timeout is).
+``acks=all``). A publish has one deadline for all of it, the lease's confirm budget
+(:func:`~.confirms.lease_confirm_timeout`, as RabbitMQ's confirms have), and
+``message.timeout.ms`` is capped at that budget.
 
 What a delivery report's error means for its row:
 
 - the cluster unreachable, a timeout, too few in-sync replicas, a leader being elected,
   a fatal producer error: an outage (:meth:`Failure.broker_down`), no attempt counted;
-  a fatal error rebuilds the producer, and the rows not acknowledged go again;
+  a fatal error is logged (ERROR), fails :meth:`~KafkaTransport.check` for
+  :data:`FATAL_RETRY_DELAY`, and rebuilds the producer; the rows not acknowledged go again;
 - a record the cluster refuses for itself (larger than the topic's ``max.message.bytes``,
   a topic this user may not write, an invalid topic name): that row fails alone,
-  permanently, with the reason. A record refused as too large for a batch it shared
-  with a larger one is not attempted, and goes again;
+  permanently, with the reason. A record refused as too large in a batch of several
+  goes again alone within the same publish, and only a refusal of it alone is its own;
 - anything else: a failure that counts an attempt, retried with backoff.
 
 On an ordered route a batch goes in waves (each key's first record, then its second ...),
@@ -25,7 +27,9 @@ records in that batch: nothing of a key reaches the topic after a failed record 
 
 A missing topic is created with the route's ``partitions``, ``replication_factor`` and
 ``topic_config`` when it names any of them; otherwise its rows wait (no attempt) and
-one ERROR per interval names the topic.
+one ERROR per interval names the topic. So do the rows of a topic this user may not
+describe, or whose creation got no answer; a topic deleted while the relay runs is
+forgotten, and looked up again by the next publish.
 """
 
 from __future__ import annotations
@@ -35,14 +39,14 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-from ..conf import kafka_bootstrap, outbox_settings
+from ..conf import CHECK_IDS, Broker, Problem, kafka_bootstrap, outbox_settings
 from ..conf.redact import SecretFilter, mask_url
 from ..conf.routes import Route
 from ..envelope import ClaimedMessage
-from ..exceptions import BrokerUnreachable
+from ..exceptions import BrokerUnreachable, OutboxConfigurationError
 from .base import MAX_ERROR_LENGTH, Failure, Outcome, Transport
 from .confirms import lease_confirm_timeout
 from .connection import CONNECT_TIMEOUT
@@ -71,9 +75,25 @@ _Report = Failure | None | Literal[False] | tuple[Any]
 #: On an ordered route, the outcome of a record not sent because one of its key before it
 #: failed in the same batch (the relay sends it again after that one).
 HELD_BACK = Failure.not_attempted("not attempted: an earlier event of its key failed", 0.0)
-#: librdkafka's MSG_SIZE_TOO_LARGE (a broker's refusal of a record over max.message.bytes).
-_TOO_LARGE = 10
-#: Seconds until the rows of a missing topic are due again, and between its ERRORs.
+#: The outcome of a wave whose turn came after the publish's deadline (the lease's
+#: confirm budget, :func:`~.confirms.lease_confirm_timeout`): due again at once.
+LATE = Failure.not_attempted(
+    "not attempted: the publish used its confirm budget (a third of LEASE_SECONDS, at most "
+    "30 s) before this record's turn",
+    0.0,
+)
+#: The error of a record with no delivery report by the publish's deadline: its
+#: message.timeout.ms ends there too, and librdkafka may report the timeout a moment late.
+NO_REPORT = (
+    "no delivery report within the publish's confirm budget (a third of LEASE_SECONDS, at "
+    "most 30 s; message.timeout.ms): brokers down, too few in-sync replicas, or a leader "
+    "being elected"
+)
+#: Seconds after a fatal producer error during which :meth:`KafkaTransport.check` fails,
+#: before a new producer is tried.
+FATAL_RETRY_DELAY = 30.0
+#: Seconds until the rows of a missing topic (or of a producer OPTIONS cannot build) are
+#: due again, and between two ERRORs about it.
 MISSING_TOPIC_RETRY_DELAY = 30.0
 
 
@@ -105,10 +125,8 @@ def record_headers(headers: Mapping[str, Any], content_type: str) -> list[tuple[
     return found
 
 
-def failure_of(error: Any, *, own_size: int = 0, limit: int = 0) -> Failure:
-    """The outcome of a delivery report's (or ``produce()``'s) KafkaError ``error``. A
-    record refused as too large fails alone only when it is larger than the topic's
-    ``limit`` itself (``own_size``); otherwise a neighbour's size failed it: not attempted."""
+def failure_of(error: Any) -> Failure:
+    """The outcome of a delivery report's (or ``produce()``'s) KafkaError ``error``."""
     from confluent_kafka import KafkaError
 
     outage, refused = _codes()
@@ -119,14 +137,31 @@ def failure_of(error: Any, *, own_size: int = 0, limit: int = 0) -> Failure:
             " (no acknowledgement from the in-sync replicas within message.timeout.ms: "
             "brokers down, too few in-sync replicas, or a leader being elected)"
         )
-    if code in outage or error.fatal() or error.retriable():
+    if code in outage:
         return Failure.broker_down(text, kind="kafka_unavailable")
-    if code == KafkaError.MSG_SIZE_TOO_LARGE and limit and own_size <= limit:
-        return Failure.not_attempted(f"not attempted: a larger record of its batch ({text})", 0.0)
+    if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+        return Failure.not_attempted(f"not attempted: {text} (the topic is gone?)", 0.0)
     if code in refused:
         text = outbox_settings.redact(text)[:MAX_ERROR_LENGTH]
         return Failure(text, permanent=True, kind="kafka_refused")
     return Failure(outbox_settings.redact(text)[:MAX_ERROR_LENGTH], kind="kafka_error")
+
+
+def options_error(options: Mapping[str, Any]) -> str | None:
+    """What librdkafka says of a producer built from ``options`` (an unknown property, a
+    bad value, a missing ``ssl.*`` file), or None when it builds. Offline: the producer
+    is given no broker to reach, and dropped at once."""
+    from confluent_kafka import KafkaException, Producer
+
+    quiet = logging.getLogger(f"{__name__}.check")
+    quiet.propagate = False  # librdkafka warns of the missing bootstrap.servers
+    try:
+        Producer({**DEFAULTS, **options, **REQUIRED, "logger": quiet})
+    except KafkaException as exc:
+        return str(outbox_settings.redact(exc.args[0].str()))
+    except (TypeError, ValueError) as exc:  # refused by the binding before librdkafka
+        return str(outbox_settings.redact(f"{type(exc).__name__}: {exc}"))
+    return None
 
 
 class KafkaTransport(Transport):
@@ -140,32 +175,67 @@ class KafkaTransport(Transport):
         self, url: str, options: Mapping[str, Any] | None = None, *, alias: str | None = None
     ) -> None:
         self._url, self.alias = url, alias
-        timeout_ms = int(lease_confirm_timeout() * 1000)
         self.config: dict[str, Any] = {
             **DEFAULTS,
-            "message.timeout.ms": timeout_ms,
             **(options or {}),
+            "message.timeout.ms": _message_timeout_ms(options or {}),
             **REQUIRED,
             "bootstrap.servers": kafka_bootstrap(url),
             "error_cb": self._cluster_error,
             "logger": LIBRDKAFKA_LOG,  # librdkafka's own log lines, redacted, not on stderr
         }
-        self._wait = int(self.config["message.timeout.ms"]) / 1000 + CONNECT_TIMEOUT
         self._producer: Any = None
         self._admin: Any = None
-        self._topics: dict[str, int] = {}  # known topic -> its max.message.bytes (0: unread)
-        self._missing_logged: dict[str, float] = {}
+        self._topics: set[str] = set()  # topics known to exist
+        self._logged: dict[str, float] = {}  # ERROR text -> when it may be logged again
+        self._fatal_until, self._fatal_text = 0.0, ""  # check() fails until then (monotonic)
+
+    def _fatal(self, error: Any) -> Failure:
+        """A fatal producer error (an idempotent producer the cluster refuses, such as a
+        user without the IdempotentWrite ACL): one ERROR with its reason, the producer
+        dropped (the next publish builds another), :meth:`check` failing meanwhile."""
+        text = f"KafkaError {error.name()}: {error.str()}"
+        if self._fatal_until <= time.monotonic():
+            logger.error(
+                "the Kafka producer hit a fatal error (%s): a new one is built in %g s",
+                text,
+                FATAL_RETRY_DELAY,
+                extra={"action": "outbox.kafka_fatal"},
+            )
+        self._fatal_until, self._fatal_text = time.monotonic() + FATAL_RETRY_DELAY, text
+        self.close()
+        return Failure.broker_down(f"fatal producer error: {text}", kind="kafka_unavailable")
 
     def _cluster_error(self, error: Any) -> None:
         """librdkafka's cluster-level trouble (brokers down): it retries by itself."""
         logger.debug("kafka: %s", error, extra={"action": "outbox.kafka_cluster_error"})
 
+    @classmethod
+    def problems(cls, broker: Broker) -> list[Problem]:
+        """E062: ``OPTIONS`` librdkafka refuses, found by building a producer offline."""
+        error = options_error(broker.options)
+        if error is None:
+            return []
+        return [
+            Problem(
+                CHECK_IDS["kafka_options"],
+                f"{broker.options_setting} cannot build a Kafka producer: {error}",
+                "Fix or remove that property (librdkafka's CONFIGURATION.md lists them); "
+                "a file it names must exist where the relay runs.",
+            )
+        ]
+
     def _client(self) -> Any:
         if self._producer is None:
-            from confluent_kafka import Producer
+            from confluent_kafka import KafkaException, Producer
             from confluent_kafka.admin import AdminClient
 
-            self._producer = Producer(self.config)
+            try:
+                self._producer = Producer(self.config)
+            except KafkaException as exc:
+                raise ProducerRefused(self.alias, exc.args[0].str()) from exc
+            except (TypeError, ValueError) as exc:  # refused by the binding before librdkafka
+                raise ProducerRefused(self.alias, f"{type(exc).__name__}: {exc}") from exc
             admin = {k: v for k, v in self.config.items() if k not in REQUIRED}
             admin = {k: v for k, v in admin.items() if k not in DEFAULTS}
             admin.pop("message.timeout.ms", None)
@@ -180,6 +250,8 @@ class KafkaTransport(Transport):
         """Read the cluster's metadata (any broker answering); :class:`BrokerUnreachable`
         naming the broker when none does."""
         try:
+            if self._fatal_until > time.monotonic():
+                raise RuntimeError(f"fatal producer error: {self._fatal_text}")
             self._client().list_topics(timeout=CONNECT_TIMEOUT)
         except Exception as exc:
             name = f"broker {self.alias!r} " if self.alias else ""
@@ -196,43 +268,50 @@ class KafkaTransport(Transport):
     def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
         from confluent_kafka import KafkaException
 
-        topic = route.topic_name
+        topic, deadline = route.topic_name, time.monotonic() + lease_confirm_timeout()
         try:
             producer = self._client()
-            missing = self._ensure_topic(route, topic)
+            missing = self._ensure_topic(route, topic, deadline)
         except KafkaException as exc:
             return [failure_of(exc.args[0])] * len(messages)
+        except ProducerRefused as exc:  # the settings' fault: no row loses an attempt
+            self._log_error(str(exc), extra={"action": "outbox.kafka_options_refused"})
+            return [Failure.not_attempted(str(exc), MISSING_TOPIC_RETRY_DELAY)] * len(messages)
         if missing is not None:
             return [missing] * len(messages)
-        if not route.ordered:
-            return self._publish_wave(producer, route, topic, messages)
-        # Ordered: a key's n-th record goes only once its (n-1)-th is acknowledged, so no
-        # record of a key is ever written after one of its key that failed.
-        outcomes: list[Outcome] = [HELD_BACK] * len(messages)
-        failed: set[str] = set()
-        for wave in _waves(messages):
-            todo = [i for i in wave if messages[i].ordering_key not in failed]
-            settled = self._publish_wave(producer, route, topic, [messages[i] for i in todo])
-            for index, outcome in zip(todo, settled, strict=True):
-                outcomes[index] = outcome
-                if outcome is not None:
-                    failed.add(messages[index].ordering_key)
-        return outcomes
+        wave = functools.partial(self._publish_wave, producer, route, topic, deadline)
+        return _in_waves(wave, messages) if route.ordered else wave(messages)
 
     def _publish_wave(
-        self, producer: Any, route: Route, topic: str, messages: Sequence[ClaimedMessage]
+        self,
+        producer: Any,
+        route: Route,
+        topic: str,
+        deadline: float,
+        messages: Sequence[ClaimedMessage],
     ) -> list[Outcome]:
-        """Produce ``messages`` and wait for their reports; their outcomes."""
-        from confluent_kafka import KafkaException
+        """Produce ``messages`` and wait for their reports; their outcomes. librdkafka
+        batches records without knowing the topic's ``max.message.bytes``: records refused
+        as too large in a batch of several go again one at a time, so each is then
+        published or refused for its own size."""
+        from confluent_kafka import KafkaError
 
+        if time.monotonic() >= deadline:
+            return [LATE] * len(messages)
         outcomes: list[_Report] = [False] * len(messages)  # False: no report yet
-        sizes = self._produce(producer, route, topic, messages, outcomes)
-        try:
-            producer.flush(self._wait)
-        except KafkaException as exc:  # fatal: what was not acknowledged goes again
-            self.close()
-            outcomes = [failure_of(exc.args[0]) if o is False else o for o in outcomes]
-        return self._settle(topic, outcomes, sizes)
+        self._produce(producer, route, topic, messages, outcomes, deadline)
+        fatal = _flush(producer, max(0.0, deadline - time.monotonic()))
+        if fatal is not None:  # what it did not deliver (purged) goes again, by a new producer
+            failure = self._fatal(fatal)
+            outcomes = [failure if o is False or isinstance(o, tuple) else o for o in outcomes]
+        settled = _settle(outcomes)
+        for index, outcome in enumerate(outcomes):
+            if len(messages) > 1 and _code(outcome) == KafkaError.MSG_SIZE_TOO_LARGE:
+                alone = [messages[index]]
+                (settled[index],) = self._publish_wave(producer, route, topic, deadline, alone)
+        if any(outcome is not None and not outcome.counts for outcome in settled):
+            self._topics.discard(topic)  # deleted meanwhile? the next publish looks again
+        return settled
 
     def _produce(
         self,
@@ -241,101 +320,91 @@ class KafkaTransport(Transport):
         topic: str,
         messages: Sequence[ClaimedMessage],
         outcomes: list[_Report],
-    ) -> list[int]:
-        """Hand each message to the producer; its report fills ``outcomes``. Returns each
-        record's size (key, value and headers: what ``max.message.bytes`` weighs)."""
+        deadline: float,
+    ) -> None:
+        """Hand each message to the producer; its report fills ``outcomes``."""
         from confluent_kafka import KafkaException
 
         from .. import cloudevents
 
-        envelope, sizes = envelope_of(route, binary=False), [0] * len(messages)
+        envelope = envelope_of(route, binary=False)
         for index, message in enumerate(messages):
             report = functools.partial(_delivered, outcomes, index)
             try:
                 wire = cloudevents.wire(message, *envelope)
                 key = message.ordering_key.encode() if message.ordering_key else None
                 headers = record_headers(wire.headers, wire.content_type)
-                sizes[index] = len(wire.body) + len(key or b"") + sum(map(_size, headers))
-                self._send(producer, topic, wire.body, key, headers, report)
+                refused = _send(producer, deadline, topic, wire.body, key, headers, report)
+                if refused is not None:
+                    outcomes[index] = refused
             except ENCODE_ERRORS as exc:
                 outcomes[index] = Failure.from_exception(exc, permanent=True)
             except KafkaException as exc:  # refused before it left (too large for the client)
                 outcomes[index] = failure_of(exc.args[0])
-        return sizes
 
-    def _send(
-        self, producer: Any, topic: str, body: bytes, key: Any, headers: list, report: Any
-    ) -> None:
-        """``produce()``, serving reports while librdkafka's queue is full."""
-        while True:
-            try:
-                producer.produce(topic, body, key, headers=headers, on_delivery=report)
-                return
-            except BufferError:
-                producer.poll(0.1)
-
-    def _settle(self, topic: str, outcomes: list[_Report], sizes: list[int]) -> list[Outcome]:
-        """The outcomes, once reported: a message with no report in time is an outage
-        (it may still arrive: it goes again, at least once); reports that are too-large
-        refusals are weighed against the topic's limit; a fatal error rebuilds the producer."""
-        settled: list[Outcome] = []
-        for index, outcome in enumerate(outcomes):
-            if outcome is False:
-                outcome = Failure.broker_down("no delivery report within message.timeout.ms")
-            elif isinstance(outcome, tuple):  # (KafkaError,) from the report
-                error = outcome[0]
-                limit = self._size_limit(topic) if error.code() == _TOO_LARGE else 0
-                outcome = failure_of(error, own_size=sizes[index], limit=limit)
-                if error.fatal():
-                    self.close()
-            settled.append(outcome)
-        return settled
-
-    def _ensure_topic(self, route: Route, topic: str) -> Failure | None:
+    def _ensure_topic(self, route: Route, topic: str, deadline: float) -> Failure | None:
         """None when ``topic`` exists (or its metadata says anything but that it is
         missing or refused: produce() reports that per record) or was just created; else
-        the failure of its rows: for good when the cluster refuses the topic (an invalid
-        name, not authorized), else they wait (a configuration error, no attempt)."""
-        from confluent_kafka import KafkaError, KafkaException
+        the failure of its rows: for good when its name is invalid, else they wait (a
+        missing topic, one this user may not see, a creation refused or unanswered: a
+        configuration error, no attempt) and one ERROR per interval says why."""
+        from confluent_kafka import KafkaError
 
         if topic in self._topics:
             return None
         found = self._producer.list_topics(topic, timeout=CONNECT_TIMEOUT).topics.get(topic)
-        if found is not None and found.error is not None and found.error.code() in _codes()[1]:
-            return failure_of(found.error)  # an invalid name, a topic it may not see: for good
-        missing = found is None or (
-            found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-        )
-        creatable = bool(route.partitions or route.replication_factor or route.topic_config)
-        text = ""
-        if missing and not creatable:
+        code = None if found is None or found.error is None else found.error.code()
+        if code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
             text = (
+                f"topic {topic!r} on {mask_url(self._url)}: this user may not describe it "
+                "(TOPIC_AUTHORIZATION_FAILED): grant it Describe and Write on the topic (its "
+                "rows wait, attempts unchanged)"
+            )
+        elif code in _codes()[1]:
+            return failure_of(found.error)  # an invalid name: for good
+        elif found is None or code == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            text = self._missing(route, topic, deadline)
+        else:
+            text = ""
+        if not text:
+            self._topics.add(topic)
+            return None
+        self._log_error(text, extra={"action": "outbox.kafka_missing_topic", "topic": topic})
+        return Failure.not_attempted(text, MISSING_TOPIC_RETRY_DELAY)
+
+    def _missing(self, route: Route, topic: str, deadline: float) -> str:
+        """Why the rows of missing ``topic`` wait, or "" once it is created."""
+        from confluent_kafka import KafkaException
+
+        if not (route.partitions or route.replication_factor or route.topic_config):
+            return (
                 f"topic {topic!r} does not exist on {mask_url(self._url)}: create it, or give "
                 f"route {route.destination!r} partitions (replication_factor, topic_config) to "
                 "have it created (its rows wait, attempts unchanged)"
             )
-        elif missing:
-            try:
-                self._create(route, topic)
-            except KafkaException as exc:
-                error = exc.args[0]
-                if failure_of(error).outage:
-                    raise  # the cluster, not the topic: an outage
-                text = f"creating topic {topic!r} failed: KafkaError {error.name()}: {error.str()}"
-        if not text:
-            self._topics[topic] = 0
-            return None
-        self._log_missing(topic, text)
-        return Failure.not_attempted(text, MISSING_TOPIC_RETRY_DELAY)
+        timeout = max(0.0, min(CONNECT_TIMEOUT * 2, deadline - time.monotonic()))
+        try:
+            self._create(route, topic, timeout)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if failure_of(error).outage:
+                raise  # the cluster, not the topic: an outage
+            return f"creating topic {topic!r} failed: KafkaError {error.name()}: {error.str()}"
+        except TimeoutError:  # concurrent.futures': the cluster may create it yet
+            return (
+                f"creating topic {topic!r} got no answer within {timeout:g} s (its rows wait, "
+                "attempts unchanged)"
+            )
+        return ""
 
-    def _log_missing(self, topic: str, text: str) -> None:
-        """One ERROR per topic and retry interval, however many batches it fails."""
+    def _log_error(self, text: str, *, extra: dict[str, str]) -> None:
+        """One ERROR per text and retry interval, however many batches it fails."""
         now = time.monotonic()
-        if self._missing_logged.get(topic, 0.0) <= now:
-            self._missing_logged[topic] = now + MISSING_TOPIC_RETRY_DELAY
-            logger.error(text, extra={"action": "outbox.kafka_missing_topic", "topic": topic})
+        if self._logged.get(text, 0.0) <= now:
+            self._logged[text] = now + MISSING_TOPIC_RETRY_DELAY
+            logger.error(text, extra=extra)
 
-    def _create(self, route: Route, topic: str) -> None:
+    def _create(self, route: Route, topic: str, timeout: float) -> None:
         """Create ``topic`` as ``route`` says (a topic created meanwhile is fine)."""
         from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.admin import NewTopic
@@ -347,7 +416,7 @@ class KafkaTransport(Transport):
             config={name: str(value) for name, value in route.topic_config},
         )
         try:
-            self._admin.create_topics([new])[topic].result(timeout=CONNECT_TIMEOUT * 2)
+            self._admin.create_topics([new])[topic].result(timeout=timeout)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
@@ -357,30 +426,114 @@ class KafkaTransport(Transport):
             extra={"action": "outbox.kafka_topic_created", "topic": topic},
         )
 
-    def _size_limit(self, topic: str) -> int:
-        """The topic's ``max.message.bytes`` (read once; 0 when it cannot be read)."""
-        if not self._topics.get(topic):
-            from confluent_kafka.admin import ConfigResource
 
-            resource = ConfigResource("topic", topic)
-            try:
-                configs = self._admin.describe_configs([resource])[resource].result(
-                    timeout=CONNECT_TIMEOUT
+class ProducerRefused(OutboxConfigurationError):
+    """librdkafka cannot build a producer from the broker's ``OPTIONS``."""
+
+    def __init__(self, alias: str | None, error: str) -> None:
+        setting = f'OUTBOX["BROKERS"][{alias!r}]["OPTIONS"]' if alias else "the broker's OPTIONS"
+        error = outbox_settings.redact(error)
+        super().__init__(
+            f"{setting} cannot build a Kafka producer: {error} (its rows wait, attempts "
+            "unchanged; manage.py check reports it as django_outbox.E062)"
+        )
+
+
+def _send(
+    producer: Any, deadline: float, topic: str, body: bytes, key: Any, headers: list, report: Any
+) -> Failure | None:
+    """``produce()``, serving reports while librdkafka's queue is full, until ``deadline``
+    (then :data:`LATE`); a record the empty queue cannot take fails for good."""
+    while True:
+        try:
+            producer.produce(topic, body, key, headers=headers, on_delivery=report)
+            return None
+        except BufferError:
+            if len(producer) == 0:
+                return Failure(
+                    f"a record of {len(body)} bytes is larger than the producer's whole queue "
+                    "(OPTIONS' queue.buffering.max.kbytes)",
+                    permanent=True,
+                    kind="kafka_refused",
                 )
-                self._topics[topic] = int(configs["max.message.bytes"].value)
-            except Exception:  # unknown: every too-large record fails alone
-                logger.debug("cannot read %r's max.message.bytes", topic, exc_info=True)
-                return 0
-        return self._topics[topic]
+            if time.monotonic() >= deadline:
+                return LATE
+            producer.poll(0.1)
+
+
+def _flush(producer: Any, timeout: float) -> Any:
+    """``flush()``; the fatal KafkaError it raises, or None. confluent-kafka raises a
+    fatal error from the next flush (error_cb never sees it); when a delivery report is
+    served in the same call, the binding turns it into a SystemError caused by it."""
+    from confluent_kafka import KafkaException
+
+    try:
+        producer.flush(timeout)
+    except KafkaException as exc:
+        return exc.args[0]
+    except SystemError as exc:
+        if not isinstance(exc.__cause__, KafkaException):
+            raise
+        return exc.__cause__.args[0]
+    return None
+
+
+def _settle(outcomes: list[_Report]) -> list[Outcome]:
+    """The outcomes, once reported: a message with no report in time is an outage (it
+    may still arrive: it goes again, at least once)."""
+    settled: list[Outcome] = []
+    for outcome in outcomes:
+        if outcome is False:
+            outcome = Failure.broker_down(NO_REPORT, kind="kafka_unavailable")
+        elif isinstance(outcome, tuple):  # (KafkaError,) from the report
+            outcome = failure_of(outcome[0])
+        settled.append(outcome)
+    return settled
+
+
+def _code(report: _Report) -> int | None:
+    """The error code of a delivery report's KafkaError (None for any other outcome)."""
+    return report[0].code() if isinstance(report, tuple) else None
+
+
+def _message_timeout_ms(options: Mapping[str, Any]) -> Any:
+    """``message.timeout.ms``: the lease's confirm budget, or OPTIONS' value capped at it
+    (a record must not outlive the lease of its row)."""
+    budget = int(lease_confirm_timeout() * 1000)
+    given = options.get("message.timeout.ms", budget)
+    try:
+        return min(int(given), budget)
+    except (TypeError, ValueError):
+        return given  # librdkafka refuses it: ProducerRefused quotes its reason
+
+
+def _in_waves(
+    publish: Callable[[Sequence[ClaimedMessage]], list[Outcome]],
+    messages: Sequence[ClaimedMessage],
+) -> list[Outcome]:
+    """Ordered: a key's n-th record goes only once its (n-1)-th is acknowledged, so no
+    record of a key is ever written after one of its key that failed."""
+    outcomes: list[Outcome] = [HELD_BACK] * len(messages)
+    failed: set[str] = set()
+    for wave in _waves(messages):
+        todo = [i for i in wave if messages[i].ordering_key not in failed]
+        settled = publish([messages[i] for i in todo])
+        for index, outcome in zip(todo, settled, strict=True):
+            outcomes[index] = outcome
+            if outcome is not None:
+                failed.add(messages[index].ordering_key)
+    return outcomes
 
 
 def _waves(messages: Sequence[ClaimedMessage]) -> list[list[int]]:
-    """The indices of ``messages`` in waves: the first of each key's, then the second ..."""
+    """The indices of ``messages`` in waves: the first of each key's, then the second ...;
+    every message without a key (or a sequence) in the first: none waits for another."""
     waves: list[list[int]] = []
     seen: collections.Counter[str] = collections.Counter()
     for index, message in enumerate(messages):
-        place = seen[message.ordering_key]
-        seen[message.ordering_key] += 1
+        independent = not message.ordering_key or message.sequence is None
+        place = 0 if independent else seen[message.ordering_key]
+        seen[message.ordering_key] += not independent
         if place == len(waves):
             waves.append([])
         waves[place].append(index)
@@ -390,7 +543,3 @@ def _waves(messages: Sequence[ClaimedMessage]) -> list[list[int]]:
 def _delivered(outcomes: list[_Report], index: int, error: Any, record: Any) -> None:
     """A delivery report: None (the cluster has it) or ``(error,)``, settled later."""
     outcomes[index] = None if error is None else (error,)
-
-
-def _size(header: tuple[str, bytes | None]) -> int:
-    return len(header[0].encode()) + len(header[1] or b"")

@@ -5,7 +5,10 @@ carry them. (The real cluster's behaviour is tests/integration/test_kafka.py's.)
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import sys
+import uuid
 from unittest import mock
 
 import pytest
@@ -14,9 +17,11 @@ from django.core import checks
 from django.test.utils import override_settings
 
 from django_outbox.conf import outbox_settings
-from django_outbox.ops.checks import check_routes
+from django_outbox.conf.routes import Route
+from django_outbox.envelope import ClaimedMessage
+from django_outbox.ops.checks import check_brokers, check_routes
 from django_outbox.transports import transport_class
-from django_outbox.transports.kafka import KafkaTransport, failure_of, record_headers
+from django_outbox.transports.kafka import KafkaTransport, _waves, failure_of, record_headers
 
 KAFKA = "kafka://k1:9092,k2:9092,[::1]:9094"
 RABBIT = "amqp://guest:guest@rabbit//"
@@ -153,19 +158,9 @@ def test_an_unreachable_or_short_handed_cluster_is_an_outage(code):
     ],
 )
 def test_a_record_the_cluster_refuses_for_itself_fails_alone_for_good(code):
-    failure = failure_of(KafkaError(code), own_size=2_000_000, limit=1_048_588)
+    failure = failure_of(KafkaError(code))
     assert failure.permanent and failure.counts and not failure.outage
     assert KafkaError(code).name() in failure.error
-
-
-def test_a_record_refused_for_a_larger_neighbour_is_not_attempted():
-    failure = failure_of(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), own_size=100, limit=20_000)
-    assert not failure.permanent and not failure.counts and not failure.outage
-    assert failure.retry_delay == 0.0
-
-
-def test_a_fatal_error_is_an_outage():
-    assert failure_of(KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, fatal=True)).outage
 
 
 def test_another_error_counts_an_attempt():
@@ -208,3 +203,74 @@ def test_the_consumer_refuses_a_kafka_broker_with_a_one_line_error():
 )
 def test_a_kafka_bootstrap_list_in_a_sentence_is_no_password(text, redacted):
     assert outbox_settings.redact(text) == (redacted or text)
+
+
+#: OPTIONS librdkafka refuses to build a producer from, and what it says of each.
+REFUSED_OPTIONS = [
+    ({"no.such.property": 1}, 'No such configuration property: "no.such.property"'),
+    ({"linger.ms": "lots"}, 'Invalid value for configuration property "queue.buffering.max.ms"'),
+    (
+        {"security.protocol": "SSL", "ssl.ca.location": "/nowhere/ca.pem"},
+        "Failed to create producer: ssl.ca.location failed: ",
+    ),
+]
+
+
+@pytest.mark.parametrize(("options", "said"), REFUSED_OPTIONS)
+def test_options_librdkafka_refuses_are_e062(options, said):
+    brokers = {"events": {"URL": KAFKA, "OPTIONS": options}}
+    with override_settings(OUTBOX={"BROKERS": brokers}):
+        (error,) = check_brokers()
+    assert error.id == "django_outbox.E062"
+    assert error.msg.startswith(
+        f'OUTBOX["BROKERS"]["events"]["OPTIONS"] cannot build a Kafka producer: {said}'
+    )
+    assert error.hint.startswith("Fix or remove that property")
+
+
+def test_options_librdkafka_takes_pass_the_check():
+    options = {"linger.ms": 20, "compression.type": "zstd", "sasl.password": "pw"}
+    with override_settings(OUTBOX={"BROKERS": {"events": {"URL": KAFKA, "OPTIONS": options}}}):
+        assert check_brokers() == []
+
+
+@pytest.mark.parametrize(("options", "said"), REFUSED_OPTIONS)
+def test_a_producer_options_cannot_build_leaves_its_rows_unattempted(options, said, caplog):
+    """A certificate not mounted yet at deploy: the rows wait, none is abandoned, and one
+    ERROR names the property (librdkafka refuses before any broker is reached)."""
+    kafka = KafkaTransport(KAFKA, options, alias="events")
+    outcomes = kafka.publish(Route("orders"), claimed(3))
+    assert [(o.permanent, o.counts, o.outage) for o in outcomes] == [(False, False, False)] * 3
+    text = f'OUTBOX["BROKERS"][\'events\']["OPTIONS"] cannot build a Kafka producer: {said}'
+    assert outcomes[0].error.startswith(text)
+    kafka.publish(Route("orders"), claimed(1))  # the same error again: logged once
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert [(r.action, r.getMessage()[: len(text)]) for r in errors] == [
+        ("outbox.kafka_options_refused", text)
+    ]
+
+
+def claimed(count: int) -> list[ClaimedMessage]:
+    now = dt.datetime.now(dt.UTC)
+    return [
+        ClaimedMessage(n, uuid.uuid4(), "t.e", "orders", "{}", {}, "", 0, now) for n in range(count)
+    ]
+
+
+@pytest.mark.parametrize(("given", "used"), [(None, 20_000), (300_000, 20_000), (5_000, 5_000)])
+def test_message_timeout_is_at_most_the_leases_confirm_budget(given, used):
+    """LEASE_SECONDS = 60: a record waits at most 20 s (a third of the lease), however
+    long OPTIONS asks (librdkafka's own default is 300 s); a shorter one is kept."""
+    options = {} if given is None else {"message.timeout.ms": given}
+    with override_settings(OUTBOX={"BROKERS": {"default": {"URL": KAFKA}}, "LEASE_SECONDS": 60}):
+        assert KafkaTransport(KAFKA, options).config["message.timeout.ms"] == used
+
+
+def test_rows_without_a_key_on_an_ordered_route_go_in_the_first_wave():
+    """Keyless rows have no order to keep: all in one wave, where each went in a wave of
+    its own (under the key ""), and one failure held back every later one."""
+    keyless = [dataclasses.replace(m, sequence=None) for m in claimed(3)]
+    keyed = [
+        dataclasses.replace(m, ordering_key="k", sequence=n + 1) for n, m in enumerate(claimed(2))
+    ]
+    assert _waves([*keyless, *keyed]) == [[0, 1, 2, 3], [4]]
