@@ -259,10 +259,13 @@ class NatsTransport(Transport):
         self._streams.clear()
         if loop is None:
             return
+        # The connection is already broken: nothing to save. nats-py 2.9 raises
+        # AttributeError closing a client whose connection never opened.
+        broken: tuple[type[BaseException], ...] = (*cluster_errors(), AttributeError)
         if nc is not None and not nc.is_closed:
             try:
                 loop.run(nc.close(), SERVER_CONNECT_TIMEOUT)
-            except cluster_errors():  # the connection is already broken; nothing to save
+            except broken:
                 logger.debug("error closing a NATS connection", exc_info=True)
         loop.stop()
 
