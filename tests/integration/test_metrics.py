@@ -263,6 +263,7 @@ def test_a_consumer_serves_its_outcomes_and_handler_runs(destination):
             lambda: scraped(port, "inbox_messages_total", 1, consumer="audit", outcome="rejected"),
             timeout=60,
             what="the undecodable message rejected, after the events",
+            process=consumer,
         )
     finally:
         code, _out, err = stop(consumer)

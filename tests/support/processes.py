@@ -120,12 +120,38 @@ def stop(
     return process.returncode, out, err
 
 
-def wait_until(predicate, *, timeout: float, interval: float = 0.1, what: str = "condition"):
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
+def wait_until(
+    predicate,
+    *,
+    timeout: float,
+    interval: float = 0.1,
+    what: str = "condition",
+    process: subprocess.Popen[str] | None = None,
+):
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``. With
+    ``process`` (what should bring the condition about), fail as soon as it exits, and
+    either failure stops it and tells the end of its stderr."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
+        if process is not None and process.poll() is not None:
+            raise AssertionError(
+                f"{what}: the process exited {process.returncode} first{_told(process)}"
+            )
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    told = "" if process is None else _told(process)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}{told}")
+
+
+def _told(process: subprocess.Popen[str]) -> str:
+    """The end of ``process``'s stderr, after stopping it if it still runs."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        _out, err = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _out, err = process.communicate()
+    return f"; its stderr ends: {(err or '')[-3000:]}"
