@@ -78,6 +78,16 @@ class Outages:
         down = self.down()
         return not down or set(keys) > set(down)
 
+    def lasting(self) -> dict[str, int]:
+        """What is down now and for how many whole seconds: each broker (``broker
+        'alias'``) and each queue not confirming (``queue of destination 'name'``)."""
+        # Read by the heartbeat's thread: the dicts are copied first (atomic under the GIL).
+        named = [(f"broker {key!r}", tracker) for key, tracker in list(self._brokers.items())]
+        named += [(tracker.what, tracker) for tracker in list(self._queues.values())]
+        return {
+            what: int(lasted) for what, tracker in named if (lasted := tracker.lasted()) is not None
+        }
+
     def stalled_queues(self) -> set[str]:
         """The destinations whose queue stalled (due again or not): published last."""
         return set(self._queue_retry_at)

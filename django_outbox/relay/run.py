@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
@@ -27,7 +28,7 @@ from .. import db
 from ..conf import outbox_settings
 from ..models import WorkerKind
 from ..workers import samples
-from ..workers.heartbeat import Heartbeat, HeartbeatThread
+from ..workers.heartbeat import OUTAGES, Heartbeat, HeartbeatThread
 from ..workers.outage import database_outage
 from . import retention
 from .batch import Batch, Batches, Claim
@@ -285,9 +286,14 @@ class Run:
         self.wakeup.close()
         self.stop.wait(self.database.backoff())
 
-    def _snapshot(self) -> tuple[dict[str, int], dt.datetime | None]:
-        """The totals and the last batch with rows, for the heartbeat."""
-        return {field: getattr(self.totals, field) for field in COUNTED}, self.last_batch_at
+    def _snapshot(self) -> tuple[dict[str, Any], dt.datetime | None]:
+        """The totals, what is down (for ``outbox_health``) and the last batch with rows,
+        for the heartbeat."""
+        counts: dict[str, Any] = {field: getattr(self.totals, field) for field in COUNTED}
+        down = self.outages.lasting()
+        if down:
+            counts[OUTAGES] = down
+        return counts, self.last_batch_at
 
     def _tally(self, stats: BatchStats) -> None:
         self.totals.add(stats)

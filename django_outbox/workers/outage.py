@@ -116,6 +116,10 @@ class OutageTracker:
         outage included."""
         return self._ended + (self._clock() - self._since if self.down else 0.0)
 
+    def lasted(self) -> float | None:
+        """Seconds the outage under way has lasted; None when the resource is up."""
+        return self._clock() - self._since if self.down else None
+
     def forget_downtime(self) -> None:
         """Count :meth:`downtime` afresh from here (the outage under way, if any,
         counts from its start still)."""
