@@ -37,7 +37,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import kombu
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 from django.utils import timezone
 from kombu.mixins import ConsumerMixin
 
@@ -185,6 +185,10 @@ class ConsumerRun(ConsumerMixin):
         finally:
             self.stats.elapsed = time.monotonic() - started
             beating.stop()
+            # This thread's connection, unless a transaction holds it: a consumer run in
+            # a thread of its own leaves none for the garbage collector to find later.
+            if not connections[self.consumer.using].in_atomic_block:
+                connections[self.consumer.using].close()
         return self.stats
 
     def _heartbeat(self) -> HeartbeatThread:

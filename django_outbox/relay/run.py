@@ -124,7 +124,10 @@ class Run:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        """Settle the pipeline, stop retention, close the listener and the brokers."""
+        """Settle the pipeline, stop retention, close the listener and the brokers, and
+        this thread's database connection unless a transaction holds it: a relay run in
+        a thread of its own leaves none open when the thread ends (the garbage collector
+        would find it later, wherever the process is then)."""
         try:
             self.pipeline.close()
         finally:
@@ -134,6 +137,8 @@ class Run:
                 self.heartbeat.stop()
             self.wakeup.close()
             self.batches.publisher.close()
+            if not connections[self.using].in_atomic_block:
+                connections[self.using].close()
 
     def loop(self) -> RunStats:
         """Publish batches until stopped (the claim made ahead published) or drained;
