@@ -202,13 +202,16 @@ class OutboxSettings:
         return route
 
     def route_for_queue(self, queue: str) -> Route:
-        """The route that declares ``queue`` (or has it as a partition queue), so a
+        """The route that declares ``queue`` (or has it as a partition queue, or as its
+        Kafka topic), so a
         consumer declares the same exchange, queue and binding as the relay; for a
         queue no route names,
         the default route of a destination called ``queue`` (or, with
         DEFAULT_ROUTE off, the bare queue)."""
         for route in self.ROUTES.values():
             if queue == route.queue or queue in route.partition_queues:
+                return route
+            if route.is_kafka and queue == route.topic_name:  # a Kafka consumer's topic
                 return route
         if self.DEFAULT_ROUTE:
             return Route.default(queue, self.DEFAULT_EXCHANGE, ordered=self.DEFAULT_ORDERED)

@@ -220,7 +220,14 @@ def add_metrics_options(parser: argparse.ArgumentParser, what: str) -> None:
 def add_consumer_options(parser: argparse.ArgumentParser) -> None:
     """The options of ``run_outbox_consumer``."""
     option = parser.add_argument
-    option("--queue", required=True, help="the queue to consume")
+    option("--queue", required=True, help="the queue to consume (on Kafka, the topic)")
+    option(
+        "--broker",
+        default=None,
+        metavar="ALIAS",
+        help="the alias of OUTBOX['BROKERS'] to consume from (default: the broker of the "
+        "queue's route; on Kafka, --consumer is the group id)",
+    )
     option(
         "--partitions",
         type=partition_numbers,
@@ -346,6 +353,7 @@ def consumer_from_options(
             event_types=event_types,
             stop=stop,
             partitions=options["partitions"],
+            broker=options["broker"],
             verify_signatures=options["verify_signatures"],
         )
     except OutboxError as exc:
