@@ -42,13 +42,15 @@ from django.db import close_old_connections
 
 from ..conf import kafka_bootstrap, outbox_settings
 from ..conf.redact import mask_url
-from ..envelope import CONTENT_ENCODING, ORDERING_HEADERS
+from ..envelope import CONTENT_ENCODING, ORDERING_HEADERS, ReceivedEvent
 from ..exceptions import BrokerUnreachable, OutboxConfigurationError
+from ..inbox.records import Scope
 from ..transports.connection import CONNECT_TIMEOUT
 from ..transports.kafka import LIBRDKAFKA_LOG
 from ..workers.outage import broker_outage
 from .context import ConsumerStats, Context
 from .held import Held
+from .ordered import Ordered
 from .outages import DatabaseOutage
 
 if TYPE_CHECKING:
@@ -127,6 +129,23 @@ class PausingHeld(Held):
     def hold(self, message: Any, delay: float, scope: Any = None) -> None:
         message.pause()
         super().hold(message, delay, scope)
+
+
+class KafkaOrdered(Ordered):
+    """An ordered route's events on Kafka. Nothing of a key comes before an earlier event
+    of its key on its partition, so one whose predecessor is not handled can never become
+    due there: that one was parked (or lost). Held back, it would stop its partition for
+    good, the replayed predecessor waiting behind it; it is parked unrun instead, and
+    ``outbox_replay_parked`` sends both back in their order."""
+
+    def _hold_back(self, message: Any, event: ReceivedEvent, scope: Scope) -> None:
+        def reason() -> str:
+            return (
+                f"an earlier event of key {event.ordering_key!r} than sequence "
+                f"{event.sequence} is not handled (parked?): replay it, then this one"
+            )
+
+        self._parking.refuse(message, event, reason, "inbox.early_parked")
 
 
 class Partitions:
@@ -229,7 +248,7 @@ class KafkaRun:
         self,
         consumer: InboxConsumer,
         idle_timeout: float | None,
-        handling: Callable[[Context, Held, DatabaseOutage], Handling],
+        handling: Callable[[Context, Held, DatabaseOutage, type[Ordered]], Handling],
         heartbeat: Callable[[Callable[[], float]], Any],
     ) -> None:
         self.consumer, self.idle_timeout = consumer, idle_timeout
@@ -244,7 +263,7 @@ class KafkaRun:
         )
         self.held = PausingHeld()
         self.outage = DatabaseOutage(consumer.using, consumer.stop)
-        self.handling = handling(self.context, self.held, self.outage)
+        self.handling = handling(self.context, self.held, self.outage, KafkaOrdered)
         self._heartbeat = heartbeat(lambda: self._last_message)
 
     def config(self) -> dict[str, Any]:

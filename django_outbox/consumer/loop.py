@@ -328,9 +328,14 @@ class ConsumerRun(ConsumerMixin):
 
 
 def _handling(
-    consumer: InboxConsumer, context: Context, held: Held, outage: DatabaseOutage
+    consumer: InboxConsumer,
+    context: Context,
+    held: Held,
+    outage: DatabaseOutage,
+    ordered_class: type[Ordered] = Ordered,
 ) -> Handling:
-    """The parts that handle one run's messages, put together."""
+    """The parts that handle one run's messages, put together (an ordered route's events
+    by ``ordered_class``)."""
     early: dict[Any, int] = {}  # event id -> times held back for its key
     parking = Parking(context, outage, early)
     deliveries = Deliveries(
@@ -343,7 +348,7 @@ def _handling(
         outage=outage,
         parking=parking,
     )
-    ordered = Ordered(
+    ordered = ordered_class(
         context,
         consumer.handler,
         early=early,

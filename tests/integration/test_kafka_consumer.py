@@ -8,11 +8,13 @@ and the brokers are stopped and killed with real signals too.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -85,21 +87,30 @@ def relay(topic: str, **route: Any) -> None:
     assert not OutboxMessage.objects.exclude(status=Status.PUBLISHED).exists()
 
 
-def stage_keyed(topic: str, count: int, keys: int, start: int = 0, **payload: Any) -> list[str]:
-    """Commit ``count`` events to ``topic`` over ``keys`` keys, payload {"n": n, ...}, a
-    user header ``tenant``; their event ids."""
-    with transaction.atomic():
+@contextlib.contextmanager
+def staging(topic: str, **route: Any) -> Iterator[None]:
+    """A transaction that stages to ``topic`` as its ``route`` says (an ordered route's
+    sequences are given at staging)."""
+    with override_settings(OUTBOX={**settings.OUTBOX, **routes(topic, **route)}):
+        with transaction.atomic():
+            yield
+
+
+def stage_keyed(topic: str, count: int, keys: int, **route: Any) -> list[str]:
+    """Commit ``count`` events to ``topic`` over ``keys`` keys, payload {"n": n}, a user
+    header ``tenant``; their event ids."""
+    with staging(topic, **route):
         return [
             str(
                 stage(
                     "test.event",
-                    {"n": n, **payload},
+                    {"n": n},
                     destination=topic,
                     key=f"k{n % keys}",
                     headers={"tenant": f"t{n % 3}"},
                 ).event_id
             )
-            for n in range(start, start + count)
+            for n in range(count)
         ]
 
 
@@ -191,7 +202,7 @@ def test_a_failing_event_pauses_only_its_partition_then_is_parked_and_replayed(t
     )
     refuse = tmp_path / "refuse"
     refuse.touch()
-    with transaction.atomic():
+    with staging(topic):
         bad = stage("test.event", {"n": 0, "fail": True}, destination=topic, key=failing)
         for n in range(1, 6):  # behind it on its partition
             stage("test.event", {"n": n}, destination=topic, key=failing)
@@ -203,7 +214,7 @@ def test_a_failing_event_pauses_only_its_partition_then_is_parked_and_replayed(t
     wait_until(failures.exists, timeout=60, what="a failed delivery", process=consumer)
 
     # Meanwhile another partition's events are handled; its own partition is paused.
-    with transaction.atomic():
+    with staging(topic):
         for n in range(100, 110):
             stage("test.event", {"n": n}, destination=topic, key=other)
     relay(topic, partitions=2)
@@ -251,7 +262,7 @@ def test_a_failing_event_pauses_only_its_partition_then_is_parked_and_replayed(t
 
 def test_a_consumer_killed_mid_handler_and_restarted_handles_each_event_once(tmp_path):
     topic = new_topic()
-    with transaction.atomic():
+    with staging(topic):
         ids = [
             str(
                 stage(
@@ -307,7 +318,7 @@ def test_two_consumers_of_a_group_share_it_through_rebalances_handling_each_even
 
 def test_per_key_order_holds_across_many_keys_and_a_rebalance():
     topic = new_topic()
-    stage_keyed(topic, 2000, keys=100)
+    stage_keyed(topic, 2000, keys=100, partitions=6, ordered=True)
     relay(topic, partitions=6, ordered=True)
     slow = {"TESTAPP_SLEEP": "0.002"}
     first = start_consumer(topic, "g", env=slow, partitions=6, ordered=True)
@@ -324,6 +335,44 @@ def test_per_key_order_holds_across_many_keys_and_a_rebalance():
         assert counts(out)["parked"] == 0
     for key in range(100):
         assert handled_n(f"k{key}") == list(range(key, 2000, 100))
+
+
+def test_on_an_ordered_route_a_parked_event_parks_its_keys_later_ones_and_replay_keeps_order(
+    tmp_path,
+):
+    topic = new_topic()
+    same = next(f"o{i}" for i in range(99) if partition_of(f"o{i}", 2) == partition_of("ka", 2))
+    refuse = tmp_path / "refuse"
+    refuse.touch()
+    with staging(topic, partitions=2, ordered=True):
+        for n in range(5):
+            stage("test.event", {"n": n, "fail": n == 1}, destination=topic, key="ka")
+        for n in range(5, 10):  # another key behind them on their partition
+            stage("test.event", {"n": n}, destination=topic, key=same)
+    relay(topic, partitions=2, ordered=True)
+    extra = ("--max-deliveries", "2", "--retry-delay", "0.5", "--retry-max-delay", "1")
+    env = {"TESTAPP_REFUSE": str(refuse)}
+    consumer = start_consumer(topic, "g", *extra, env=env, partitions=2, ordered=True)
+    # Its key's later events cannot come before it on the partition: parked unrun, so
+    # the partition goes on instead of waiting for good.
+    wait_until(
+        lambda: len(handled_n(same)) == 5, timeout=60, what="the partition", process=consumer
+    )
+    assert handled_n("ka") == [0]
+    parked = InboxFailure.objects.filter(parked_at__isnull=False)
+    assert parked.count() == 4
+    assert parked.filter(last_error__contains="is not handled (parked?)").count() == 3
+
+    refuse.unlink()
+    replay = manage("outbox_replay_parked", **routes(topic, partitions=2, ordered=True))
+    assert replay.returncode == 0, replay.stderr
+    wait_until(
+        lambda: len(handled_n("ka")) == 5, timeout=60, what="the replayed ones", process=consumer
+    )
+    code, out, err = stop(consumer)
+    assert code == 0, err
+    assert handled_n("ka") == [0, 1, 2, 3, 4]
+    assert counts(out)["parked"] == 4
 
 
 def node_pid(n: int) -> int:
