@@ -146,25 +146,37 @@ def _replay_to_kafka(
             + outbox_settings.redact(str(exc.args[0]))
         ) from None
     for failure in parked:
-        headers = replay_headers(failure.headers)
-        key = headers.get("ordering_key")
-        reports: list[Any] = []  # the delivery report's error (None: acknowledged)
-        producer.produce(
-            failure.queue,
-            failure.body.encode(CONTENT_ENCODING),
-            key.encode() if isinstance(key, str) and key else None,
-            headers=record_headers(headers, CONTENT_TYPE),
-            on_delivery=lambda error, _record, reports=reports: reports.append(error),
-        )
-        producer.flush(timeout)
-        if not reports or reports[0] is not None:
-            reason = outbox_settings.redact(str(reports[0])) if reports else "no acknowledgement"
-            raise OutboxError(
-                f"the Kafka cluster did not take the message replayed to topic "
-                f"{failure.queue} ({reason}); nothing more replayed"
-            )
+        _send_to_kafka(producer, failure, timeout)
         _replayed(failure)
         unpark(failure)
+
+
+def _send_to_kafka(producer: Any, failure: InboxFailure, timeout: float) -> None:
+    """Write ``failure``'s record and wait for its delivery report; :class:`OutboxError`
+    when the cluster does not acknowledge it."""
+    headers = replay_headers(failure.headers)
+    key = headers.get("ordering_key")
+    reports: list[Any] = []  # the delivery report's error (None: acknowledged)
+
+    def report(error: Any, _record: Any) -> None:
+        reports.append(error)
+
+    wire: list[Any] = record_headers(headers, CONTENT_TYPE)
+    body = failure.body.encode(CONTENT_ENCODING)
+    producer.produce(
+        failure.queue,
+        body,
+        key.encode() if isinstance(key, str) and key else None,
+        headers=wire,
+        on_delivery=report,
+    )
+    producer.flush(timeout)
+    if not reports or reports[0] is not None:
+        reason = outbox_settings.redact(str(reports[0])) if reports else "no acknowledgement"
+        raise OutboxError(
+            f"the Kafka cluster did not take the message replayed to topic "
+            f"{failure.queue} ({reason}); nothing more replayed"
+        )
 
 
 def _replayed(failure: InboxFailure) -> None:
