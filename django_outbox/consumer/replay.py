@@ -58,8 +58,8 @@ def replay_parked(
     when it cannot be reached (what was replayed before stays replayed).
     """
     parked = list(failures.parked().order_by("id"))
-    if not parked:
-        outbox_settings.require_broker_url(url)
+    if not parked:  # a broker to replay to is required all the same
+        outbox_settings.require_broker() if url is None else outbox_settings.require_broker_url(url)
         return parked
     by_broker: dict[tuple[str, tuple[tuple[str, Any], ...]], list[InboxFailure]] = {}
     for failure in parked:
