@@ -12,9 +12,12 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,7 +35,6 @@ from tests.support import (
     refused_port,
     relay_env,
     services,
-    stop,
     wait_until,
 )
 from tests.testapp.models import Delivery
@@ -115,21 +117,53 @@ def stage_keyed(topic: str, count: int, keys: int, **route: Any) -> list[str]:
 
 
 def consumer_args(topic: str, group: str, *extra: str) -> list[str]:
+    """The options of a consumer of ``topic`` in group ``group`` of that topic (a group
+    of its own: consumers of one group id share rebalances whatever their topics)."""
+    group = f"{group}-{topic}"
     return ["--broker", "events", "--queue", topic, "--consumer", group, *HANDLER, *extra]
+
+
+#: The consumers a test started, killed at its end if they still run.
+STARTED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_consumer_left_behind() -> Iterator[None]:
+    yield
+    while STARTED:
+        process = STARTED.pop()
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
 
 
 def start_consumer(
     topic: str, group: str, *extra: str, env: dict[str, str] | None = None, **route: Any
-):
-    """Start ``run_outbox_consumer`` on ``topic`` as group ``group``, ``env`` on top."""
-    return subprocess.Popen(
-        manage_command("run_outbox_consumer", *consumer_args(topic, group, *extra)),
-        cwd=REPO,
-        env={**relay_env(**routes(topic, **route)), **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+) -> subprocess.Popen[str]:
+    """Start ``run_outbox_consumer`` on ``topic`` as group ``group``, ``env`` on top. Its
+    output goes to files, not pipes: a pipe nobody reads while a test waits fills up with
+    librdkafka's lines during an outage, and the consumer blocks writing to it."""
+    output = tempfile.mkdtemp(prefix="kafka-consumer-")
+    with open(f"{output}/out", "w") as out, open(f"{output}/err", "w") as err:
+        process = subprocess.Popen(
+            manage_command("run_outbox_consumer", *consumer_args(topic, group, *extra)),
+            cwd=REPO,
+            env={**relay_env(**routes(topic, **route)), **(env or {})},
+            stdout=out,
+            stderr=err,
+            text=True,
+        )
+    process.output = output  # type: ignore[attr-defined]
+    STARTED.append(process)
+    return process
+
+
+def stop(process: subprocess.Popen[str], sig: int = signal.SIGTERM) -> tuple[int, str, str]:
+    """Signal ``process`` and wait for it; its exit code, stdout and stderr."""
+    process.send_signal(sig)
+    code = process.wait(timeout=60)
+    output = Path(process.output)  # type: ignore[attr-defined]
+    return code, (output / "out").read_text(), (output / "err").read_text()
 
 
 def run_consumer(
@@ -276,7 +310,7 @@ def test_a_consumer_killed_mid_handler_and_restarted_handles_each_event_once(tmp
     consumer = start_consumer(topic, "g", env={"TESTAPP_BLOCKED": str(blocked)}, partitions=3)
     wait_until(blocked.exists, timeout=60, what="the handler blocked", process=consumer)
     consumer.send_signal(signal.SIGKILL)  # mid-handler, its transaction open
-    consumer.communicate(timeout=30)
+    consumer.wait(timeout=30)
     before = Delivery.objects.count()
     assert 0 < before < 300
 
@@ -375,11 +409,24 @@ def test_on_an_ordered_route_a_parked_event_parks_its_keys_later_ones_and_replay
     assert counts(out)["parked"] == 4
 
 
+@pytest.fixture
+def whole_cluster() -> Iterator[None]:
+    """Every node of the cluster running before the test and after it, whatever it did."""
+    services("kafka", "start-nodes")
+    yield
+    services("kafka", "start-nodes")
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
 def node_pid(n: int) -> int:
     return int((REPO / ".services" / f"k{n}.pid").read_text())
 
 
-def test_brokers_killed_and_the_cluster_down_while_consuming_lose_nothing():
+def test_brokers_killed_and_the_cluster_down_while_consuming_lose_nothing(whole_cluster):
     topic = new_topic()
     ids = stage_keyed(topic, 1500, keys=30)
     relay(topic, partitions=3)
@@ -388,6 +435,8 @@ def test_brokers_killed_and_the_cluster_down_while_consuming_lose_nothing():
         lambda: Delivery.objects.count() >= 100, timeout=60, what="100 handled", process=consumer
     )
     os.kill(node_pid(1), signal.SIGKILL)  # a broker (maybe the group's coordinator) dies
+    port = int(KAFKA_URL.partition("://")[2].split(",")[0].rpartition(":")[2])
+    wait_until(lambda: not listening(port), timeout=30, what="node 1 gone")
     services("kafka", "start-node", "1")
     wait_until(
         lambda: Delivery.objects.count() >= 600, timeout=120, what="600 handled", process=consumer
