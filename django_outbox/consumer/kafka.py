@@ -174,9 +174,7 @@ class Partitions:
         if not self.current(record):
             return
         self.due[record.partition] = record.offset + 1
-        self.client.commit(
-            offsets=[self._tp(record.partition, record.offset + 1)], asynchronous=True
-        )
+        self._commit([record.partition], asynchronous=True)
 
     def rewind(self, record: KafkaRecord, *, pause: bool) -> None:
         """Read ``record``'s partition again from ``record`` (redelivered); paused until a
@@ -211,14 +209,16 @@ class Partitions:
     def commit(self, partitions: Iterable[int] | None = None) -> None:
         """Commit what is due of ``partitions`` (all) and wait for the answer; a failure is
         logged (the records come again to the next owner, and the inbox skips them)."""
+        self._commit(self.due if partitions is None else partitions, asynchronous=False)
+
+    def _commit(self, partitions: Iterable[int], *, asynchronous: bool) -> None:
         from confluent_kafka import KafkaException
 
-        chosen = self.due if partitions is None else partitions
-        offsets = [self._tp(p, self.due[p]) for p in chosen if p in self.due]
+        offsets = [self._tp(p, self.due[p]) for p in partitions if p in self.due]
         if not offsets:
             return
         try:
-            self.client.commit(offsets=offsets, asynchronous=False)
+            self.client.commit(offsets=offsets, asynchronous=asynchronous)
         except KafkaException as exc:
             logger.warning(
                 "could not commit the offsets of topic %s (%s): their records come again, "

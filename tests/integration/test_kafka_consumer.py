@@ -2,7 +2,9 @@
 three-node KRaft cluster that ``scripts/services kafka start`` runs (``min.insync.replicas=2``;
 scripts/test exports ``OUTBOX_KAFKA_URL``). The relay publishes in this process; each
 consumer is a real ``manage.py run_outbox_consumer`` process, stopped with real signals,
-and the brokers are stopped and killed with real signals too.
+and the brokers are stopped and killed with real signals too. The file takes about 4.5
+minutes (the broker test alone about 2: a node killed and restarted, the whole cluster
+stopped and started).
 """
 
 from __future__ import annotations
