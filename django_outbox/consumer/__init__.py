@@ -1,7 +1,9 @@
 """The consuming side of broker routes: ``run_outbox_consumer``'s library.
 
 :mod:`.loop` is the :class:`InboxConsumer` (what to consume and how) and its run, the
-kombu loop (:class:`~.loop.ConsumerRun`); the run hands each message to
+kombu loop (:class:`~.loop.ConsumerRun`), or on a Kafka topic :mod:`.kafka` (a
+consumer group's run, each record adapted to the message the parts below read); the run
+hands each message to
 :mod:`.handling`, which decodes it (:mod:`.decode`), runs an ordered route's events in
 their key's turn (:mod:`.ordered`), counts deliveries (:mod:`.deliveries`), parks or
 rejects what it does not run (:mod:`.parking`), keeps messages unacked until their time

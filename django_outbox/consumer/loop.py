@@ -33,17 +33,18 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import kombu
 from django.db import close_old_connections, connections
 from django.utils import timezone
+from django.utils.module_loading import import_string
 from kombu.mixins import ConsumerMixin
 
 from .. import tracing
 from ..conf import outbox_settings
-from ..conf.brokers import NATS_SCHEMES, broker_scheme
+from ..conf.brokers import KAFKA_SCHEME, NATS_SCHEMES, broker_scheme
 from ..conf.redact import mask_url
 from ..conf.routes import Route
 from ..exceptions import BrokerUnreachable, OutboxConfigurationError
@@ -73,6 +74,10 @@ DEFAULT_RETRY_DELAY = 1.0
 DEFAULT_RETRY_MAX_DELAY = 30.0
 #: How long one wait for a message lasts, so a stop request is seen promptly.
 DRAIN_TIMEOUT = 1.0
+#: The runs of brokers kombu does not serve, by URL scheme, imported by path (their
+#: modules build on this one): each is made with the consumer, ``idle_timeout``, a
+#: factory of the pipeline's :class:`~.handling.Handling` and one of the heartbeat.
+RUNS = {KAFKA_SCHEME: "django_outbox.consumer.kafka.KafkaRun"}
 
 
 class InboxConsumer:
@@ -111,7 +116,14 @@ class InboxConsumer:
         self.max_deliveries = max_deliveries
         self.retry = retry_policy(retry_delay, retry_max_delay, max_deliveries)
         self.url, self.transport_options = _broker_for(queue, url, broker, transport_options)
+        #: The run of a broker kombu does not serve (:data:`RUNS`); None: kombu's.
+        self._run = RUNS.get(broker_scheme(self.url))
         self.route = outbox_settings.route_for_queue(queue)
+        if self._run is not None and partitions is not None:
+            raise OutboxConfigurationError(
+                f"partitions given, but {mask_url(self.url)} is not RabbitMQ: the consumers "
+                "of a Kafka group share the topic's partitions by themselves"
+            )
         self.queues = _queues_to_take(self.route, queue, partitions)
         #: The keys a message's signature must be made with; None: not verified.
         self.keys = _verifying_keys(verify_signatures)
@@ -119,7 +131,7 @@ class InboxConsumer:
         self._span_attributes = tracing.broker_attributes(self.url)
         self._span_attributes["messaging.consumer.group.name"] = consumer
         #: The errors that mean the broker or the way to it failed.
-        self._transient = transient_errors(kombu.Connection(self.url))
+        self._transient = () if self._run else transient_errors(kombu.Connection(self.url))
         #: The totals of every run.
         self.stats = ConsumerStats()
         #: Set it (e.g. from a signal handler) to stop after the message in hand.
@@ -133,7 +145,11 @@ class InboxConsumer:
         With it, the time without a broker since the last message (or the start) is
         counted too: once it reaches ``idle_timeout``, :class:`BrokerUnreachable`
         is raised."""
-        return ConsumerRun(self, idle_timeout).run()
+        if self._run is None:
+            return ConsumerRun(self, idle_timeout).run()
+        handling = functools.partial(_handling, self)
+        heartbeat = functools.partial(_heartbeat, self)
+        return import_string(self._run)(self, idle_timeout, handling, heartbeat).run()
 
 
 class ConsumerRun(ConsumerMixin):
@@ -170,7 +186,7 @@ class ConsumerRun(ConsumerMixin):
         # without a broker that idle_timeout counts. This loop backs off through the
         # broker's OutageTracker instead, and waits on the stop event.
         started = self._last_message = time.monotonic()
-        beating = self._heartbeat()
+        beating = _heartbeat(self.consumer, lambda: self._last_message)
         beating.start()
         try:
             while not self.should_stop:
@@ -190,22 +206,6 @@ class ConsumerRun(ConsumerMixin):
             if not connections[self.consumer.using].in_atomic_block:
                 connections[self.consumer.using].close()
         return self.stats
-
-    def _heartbeat(self) -> HeartbeatThread:
-        """This run's heartbeat: ``host:pid``, named ``consumer@queue``."""
-        consumer = self.consumer
-        name = f"{consumer.consumer}@{consumer.queue}"
-        beat = Heartbeat(WorkerKind.CONSUMER, process_name(), consumer.using, name=name)
-        return HeartbeatThread(beat, self._snapshot)
-
-    def _snapshot(self) -> tuple[dict[str, int], dt.datetime | None]:
-        """The totals and the last message's time, for the heartbeat (told from the
-        monotonic time of the last message, which the loop keeps anyway)."""
-        counts = dataclasses.asdict(self.stats)
-        last = None
-        if self.stats.received:
-            last = timezone.now() - dt.timedelta(seconds=time.monotonic() - self._last_message)
-        return {k: v for k, v in counts.items() if isinstance(v, int)}, last
 
     @property
     def should_stop(self) -> bool:  # type: ignore[override]  # read by ConsumerMixin
@@ -332,9 +332,14 @@ class ConsumerRun(ConsumerMixin):
 
 
 def _handling(
-    consumer: InboxConsumer, context: Context, held: Held, outage: DatabaseOutage
+    consumer: InboxConsumer,
+    context: Context,
+    held: Held,
+    outage: DatabaseOutage,
+    ordered_class: type[Ordered] = Ordered,
 ) -> Handling:
-    """The parts that handle one run's messages, put together."""
+    """The parts that handle one run's messages, put together (an ordered route's events
+    by ``ordered_class``)."""
     early: dict[Any, int] = {}  # event id -> times held back for its key
     parking = Parking(context, outage, early)
     deliveries = Deliveries(
@@ -347,7 +352,7 @@ def _handling(
         outage=outage,
         parking=parking,
     )
-    ordered = Ordered(
+    ordered = ordered_class(
         context,
         consumer.handler,
         early=early,
@@ -367,6 +372,22 @@ def _handling(
     )
 
 
+def _heartbeat(consumer: InboxConsumer, last_message: Callable[[], float]) -> HeartbeatThread:
+    """A run's heartbeat: ``host:pid``, named ``consumer@queue``, with the totals and the
+    last message's time (told from ``last_message()``, its monotonic time)."""
+    name = f"{consumer.consumer}@{consumer.queue}"
+    beat = Heartbeat(WorkerKind.CONSUMER, process_name(), consumer.using, name=name)
+
+    def snapshot() -> tuple[dict[str, int], dt.datetime | None]:
+        counts = dataclasses.asdict(consumer.stats)
+        last = None
+        if consumer.stats.received:
+            last = timezone.now() - dt.timedelta(seconds=time.monotonic() - last_message())
+        return {k: v for k, v in counts.items() if isinstance(v, int)}, last
+
+    return HeartbeatThread(beat, snapshot)
+
+
 def _broker_for(
     queue: str, url: str | None, broker: str | None, transport_options: dict[str, Any] | None
 ) -> tuple[str, dict[str, Any]]:
@@ -381,6 +402,8 @@ def _broker_for(
         url = chosen.url
         if transport_options is None:
             transport_options = dict(chosen.options)
+    if broker_scheme(url) in RUNS:  # not kombu's: its OPTIONS are the broker's own
+        return url, dict(transport_options or {})
     if transport_options is None:
         transport_options = outbox_settings.BROKER_TRANSPORT_OPTIONS
     if broker_scheme(url) in NATS_SCHEMES:

@@ -21,13 +21,17 @@ from typing import TYPE_CHECKING, Any
 import amqp.exceptions  # type: ignore[import-untyped]
 import kombu
 
-from ..conf import outbox_settings
+from ..conf import kafka_bootstrap, outbox_settings
+from ..conf.brokers import KAFKA_SCHEME, broker_scheme
+from ..conf.redact import mask_url
 from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, is_broker_header
-from ..exceptions import OutboxError
+from ..exceptions import OutboxConfigurationError, OutboxError
 from ..inbox.records import unpark
 from ..transports.confirms import CONFIRM_TIMEOUT
 from ..transports.connection import new_connection
 from ..transports.declare import declare, refusal_errors
+from ..transports.kafka import LIBRDKAFKA_LOG, record_headers
+from ..transports.kafka import REQUIRED as PRODUCER
 
 if TYPE_CHECKING:
     from ..models import InboxFailure, InboxFailureQuerySet
@@ -54,8 +58,8 @@ def replay_parked(
     when it cannot be reached (what was replayed before stays replayed).
     """
     parked = list(failures.parked().order_by("id"))
-    if not parked:
-        outbox_settings.require_broker_url(url)
+    if not parked:  # a broker to replay to is required all the same
+        outbox_settings.require_broker() if url is None else outbox_settings.require_broker_url(url)
         return parked
     by_broker: dict[tuple[str, tuple[tuple[str, Any], ...]], list[InboxFailure]] = {}
     for failure in parked:
@@ -78,6 +82,9 @@ def _broker_of(queue: str, url: str | None) -> tuple[str, tuple[tuple[str, Any],
 
 def _replay(url: str, options: dict[str, Any], parked: list[InboxFailure], timeout: float) -> None:
     """Replay ``parked`` (messages of queues on one broker) through one connection."""
+    if broker_scheme(url) == KAFKA_SCHEME:
+        _replay_to_kafka(url, options, parked, timeout)
+        return
     options = {**options, "confirm_publish": True}
     conn = new_connection(url, options)
     try:
@@ -118,6 +125,61 @@ def _publish(producer: kombu.Producer, failure: InboxFailure, timeout: float) ->
             f"the broker refused the message replayed to {failure.queue} "
             "(negative acknowledgement); nothing more replayed"
         ) from None
+    _replayed(failure)
+
+
+def _replay_to_kafka(
+    url: str, options: dict[str, Any], parked: list[InboxFailure], timeout: float
+) -> None:
+    """Replay ``parked`` (records of topics on one Kafka cluster) through one idempotent
+    producer, as the relay writes (key, murmur2 partition, headers): each record to the
+    end of its topic, unparked once the cluster acknowledged it (``acks=all``)."""
+    from confluent_kafka import KafkaException, Producer
+
+    config = {**options, **PRODUCER, "bootstrap.servers": kafka_bootstrap(url)}
+    config.update({"message.timeout.ms": int(timeout * 1000), "logger": LIBRDKAFKA_LOG})
+    try:
+        producer = Producer(config)
+    except (KafkaException, TypeError, ValueError) as exc:
+        raise OutboxConfigurationError(
+            f"the OPTIONS of {mask_url(url)} cannot build a Kafka producer: "
+            + outbox_settings.redact(str(exc.args[0]))
+        ) from None
+    for failure in parked:
+        _send_to_kafka(producer, failure, timeout)
+        _replayed(failure)
+        unpark(failure)
+
+
+def _send_to_kafka(producer: Any, failure: InboxFailure, timeout: float) -> None:
+    """Write ``failure``'s record and wait for its delivery report; :class:`OutboxError`
+    when the cluster does not acknowledge it."""
+    headers = replay_headers(failure.headers)
+    key = headers.get("ordering_key")
+    reports: list[Any] = []  # the delivery report's error (None: acknowledged)
+
+    def report(error: Any, _record: Any) -> None:
+        reports.append(error)
+
+    wire: list[Any] = record_headers(headers, CONTENT_TYPE)
+    body = failure.body.encode(CONTENT_ENCODING)
+    producer.produce(
+        failure.queue,
+        body,
+        key.encode() if isinstance(key, str) and key else None,
+        headers=wire,
+        on_delivery=report,
+    )
+    producer.flush(timeout)
+    if not reports or reports[0] is not None:
+        reason = outbox_settings.redact(str(reports[0])) if reports else "no acknowledgement"
+        raise OutboxError(
+            f"the Kafka cluster did not take the message replayed to topic "
+            f"{failure.queue} ({reason}); nothing more replayed"
+        )
+
+
+def _replayed(failure: InboxFailure) -> None:
     logger.info(
         "%s: replayed parked event %s to %s",
         failure.consumer,

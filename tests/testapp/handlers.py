@@ -65,3 +65,22 @@ def slow_ordered(event: ReceivedEvent) -> None:
     """:func:`ordered`, taking 10 ms more per event, so a test can act mid-stream."""
     time.sleep(0.01)
     ordered(event)
+
+
+def tracked(event: ReceivedEvent) -> None:
+    """Record who handled what: one Delivery per run, consumer "<pid> <ordering key>
+    <header tenant>", n the payload's n (for the Kafka consumer's tests). Driven by the
+    environment: $TESTAPP_SLEEP seconds per event; a payload {"fail": true} raises while
+    the file $TESTAPP_REFUSE exists; a payload {"block": true} creates the file
+    $TESTAPP_BLOCKED and blocks (a handler hung mid-event) while that variable is set."""
+    time.sleep(float(os.environ.get("TESTAPP_SLEEP", "0")))
+    payload = event.payload if isinstance(event.payload, dict) else {}
+    refuse = os.environ.get("TESTAPP_REFUSE")
+    if payload.get("fail") and refuse and os.path.exists(refuse):
+        raise RuntimeError(f"handler refuses event {event.event_id}")
+    blocked = os.environ.get("TESTAPP_BLOCKED")
+    if payload.get("block") and blocked:
+        open(blocked, "w").close()
+        time.sleep(600)
+    who = f"{os.getpid()} {event.ordering_key} {event.headers.get('tenant')}"
+    Delivery.objects.create(consumer=who, event_id=event.event_id, n=payload.get("n"))
