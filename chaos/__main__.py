@@ -408,11 +408,10 @@ class Run:
     def _producer(self, index: int, destination: str) -> Proc:
         """A producer whose keyless events go to ``destination``, the others to the
         ordered destination (NATS's: its own ordered one, on the same stream); the
-        cluster's at a quarter of the rate (what its faults need, and little more load on
-        the one consumer of the ordered destination), NATS's at half of it (nobody
-        consumes it during the run). With Django's tasks, each of its transactions
-        enqueues one."""
-        rate = self.profile.rate / {CLUSTERED: 4, NATS: 2}.get(destination, 1)
+        cluster's and NATS's at a quarter of the rate (what their faults need, and little
+        more load on the database and the one consumer of the ordered destination). With
+        Django's tasks, each of its transactions enqueues one."""
+        rate = self.profile.rate / (4 if destination in (CLUSTERED, NATS) else 1)
         ordered = NATS_ORDERED if destination == NATS else ORDERED
         return self._proc(
             f"producer-{index}",
