@@ -14,7 +14,9 @@ unacked until its time (:mod:`.held`), and rides out a database outage without
 counting (:mod:`.outages`).
 
 The queue of a route with partitions is consumed as its partition queues (all,
-or those given), one kombu consumer each.
+or those given), one kombu consumer each. On a NATS JetStream broker (``nats://``) the
+run pulls from a stream's durable consumer instead (:mod:`.nats`), through the same
+handling.
 
 Prefetch is bounded, so a stopped or killed consumer leaves at most
 ``prefetch`` messages unacked, and the broker redelivers them. A lost broker
@@ -59,6 +61,7 @@ from .decode import uninflated
 from .deliveries import Deliveries, retry_policy
 from .handling import Handling
 from .held import Held
+from .nats import JetStreamSource, Naks
 from .ordered import Ordered
 from .outages import DatabaseOutage
 from .parking import Parking
@@ -111,6 +114,11 @@ class InboxConsumer:
         self.max_deliveries = max_deliveries
         self.retry = retry_policy(retry_delay, retry_max_delay, max_deliveries)
         self.url, self.transport_options = _broker_for(queue, url, broker, transport_options)
+        #: Where a ``nats://`` broker's messages come from; None on the kombu brokers.
+        self.jetstream = None
+        if broker_scheme(self.url) in NATS_SCHEMES:
+            options = self.transport_options
+            self.jetstream = JetStreamSource(self.url, options, queue, consumer, prefetch)
         self.route = outbox_settings.route_for_queue(queue)
         self.queues = _queues_to_take(self.route, queue, partitions)
         #: The keys a message's signature must be made with; None: not verified.
@@ -119,7 +127,11 @@ class InboxConsumer:
         self._span_attributes = tracing.broker_attributes(self.url)
         self._span_attributes["messaging.consumer.group.name"] = consumer
         #: The errors that mean the broker or the way to it failed.
-        self._transient = transient_errors(kombu.Connection(self.url))
+        self._transient = (
+            self.jetstream.transient
+            if self.jetstream
+            else transient_errors(kombu.Connection(self.url))
+        )
         #: The totals of every run.
         self.stats = ConsumerStats()
         #: Set it (e.g. from a signal handler) to stop after the message in hand.
@@ -159,7 +171,7 @@ class ConsumerRun(ConsumerMixin):
         self.context = Context(
             consumer.consumer, consumer.using, consumer.event_types, self.stats, consumer.queue
         )
-        self.held = Held()
+        self.held = Held() if consumer.jetstream is None else Naks()
         self.outage = DatabaseOutage(consumer.using, consumer.stop)
         self.handling = _handling(consumer, self.context, self.held, self.outage)
 
@@ -232,6 +244,10 @@ class ConsumerRun(ConsumerMixin):
         one of the transient errors."""
         # Not ConsumerMixin.consume(): it drains with a fixed timeout, where a held
         # message must be requeued when its delay is over.
+        if self.consumer.jetstream is not None:  # a NATS JetStream broker's connection
+            self._attempt = time.monotonic()
+            self.consumer.jetstream.consume(self)
+            return
         with self.consumer_context(**kwargs) as (connection, _channel, _consumers):
             self._drain(connection)
 
@@ -267,7 +283,7 @@ class ConsumerRun(ConsumerMixin):
             Consumer(
                 queues=[queue],
                 accept=["json"],
-                on_message=functools.partial(self._on_message, queue.name),
+                on_message=functools.partial(self.on_message, queue.name),
                 prefetch_count=consumer.prefetch,
                 auto_declare=False,
             )
@@ -278,7 +294,11 @@ class ConsumerRun(ConsumerMixin):
     def on_consume_ready(
         self, connection: Any, channel: Any, consumers: Any, **kwargs: Any
     ) -> None:
-        """kombu's hook once consuming starts (again): the broker outage, if any, ends."""
+        """kombu's hook once consuming starts (again): see :meth:`ready`."""
+        self.ready()
+
+    def ready(self) -> None:
+        """Consuming starts (again): the broker outage, if any, ends."""
         self._attempt = None
         self._broker.recovered()
         consumer = self.consumer
@@ -307,12 +327,17 @@ class ConsumerRun(ConsumerMixin):
                 connection.drain_events(timeout=self.held.wait(DRAIN_TIMEOUT))
             except TimeoutError:
                 connection.heartbeat_check()
-                idle = time.monotonic() - self._last_message
-                timeout = self.idle_timeout
-                self._idle = timeout is not None and idle >= timeout and not self.held
-                close_old_connections()  # honours CONN_MAX_AGE between idle spells
+                self.idle()
 
-    def _on_message(self, queue: str, message: Any) -> None:
+    def idle(self) -> None:
+        """No message came for a while: idle for ``idle_timeout`` with nothing held is
+        done."""
+        idle = time.monotonic() - self._last_message
+        timeout = self.idle_timeout
+        self._idle = timeout is not None and idle >= timeout and not self.held
+        close_old_connections()  # honours CONN_MAX_AGE between idle spells
+
+    def on_message(self, queue: str, message: Any) -> None:
         self.context.queue = queue
         if self.consumer.stop.is_set():  # delivered while the consumer unsubscribes: not started
             message.requeue()
@@ -337,7 +362,8 @@ def _handling(
         context,
         max_deliveries=consumer.max_deliveries,
         retry=consumer.retry,
-        broker_counts=consumer.route.queue_type == "quorum",
+        # A quorum queue's x-delivery-count, JetStream's delivery count: the broker's own.
+        broker_counts=consumer.route.queue_type == "quorum" or consumer.jetstream is not None,
         span_attributes=consumer._span_attributes,
         held=held,
         outage=outage,
@@ -379,12 +405,6 @@ def _broker_for(
             transport_options = dict(chosen.options)
     if transport_options is None:
         transport_options = outbox_settings.BROKER_TRANSPORT_OPTIONS
-    if broker_scheme(url) in NATS_SCHEMES:
-        raise OutboxConfigurationError(
-            f"run_outbox_consumer cannot consume from the NATS JetStream broker "
-            f"{mask_url(url)} yet: read its stream with a JetStream consumer of your own and "
-            "dedupe with process_once() on the event_id header (see docs/nats.md)"
-        )
     return outbox_settings.require_broker_url(url), transport_options
 
 

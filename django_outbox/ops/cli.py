@@ -220,7 +220,16 @@ def add_metrics_options(parser: argparse.ArgumentParser, what: str) -> None:
 def add_consumer_options(parser: argparse.ArgumentParser) -> None:
     """The options of ``run_outbox_consumer``."""
     option = parser.add_argument
-    option("--queue", required=True, help="the queue to consume")
+    option(
+        "--queue",
+        required=True,
+        help="the queue to consume; on a NATS broker, a stream or a subject of one",
+    )
+    option(
+        "--broker",
+        help="the alias in OUTBOX['BROKERS'] of the broker to consume from (default: the "
+        "broker of the route that declares --queue)",
+    )
     option(
         "--partitions",
         type=partition_numbers,
@@ -347,6 +356,7 @@ def consumer_from_options(
             stop=stop,
             partitions=options["partitions"],
             verify_signatures=options["verify_signatures"],
+            broker=options["broker"],
         )
     except OutboxError as exc:
         raise CommandError(str(exc)) from exc
