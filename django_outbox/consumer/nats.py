@@ -108,19 +108,19 @@ class JetStreamSource:
             subscription = loop.run(self._bind(client.jetstream()), REQUEST_TIMEOUT * 3)
             run.ready()
             self._pull(run, loop, client, subscription)
+            run.held.requeue_all()  # stopping: the early events held go back at once
         finally:
+            run.held.forget()  # on a lost connection the server delivers them again
             close_client(loop, client)
 
     def _pull(self, run: Run, loop: EventLoop, client: Any, subscription: Any) -> None:
-        import nats.errors
-
         while not run.should_stop:
             run.held.requeue_due()
             wait = run.held.wait(FETCH_WAIT)
             try:
                 fetched = loop.run(subscription.fetch(self.batch, timeout=wait), wait + 5)
-            except nats.errors.TimeoutError:  # nothing came, or the cluster went silent:
-                # a ping answered tells (else a cluster error: an outage).
+            except TimeoutError:  # (nats-py's or asyncio's) nothing came, or the cluster
+                # went silent: a ping answered tells (else a cluster error: an outage).
                 loop.run(client.flush(SERVER_CONNECT_TIMEOUT), SERVER_CONNECT_TIMEOUT + 1)
                 run.idle()
                 continue
@@ -257,13 +257,19 @@ def _ordering_value(text: str) -> Any:
 
 
 class Naks(Held):
-    """A JetStream run's failed and early messages: each nak'd with its delay at once
-    (the server delivers it again then), and remembered until then only so an
-    ``idle_timeout`` does not end a run with messages still to come back."""
+    """A JetStream run's failed messages, each nak'd with its backoff delay at once (the
+    server delivers it again then) and remembered until then only so that an
+    ``idle_timeout`` does not end a run with messages still to come back; an ordered
+    route's early events are held unacked here as on the kombu brokers, and nak'd (at
+    once) when their predecessor is handled or their delay is over. (Nak'd with a delay
+    instead, every later event of their key came early too, and was nak'd in turn.)"""
 
     def hold(self, message: Any, delay: float, scope: Any = None) -> None:
+        if scope is not None:
+            super().hold(message, delay, scope)
+            return
         message.requeue(delay)
-        super().hold(_NAKED, delay, scope)
+        super().hold(_NAKED, delay)
 
 
 class _Naked:

@@ -220,16 +220,7 @@ def add_metrics_options(parser: argparse.ArgumentParser, what: str) -> None:
 def add_consumer_options(parser: argparse.ArgumentParser) -> None:
     """The options of ``run_outbox_consumer``."""
     option = parser.add_argument
-    option(
-        "--queue",
-        required=True,
-        help="the queue to consume; on a NATS broker, a stream or a subject of one",
-    )
-    option(
-        "--broker",
-        help="the alias in OUTBOX['BROKERS'] of the broker to consume from (default: the "
-        "broker of the route that declares --queue)",
-    )
+    _add_consumer_source(parser)
     option(
         "--partitions",
         type=partition_numbers,
@@ -271,6 +262,19 @@ def add_consumer_options(parser: argparse.ArgumentParser) -> None:
     _add_consumer_timing(parser)
     add_database_option(parser, "inbox (and the handler's writes)")
     add_metrics_options(parser, "consumer")
+
+
+def _add_consumer_source(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--queue",
+        required=True,
+        help="the queue to consume; on a NATS broker, a stream or a subject of one",
+    )
+    parser.add_argument(
+        "--broker",
+        help="the alias in OUTBOX['BROKERS'] of the broker to consume from (default: the "
+        "broker of the route that declares --queue)",
+    )
 
 
 def _add_consumer_timing(parser: argparse.ArgumentParser) -> None:
