@@ -11,7 +11,8 @@ through the same handling. :mod:`.replay` sends parked messages back to their qu
 
 The consumer may import the inbox (:mod:`django_outbox.inbox`), the workers' shared
 parts, the transports' broker connections and declarations and the NATS transport's
-event loop and client options (never the transport classes), the settings and the leaves; never the relay or what operates it.
+event loop and client options (never the transport classes), the settings and the
+leaves; never the relay or what operates it.
 """
 
 from .context import ConsumerStats

@@ -36,6 +36,7 @@ from ..transports.nats import (
     RESERVED_PREFIX,
     SERVER_CONNECT_TIMEOUT,
     EventLoop,
+    close_client,
     cluster_errors,
     connect_options,
 )
@@ -189,17 +190,6 @@ class JetStreamSource:
                 f"{'; '.join(misfits)}: delete it (nats consumer rm {stream} {self.durable}) "
                 "or consume under another --consumer name"
             )
-
-
-def close_client(loop: EventLoop, client: Any) -> None:
-    """Flush the acks sent, close the connection (nothing to save if it is broken) and
-    stop its loop."""
-    if client.is_connected:
-        try:
-            loop.run(client.close(), SERVER_CONNECT_TIMEOUT)
-        except (*cluster_errors(), AttributeError):
-            logger.debug("error closing a NATS connection", exc_info=True)
-    loop.stop()
 
 
 class JetStreamMessage:

@@ -35,8 +35,14 @@ from ..inbox.records import unpark
 from ..transports.confirms import CONFIRM_TIMEOUT
 from ..transports.connection import new_connection
 from ..transports.declare import declare, refusal_errors
-from ..transports.nats import MSG_ID, EventLoop, cluster_errors, connect_options, header_text
-from .nats import close_client
+from ..transports.nats import (
+    MSG_ID,
+    EventLoop,
+    close_client,
+    cluster_errors,
+    connect_options,
+    header_text,
+)
 
 if TYPE_CHECKING:
     from ..models import InboxFailure, InboxFailureQuerySet

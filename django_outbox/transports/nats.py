@@ -136,6 +136,19 @@ class EventLoop:
             )
 
 
+def close_client(loop: EventLoop, client: Any) -> None:
+    """Close ``client``'s connection (flushing what it has to send) and stop its loop."""
+    # The connection is already broken: nothing to save. nats-py 2.9 raises
+    # AttributeError closing a client whose connection never opened.
+    broken: tuple[type[BaseException], ...] = (*cluster_errors(), AttributeError)
+    if client is not None and not client.is_closed:
+        try:
+            loop.run(client.close(), SERVER_CONNECT_TIMEOUT)
+        except broken:
+            logger.debug("error closing a NATS connection", exc_info=True)
+    loop.stop()
+
+
 def connect_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """The keyword arguments of nats-py's ``connect()`` for a client called ``name``:
     ours, under the broker's ``OPTIONS``."""
@@ -274,17 +287,8 @@ class NatsTransport(Transport):
         nc, loop = self._nc, self._loop
         self._nc = self._js = self._loop = None
         self._streams.clear()
-        if loop is None:
-            return
-        # The connection is already broken: nothing to save. nats-py 2.9 raises
-        # AttributeError closing a client whose connection never opened.
-        broken: tuple[type[BaseException], ...] = (*cluster_errors(), AttributeError)
-        if nc is not None and not nc.is_closed:
-            try:
-                loop.run(nc.close(), SERVER_CONNECT_TIMEOUT)
-            except broken:
-                logger.debug("error closing a NATS connection", exc_info=True)
-        loop.stop()
+        if loop is not None:
+            close_client(loop, nc)
 
     # -- publishing -----------------------------------------------------------------
 

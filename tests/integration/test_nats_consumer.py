@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import os
 import re
 import signal
@@ -34,7 +33,6 @@ from tests.integration.test_nats import (
     stored,
 )
 from tests.support import (
-    Producer,
     manage,
     run_relay,
     services_output,
@@ -67,7 +65,10 @@ def route() -> Any:
     stream = destination.replace("-", "_").upper()
     outbox = {
         "BROKER_URL": None,
-        "BROKERS": {"default": {"URL": os.environ["OUTBOX_BROKER_URL"]}, "events": {"URL": NATS_URL}},
+        "BROKERS": {
+            "default": {"URL": os.environ["OUTBOX_BROKER_URL"]},
+            "events": {"URL": NATS_URL},
+        },
         "ROUTES": {
             destination: {
                 "broker": "events",
@@ -132,11 +133,17 @@ def test_relayed_events_are_handled_once_with_their_headers(route):
     destination, stream, outbox = route
     with transaction.atomic():
         for n in range(5):
-            stage("order.placed", {"n": n}, destination=destination, key=f"k{n}",
-                  headers={"tenant": "acme"})
+            stage(
+                "order.placed",
+                {"n": n},
+                destination=destination,
+                key=f"k{n}",
+                headers={"tenant": "acme"},
+            )
     run_relay("--drain", **outbox)
-    summary = consume(stream, "--handler", "tests.testapp.handlers.described", "--consumer",
-                      "audit", **outbox)
+    summary = consume(
+        stream, "--handler", "tests.testapp.handlers.described", "--consumer", "audit", **outbox
+    )
     assert summary == counts(handled=5)
     assert sorted(Delivery.objects.values_list("consumer", "n")) == [
         (f"order.placed acme k{n}", n) for n in range(5)
@@ -148,7 +155,7 @@ def test_relayed_events_are_handled_once_with_their_headers(route):
 
 
 def test_a_subject_is_consumed_from_the_stream_that_takes_it(route):
-    destination, stream, outbox = route
+    destination, _stream, outbox = route
     ids = stage_events(3, destination)
     run_relay("--drain", **outbox)
     assert consume(f"outbox.{destination}", *RECORD, **outbox) == counts(handled=3)
@@ -188,13 +195,22 @@ def test_a_failing_handler_is_backed_off_parked_then_replayed(route):
     ids = stage_events(4, destination)
     run_relay("--drain", **outbox)
     summary = consume(
-        stream, *RECORD, "--max-deliveries", "3", "--retry-delay", "0.2",
-        "--retry-max-delay", "0.5", **outbox,
+        stream,
+        *RECORD,
+        "--max-deliveries",
+        "3",
+        "--retry-delay",
+        "0.2",
+        "--retry-max-delay",
+        "0.5",
+        **outbox,
     )
     assert summary == counts(handled=4, failed=2, parked=1)
     failure = InboxFailure.objects.get()
     assert (failure.event_id, failure.attempts, failure.queue) == (
-        poison.event_id, 3, f"outbox.{destination}",
+        poison.event_id,
+        3,
+        f"outbox.{destination}",
     )
     assert failure.parked_at is not None
     assert failure.last_error == f"RuntimeError: handler refuses event {poison.event_id}"
@@ -225,8 +241,14 @@ def test_a_consumer_killed_mid_handler_then_restarted_handles_each_event_once(
     run_relay("--drain", **outbox)
     marker = tmp_path / "blocked"
     monkeypatch.setenv("TESTAPP_BLOCKED", str(marker))
-    js_call(lambda js: js.add_consumer(stream, nats.js.api.ConsumerConfig(
-        durable_name="audit", ack_policy="explicit", ack_wait=3, max_deliver=-1)))
+    js_call(
+        lambda js: js.add_consumer(
+            stream,
+            nats.js.api.ConsumerConfig(
+                durable_name="audit", ack_policy="explicit", ack_wait=3, max_deliver=-1
+            ),
+        )
+    )
     args = ("--handler", "tests.testapp.handlers.blocking", "--consumer", "audit")
     consumer = start_consumer(stream, *args, **outbox)
     wait_until(marker.exists, timeout=60, what="the handler blocked", process=consumer)
@@ -244,8 +266,9 @@ def test_sigterm_finishes_the_message_in_hand_and_the_rest_comes_at_once(route):
     run_relay("--drain", **outbox)
     args = ("--handler", "tests.testapp.handlers.slow_ordered", "--consumer", "audit")
     consumer = start_consumer(stream, *args, **outbox)
-    wait_until(lambda: Delivery.objects.count() >= 50, timeout=60, what="50 handled",
-               process=consumer)
+    wait_until(
+        lambda: Delivery.objects.count() >= 50, timeout=60, what="50 handled", process=consumer
+    )
     code, out, err = stop(consumer, signal.SIGTERM)
     assert code == 0, err
     assert "SIGTERM: stopping after the message in hand" in err
@@ -278,19 +301,28 @@ def test_a_node_killed_while_consuming_loses_nothing(route):
     args = ("--handler", "tests.testapp.handlers.slow_ordered", "--consumer", "audit")
     consumer = start_consumer(stream, *args, "--prefetch", "20", **outbox)
     try:
-        wait_until(lambda: Delivery.objects.count() >= 200, timeout=60, what="consuming",
-                   process=consumer)
+        wait_until(
+            lambda: Delivery.objects.count() >= 200, timeout=60, what="consuming", process=consumer
+        )
         leader = js_call(lambda js: js.stream_info(stream)).cluster.leader
         victim = int(leader.removeprefix("n"))
         os.kill(node_pids()[victim], signal.SIGKILL)
         try:
             at = Delivery.objects.count()
-            wait_until(lambda: Delivery.objects.count() >= at + 200, timeout=90,
-                       what="consuming resumed", process=consumer)
+            wait_until(
+                lambda: Delivery.objects.count() >= at + 200,
+                timeout=90,
+                what="consuming resumed",
+                process=consumer,
+            )
         finally:
             services_output("nats", "start-node", str(victim), timeout=120)
-        wait_until(lambda: Delivery.objects.count() >= 1500, timeout=120, what="all handled",
-                   process=consumer)
+        wait_until(
+            lambda: Delivery.objects.count() >= 1500,
+            timeout=120,
+            what="all handled",
+            process=consumer,
+        )
     finally:
         code, _out, err = stop(consumer)
     assert code == 0, err
@@ -304,15 +336,20 @@ def test_the_cluster_down_is_waited_out_without_counting_and_idle_timeout_gives_
     run_relay("--drain", **outbox)
     consumer = start_consumer(stream, *RECORD, **outbox)
     try:
-        wait_until(lambda: Delivery.objects.count() == 20, timeout=60, what="first handled",
-                   process=consumer)
+        wait_until(
+            lambda: Delivery.objects.count() == 20,
+            timeout=60,
+            what="first handled",
+            process=consumer,
+        )
         with nodes_stopped():
             gave_up = manage(*consumer_args(stream, *RECORD, "--idle-timeout", "2"), **outbox)
             later = stage_events(20, destination)
         wait_until(lambda: stored(stream) == 20, timeout=60, what="the stream's leader back")
         run_relay("--drain", **outbox)
-        wait_until(lambda: Delivery.objects.count() == 40, timeout=90, what="all handled",
-                   process=consumer)
+        wait_until(
+            lambda: Delivery.objects.count() == 40, timeout=90, what="all handled", process=consumer
+        )
     finally:
         code, _out, err = stop(consumer)
     assert code == 0, err
@@ -328,20 +365,26 @@ def test_a_missing_stream_and_a_misfit_durable_are_one_line_errors(route):
     destination, stream, outbox = route
     result = manage(*consumer_args("NOPE", *RECORD, "--idle-timeout", "2"), **outbox)
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == (
+    assert result.stderr.strip() == (
         "CommandError: no JetStream stream is named 'NOPE' or takes subject 'NOPE' on "
         f"{NATS_URL}: give --queue a stream or a subject of one (the relay creates its "
         "route's stream when it first publishes)"
-    ) or "no JetStream stream is named 'NOPE'" in result.stderr, result.stderr
+    )
     stage_events(1, destination)
     run_relay("--drain", **outbox)
-    js_call(lambda js: js.add_consumer(stream, nats.js.api.ConsumerConfig(
-        durable_name="audit", ack_policy="none", filter_subject=f"outbox.{destination}")))
+    js_call(
+        lambda js: js.add_consumer(
+            stream,
+            nats.js.api.ConsumerConfig(
+                durable_name="audit", ack_policy="none", filter_subject=f"outbox.{destination}"
+            ),
+        )
+    )
     result = manage(*consumer_args(stream, *RECORD, "--idle-timeout", "2"), **outbox)
     assert result.returncode == 1
-    assert (
+    assert result.stderr.strip() == (
+        "CommandError: "
         f"JetStream consumer 'audit' of stream {stream!r} exists, but ack_policy none, not "
         f"explicit; filter_subject 'outbox.{destination}', not None: delete it (nats consumer "
-        f"rm {stream} audit) or consume under another --consumer name" in result.stderr
-    ), result.stderr
-
+        f"rm {stream} audit) or consume under another --consumer name"
+    )
