@@ -190,7 +190,7 @@ def _scenarios(
     figures["relay_2proc_ev_per_s"] = two["events_per_s"]
     figures.update(_fairness(profile, amqp, drain))
     figures.update(_redis(profile, redis, drain, profile_dir))
-    figures.update(_nats(profile, drain))
+    figures.update(_nats(profile, env, drain))
     _step("staging")
     figures.update(scenarios.staging(profile.staging_rounds, profile.stage_many))
     _step(f"claim with 1k and {profile.retained} retained rows")
@@ -329,9 +329,10 @@ def _redis(
     }
 
 
-def _nats(profile: Profile, drain: Callable[..., Any]) -> dict[str, Any]:
-    """The relay to NATS JetStream against nats-py alone (:mod:`benchmarks.nats`), when
-    ``OUTBOX_NATS_URL`` names a cluster; nothing otherwise."""
+def _nats(profile: Profile, env: dict[str, str], drain: Callable[..., Any]) -> dict[str, Any]:
+    """The relay to NATS JetStream against nats-py alone (:mod:`benchmarks.nats`), and
+    its commit-to-consumer latency at 1,000 events/s, when ``OUTBOX_NATS_URL`` names a
+    cluster; nothing otherwise."""
     from . import nats
 
     url = os.environ.get("OUTBOX_NATS_URL", "")
@@ -344,7 +345,10 @@ def _nats(profile: Profile, drain: Callable[..., Any]) -> dict[str, Any]:
         (nats.raw_batches(url, count, profile.batch_size), drain(url, count, "nats"))
         for _ in range(profile.rounds)
     ]
-    return nats.figures(rounds)
+    seconds, per_commit = profile.e2e_1000_seconds, profile.e2e_1000_per_commit
+    _step(f"NATS: end to end at 1000 events/s, {per_commit} a transaction, for {seconds:g}s")
+    latency = nats.end_to_end(env, url, rate=1_000.0, seconds=seconds, per_commit=per_commit)
+    return {**nats.figures(rounds), **latency}
 
 
 def _per_round(name: str, runs: list[dict[str, Any]], bases: list[float]) -> dict[str, Any]:

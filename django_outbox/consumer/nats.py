@@ -146,10 +146,25 @@ class JetStreamSource:
         try:
             info = await js.consumer_info(stream, self.durable)
         except NotFoundError:
-            await js.add_consumer(stream, wanted)
+            await self._create(js, stream, wanted)
         else:
             self._require_fit(stream, info.config, subject)
         return await js.pull_subscribe_bind(durable=self.durable, stream=stream)
+
+    async def _create(self, js: Any, stream: str, config: Any) -> None:
+        """Create the durable; :class:`OutboxConfigurationError` when the server refuses
+        it for itself (a stream without a leader is an outage)."""
+        from nats.js.errors import APIError, ServiceUnavailableError
+
+        try:
+            await js.add_consumer(stream, config)
+        except ServiceUnavailableError:
+            raise
+        except APIError as exc:
+            raise OutboxConfigurationError(
+                f"JetStream refused to create consumer {self.durable!r} on stream {stream!r}: "
+                f"{exc.description or exc}"
+            ) from None
 
     async def _stream(self, js: Any) -> tuple[str, str | None]:
         """The stream to read and the subject to filter on (None: all of it)."""
