@@ -22,7 +22,6 @@ from django.db import transaction
 from django.test import override_settings
 
 from django_outbox import stage
-from django_outbox.consumer.nats import durable_name
 from django_outbox.models import InboxFailure, InboxMessage
 from tests.integration.test_nats import (
     NATS_URL,
@@ -53,6 +52,8 @@ SUMMARY = re.compile(
     r"rejected (?P<rejected>\d+)(?:, held back (?P<held>\d+))? in [\d.]+s .*"
 )
 RECORD = ("--handler", "tests.testapp.handlers.record", "--consumer", "audit")
+#: The durable consumer of inbox consumer "audit": its own name (docs/nats.md).
+DURABLE = "audit"
 
 
 @pytest.fixture
@@ -148,7 +149,7 @@ def test_relayed_events_are_handled_once_with_their_headers(route):
         (f"order.placed acme k{n}", n) for n in range(5)
     ]
     # Acked: the durable (named after the consumer) has nothing pending, nothing unacked.
-    info = js_call(lambda js: js.consumer_info(stream, durable_name("audit")))
+    info = js_call(lambda js: js.consumer_info(stream, DURABLE))
     assert (info.num_pending, info.num_ack_pending) == (0, 0)
     assert consume(stream, *RECORD, idle=2, **outbox) == counts()
 
@@ -175,7 +176,7 @@ def test_a_redelivered_event_is_a_duplicate_and_a_foreign_message_is_terminated(
     js_call(lambda js: js.publish(subject, b"hello", headers={"Nats-Msg-Id": "x"}))
     assert consume(stream, *RECORD, **outbox) == counts(duplicates=1, rejected=1)
     assert handled_ids() == {event_id: 1}
-    info = js_call(lambda js: js.consumer_info(stream, durable_name("audit")))
+    info = js_call(lambda js: js.consumer_info(stream, DURABLE))
     assert (info.num_pending, info.num_ack_pending) == (0, 0), "terminated, not redelivered"
 
 
@@ -214,7 +215,7 @@ def test_a_failing_handler_is_backed_off_parked_then_replayed(route):
     assert failure.parked_at is not None
     assert failure.last_error == f"RuntimeError: handler refuses event {poison.event_id}"
     # The server delivered it three times: the nak'd deliveries came back.
-    info = js_call(lambda js: js.consumer_info(stream, durable_name("audit")))
+    info = js_call(lambda js: js.consumer_info(stream, DURABLE))
     assert (info.num_pending, info.num_ack_pending, info.num_redelivered) == (0, 0, 0)
 
     replayed = manage("outbox_replay_parked", "--consumer", "audit", **outbox)
