@@ -393,3 +393,36 @@ def test_a_missing_stream_and_a_misfit_durable_are_one_line_errors(route):
         f"explicit; filter_subject 'outbox.{destination}', not None: delete it (nats consumer "
         f"rm {stream} audit) or consume under another --consumer name"
     )
+
+
+def test_signed_events_are_handled_and_altered_or_unsigned_copies_parked(route):
+    """The relay signs (an ordered route: the signature covers the sequence, which NATS
+    carries as text); a verifying consumer handles the real events and parks a copy with
+    another body and one without a signature, unrun."""
+    destination, stream, outbox = route
+    outbox["ROUTES"][destination]["ordered"] = True
+    key = "k" * 32 + "-new"
+    with override_settings(OUTBOX=outbox):
+        ids = stage_events(3, destination, keys=1)
+    run_relay("--drain", SIGNING_KEYS=[key], **outbox)
+    [first] = js_call(lambda js: _fetch_all(js, stream))[:1]
+    subject = f"outbox.{destination}"
+    altered = {**first.headers, "Nats-Msg-Id": "altered", "event_id": str(uuid.uuid4())}
+    unsigned = {
+        name: value
+        for name, value in {**altered, "Nats-Msg-Id": "unsigned"}.items()
+        if name != "outbox_signature"
+    }
+    unsigned["event_id"] = str(uuid.uuid4())
+    js_call(lambda js: js.publish(subject, b'{"n": 1000}', headers=altered))
+    js_call(lambda js: js.publish(subject, first.data, headers=unsigned))
+    summary = consume(
+        stream, *RECORD, "--verify-signatures", SIGNING_KEYS=["k" * 32 + "-old", key], **outbox
+    )
+    assert (summary["handled"], summary["parked"]) == (3, 2), summary
+    assert handled_ids() == collections.Counter(ids)
+    errors = dict(InboxFailure.objects.values_list("event_id", "last_error"))
+    assert errors[uuid.UUID(unsigned["event_id"])] == (
+        "unsigned: the message has no outbox_signature header"
+    )
+    assert errors[uuid.UUID(altered["event_id"])].startswith("the signature (key id ")
