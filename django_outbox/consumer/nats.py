@@ -11,7 +11,9 @@ is the pull loop (:class:`JetStreamSource`) and the durable consumer it binds.
 (:mod:`.replay` sends parked messages back to the subject they came from.)
 
 A failed delivery is not held unacked here: it is nak'd with its backoff delay at once
-(:class:`Naks`), and the server delivers it again when the delay is over.
+(:class:`Naks`), and the server delivers it again when the delay is over. An ordered
+route's event that came early is held unacked as on the kombu brokers, and nak'd as soon
+as its key's earlier event is handled.
 
 nats-py is asyncio: each connection's life runs on an
 :class:`~django_outbox.transports.nats.EventLoop` thread of its own, as the relay's
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import re
 from collections.abc import Coroutine, Mapping
 from typing import Any, Protocol
@@ -41,8 +42,6 @@ from ..transports.nats import (
     connect_options,
 )
 from .held import Held
-
-logger = logging.getLogger("django_outbox.consumer")
 
 #: Seconds a message may stay unacked after its delivery before the server delivers it
 #: again, for a durable this consumer creates (NATS's own default). A durable made
