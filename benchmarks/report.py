@@ -70,6 +70,8 @@ ROWS = (
     ("relay_nats_ev_per_s", "relay -> NATS JetStream, 1 process", "ev/s"),
     ("nats_vs_raw", "  relay / nats-py, median of rounds (goal 0.8)", "x"),
     ("relay_nats_cpu_us_per_event", "relay -> NATS: process CPU per event", "us"),
+    ("nats_e2e_1000_p50_ms", "commit -> NATS consumer at 1,000/s, p50", "ms"),
+    ("nats_e2e_1000_p99_ms", "commit -> NATS consumer at 1,000/s, p99", "ms"),
     ("business_tx_ms", "business transaction (place an order)", "ms"),
     ("business_tx_with_event_ms", "  the same staging one event", "ms"),
     ("staging_overhead", "  with / without", "x"),

@@ -8,11 +8,13 @@ hands each message to
 their key's turn (:mod:`.ordered`), counts deliveries (:mod:`.deliveries`), parks or
 rejects what it does not run (:mod:`.parking`), keeps messages unacked until their time
 (:mod:`.held`) and rides out database outages (:mod:`.outages`); :mod:`.context` is
-what they share. :mod:`.replay` sends parked messages back to their queue.
+what they share. :mod:`.nats` pulls from a NATS JetStream broker's durable consumer
+through the same handling. :mod:`.replay` sends parked messages back to their queue.
 
 The consumer may import the inbox (:mod:`django_outbox.inbox`), the workers' shared
-parts, the transports' broker connections and declarations (never the transport
-classes), the settings and the leaves; never the relay or what operates it.
+parts, the transports' broker connections and declarations and the NATS transport's
+event loop and client options (never the transport classes), the settings and the
+leaves; never the relay or what operates it.
 """
 
 from .context import ConsumerStats

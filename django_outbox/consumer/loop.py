@@ -14,7 +14,9 @@ unacked until its time (:mod:`.held`), and rides out a database outage without
 counting (:mod:`.outages`).
 
 The queue of a route with partitions is consumed as its partition queues (all,
-or those given), one kombu consumer each.
+or those given), one kombu consumer each. On a NATS JetStream broker (``nats://``) the
+run pulls from a stream's durable consumer instead (:mod:`.nats`), through the same
+handling.
 
 Prefetch is bounded, so a stopped or killed consumer leaves at most
 ``prefetch`` messages unacked, and the broker redelivers them. A lost broker
@@ -60,6 +62,7 @@ from .decode import uninflated
 from .deliveries import Deliveries, retry_policy
 from .handling import Handling
 from .held import Held
+from .nats import JetStreamSource, Naks
 from .ordered import Ordered
 from .outages import DatabaseOutage
 from .parking import Parking
@@ -116,8 +119,7 @@ class InboxConsumer:
         self.max_deliveries = max_deliveries
         self.retry = retry_policy(retry_delay, retry_max_delay, max_deliveries)
         self.url, self.transport_options = _broker_for(queue, url, broker, transport_options)
-        #: The run of a broker kombu does not serve (:data:`RUNS`); None: kombu's.
-        self._run = RUNS.get(broker_scheme(self.url))
+        self._source(queue, consumer, prefetch)
         self.route = outbox_settings.route_for_queue(queue)
         if self._run is not None and partitions is not None:
             raise OutboxConfigurationError(
@@ -130,12 +132,25 @@ class InboxConsumer:
         #: The attributes of every ``process`` span but the queue and the message id.
         self._span_attributes = tracing.broker_attributes(self.url)
         self._span_attributes["messaging.consumer.group.name"] = consumer
-        #: The errors that mean the broker or the way to it failed.
-        self._transient = () if self._run else transient_errors(kombu.Connection(self.url))
         #: The totals of every run.
         self.stats = ConsumerStats()
         #: Set it (e.g. from a signal handler) to stop after the message in hand.
         self.stop = stop if stop is not None else threading.Event()
+
+    def _source(self, queue: str, consumer: str, prefetch: int) -> None:
+        """Where the messages come from: the run of a broker kombu does not serve
+        (``_run``, :data:`RUNS`), a ``nats://`` broker's durable consumer (``jetstream``),
+        else kombu's; and the errors that mean the broker or the way to it failed."""
+        scheme = broker_scheme(self.url)
+        self._run = RUNS.get(scheme)
+        self.jetstream: JetStreamSource | None = None
+        self._transient: tuple[type[BaseException], ...] = ()
+        if scheme in NATS_SCHEMES:
+            options = self.transport_options
+            self.jetstream = JetStreamSource(self.url, options, queue, consumer, prefetch)
+            self._transient = self.jetstream.transient
+        elif self._run is None:
+            self._transient = transient_errors(kombu.Connection(self.url))
 
     def run(self, *, idle_timeout: float | None = None) -> ConsumerStats:
         """Consume until :attr:`stop` is set, or until no message came for
@@ -175,7 +190,7 @@ class ConsumerRun(ConsumerMixin):
         self.context = Context(
             consumer.consumer, consumer.using, consumer.event_types, self.stats, consumer.queue
         )
-        self.held = Held()
+        self.held = Held() if consumer.jetstream is None else Naks()
         self.outage = DatabaseOutage(consumer.using, consumer.stop)
         self.handling = _handling(consumer, self.context, self.held, self.outage)
 
@@ -236,6 +251,10 @@ class ConsumerRun(ConsumerMixin):
         one of the transient errors."""
         # Not ConsumerMixin.consume(): it drains with a fixed timeout, where a held
         # message must be requeued when its delay is over.
+        if self.consumer.jetstream is not None:  # a NATS JetStream broker's connection
+            self._attempt = time.monotonic()
+            self.consumer.jetstream.consume(self)
+            return
         with self.consumer_context(**kwargs) as (connection, _channel, _consumers):
             self._drain(connection)
 
@@ -271,7 +290,7 @@ class ConsumerRun(ConsumerMixin):
             Consumer(
                 queues=[queue],
                 accept=["json"],
-                on_message=functools.partial(self._on_message, queue.name),
+                on_message=functools.partial(self.on_message, queue.name),
                 prefetch_count=consumer.prefetch,
                 auto_declare=False,
             )
@@ -282,7 +301,11 @@ class ConsumerRun(ConsumerMixin):
     def on_consume_ready(
         self, connection: Any, channel: Any, consumers: Any, **kwargs: Any
     ) -> None:
-        """kombu's hook once consuming starts (again): the broker outage, if any, ends."""
+        """kombu's hook once consuming starts (again): see :meth:`ready`."""
+        self.ready()
+
+    def ready(self) -> None:
+        """Consuming starts (again): the broker outage, if any, ends."""
         self._attempt = None
         self._broker.recovered()
         consumer = self.consumer
@@ -311,12 +334,17 @@ class ConsumerRun(ConsumerMixin):
                 connection.drain_events(timeout=self.held.wait(DRAIN_TIMEOUT))
             except TimeoutError:
                 connection.heartbeat_check()
-                idle = time.monotonic() - self._last_message
-                timeout = self.idle_timeout
-                self._idle = timeout is not None and idle >= timeout and not self.held
-                close_old_connections()  # honours CONN_MAX_AGE between idle spells
+                self.idle()
 
-    def _on_message(self, queue: str, message: Any) -> None:
+    def idle(self) -> None:
+        """No message came for a while: idle for ``idle_timeout`` with nothing held is
+        done."""
+        idle = time.monotonic() - self._last_message
+        timeout = self.idle_timeout
+        self._idle = timeout is not None and idle >= timeout and not self.held
+        close_old_connections()  # honours CONN_MAX_AGE between idle spells
+
+    def on_message(self, queue: str, message: Any) -> None:
         self.context.queue = queue
         if self.consumer.stop.is_set():  # delivered while the consumer unsubscribes: not started
             message.requeue()
@@ -346,7 +374,8 @@ def _handling(
         context,
         max_deliveries=consumer.max_deliveries,
         retry=consumer.retry,
-        broker_counts=consumer.route.queue_type == "quorum",
+        # A quorum queue's x-delivery-count, JetStream's delivery count: the broker's own.
+        broker_counts=consumer.route.queue_type == "quorum" or consumer.jetstream is not None,
         span_attributes=consumer._span_attributes,
         held=held,
         outage=outage,
@@ -406,12 +435,6 @@ def _broker_for(
         return url, dict(transport_options or {})
     if transport_options is None:
         transport_options = outbox_settings.BROKER_TRANSPORT_OPTIONS
-    if broker_scheme(url) in NATS_SCHEMES:
-        raise OutboxConfigurationError(
-            f"run_outbox_consumer cannot consume from the NATS JetStream broker "
-            f"{mask_url(url)} yet: read its stream with a JetStream consumer of your own and "
-            "dedupe with process_once() on the event_id header (see docs/nats.md)"
-        )
     return outbox_settings.require_broker_url(url), transport_options
 
 

@@ -265,7 +265,11 @@ def add_consumer_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_consumer_source(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--queue", required=True, help="the queue to consume (on Kafka, the topic)")
+    parser.add_argument(
+        "--queue",
+        required=True,
+        help="the queue to consume; on Kafka, the topic; on NATS, a stream or a subject of one",
+    )
     parser.add_argument(
         "--broker",
         metavar="ALIAS",

@@ -84,3 +84,29 @@ def tracked(event: ReceivedEvent) -> None:
         time.sleep(600)
     who = f"{os.getpid()} {event.ordering_key} {event.headers.get('tenant')}"
     Delivery.objects.create(consumer=who, event_id=event.event_id, n=payload.get("n"))
+
+
+def described(event: ReceivedEvent) -> None:
+    """Record the event's type, its tenant header and its key (as the consumer name)."""
+    Delivery.objects.create(
+        consumer=f"{event.event_type} {event.headers.get('tenant')} {event.ordering_key}",
+        event_id=event.event_id,
+        n=event.payload.get("n"),
+    )
+
+
+def blocking(event: ReceivedEvent) -> None:
+    """On a payload {"block": true}, the first time only: create the file
+    $TESTAPP_BLOCKED (so a test knows the handler is in hand) and block; record the rest."""
+    marker = os.environ.get("TESTAPP_BLOCKED", "")
+    if isinstance(event.payload, dict) and event.payload.get("block") and marker:
+        if not os.path.exists(marker):
+            with open(marker, "w"):
+                pass
+            time.sleep(600)
+    record(event)
+
+
+def accepting(event: ReceivedEvent) -> None:
+    """:func:`record`, which no longer refuses {"fail": true}: the fixed handler."""
+    Delivery.objects.create(consumer="record", event_id=event.event_id, n=event.payload.get("n"))
