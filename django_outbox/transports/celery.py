@@ -25,6 +25,7 @@ from ..envelope import ClaimedMessage
 from .base import NACKED, Failure, Outcome, Transport
 from .confirms import lease_confirm_timeout
 from .connection import transient_failure
+from .redis_wire import probe_writes
 
 TRANSIENT = (kombu.exceptions.OperationalError, OSError)
 #: Celery's producers come from kombu's process-wide pool, keyed by broker URL, so a
@@ -113,10 +114,15 @@ class CeleryTransport(Transport):
         """The Celery app owns its connection pool."""
 
     def check(self) -> None:
+        """Connect to the app's broker; on Redis, have it take a write too
+        (:func:`~.redis_wire.probe_writes`): a relay backing off from a Redis that
+        refuses writes resumes once it takes them again."""
         from celery import current_app
 
         with current_app.connection_for_write() as connection:
             connection.ensure_connection(max_retries=1)
+            if connection.transport.driver_type == "redis":
+                probe_writes(connection.default_channel.client, connection.channel_errors)
 
 
 def publishes_unconfirmed() -> bool:

@@ -14,18 +14,22 @@ from django.test import override_settings
 
 from django_outbox import InvalidEvent, stage
 from django_outbox.conf.routes import CELERY_FIELDS
+from django_outbox.exceptions import BrokerOutOfMemory
 from django_outbox.models import InboxMessage, OutboxMessage
 from django_outbox.relay import Relay
 from django_outbox.staging import RESERVED_HEADERS
+from django_outbox.transports.celery import CeleryTransport
 from tests.integration.test_silent_broker import memory_alarm
 from tests.support import (
     AMQP_URL,
     REDIS_URL,
     confirming_celery_queue,
     delete_queue,
+    delete_redis_keys,
     drain_raw,
     queue_settled,
     rabbitmqctl,
+    redis_maxmemory,
     services,
     stage_events,
     start_worker,
@@ -213,6 +217,46 @@ def test_a_task_the_broker_never_confirms_spends_no_attempt():
         assert (stalled.published, row.attempts) == (0, 0), row.last_error
         OutboxMessage.objects.update(available_at=Now())
         assert Relay().run(threading.Event(), drain=True).published == 1
+    row.refresh_from_db()
+    assert (row.status, row.attempts) == ("published", 0)
+
+
+@pytest.fixture
+def redis_celery_app():  # type: ignore[no-untyped-def]
+    """A Celery app (current in this process) whose broker is the test Redis, its pool
+    connected before a test makes Redis refuse writes."""
+    from celery import Celery
+
+    app = Celery("outbox-tests-redis", broker=REDIS_URL, set_as_current=True)
+    app.conf.task_default_queue = queue = unique_destination("celery-redis")
+    with app.connection_for_write() as connection:
+        connection.ensure_connection(max_retries=1)
+    yield app
+    app.close()
+    delete_redis_keys(queue)
+
+
+def test_a_celery_route_on_a_full_redis_spends_no_attempt(redis_celery_app):
+    """A Celery route (and so every Django task) whose app's broker is a Redis at its
+    maxmemory: kombu wraps Redis's refusal in its OperationalError, and the row is an
+    outage all the same (no attempt, its own reason), as on the relay's own Redis route;
+    the relay's check of the app's broker says out of memory until Redis takes writes.
+    (Before: an attempt charged per try, the error read as the message's.)"""
+    stage_events(1, "payments")
+    with override_settings(OUTBOX={"BROKER_URL": REDIS_URL, "ROUTES": ROUTES}):
+        with redis_maxmemory():
+            with Relay() as relay:
+                stats = relay.run_once()
+            with pytest.raises(BrokerOutOfMemory, match=r"^Redis refuses every write \(out of"):
+                CeleryTransport().check()
+        CeleryTransport().check()  # writes taken again: up
+        row = OutboxMessage.objects.get()
+        assert (stats.published, row.status, row.attempts) == (0, "failed", 0), row.last_error
+        assert row.last_error.startswith("the broker is out of memory (Redis maxmemory reached")
+        assert "OperationalError: " in row.last_error
+        OutboxMessage.objects.update(available_at=Now())
+        with Relay() as relay:
+            assert relay.run_once().published == 1
     row.refresh_from_db()
     assert (row.status, row.attempts) == ("published", 0)
 
