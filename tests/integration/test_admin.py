@@ -176,13 +176,8 @@ def test_a_nul_in_a_search_or_a_filter_is_the_list_with_an_error_not_a_500(
     refused = [r.getMessage() for r in caplog.records if r.name == "django_outbox.admin.window"]
     # (an unknown status is the status filter's own refusal)
     logged = name != "q" and (model, name) != ("outboxmessage", "status__exact")
-    assert (
-        refused
-        == [
-            f"admin filter {name} refused: its value holds a NUL character, which no stored text can"
-        ]
-        * logged
-    )
+    line = f"admin filter {name} refused: its value holds a NUL character, which no stored text"
+    assert refused == [f"{line} can"] * logged
 
 
 def test_created_at_filter_keeps_todays_rows_and_drops_old_ones(admin_client, rows):
