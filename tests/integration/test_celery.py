@@ -19,6 +19,7 @@ from django_outbox.models import InboxMessage, OutboxMessage
 from django_outbox.relay import Relay
 from django_outbox.staging import RESERVED_HEADERS
 from django_outbox.transports.celery import CeleryTransport
+from tests.integration.test_amqp_wire import small_frames
 from tests.integration.test_silent_broker import memory_alarm
 from tests.support import (
     AMQP_URL,
@@ -365,6 +366,33 @@ def test_a_nacked_task_fails_alone_and_the_tasks_around_it_are_sent_once():
     assert [row.status for row in rows] == ["published"] * 2 + ["failed"] + ["published"] * 2
     assert rows[2].attempts == 2
     assert rows[2].last_error == "the broker refused the message (basic.nack)"
+
+
+def test_a_header_larger_than_the_frame_on_a_celery_route_fails_alone():
+    """a, b, c to a Celery route on a RabbitMQ whose frame_max is 4096, b with a 5,000-byte
+    header (staging allows 64 KiB): b fails alone and for good, before anything is
+    written, with the relay's own frames' check; a and c are sent once. (Before: RabbitMQ
+    closed the connection, 501 FRAME_ERROR, and all three failed, an attempt each.)"""
+    with transaction.atomic():
+        rows = [
+            stage("payment.made", {"n": 1}, destination="payments"),
+            stage("payment.made", {"n": 2}, destination="payments", headers={"x-big": "x" * 5000}),
+            stage("payment.made", {"n": 3}, destination="payments"),
+        ]
+    with small_frames(), confirming_celery_queue() as name:  # its pool connects meanwhile
+        stats = relay_until_done()
+        in_queue = [message.headers["id"] for message in drain_raw(name)]
+    for row in rows:
+        row.refresh_from_db()
+    assert [(row.status, row.attempts) for row in rows] == [
+        ("published", 0),
+        ("abandoned", 1),
+        ("published", 0),
+    ]
+    assert (stats.published, stats.abandoned) == (2, 1)
+    assert in_queue == [str(rows[0].event_id), str(rows[2].event_id)]
+    assert rows[1].last_error.startswith("FrameTooLarge: the message's content header frame (")
+    assert "frame_max (4096 bytes" in rows[1].last_error
 
 
 def test_celery_routes_on_rabbitmq_without_confirms_get_a_warning():
