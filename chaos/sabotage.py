@@ -25,8 +25,8 @@ message id), as an encoder that mixed up messages' parts would; ``--sabotage due
 relays whose claim takes PROCESSING rows whatever their lease (the named query ``claim_due``
 without its ``locked_until`` test, which since the claim became a HOT update is all that
 keeps a live lease's rows from the next claim); ``--sabotage oom`` starts relays that do not
-know Redis out of memory when they see it (``out_of_memory`` of the Redis transport always
-False): its refusals are publish failures that count an attempt; ``--sabotage forgery``
+know Redis out of memory when they see it (``write_refusal`` of the Redis transport always
+None): its refusals are publish failures that count an attempt; ``--sabotage forgery``
 starts consumers that verify no signature, so the producers' forged messages are handled;
 ``--sabotage msgid`` starts relays that publish to NATS JetStream without ``Nats-Msg-Id``
 (the transport's header name ``MSG_ID`` replaced with one JetStream does not read), so the
@@ -102,10 +102,10 @@ def apply(kind: str) -> None:
     elif kind == "frames":
         _one_event_id()
     elif kind == "oom":
-        from django_outbox.transports import connection, declare, kombu
+        from django_outbox.transports import connection, declare, redis_wire
 
-        for module in (connection, declare, kombu):  # each module that tells it
-            module.out_of_memory = lambda exc: False  # type: ignore[attr-defined]
+        for module in (connection, declare, redis_wire):  # each module that tells it
+            module.write_refusal = lambda exc: None  # type: ignore[attr-defined]
     elif kind == "forgery":
         from django_outbox.consumer import loop as consumer
 
