@@ -230,3 +230,27 @@ def compressed(request: object) -> str:
     message = event(bz2.compress(b'{"id": 1}'))
     message["headers"]["compression"] = "application/x-bz2"
     return rejected(message.pop("body"), **message)
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:  # a library's bug
+        raise RuntimeError("no str for you")
+
+
+def refuse_unprintably(event: ReceivedEvent) -> None:
+    raise Unprintable()
+
+
+@case("consumer-unprintable-error")
+def unprintable_error(request: object) -> str:
+    message = event()
+    with queue_with(message.pop("body"), **message) as queue:
+        return logged("inbox.parked", lambda: consume(queue, refuse_unprintably, max_deliveries=1))
+
+
+@case("consumer-unstorable-key")
+def unstorable_key(request: object) -> str:
+    message = ordered_event()
+    message["headers"]["ordering_key"] = "order-1\x00"  # a NUL: PostgreSQL cannot store it
+    with queue_with(message.pop("body"), **message) as queue:
+        return logged("inbox.rejected", lambda: consume(queue, lambda event: None))

@@ -457,6 +457,32 @@ def test_a_task_whose_database_fails_mid_task_is_not_failed_and_runs_again(monke
     assert list(Delivery.objects.values_list("consumer", "n")) == [("add", 3)]
 
 
+def test_a_task_whose_exception_cannot_be_printed_is_failed_and_task_finished_sent():
+    """A task raising an exception whose ``__str__`` raises (a library's bug): the runner
+    logs it, records it FAILED and sends task_finished; nothing reaches Celery, which
+    would send the task again (called in process, as Celery's delivery calls it)."""
+    from django.tasks.signals import task_finished
+
+    finished: list[str] = []
+
+    def receiver(sender: object, task_result: object, **kwargs: object) -> None:
+        finished.append(task_result.id)  # type: ignore[attr-defined]
+
+    with transaction.atomic():
+        result = djtasks.fails_unprintably.enqueue()
+    task_finished.connect(receiver)
+    try:
+        taskrunner.run({"backend": "default"}, result.id, "worker-1")
+    finally:
+        task_finished.disconnect(receiver)
+    result.refresh()
+    assert (result.status, finished) == ("FAILED", [result.id])
+    (error,) = result.errors
+    assert error.exception_class_path == "tests.testapp.djtasks.Unprintable"
+    assert "Unprintable: <exception str() failed>" in error.traceback
+    assert not Delivery.objects.exists()  # its writes rolled back
+
+
 def test_error_texts_and_return_values_the_database_cannot_store_are_stored_readable(queue, worker):
     """A NUL or a lone surrogate in a task's error or return value (form input in an
     error message): jsonb refuses the one, psycopg the other. Before, the FAILED write

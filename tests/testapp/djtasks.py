@@ -117,3 +117,16 @@ def chain(remaining: int) -> int:
     if remaining:
         chain.enqueue(remaining - 1)
     return remaining
+
+
+class Unprintable(Exception):
+    """A library's exception whose ``__str__`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+
+@task
+def fails_unprintably() -> None:
+    Delivery.objects.create(consumer="fails_unprintably")
+    raise Unprintable()
