@@ -51,7 +51,7 @@ from django.utils.json import normalize_json
 
 from .. import db
 from ..conf import outbox_settings
-from ..conf.redact import SecretFilter
+from ..conf.redact import SecretFilter, describe
 from ..inbox.records import process_once, storable
 from ..models import TASK_FINISHED, TaskResultRecord, TaskStatus
 
@@ -202,7 +202,8 @@ def _start(
         try:
             task = backend.task_of(record)
         except Exception as exc:  # its module or function is not importable here
-            raise TaskUnavailable(f"task {result_id} cannot run on this worker: {exc}") from exc
+            why = describe(exc)
+            raise TaskUnavailable(f"task {result_id} cannot run on this worker: {why}") from exc
         if len(record.worker_ids) < MAX_STARTS:
             record.status = TaskStatus.RUNNING
             record.started_at = record.started_at or now

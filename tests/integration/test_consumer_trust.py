@@ -538,3 +538,59 @@ def test_a_handler_exception_that_cannot_be_printed_is_a_counted_failure(queue):
     assert ran == [good]
     assert (stats.failed, stats.parked, stats.handled) == (1, 1, 1)  # then parked
     assert conflicts() == {bad: "Unprintable: <exception str() failed>"}
+
+
+# -- issue 39 review: a Redis message kombu cannot read ----------------------------
+
+
+def kombu_redis_json(queue: str, **changes: Any) -> str:
+    """kombu's Redis message JSON of an outbox-looking event, with ``changes``: anyone
+    who can LPUSH to a queue's list writes all of it, properties and headers too."""
+    event_id = str(uuid.uuid4())
+    message = {
+        "body": "eyJuIjogMX0=",  # {"n": 1}
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {"event_id": event_id, "event_type": "order.placed"},
+        "properties": {
+            "body_encoding": "base64",
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "delivery_mode": 2,
+            "delivery_tag": str(uuid.uuid4()),
+            "priority": 0,
+            "message_id": event_id,
+        },
+        **changes,
+    }
+    return json.dumps(message)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"headers": ["a", "list"]}, {"headers": "text"}, {"properties": "text"}, {"body": 12}],
+    ids=["headers-list", "headers-text", "properties-text", "body-number"],
+)
+def test_a_redis_message_kombu_cannot_read_is_rejected_and_the_next_event_handled(changes, caplog):
+    """kombu raised building such a message (AttributeError, TypeError), out of the
+    consumer's run: run_outbox_consumer exited. Now it is rejected in one line, gone from
+    the list and from kombu's unacked hash, and the event behind it is handled."""
+    import redis
+
+    queue = unique_destination("trustredis")
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        with override_settings(OUTBOX={"BROKER_URL": REDIS_URL}):
+            InboxConsumer(queue, Handler(), "trust").run(idle_timeout=0.1)  # declares it
+            client.lpush(queue, kombu_redis_json(queue, **changes))
+            good = forge(queue, {"n": 2}, url=REDIS_URL)
+            handler = Handler()
+            stats = consume(queue, handler).stats
+        assert handler.ran == [good]
+        assert (stats.rejected, stats.handled) == (1, 1)
+        assert client.llen(queue) == 0 and client.hlen("unacked") == 0
+        rejected = [r for r in caplog.records if getattr(r, "action", "") == "inbox.rejected"]
+        (line,) = [record.getMessage() for record in rejected]
+        assert "InvalidMessage: kombu cannot read it as a message (" in line
+    finally:
+        client.delete(queue)
+        client.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -629,6 +630,45 @@ def test_a_result_is_read_in_a_process_that_cannot_import_its_task():
     TaskResultRecord.objects.filter(id=record.id).update(status="FAILED")
     result.refresh()
     assert result.status == "FAILED"
+
+
+@pytest.mark.parametrize(
+    ("task_path", "backend", "why"),
+    [
+        (
+            "tests.testapp.worker_only_tasks.charge",
+            "default",
+            "cannot import the task 'tests.testapp.worker_only_tasks.charge': "
+            "ImproperlyConfigured: set STRIPE_KEY",
+        ),
+        ("tests.testapp.djtasks.add", "billing", "InvalidTaskBackend: The connection 'billing'"),
+    ],
+    ids=["module-raises-on-import", "backend-alias-not-here"],
+)
+def test_a_result_is_read_whatever_stops_this_process_from_loading_its_task(
+    task_path, backend, why
+):
+    """get_result() reads the stored result in a process whose import of the task's module
+    raises something other than ImportError (a secret only the workers have), or that has
+    no TASKS entry of the result's backend alias: both raised out of get_result()."""
+    from django.tasks import default_task_backend
+    from django.tasks.exceptions import InvalidTask
+
+    record = TaskResultRecord.objects.create(
+        id=uuid.uuid4(),
+        task_path=task_path,
+        backend=backend,
+        queue_name="default",
+        priority=0,
+        args=[1, 2],
+        status="SUCCESSFUL",
+        return_value=3,
+        worker_ids=["celery@billing-1"],
+    )
+    result = default_task_backend.get_result(str(record.id))
+    assert (result.status, result.return_value, result.backend) == ("SUCCESSFUL", 3, backend)
+    with pytest.raises(InvalidTask, match=re.escape(why)):
+        result.task.call(1, 2)
 
 
 def test_an_async_view_and_autocommit_code_enqueue_as_with_djangos_own_backends(queue, worker):
