@@ -436,14 +436,16 @@ def test_a_task_whose_workers_died_five_times_is_failed_not_started_again(queue,
 
 def test_a_task_whose_database_fails_mid_task_is_not_failed_and_runs_again(monkeypatch):
     """The database goes away while the worker writes the outcome (a PostgreSQL restart
-    mid-task, found by the chaos suite; the error is injected here, on the real database):
-    nothing of the attempt commits, the task is not FAILED for it, and the error reaches
-    Celery, which sends the task again (run_django_task retries any error of the runner)."""
+    mid-task, found by the chaos suite; here the worker's session is terminated, on the
+    real database): nothing of the attempt commits, the task is not FAILED for it, and the
+    error reaches Celery, which sends the task again (run_django_task retries any error of
+    the runner)."""
     with transaction.atomic():
         result = djtasks.add.enqueue(1, 2)
 
     def database_gone(*args: object, **kwargs: object) -> None:
-        raise OperationalError("terminating connection due to administrator command")
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
 
     monkeypatch.setattr(taskrunner, "_finish", database_gone)
     with pytest.raises(OperationalError):
@@ -482,6 +484,22 @@ def test_a_task_whose_exception_cannot_be_printed_is_failed_and_task_finished_se
     assert error.exception_class_path == "tests.testapp.djtasks.Unprintable"
     assert "Unprintable: <exception str() failed>" in error.traceback
     assert not Delivery.objects.exists()  # its writes rolled back
+
+
+def test_a_task_whose_own_query_is_cancelled_is_failed_once_with_its_error():
+    """A task whose query hits the statement timeout it set raises QueryCanceled, an
+    OperationalError, with its connection usable: its own failure, FAILED at once with
+    that error. It was taken for the database failing: run again 5 times, then FAILED as
+    WorkerLost ("its worker died each time"), its error in no record."""
+    with transaction.atomic():
+        result = djtasks.times_out.enqueue()
+    taskrunner.run({"backend": "default"}, result.id, "worker-1")  # raises nothing to Celery
+    result.refresh()
+    assert (result.status, result.attempts) == ("FAILED", 1)
+    (error,) = result.errors
+    assert error.exception_class_path == "django.db.utils.OperationalError"
+    assert "canceling statement due to statement timeout" in error.traceback
+    assert list(Delivery.objects.values_list("consumer", flat=True)) == []  # rolled back
 
 
 def test_error_texts_and_return_values_the_database_cannot_store_are_stored_readable(queue, worker):
