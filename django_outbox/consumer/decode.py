@@ -18,7 +18,7 @@ import functools
 import json
 import reprlib
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import kombu
 import kombu.transport.virtual
@@ -158,7 +158,6 @@ def _refused_shape(message: kombu.Message, payload: Any, channel: Any, exc: Exce
     tag, info = properties.get("delivery_tag"), properties.get("delivery_info")
     if not (isinstance(info, dict) and {"exchange", "routing_key"} <= info.keys()):
         info = {"exchange": "", "routing_key": ""}
-    message.errors = []
     kombu.Message.__init__(
         message,
         body=b"",
@@ -171,4 +170,5 @@ def _refused_shape(message: kombu.Message, payload: Any, channel: Any, exc: Exce
         f"kombu cannot read it as a message ({describe(exc)}): "
         "it was not published by an outbox relay"
     )
-    message.errors.append((InvalidMessage, refused, None))
+    errors = cast("list[Any]", message.errors)  # a list once kombu's __init__ ran
+    errors[:] = [(InvalidMessage, refused, None)]
