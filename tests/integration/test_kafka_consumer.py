@@ -30,6 +30,7 @@ from django.test.utils import override_settings
 from django_outbox import stage
 from django_outbox.models import InboxFailure, OutboxMessage
 from django_outbox.relay.loop import Relay
+from tests.integration.test_kafka import KAFKA_URL, NEEDS_KAFKA
 from tests.support import (
     REPO,
     manage,
@@ -41,7 +42,6 @@ from tests.support import (
 )
 from tests.testapp.models import Delivery
 
-KAFKA_URL = os.environ.get("OUTBOX_KAFKA_URL", "")
 HANDLER = ("--handler", "tests.testapp.handlers.tracked")
 SUMMARY = re.compile(
     r"received (?P<received>\d+): handled (?P<handled>\d+), duplicates (?P<duplicates>\d+), "
@@ -56,11 +56,7 @@ pytestmark = [
     pytest.mark.slow,
     # Some stop and kill nodes of the cluster every Kafka test shares.
     pytest.mark.disrupts,
-    pytest.mark.skipif(
-        not KAFKA_URL,
-        reason="no Kafka cluster: OUTBOX_KAFKA_URL is unset; run scripts/services kafka start "
-        'and eval "$(scripts/services env)" (scripts/test does)',
-    ),
+    NEEDS_KAFKA,
 ]
 
 
