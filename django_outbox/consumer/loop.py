@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import functools
+import json
 import logging
 import threading
 import time
@@ -335,6 +336,12 @@ class ConsumerRun(ConsumerMixin):
             except TimeoutError:
                 connection.heartbeat_check()
                 self.idle()
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                # A virtual transport's list item that is not even JSON (anyone who can
+                # push to a Redis list can write one): kombu parses it before any message
+                # exists, and it is gone from the list already. Counted, logged, dropped.
+                self._last_message = time.monotonic()
+                self.handling.unreadable(exc)
 
     def idle(self) -> None:
         """No message came for a while: idle for ``idle_timeout`` with nothing held is

@@ -260,15 +260,25 @@ def unstorable_key(request: object) -> str:
 def redis_unreadable(request: object) -> str:
     import json
 
+    message = {"body": "e30=", "headers": ["a", "list"], "properties": {"delivery_tag": "1"}}
+    return pushed_to_redis(json.dumps(message))
+
+
+@case("consumer-redis-not-json")
+def redis_not_json(request: object) -> str:
+    return pushed_to_redis(b"not json {")
+
+
+def pushed_to_redis(item: str | bytes) -> str:
+    """The line a consumer logs of ``item``, pushed onto a Redis queue's list."""
     import redis
     from django.test import override_settings
 
     queue, client = unique_destination("h"), redis.Redis.from_url(REDIS_URL)
-    message = {"body": "e30=", "headers": ["a", "list"], "properties": {"delivery_tag": "1"}}
     try:
         with override_settings(OUTBOX={"BROKER_URL": REDIS_URL}):
             consume(queue, refuse)  # declares it
-            client.lpush(queue, json.dumps(message))
+            client.lpush(queue, item)
             return logged("inbox.rejected", lambda: consume(queue, refuse))
     finally:
         client.delete(queue)

@@ -594,3 +594,29 @@ def test_a_redis_message_kombu_cannot_read_is_rejected_and_the_next_event_handle
     finally:
         client.delete(queue)
         client.close()
+
+
+def test_a_redis_item_that_is_not_json_is_rejected_and_the_next_event_handled(caplog):
+    """kombu parses a Redis list item before any message exists: one that is not JSON (or
+    not UTF-8) raised out of the consumer's run, and run_outbox_consumer exited."""
+    import redis
+
+    queue = unique_destination("trustredis")
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        with override_settings(OUTBOX={"BROKER_URL": REDIS_URL}):
+            InboxConsumer(queue, Handler(), "trust").run(idle_timeout=0.1)  # declares it
+            client.lpush(queue, b"not json {")
+            client.lpush(queue, b"\xff\xfe")
+            good = forge(queue, {"n": 2}, url=REDIS_URL)
+            handler = Handler()
+            stats = consume(queue, handler).stats
+        assert handler.ran == [good]
+        assert (stats.received, stats.rejected, stats.handled) == (3, 2, 1)
+        assert client.llen(queue) == 0 and client.hlen("unacked") == 0
+        rejected = [r for r in caplog.records if getattr(r, "action", "") == "inbox.rejected"]
+        lines = [record.getMessage() for record in rejected]
+        assert len(lines) == 2 and all("that is not even JSON (" in line for line in lines)
+    finally:
+        client.delete(queue)
+        client.close()
