@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 from typing import Any
 
 from .. import db
@@ -106,7 +107,7 @@ def _outages(relays: list[WorkerHeartbeat], limit: float) -> list[str]:
         for what, seconds in outages_of(row).items():
             longest[what] = max(longest.get(what, (0.0, "")), (seconds, row.worker))
     return [
-        f"{what} has been down for {seconds:.0f}s, more than {limit:g}s (relay {worker}): "
+        f"{what} has been down for {_tenths_up(seconds)}s, more than {limit:g}s (relay {worker}): "
         "its rows wait, no attempt spent"
         for what, (seconds, worker) in sorted(longest.items(), key=lambda item: -item[1][0])
         if seconds > limit
@@ -139,3 +140,9 @@ def _quoted(error: str) -> str:
     if len(line) > MAX_QUOTED_ERROR:
         line = line[: MAX_QUOTED_ERROR - 3] + "..."
     return f" (its last error: {line})"
+
+
+def _tenths_up(seconds: float) -> str:
+    """``seconds`` rounded up to a tenth, so a time just past a whole-second limit never
+    reads as the limit itself ("down for 4s, more than 4s")."""
+    return f"{math.ceil(seconds * 10) / 10:g}"
