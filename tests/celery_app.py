@@ -13,7 +13,8 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 django.setup()
 
-from celery import Celery  # noqa: E402
+from celery import Celery, bootsteps  # noqa: E402
+from celery.worker import WorkController  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 app = Celery("outbox-tests", broker=settings.OUTBOX["BROKER_URL"], set_as_current=True)
@@ -35,3 +36,22 @@ if os.environ.get("TEST_CELERY_PREFETCH"):  # a worker holds no more messages th
     app.conf.worker_prefetch_multiplier = int(os.environ["TEST_CELERY_PREFETCH"])
 app.conf.worker_hijack_root_logger = False
 app.autodiscover_tasks()  # every installed app: tests.testapp, django_outbox (its runner)
+
+
+class _Awake(bootsteps.StartStopStep):
+    """A no-op timer every half second on the worker's event loop. An idle worker's loop
+    sleeps until its next timer, up to 10 s (kombu's hub), before it sees a shutdown
+    signal: every test that stopped a worker waited those seconds (about 200 s a run)."""
+
+    requires = ("celery.worker.components:Hub",)
+
+    def start(self, worker: WorkController) -> None:
+        if worker.hub is not None:  # None for a pool without an event loop
+            worker.hub.call_repeatedly(0.5, _awake)
+
+
+def _awake() -> None:
+    """Nothing: its timer only bounds the event loop's sleep."""
+
+
+app.steps["worker"].add(_Awake)

@@ -70,7 +70,7 @@ def queue() -> Iterator[str]:
 @pytest.fixture
 def worker(queue: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
     """A real Celery worker on ``queue`` and its log; stopped with SIGQUIT (Celery's cold
-    shutdown: SIGTERM's warm one waits about 10 s for nothing here)."""
+    shutdown: a task still running is not waited for)."""
     log = tmp_path / "worker.log"
     process = start_worker(queue, log)
     yield process, log
