@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import kombu
-from django.db import close_old_connections, connections
+from django.db import close_old_connections
 from django.utils import timezone
 from django.utils.module_loading import import_string
 from kombu.mixins import ConsumerMixin
@@ -56,6 +56,7 @@ from ..models import WorkerKind
 from ..signing import Keyring
 from ..transports.connection import CONNECT_TIMEOUT, open_connection, release, transient_errors
 from ..transports.declare import declare, refusal_errors
+from ..workers.connections import close_thread_connection
 from ..workers.heartbeat import Heartbeat, HeartbeatThread, process_name
 from ..workers.outage import broker_outage
 from .context import ConsumerStats, Context, Handler
@@ -217,10 +218,7 @@ class ConsumerRun(ConsumerMixin):
         finally:
             self.stats.elapsed = time.monotonic() - started
             beating.stop()
-            # This thread's connection, unless a transaction holds it: a consumer run in
-            # a thread of its own leaves none for the garbage collector to find later.
-            if not connections[self.consumer.using].in_atomic_block:
-                connections[self.consumer.using].close()
+            close_thread_connection(self.consumer.using)
         return self.stats
 
     @property
