@@ -393,7 +393,6 @@ def _handling(
         held=held,
         deliveries=deliveries,
         parking=parking,
-        outage=outage,
     )
     return Handling(
         context,
