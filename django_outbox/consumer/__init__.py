@@ -8,8 +8,9 @@ hands each message to
 their key's turn (:mod:`.ordered`), counts deliveries (:mod:`.deliveries`), parks or
 rejects what it does not run (:mod:`.parking`), keeps messages unacked until their time
 (:mod:`.held`) and rides out database outages (:mod:`.outages`); :mod:`.context` is
-what they share. :mod:`.nats` pulls from a NATS JetStream broker's durable consumer
-through the same handling. :mod:`.replay` sends parked messages back to their queue.
+what they share. :mod:`.nats` is the run on a NATS JetStream broker (the kombu run,
+pulling from a stream's durable consumer) through the same handling; :data:`.loop.RUNS`
+names each broker's run. :mod:`.replay` sends parked messages back to their queue.
 
 The consumer may import the inbox (:mod:`django_outbox.inbox`), the workers' shared
 parts, the transports' broker connections and declarations and the NATS transport's
