@@ -15,7 +15,7 @@ counting (:mod:`.outages`).
 
 The queue of a route with partitions is consumed as its partition queues (all,
 or those given), one kombu consumer each. A broker kombu does not serve has a run of its
-own (:data:`RUNS`): on Kafka :class:`~.kafka.KafkaRun`, on NATS JetStream
+own (:data:`.brokers.PARTS`): on Kafka :class:`~.kafka.KafkaRun`, on NATS JetStream
 :class:`~.nats.JetStreamRun` (this module's run, pulling from a stream's durable consumer
 instead of draining a queue), each through the same handling.
 
@@ -48,7 +48,7 @@ from kombu.mixins import ConsumerMixin
 
 from .. import tracing
 from ..conf import outbox_settings
-from ..conf.brokers import KAFKA_SCHEME, NATS_SCHEMES, broker_scheme
+from ..conf.brokers import KAFKA_SCHEME, broker_scheme
 from ..conf.redact import mask_url
 from ..conf.routes import Route
 from ..exceptions import BrokerUnreachable, OutboxConfigurationError
@@ -60,6 +60,7 @@ from ..transports.declare import declare, refusal_errors
 from ..workers.connections import close_thread_connection
 from ..workers.heartbeat import Heartbeat, HeartbeatThread, process_name
 from ..workers.outage import broker_outage
+from .brokers import parts
 from .context import ConsumerStats, Context, Handler
 from .decode import uninflated
 from .deliveries import Deliveries, retry_policy
@@ -79,14 +80,6 @@ DEFAULT_RETRY_DELAY = 1.0
 DEFAULT_RETRY_MAX_DELAY = 30.0
 #: How long one wait for a message lasts, so a stop request is seen promptly.
 DRAIN_TIMEOUT = 1.0
-#: The run of a consumer by its broker's URL scheme, imported by path (the modules of
-#: the others build on this one); kombu's, :class:`ConsumerRun`, serves every scheme not
-#: named. Each is made with the consumer and ``idle_timeout``; ``run()`` returns the totals.
-RUNS = {
-    KAFKA_SCHEME: "django_outbox.consumer.kafka.KafkaRun",
-    **dict.fromkeys(NATS_SCHEMES, "django_outbox.consumer.nats.JetStreamRun"),
-}
-KOMBU_RUN = "django_outbox.consumer.loop.ConsumerRun"
 
 
 class InboxConsumer:
@@ -125,8 +118,8 @@ class InboxConsumer:
         self.max_deliveries = max_deliveries
         self.retry = retry_policy(retry_delay, retry_max_delay, max_deliveries)
         self.url, self.transport_options = _broker_for(queue, url, broker, transport_options)
-        #: The run of this consumer's broker (:data:`RUNS`), imported by path.
-        self._run = RUNS.get(broker_scheme(self.url), KOMBU_RUN)
+        #: The run of this consumer's broker (:data:`.brokers.PARTS`), an import path.
+        self._run = parts(self.url).run
         self.route = outbox_settings.route_for_queue(queue)
         if broker_scheme(self.url) == KAFKA_SCHEME and partitions is not None:
             raise OutboxConfigurationError(
