@@ -47,6 +47,7 @@ from ..exceptions import BrokerUnreachable, OutboxConfigurationError
 from ..inbox.records import Scope
 from ..transports.connection import CONNECT_TIMEOUT
 from ..transports.kafka import LIBRDKAFKA_LOG
+from ..workers.connections import close_thread_connection
 from ..workers.outage import broker_outage
 from .context import ConsumerStats, Context
 from .held import Held
@@ -279,6 +280,7 @@ class KafkaRun:
         finally:
             self.stats.elapsed = time.monotonic() - started
             self._heartbeat.stop()
+            close_thread_connection(self.consumer.using)
         return self.stats
 
     def _client(self) -> Any:
