@@ -156,7 +156,7 @@ class ConsumerRun(ConsumerMixin):
     (connection, consumers, cancel) and hooks (``get_consumers``,
     ``on_consume_ready``, ``on_decode_error``). ``run()`` and ``consume()`` are this
     class's own, for the reasons said at each. A subclass may read another broker in
-    ``consume()`` (:class:`~.nats.JetStreamRun`), with its own :meth:`transient_errors`,
+    ``consume()`` (:class:`~.nats.JetStreamRun`), with its own :meth:`broker_errors`,
     :meth:`holding` and :attr:`broker_counts`.
     """
 
@@ -178,14 +178,14 @@ class ConsumerRun(ConsumerMixin):
             consumer.consumer, consumer.using, consumer.event_types, self.stats, consumer.queue
         )
         #: The errors that mean the broker or the way to it failed: an outage.
-        self._transient = self.transient_errors()
+        self._transient = self.broker_errors()
         self.held = self.holding()
         self.outage = DatabaseOutage(consumer.using, consumer.stop)
         self.handling = handling_for(
             consumer, self.context, self.held, self.outage, broker_counts=self.broker_counts
         )
 
-    def transient_errors(self) -> tuple[type[BaseException], ...]:
+    def broker_errors(self) -> tuple[type[BaseException], ...]:
         """What the broker's driver raises when the broker or the way to it failed."""
         return transient_errors(kombu.Connection(self.consumer.url))
 

@@ -103,7 +103,7 @@ class JetStreamRun(ConsumerRun):
         )
         super().__init__(consumer, idle_timeout)
 
-    def transient_errors(self) -> tuple[type[BaseException], ...]:
+    def broker_errors(self) -> tuple[type[BaseException], ...]:
         return self.source.transient
 
     def holding(self) -> Held:
