@@ -48,11 +48,14 @@ def _split(url: str) -> tuple[str, str | None, str, str] | None:
     return scheme, userinfo if at else None, after[:end], after[end:]
 
 
+#: One ``host:port`` of a server list.
+_SERVER = r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5}"
 #: A Kafka bootstrap list (which has no place for a password: E010), and the punctuation
 #: that follows it in a sentence, which would otherwise read as a password after a ":".
-_KAFKA_LIST = re.compile(
-    r"kafka://(?:(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5},?)+[),.:]*", re.IGNORECASE
-)
+_KAFKA_LIST = re.compile(rf"kafka://(?:{_SERVER},?)+[),.:]*", re.IGNORECASE)
+#: The hosts of a URL that are a list of two or more servers (NATS's), and the punctuation
+#: that follows it in a sentence: no password can stand in its last "port".
+_SERVER_LIST = re.compile(rf"{_SERVER}(?:,{_SERVER})+[),.:]*")
 
 
 def _mask_one(url: str) -> str:
@@ -65,7 +68,7 @@ def _mask_one(url: str) -> str:
         return MASK + "@" + url.rpartition("@")[2] if "@" in url else MASK
     scheme, userinfo, hostport, rest = parts
     host, colon, port = hostport.rpartition(":")
-    if colon and not port.isdigit() and not hostport.endswith("]"):
+    if colon and not port.isdigit() and not hostport.endswith("]") and not _listed(hostport):
         # "scheme://user:password" with no "@": the password sits where the port
         # goes, and whatever follows may be more of it.
         return f"{scheme}://{host}:{MASK}"
@@ -151,9 +154,19 @@ def url_passwords(url: str) -> list[str]:
         password = (userinfo or "").partition(":")[2]
         found += [password, unquote(password)] if password else []
         port = hostport.rpartition(":")[2] if ":" in hostport else ""
-        if port and not port.isdigit():
+        if (
+            port
+            and not port.isdigit()
+            and not _listed(hostport)
+            and not _KAFKA_LIST.fullmatch(part)
+        ):
             found.append(port)
     return found
+
+
+def _listed(hostport: str) -> bool:
+    """Whether ``hostport`` is a list of servers (with what ends a sentence after it)."""
+    return _SERVER_LIST.fullmatch(hostport) is not None
 
 
 def option_secrets(options: object) -> list[str]:

@@ -8,8 +8,11 @@ hands each message to
 their key's turn (:mod:`.ordered`), counts deliveries (:mod:`.deliveries`), parks or
 rejects what it does not run (:mod:`.parking`), keeps messages unacked until their time
 (:mod:`.held`) and rides out database outages (:mod:`.outages`); :mod:`.context` is
-what they share. :mod:`.nats` pulls from a NATS JetStream broker's durable consumer
-through the same handling. :mod:`.replay` sends parked messages back to their queue.
+what they share. :mod:`.nats` is the run on a NATS JetStream broker (the kombu run,
+pulling from a stream's durable consumer) through the same handling. :mod:`.replay`
+sends parked messages back where they came from, through the replay of their broker:
+:mod:`.replay_kombu` (a queue), :mod:`.replay_kafka` (a topic) or :mod:`.replay_nats` (a
+subject). :mod:`.brokers` names each broker's run and replay by its URL's scheme.
 
 The consumer may import the inbox (:mod:`django_outbox.inbox`), the workers' shared
 parts, the transports' broker connections and declarations and the NATS transport's

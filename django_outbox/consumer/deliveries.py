@@ -81,16 +81,24 @@ class Deliveries:
             with tracing.processing(self._context.queue, event, self._span_attributes):
                 result = work()
         except DatabaseError as exc:
-            if self._outage.unusable():
-                self._outage.down(message, event, exc)
-            else:
-                self.failed(message, event, exc, counted)
+            self.database_failed(message, event, exc, counted)
             return None
         except Exception as exc:
             self.failed(message, event, exc, counted)
             return None
         self._outage.recovered()
         return result
+
+    def database_failed(
+        self, message: Any, event: ReceivedEvent, exc: DatabaseError, counted: bool
+    ) -> None:
+        """A statement failed: with the connection gone, the database is down (the message
+        goes back uncounted); on a connection still usable it was the statement (a lock or
+        statement timeout, a constraint of the handler's), a failed delivery."""
+        if self._outage.unusable():
+            self._outage.down(message, event, exc)
+        else:
+            self.failed(message, event, exc, counted)
 
     def count_redelivery(self, message: Any, event: ReceivedEvent) -> bool:
         """Count a redelivered message before its handler runs (its last delivery may

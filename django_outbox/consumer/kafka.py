@@ -35,8 +35,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any
 
 from django.db import close_old_connections
 
@@ -47,15 +47,13 @@ from ..exceptions import BrokerUnreachable, OutboxConfigurationError
 from ..inbox.records import Scope
 from ..transports.connection import CONNECT_TIMEOUT
 from ..transports.kafka import LIBRDKAFKA_LOG
+from ..workers.connections import close_thread_connection
 from ..workers.outage import broker_outage
 from .context import ConsumerStats, Context
 from .held import Held
+from .loop import InboxConsumer, handling_for, heartbeat_for
 from .ordered import Ordered
 from .outages import DatabaseOutage
-
-if TYPE_CHECKING:
-    from .handling import Handling
-    from .loop import InboxConsumer
 
 logger = logging.getLogger("django_outbox.consumer")
 
@@ -244,13 +242,7 @@ class KafkaRun:
     """One run of an :class:`~.loop.InboxConsumer` on a Kafka topic: the consumer client,
     the state kept between records, and the parts that handle them."""
 
-    def __init__(
-        self,
-        consumer: InboxConsumer,
-        idle_timeout: float | None,
-        handling: Callable[[Context, Held, DatabaseOutage, type[Ordered]], Handling],
-        heartbeat: Callable[[Callable[[], float]], Any],
-    ) -> None:
+    def __init__(self, consumer: InboxConsumer, idle_timeout: float | None) -> None:
         self.consumer, self.idle_timeout = consumer, idle_timeout
         self.stats: ConsumerStats = consumer.stats
         self._broker = broker_outage()
@@ -263,8 +255,8 @@ class KafkaRun:
         )
         self.held = PausingHeld()
         self.outage = DatabaseOutage(consumer.using, consumer.stop)
-        self.handling = handling(self.context, self.held, self.outage, KafkaOrdered)
-        self._heartbeat = heartbeat(lambda: self._last_message)
+        self.handling = handling_for(consumer, self.context, self.held, self.outage, KafkaOrdered)
+        self._heartbeat = heartbeat_for(consumer, lambda: self._last_message)
 
     def config(self) -> dict[str, Any]:
         """The client's librdkafka properties: the broker's OPTIONS and the run's own."""
@@ -288,6 +280,7 @@ class KafkaRun:
         finally:
             self.stats.elapsed = time.monotonic() - started
             self._heartbeat.stop()
+            close_thread_connection(self.consumer.using)
         return self.stats
 
     def _client(self) -> Any:

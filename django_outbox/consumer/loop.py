@@ -14,9 +14,10 @@ unacked until its time (:mod:`.held`), and rides out a database outage without
 counting (:mod:`.outages`).
 
 The queue of a route with partitions is consumed as its partition queues (all,
-or those given), one kombu consumer each. On a NATS JetStream broker (``nats://``) the
-run pulls from a stream's durable consumer instead (:mod:`.nats`), through the same
-handling.
+or those given), one kombu consumer each. A broker kombu does not serve has a run of its
+own (:data:`.brokers.PARTS`): on Kafka :class:`~.kafka.KafkaRun`, on NATS JetStream
+:class:`~.nats.JetStreamRun` (this module's run, pulling from a stream's durable consumer
+instead of draining a queue), each through the same handling.
 
 Prefetch is bounded, so a stopped or killed consumer leaves at most
 ``prefetch`` messages unacked, and the broker redelivers them. A lost broker
@@ -40,14 +41,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import kombu
-from django.db import close_old_connections, connections
+from django.db import close_old_connections
 from django.utils import timezone
 from django.utils.module_loading import import_string
 from kombu.mixins import ConsumerMixin
 
 from .. import tracing
 from ..conf import outbox_settings
-from ..conf.brokers import KAFKA_SCHEME, NATS_SCHEMES, broker_scheme
+from ..conf.brokers import KAFKA_SCHEME, broker_scheme
 from ..conf.redact import mask_url
 from ..conf.routes import Route
 from ..exceptions import BrokerUnreachable, OutboxConfigurationError
@@ -56,14 +57,15 @@ from ..models import WorkerKind
 from ..signing import Keyring
 from ..transports.connection import CONNECT_TIMEOUT, open_connection, release, transient_errors
 from ..transports.declare import declare, refusal_errors
+from ..workers.connections import close_thread_connection
 from ..workers.heartbeat import Heartbeat, HeartbeatThread, process_name
 from ..workers.outage import broker_outage
+from .brokers import parts
 from .context import ConsumerStats, Context, Handler
 from .decode import uninflated
 from .deliveries import Deliveries, retry_policy
 from .handling import Handling
 from .held import Held
-from .nats import JetStreamSource, Naks
 from .ordered import Ordered
 from .outages import DatabaseOutage
 from .parking import Parking
@@ -78,10 +80,6 @@ DEFAULT_RETRY_DELAY = 1.0
 DEFAULT_RETRY_MAX_DELAY = 30.0
 #: How long one wait for a message lasts, so a stop request is seen promptly.
 DRAIN_TIMEOUT = 1.0
-#: The runs of brokers kombu does not serve, by URL scheme, imported by path (their
-#: modules build on this one): each is made with the consumer, ``idle_timeout``, a
-#: factory of the pipeline's :class:`~.handling.Handling` and one of the heartbeat.
-RUNS = {KAFKA_SCHEME: "django_outbox.consumer.kafka.KafkaRun"}
 
 
 class InboxConsumer:
@@ -120,9 +118,10 @@ class InboxConsumer:
         self.max_deliveries = max_deliveries
         self.retry = retry_policy(retry_delay, retry_max_delay, max_deliveries)
         self.url, self.transport_options = _broker_for(queue, url, broker, transport_options)
-        self._source(queue, consumer, prefetch)
+        #: The run of this consumer's broker (:data:`.brokers.PARTS`), an import path.
+        self._run = parts(self.url).run
         self.route = outbox_settings.route_for_queue(queue)
-        if self._run is not None and partitions is not None:
+        if broker_scheme(self.url) == KAFKA_SCHEME and partitions is not None:
             raise OutboxConfigurationError(
                 f"partitions given, but {mask_url(self.url)} is not RabbitMQ: the consumers "
                 "of a Kafka group share the topic's partitions by themselves"
@@ -138,21 +137,6 @@ class InboxConsumer:
         #: Set it (e.g. from a signal handler) to stop after the message in hand.
         self.stop = stop if stop is not None else threading.Event()
 
-    def _source(self, queue: str, consumer: str, prefetch: int) -> None:
-        """Where the messages come from: the run of a broker kombu does not serve
-        (``_run``, :data:`RUNS`), a ``nats://`` broker's durable consumer (``jetstream``),
-        else kombu's; and the errors that mean the broker or the way to it failed."""
-        scheme = broker_scheme(self.url)
-        self._run = RUNS.get(scheme)
-        self.jetstream: JetStreamSource | None = None
-        self._transient: tuple[type[BaseException], ...] = ()
-        if scheme in NATS_SCHEMES:
-            options = self.transport_options
-            self.jetstream = JetStreamSource(self.url, options, queue, consumer, prefetch)
-            self._transient = self.jetstream.transient
-        elif self._run is None:
-            self._transient = transient_errors(kombu.Connection(self.url))
-
     def run(self, *, idle_timeout: float | None = None) -> ConsumerStats:
         """Consume until :attr:`stop` is set, or until no message came for
         ``idle_timeout`` seconds. Returns the totals (also in :attr:`stats`).
@@ -161,11 +145,7 @@ class InboxConsumer:
         With it, the time without a broker since the last message (or the start) is
         counted too: once it reaches ``idle_timeout``, :class:`BrokerUnreachable`
         is raised."""
-        if self._run is None:
-            return ConsumerRun(self, idle_timeout).run()
-        handling = functools.partial(_handling, self)
-        heartbeat = functools.partial(_heartbeat, self)
-        return import_string(self._run)(self, idle_timeout, handling, heartbeat).run()
+        return import_string(self._run)(self, idle_timeout).run()
 
 
 class ConsumerRun(ConsumerMixin):
@@ -175,8 +155,14 @@ class ConsumerRun(ConsumerMixin):
     Built on kombu's :class:`~kombu.mixins.ConsumerMixin`: its consumer context
     (connection, consumers, cancel) and hooks (``get_consumers``,
     ``on_consume_ready``, ``on_decode_error``). ``run()`` and ``consume()`` are this
-    class's own, for the reasons said at each.
+    class's own, for the reasons said at each. A subclass may read another broker in
+    ``consume()`` (:class:`~.nats.JetStreamRun`), with its own :meth:`broker_errors`,
+    :meth:`holding` and :attr:`broker_counts`.
     """
+
+    #: Whether the broker counts each message's deliveries itself (a quorum queue's
+    #: ``x-delivery-count`` is read whatever this says).
+    broker_counts = False
 
     def __init__(self, consumer: InboxConsumer, idle_timeout: float | None = None) -> None:
         self.consumer, self.idle_timeout = consumer, idle_timeout
@@ -191,9 +177,21 @@ class ConsumerRun(ConsumerMixin):
         self.context = Context(
             consumer.consumer, consumer.using, consumer.event_types, self.stats, consumer.queue
         )
-        self.held = Held() if consumer.jetstream is None else Naks()
+        #: The errors that mean the broker or the way to it failed: an outage.
+        self._transient = self.broker_errors()
+        self.held = self.holding()
         self.outage = DatabaseOutage(consumer.using, consumer.stop)
-        self.handling = _handling(consumer, self.context, self.held, self.outage)
+        self.handling = handling_for(
+            consumer, self.context, self.held, self.outage, broker_counts=self.broker_counts
+        )
+
+    def broker_errors(self) -> tuple[type[BaseException], ...]:
+        """What the broker's driver raises when the broker or the way to it failed."""
+        return transient_errors(kombu.Connection(self.consumer.url))
+
+    def holding(self) -> Held:
+        """Where the run keeps the messages it holds unacked until their time."""
+        return Held()
 
     def run(self) -> ConsumerStats:  # type: ignore[override]
         """See :meth:`InboxConsumer.run`."""
@@ -202,13 +200,13 @@ class ConsumerRun(ConsumerMixin):
         # without a broker that idle_timeout counts. This loop backs off through the
         # broker's OutageTracker instead, and waits on the stop event.
         started = self._last_message = time.monotonic()
-        beating = _heartbeat(self.consumer, lambda: self._last_message)
+        beating = heartbeat_for(self.consumer, lambda: self._last_message)
         beating.start()
         try:
             while not self.should_stop:
                 try:
                     self.consume()
-                except self.consumer._transient as exc:
+                except self._transient as exc:
                     # An outage begins when the connection attempt that failed began (or
                     # now, when a working connection failed); logged at its start only.
                     self._broker.failed(exc, since=self._attempt)
@@ -217,10 +215,7 @@ class ConsumerRun(ConsumerMixin):
         finally:
             self.stats.elapsed = time.monotonic() - started
             beating.stop()
-            # This thread's connection, unless a transaction holds it: a consumer run in
-            # a thread of its own leaves none for the garbage collector to find later.
-            if not connections[self.consumer.using].in_atomic_block:
-                connections[self.consumer.using].close()
+            close_thread_connection(self.consumer.using)
         return self.stats
 
     @property
@@ -252,10 +247,6 @@ class ConsumerRun(ConsumerMixin):
         one of the transient errors."""
         # Not ConsumerMixin.consume(): it drains with a fixed timeout, where a held
         # message must be requeued when its delay is over.
-        if self.consumer.jetstream is not None:  # a NATS JetStream broker's connection
-            self._attempt = time.monotonic()
-            self.consumer.jetstream.consume(self)
-            return
         with self.consumer_context(**kwargs) as (connection, _channel, _consumers):
             self._drain(connection)
 
@@ -366,15 +357,17 @@ class ConsumerRun(ConsumerMixin):
             self.stats.busy = time.monotonic() - self._first_message_at
 
 
-def _handling(
+def handling_for(
     consumer: InboxConsumer,
     context: Context,
     held: Held,
     outage: DatabaseOutage,
     ordered_class: type[Ordered] = Ordered,
+    *,
+    broker_counts: bool = False,
 ) -> Handling:
     """The parts that handle one run's messages, put together (an ordered route's events
-    by ``ordered_class``)."""
+    by ``ordered_class``); ``broker_counts``: the broker counts deliveries itself."""
     early: dict[Any, int] = {}  # event id -> times held back for its key
     parking = Parking(context, outage, early)
     deliveries = Deliveries(
@@ -382,7 +375,7 @@ def _handling(
         max_deliveries=consumer.max_deliveries,
         retry=consumer.retry,
         # A quorum queue's x-delivery-count, JetStream's delivery count: the broker's own.
-        broker_counts=consumer.route.queue_type == "quorum" or consumer.jetstream is not None,
+        broker_counts=consumer.route.queue_type == "quorum" or broker_counts,
         span_attributes=consumer._span_attributes,
         held=held,
         outage=outage,
@@ -395,7 +388,6 @@ def _handling(
         held=held,
         deliveries=deliveries,
         parking=parking,
-        outage=outage,
     )
     return Handling(
         context,
@@ -408,7 +400,7 @@ def _handling(
     )
 
 
-def _heartbeat(consumer: InboxConsumer, last_message: Callable[[], float]) -> HeartbeatThread:
+def heartbeat_for(consumer: InboxConsumer, last_message: Callable[[], float]) -> HeartbeatThread:
     """A run's heartbeat: ``host:pid``, named ``consumer@queue``, with the totals and the
     last message's time (told from ``last_message()``, its monotonic time)."""
     name = f"{consumer.consumer}@{consumer.queue}"
@@ -438,7 +430,7 @@ def _broker_for(
         url = chosen.url
         if transport_options is None:
             transport_options = dict(chosen.options)
-    if broker_scheme(url) in RUNS:  # not kombu's: its OPTIONS are the broker's own
+    if broker_scheme(url) == KAFKA_SCHEME:  # not kombu's: its OPTIONS are the broker's own
         return url, dict(transport_options or {})
     if transport_options is None:
         transport_options = outbox_settings.BROKER_TRANSPORT_OPTIONS

@@ -7,7 +7,8 @@ JetStream's ack, ``reject`` its ``term``, ``requeue`` its ``nak``; it is *redeli
 when the server's delivery count is over 1, and that count is the broker's own
 (``x-delivery-count``, as a RabbitMQ quorum queue's). So the inbox's dedupe, counting,
 parking, signatures and per-key order are the same code on both brokers; what lives here
-is the pull loop (:class:`JetStreamSource`) and the durable consumer it binds.
+is the run (:class:`JetStreamRun`: the kombu run, whose every connection is a pull from
+the stream), the pull loop (:class:`JetStreamSource`) and the durable consumer it binds.
 (:mod:`.replay` sends parked messages back to the subject they came from.)
 
 A failed delivery is not held unacked here: it is nak'd with its backoff delay at once
@@ -25,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from collections.abc import Coroutine, Mapping
 from typing import Any, Protocol
 
@@ -42,6 +44,7 @@ from ..transports.nats import (
     connect_options,
 )
 from .held import Held
+from .loop import ConsumerRun, InboxConsumer
 
 #: Seconds a message may stay unacked after its delivery before the server delivers it
 #: again, for a durable this consumer creates (NATS's own default). A durable made
@@ -80,6 +83,36 @@ def durable_name(consumer: str) -> str:
     if name == consumer:
         return name
     return f"{name}_{hashlib.sha1(consumer.encode()).hexdigest()[:8]}"
+
+
+class JetStreamRun(ConsumerRun):
+    """One run of an :class:`~.loop.InboxConsumer` on a NATS JetStream broker: the kombu
+    run's loop, backoff and idle time, each connection's life a pull from the durable
+    consumer (:class:`JetStreamSource`), failed messages nak'd with their delay
+    (:class:`Naks`), and JetStream's delivery count the broker's own."""
+
+    broker_counts = True
+
+    def __init__(self, consumer: InboxConsumer, idle_timeout: float | None = None) -> None:
+        self.source = JetStreamSource(
+            consumer.url,
+            consumer.transport_options,
+            consumer.queue,
+            consumer.consumer,
+            consumer.prefetch,
+        )
+        super().__init__(consumer, idle_timeout)
+
+    def broker_errors(self) -> tuple[type[BaseException], ...]:
+        return self.source.transient
+
+    def holding(self) -> Held:
+        return Naks()
+
+    def consume(self, *args: Any, **kwargs: Any) -> None:
+        """One connection's life: see :meth:`JetStreamSource.consume`."""
+        self._attempt = time.monotonic()
+        self.source.consume(self)
 
 
 class JetStreamSource:

@@ -31,7 +31,6 @@ from ..inbox.records import (
 from .context import Context, Handler
 from .deliveries import Deliveries
 from .held import Held
-from .outages import DatabaseOutage
 from .parking import Parking
 
 logger = logging.getLogger("django_outbox.consumer")
@@ -56,11 +55,9 @@ class Ordered:
         held: Held,
         deliveries: Deliveries,
         parking: Parking,
-        outage: DatabaseOutage,
     ) -> None:
         self._context, self._handler, self._early = context, handler, early
         self._held, self._deliveries, self._parking = held, deliveries, parking
-        self._outage = outage
 
     def handle(self, message: Any, event: ReceivedEvent) -> None:
         """An event with a sequence: run in its key's turn, acked if handled already,
@@ -78,7 +75,7 @@ class Ordered:
             self._parking.reject(message, exc)
             return
         except DatabaseError as exc:
-            self._outage.down(message, event, exc)
+            self._deliveries.database_failed(message, event, exc, counted=False)
             return
         counted = redelivered and turn is Turn.DUE
         if counted and not self._deliveries.count_redelivery(message, event):

@@ -83,32 +83,34 @@ class Parking:
 
     def reject(self, message: Any, exc: Exception) -> None:
         """Reject ``message``, which is not an outbox event (``exc`` says why)."""
-        context = self._context
-        context.stats.rejected += 1
-        logger.error(
-            "rejected a message from %s that is not an outbox event (%s: %s); "
-            "the broker's dead-letter policy applies",
-            context.queue,
-            type(exc).__name__,
+        self._rejected(
+            "is not an outbox event",
             exc,
-            extra={
-                "action": "inbox.rejected",
-                "queue": context.queue,
-                "message_id": message.properties.get("message_id"),
-                "content_type": message.content_type,
-            },
+            "the broker's dead-letter policy applies",
+            message_id=message.properties.get("message_id"),
+            content_type=message.content_type,
         )
         message.reject(requeue=False)
 
     def dropped(self, exc: ValueError) -> None:
         """An item of a virtual transport's queue that is not JSON at all, which kombu
         took off the list before failing to parse it: counted and logged as rejected."""
+        self._rejected(
+            "is not even JSON",
+            exc,
+            "it is not kept: the transport had taken it off the queue",
+        )
+
+    def _rejected(self, what: str, exc: Exception, fate: str, **fields: Any) -> None:
+        """Count a message let go unparked and log its one line: it ``what`` (``exc``
+        says why), and ``fate``; ``fields`` go into the record with the queue."""
         context = self._context
         context.stats.rejected += 1
         logger.error(
-            "rejected a message from %s that is not even JSON (%s); it is not kept: the "
-            "transport had taken it off the queue",
+            "rejected a message from %s that %s (%s); %s",
             context.queue,
+            what,
             describe(exc),
-            extra={"action": "inbox.rejected", "queue": context.queue},
+            fate,
+            extra={"action": "inbox.rejected", "queue": context.queue, **fields},
         )

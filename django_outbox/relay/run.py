@@ -28,6 +28,7 @@ from .. import db
 from ..conf import outbox_settings
 from ..models import WorkerKind
 from ..workers import samples
+from ..workers.connections import close_thread_connection
 from ..workers.heartbeat import OUTAGES, Heartbeat, HeartbeatThread
 from ..workers.outage import database_outage
 from . import retention
@@ -137,8 +138,7 @@ class Run:
                 self.heartbeat.stop()
             self.wakeup.close()
             self.batches.publisher.close()
-            if not connections[self.using].in_atomic_block:
-                connections[self.using].close()
+            close_thread_connection(self.using)
 
     def loop(self) -> RunStats:
         """Publish batches until stopped (the claim made ahead published) or drained;

@@ -28,6 +28,7 @@ from tests.support import (
     rabbitmqctl,
     refused_port,
     run_relay,
+    running,
     services,
     stage_events,
     start_command,
@@ -278,11 +279,10 @@ def test_sigterm_finishes_the_message_in_hand_and_loses_nothing(destination):
     stage_events(2000, destination)
     run_relay("--drain")
     consumer = start_consumer(destination, *RECORD, "--prefetch", "50")
-    wait_until(lambda: Delivery.objects.count() >= 200, timeout=120, what="200 handled")
-    code, out, err = stop(consumer, signal.SIGTERM)
-    assert code == 0, err
-    assert "SIGTERM: stopping after the message in hand" in err
-    handled = int(SUMMARY.fullmatch(out.strip())["handled"])
+    with running(consumer) as ended:
+        wait_until(lambda: Delivery.objects.count() >= 200, timeout=120, what="200 handled")
+    assert "SIGTERM: stopping after the message in hand" in ended.err
+    handled = int(SUMMARY.fullmatch(ended.out.strip())["handled"])
     assert Delivery.objects.count() == handled < 2000
     # The unacked prefetch went back to the queue: a second run handles exactly the rest.
     rest = run_consumer(destination, *RECORD)
@@ -315,11 +315,10 @@ def test_the_consumer_rides_out_a_broker_restart(destination):
     services("restart", "rabbitmq")
     stage_events(500, destination)
     run_relay("--drain")
-    wait_until(lambda: Delivery.objects.count() == 1000, timeout=180, what="all 1000 handled")
-    code, _, err = stop(consumer)
-    assert code == 0, err
-    assert err.count("broker unreachable") == 1
-    assert err.count("broker reachable again") == 1
+    with running(consumer) as ended:
+        wait_until(lambda: Delivery.objects.count() == 1000, timeout=180, what="all 1000 handled")
+    assert ended.err.count("broker unreachable") == 1
+    assert ended.err.count("broker reachable again") == 1
 
 
 def test_redis_end_to_end_with_duplicates(destination):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import signal
 import socket
 import time
 
@@ -27,8 +26,8 @@ from tests.support import (
     manage,
     run_python,
     run_relay,
+    running,
     start_relay,
-    stop,
     unique_destination,
     unreachable_broker_url,
     wait_until,
@@ -214,9 +213,8 @@ def test_a_relay_stopped_by_sigterm_writes_its_stop(destination):
     relay = start_relay(HEARTBEAT_INTERVAL=INTERVAL)
     wait_until(relay_rows, timeout=60, what="the first beat")
     # Its beat takes the minute's sample of the outbox for the admin's chart.
-    wait_until(OutboxSample.objects.exists, timeout=30, what="the minute's sample")
-    code, _, err = stop(relay, signal.SIGTERM)
-    assert code == 0, err
+    with running(relay):
+        wait_until(OutboxSample.objects.exists, timeout=30, what="the minute's sample")
     (row,) = relay_rows()
     assert state_of(row) is WorkerState.STOPPED
     assert [w.state for w in workers()] == [WorkerState.STOPPED]
@@ -230,7 +228,7 @@ def test_a_broker_down_longer_than_the_limit_makes_the_outbox_unhealthy_and_name
     due age alone called an outbox healthy after an hour without its broker."""
     stage_one(destination)
     relay = start_relay(HEARTBEAT_INTERVAL=INTERVAL, BROKER_URL=unreachable_broker_url("s3cret"))
-    try:
+    with running(relay):
         health = wait_until(
             lambda: unhealthy(manage("outbox_health", "--max-due-age", "4")),
             timeout=90,
@@ -238,9 +236,6 @@ def test_a_broker_down_longer_than_the_limit_makes_the_outbox_unhealthy_and_name
             process=relay,
         )
         status = manage("outbox_status").stdout
-    finally:
-        code, _out, err = stop(relay)
-    assert code == 0, err
     # The due age may or may not be a problem too by then: one problem or two, "; " apart.
     problems = health.stderr.strip().removeprefix("CommandError: unhealthy: ").split("; ")
     problem = next(line for line in problems if "has been down" in line)

@@ -32,10 +32,10 @@ from tests.support import (
     manage_command,
     never_migrated_env,
     relay_env,
+    running,
     stage_events,
     start_relay,
     status_counts,
-    stop,
     unique_destination,
     unreachable_broker_url,
     wait_until,
@@ -219,16 +219,13 @@ def test_a_folder_gone_while_the_relay_runs_is_an_outage_that_spends_no_more_att
     orders = unique_destination()
     stage_events(3, orders)
     relay = start_relay("--skip-checks", RETRY_BASE_DELAY=0.1, RETRY_JITTER=0, **broker)
-    try:
+    with running(relay):
         wait_until(lambda: status_counts()["failed"] == 3, timeout=60, what="the first failure")
         # With a retry due every 0.1-0.8 s, the old relay spent several attempts in this time.
         time.sleep(3)
         assert set(OutboxMessage.objects.values_list("status", "attempts")) == {("failed", 1)}
         folder.mkdir()
         wait_until(lambda: status_counts()["published"] == 3, timeout=60, what="publishing")
-    finally:
-        code, _out, err = stop(relay)
-    assert code == 0, err
     assert len(list(folder.iterdir())) == 3  # the three messages, as files
 
 

@@ -30,6 +30,7 @@ from tests.support import (
     refused_port,
     run_python,
     run_relay,
+    running,
     stage_events,
     start_command,
     start_relay,
@@ -108,15 +109,12 @@ def test_a_relay_serves_its_counts_and_the_backlog_read_from_the_database(destin
         START_JITTER=0,
         METRICS_BACKLOG_INTERVAL=0,  # each scrape reads the backlog as it is then
     )
-    try:
+    with running(relay):
         samples = wait_until(
             lambda: scraped(port, "outbox_messages_abandoned_total", 2, destination=retired),
             timeout=60,
             what="the abandoned rows counted",
         )
-    finally:
-        code, _out, err = stop(relay)
-    assert code == 0, err
     assert value(samples, "outbox_messages_published_total", destination=destination) == 7
     assert value(samples, "outbox_publish_failures_total", destination=retired,
                  error_type="no_route") == 2  # fmt: skip
@@ -258,16 +256,13 @@ def test_a_consumer_serves_its_outcomes_and_handler_runs(destination):
         "tests.testapp.handlers.record", "--consumer", "audit", "--max-deliveries", "1",
         "--metrics-port", str(port),
     )  # fmt: skip
-    try:
+    with running(consumer):
         samples = wait_until(
             lambda: scraped(port, "inbox_messages_total", 1, consumer="audit", outcome="rejected"),
             timeout=60,
             what="the undecodable message rejected, after the events",
             process=consumer,
         )
-    finally:
-        code, _out, err = stop(consumer)
-    assert code == 0, err
     outcomes = {
         outcome: value(samples, "inbox_messages_total", consumer="audit", outcome=outcome)
         for outcome in ("handled", "duplicate", "ignored", "failed", "held", "parked", "rejected")
@@ -330,7 +325,7 @@ def test_a_real_prometheus_scrapes_the_relay_and_answers_a_query(destination, pr
     stage_events(5, destination)
     relay = start_relay("--metrics-port", str(relay_port), START_JITTER=0)
     expression = f'outbox_messages_published_total{{destination="{destination}"}}'
-    try:
+    with running(relay):
         (series,) = wait_until(
             lambda: [s for s in query(api_port, expression) if s["value"][1] == "5"],
             timeout=60,
@@ -338,9 +333,6 @@ def test_a_real_prometheus_scrapes_the_relay_and_answers_a_query(destination, pr
         )
         # Asked while the relay runs: a scrape after its stop would make ``up`` 0.
         (up,) = query(api_port, 'up{job="outbox_relay"}')
-    finally:
-        code, _out, err = stop(relay)
-    assert code == 0, err
     assert series["metric"]["job"] == "outbox_relay"
     assert series["metric"]["instance"] == f"127.0.0.1:{relay_port}"
     assert up["value"][1] == "1"

@@ -10,6 +10,7 @@ marker), exactly as the relay sends them."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import io
 import json
@@ -18,12 +19,14 @@ import signal
 import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import kombu
+import psycopg
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.backends.signals import connection_created
 from django.test import override_settings
 
 from django_outbox import ReceivedEvent, stage
@@ -497,3 +500,88 @@ def test_staged_events_reach_three_partition_consumers_in_commit_order(partition
         pids.add(pid)
     assert dict(handled) == dict(staged)
     assert len(pids) == 3
+
+
+#: The sessions of the test database waiting for a lock, but the one asking.
+LOCK_WAITERS = (
+    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+    "AND datname = current_database() AND pid <> pg_backend_pid()"
+)
+
+
+@contextlib.contextmanager
+def sequences_locked() -> Iterator[None]:
+    """The inbox's sequence table locked by a session of its own (ACCESS EXCLUSIVE) until
+    the block ends: every statement on it waits, a read without a lock too."""
+    with psycopg.connect(**connection.get_connection_params()) as session:
+        session.execute(f'LOCK TABLE "{InboxSequence._meta.db_table}" IN ACCESS EXCLUSIVE MODE')
+        yield
+
+
+def redeliver(queue: str) -> None:
+    """Take the message on ``queue`` and requeue it: the broker marks it redelivered, and
+    the consumer reads its key's turn before it counts the delivery."""
+    with broker_connection() as broker:
+        bound = kombu.Queue(queue, no_declare=True)(broker.channel())
+        wait_until(bound.get, timeout=30, what="the message").requeue()
+
+
+def test_an_ordered_redelivery_whose_session_ends_is_an_outage_not_a_delivery(destination):
+    """The consumer's session ended (pg_terminate_backend) while it reads a redelivered
+    event's turn: a database outage, the event requeued uncounted and handled once the
+    consumer is connected again."""
+    publish(destination, [("k", 1)])
+    redeliver(destination)
+    handler, stopping = Recorder(), threading.Event()
+    consumer = InboxConsumer(destination, handler, "ordered", stop=stopping)
+    runner = threading.Thread(target=consumer.run)
+    try:
+        params = connection.get_connection_params()
+        with sequences_locked(), psycopg.connect(**params, autocommit=True) as session:
+            runner.start()
+            (pid,) = wait_until(
+                lambda: session.execute(LOCK_WAITERS).fetchone(), timeout=60, what="a waiter"
+            )
+            session.execute("SELECT pg_terminate_backend(%s)", [pid])
+        wait_until(lambda: handler.runs, timeout=60, what="the event handled")
+    finally:
+        stopping.set()
+        runner.join(timeout=60)
+    assert handler.runs == [("k", 1)]
+    assert (consumer.stats.failed, consumer.stats.parked) == (0, 0)
+    assert not InboxFailure.objects.exists()
+
+
+def test_an_ordered_redelivery_whose_turn_fails_on_a_usable_connection_is_a_failure(
+    destination,
+):
+    """A statement that fails on a connection still usable (the consumer session's
+    lock_timeout, the sequence table locked by another) is a failed delivery on an ordered
+    route as on any other: counted, and parked at max_deliveries. It was read as a
+    database outage there, the event requeued uncounted for as long as the lock stayed."""
+    publish(destination, [("k", 1)])
+    redeliver(destination)
+
+    def lock_timeout(sender, connection, **kwargs) -> None:
+        if threading.current_thread().name == "ordered-consumer":
+            with connection.cursor() as cursor:
+                cursor.execute("SET lock_timeout = '200ms'")
+
+    handler, stopping = Recorder(), threading.Event()
+    consumer = InboxConsumer(
+        destination, handler, "ordered", max_deliveries=2, retry_delay=0.05, stop=stopping
+    )
+    runner = threading.Thread(target=consumer.run, name="ordered-consumer")
+    connection_created.connect(lock_timeout)
+    try:
+        with sequences_locked():
+            runner.start()
+            wait_until(lambda: consumer.stats.parked, timeout=60, what="the event parked")
+    finally:
+        stopping.set()
+        runner.join(timeout=60)
+        connection_created.disconnect(lock_timeout)
+    assert handler.runs == []
+    failure = InboxFailure.objects.parked().get()
+    assert failure.attempts == 2
+    assert failure.last_error.startswith("OperationalError: canceling statement due to lock")

@@ -37,10 +37,10 @@ from tests.support import (
     relay_command,
     relay_env,
     run_relay,
+    running,
     stage_events,
     start_relay,
     status_counts,
-    stop,
     unique_destination,
     wait_until,
 )
@@ -143,7 +143,7 @@ def test_broker_outage_mid_relay_fails_rows_with_backoff_and_delivers_all(destin
     relay = start_relay(
         "--batch-size", "100", RETRY_BASE_DELAY=0.5, RETRY_MAX_DELAY=2, POLL_INTERVAL=0.2
     )
-    try:
+    with running(relay) as ended:
         staged = stage_events(300, destination)
         wait_until(lambda: status_counts()["published"] == 300, timeout=60, what="300 published")
         services("stop", "rabbitmq")
@@ -161,11 +161,8 @@ def test_broker_outage_mid_relay_fails_rows_with_backoff_and_delivers_all(destin
         finally:
             services("start", "rabbitmq")
         wait_until(lambda: status_counts()["published"] == 3300, timeout=180, what="all published")
-    finally:
-        code, _, err = stop(relay)
-    assert code == 0, err
-    assert err.count("broker unreachable") == 1, err  # logged once per outage
-    assert err.count("broker reachable again") == 1, err
+    assert ended.err.count("broker unreachable") == 1, ended.err  # logged once per outage
+    assert ended.err.count("broker reachable again") == 1, ended.err
     received = ids_of(consume(destination, 3300))
     assert set(received) == set(staged)
 
@@ -174,13 +171,12 @@ def test_broker_outage_mid_relay_fails_rows_with_backoff_and_delivers_all(destin
 def test_sigterm_finishes_the_batch_in_hand_and_exits_zero(destination):
     stage_events(20_000, destination)
     relay = start_relay("--batch-size", "500")
-    wait_until(lambda: status_counts()["published"] >= 500, timeout=60, what="a first batch")
-    code, out, err = stop(relay, signal.SIGTERM)
-    assert code == 0, err
+    with running(relay) as ended:
+        wait_until(lambda: status_counts()["published"] >= 500, timeout=60, what="a first batch")
     counts = status_counts()
     assert counts["processing"] == 0  # the batch in hand was finished, not abandoned
     assert counts["published"] + counts["pending"] == 20_000
-    assert "published" in out
+    assert "published" in ended.out
 
 
 @pytest.mark.slow
@@ -369,16 +365,13 @@ def test_relay_per_database_alias(destination):
 def test_listen_wakes_the_relay_on_commit(destination):
     # With a 30s poll, only the NOTIFY from the staging commit can wake the relay quickly.
     relay = start_relay(POLL_INTERVAL=30)
-    try:
+    with running(relay):
         time.sleep(1.5)  # the relay is idle and listening
         with transaction.atomic():
             stage("a.b", {"n": 1}, destination=destination)
         committed = time.monotonic()
         messages = consume(destination, 1, timeout=20, idle=0.2)
         waited = time.monotonic() - committed
-    finally:
-        code, _, err = stop(relay)
-    assert code == 0, err
     assert len(messages) == 1
     assert waited < 15  # far below the 30s poll: the NOTIFY woke it
 
@@ -607,7 +600,7 @@ def test_the_relay_rides_out_a_postgresql_restart(destination):
         stderr=subprocess.PIPE,
         text=True,
     )
-    try:
+    with running(relay) as ended:
         first = stage_events(100, destination)
         wait_until(lambda: status_counts()["published"] == 100, timeout=60, what="100 published")
         services("restart", "postgres")  # fast shutdown: every connection is cut
@@ -616,8 +609,5 @@ def test_the_relay_rides_out_a_postgresql_restart(destination):
         second = stage_events(100, destination)
         wait_until(lambda: status_counts()["published"] == 200, timeout=90, what="200 published")
         assert relay.poll() is None, "the relay exited"
-    finally:
-        code, _, err = stop(relay)
-    assert code == 0, err
     assert sorted(ids_of(consume(destination, 200))) == sorted(first + second)
-    assert err.count("unreachable (") == err.count("reachable again") == 1, err
+    assert ended.err.count("unreachable (") == ended.err.count("reachable again") == 1, ended.err

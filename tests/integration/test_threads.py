@@ -3,7 +3,7 @@ the tests do) leave no database connection of theirs open behind them: Django ke
 connection per thread, and one left open when its thread ends is found by the garbage
 collector later, in whatever code runs then (psycopg's ResourceWarning: the test suite's
 warnings are errors, and Django 6's layer once failed an unrelated test on it). Real
-PostgreSQL and RabbitMQ."""
+PostgreSQL and RabbitMQ, and the three-node Kafka cluster for a Kafka consumer's run."""
 
 from __future__ import annotations
 
@@ -13,10 +13,14 @@ import warnings
 from collections.abc import Callable
 
 import pytest
+from django.conf import settings
 from django.db import connections
+from django.test import override_settings
 
 from django_outbox.consumer import InboxConsumer
 from django_outbox.relay import Relay
+from tests.integration.test_kafka import NEEDS_KAFKA
+from tests.integration.test_kafka_consumer import new_topic, relay, routes, stage_keyed
 from tests.support import delete_queue, stage_events, unique_destination
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -62,4 +66,23 @@ def test_a_consumer_run_in_a_thread_leaves_no_connection_open(destination):
         relay.run(threading.Event(), drain=True)
     consumer = InboxConsumer(destination, lambda event: None, "threads")
     assert connection_left_open(lambda: consumer.run(idle_timeout=1)) == []
+    assert consumer.stats.handled == 2
+
+
+@pytest.mark.kafka
+@NEEDS_KAFKA
+def test_a_kafka_consumer_run_in_a_thread_leaves_no_connection_open():
+    topic = new_topic()
+    stage_keyed(topic, 2, keys=1)
+    relay(topic)
+    handled: list[object] = []
+
+    def handler(event: object) -> None:
+        handled.append(event)
+        if len(handled) == 2:
+            consumer.stop.set()
+
+    with override_settings(OUTBOX={**settings.OUTBOX, **routes(topic)}):
+        consumer = InboxConsumer(topic, handler, "threads", broker="events")
+        assert connection_left_open(consumer.run) == []
     assert consumer.stats.handled == 2

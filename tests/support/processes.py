@@ -4,12 +4,15 @@ waited on."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +121,29 @@ def stop(
     process.send_signal(sig)
     out, err = process.communicate(timeout=timeout)
     return process.returncode, out, err
+
+
+@dataclasses.dataclass
+class Ended:
+    """How a process :func:`running` stopped ended: its exit status and output."""
+
+    code: int | None = None
+    out: str = ""
+    err: str = ""
+
+
+@contextlib.contextmanager
+def running(process: subprocess.Popen[str], sig: int = signal.SIGTERM) -> Iterator[Ended]:
+    """Let ``process`` run through the block (waiting in it for what it should bring
+    about), then stop it with ``sig``, even when the block fails; once the block went
+    through, the process must have exited 0 (its stderr tells why not). The
+    :class:`Ended` yielded holds its status and output after the block."""
+    ended = Ended()
+    try:
+        yield ended
+    finally:
+        ended.code, ended.out, ended.err = stop(process, sig)
+    assert ended.code == 0, ended.err
 
 
 def wait_until(

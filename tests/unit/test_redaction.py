@@ -156,3 +156,24 @@ def test_an_exception_that_cannot_be_printed_is_described_and_logged():
         "<exception str() failed>",
         "%d of %s ('many', 'pages')",
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "scrubbed"),
+    [
+        # A NATS server list without a password, in a sentence: the ":" or ")" after its
+        # last port read as a password's start, and the port was shown as ***.
+        ("the broker 'events' (nats://n1:4222,n2:4223): no servers available", None),
+        ("no server of nats://n1:4222,[::1]:4223 answered at nats://n1:4222,n2:4223.", None),
+        ("(kafka://k1:9092) is down", None),
+        (
+            f"nats://app:{MARKER}@n1:4222,n2:4223: refused",
+            "nats://app:***@n1:4222,n2:4223: refused",
+        ),
+        # Where a password can stand, it is still masked.
+        (f"nats://app:{MARKER} refused", "nats://app:*** refused"),
+        (f"nats://n1:4222,app:{MARKER} refused", "nats://n1:4222,app:*** refused"),
+    ],
+)
+def test_a_server_list_in_a_sentence_keeps_its_ports(text, scrubbed):
+    assert scrub(text) == (scrubbed or text)
