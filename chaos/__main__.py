@@ -1,4 +1,5 @@
-"""Run the chaos suite: ``python -m chaos --profile ci|soak [--seed N] [--sabotage K]``.
+"""Run the chaos suite: ``python -m chaos --profile P [--seed N] [--sabotage K]``, P one of
+ci, ci-deleting, pg-failover, pg-failover-async (chaos.failover) and soak.
 
 Starts (or reuses) PostgreSQL and RabbitMQ with ``scripts/services``, creates the
 database ``outbox_chaos`` afresh, and runs producers, relays and a consumer while
@@ -125,10 +126,6 @@ PROFILES = {
         rate=20.0,
         deleting=True,
     ),
-    # Thirty minutes: faults drawn at random until time is up. At 25 events/s per
-    # producer: at 50 the one consumer handled no more than was committed (about 120
-    # events/s each on this 2-core machine), so its backlog, and each recovery, grew with
-    # every fault (49, 57, 76, 85 s in a run stopped after six minutes).
     # About a minute and a half each: the primary SIGKILLed mid-traffic and its standby
     # promoted (chaos.failover), with synchronous replication (nothing whose COMMIT
     # returned may be lost) or asynchronous (what is lost is measured). Not in ci: the
@@ -144,6 +141,10 @@ PROFILES = {
         )
         for name, mode in (("pg-failover", "sync"), ("pg-failover-async", "async"))
     },
+    # Thirty minutes: faults drawn at random until time is up. At 25 events/s per
+    # producer: at 50 the one consumer handled no more than was committed (about 120
+    # events/s each on this 2-core machine), so its backlog, and each recovery, grew with
+    # every fault (49, 57, 76, 85 s in a run stopped after six minutes).
     "soak": Profile(seconds=1800, schedule=(), seed=None, rate=25.0, gap=(3.0, 15.0)),
 }
 
