@@ -394,7 +394,10 @@ class Run:
         results += audit.nats_checks(faults) if self.profile.clusters else []
         results += audit.heartbeat_checks(self.unbeating, self.beaten)
         if self.profile.replication:
-            failover.load_committed([self._told(i) for i in range(1, len(self.producers) + 1)])
+            told = failover.load_committed(
+                [self._told(i) for i in range(1, len(self.producers) + 1)]
+            )
+            print(f"chaos: the producers were told of {told:,} committed events", flush=True)
             results = failover.checks(self.profile.replication, faults, results)
         print(
             f"chaos: faults for {faulting:.0f}s, drained in {drained:.0f}s, {read:,} messages "
