@@ -59,6 +59,10 @@ ASYNC_MEASURED = (
     "lost (committed, never handled)",
     # An event published from the lost primary: its transaction is gone, its message not.
     "handled without a committed order",
+    # Django 6: a task run on the lost primary alone (its message acknowledged), its result
+    # READY on the promoted one; a task whose enqueue was lost, run on the promoted one.
+    "tasks committed and not SUCCESSFUL (ready, running, failed)",
+    "tasks run with no committed enqueue",
 )
 
 
