@@ -1,4 +1,5 @@
-"""Run the chaos suite: ``python -m chaos --profile ci|soak [--seed N] [--sabotage K]``.
+"""Run the chaos suite: ``python -m chaos --profile P [--seed N] [--sabotage K]``, P one of
+ci, ci-deleting, pg-failover, pg-failover-async (chaos.failover) and soak.
 
 Starts (or reuses) PostgreSQL and RabbitMQ with ``scripts/services``, creates the
 database ``outbox_chaos`` afresh, and runs producers, relays and a consumer while
@@ -17,12 +18,13 @@ import os
 import random
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 from benchmarks.services import REPO, Services, drop_database, recreate_database
 
-from . import cluster, jetstream, sabotage
+from . import cluster, failover, jetstream, sabotage
 from .destinations import (
     CLUSTERED,
     NATS,
@@ -68,6 +70,21 @@ class Profile:
     batch_size: int = 100
     lease: float = 5.0
     gap: tuple[float, float] = (1.0, 4.0)  # seconds of quiet between faults
+    #: "sync" or "async": the database is the services' PostgreSQL and a streaming
+    #: standby of it, every process connected to both (chaos.failover); such a run has
+    #: neither the RabbitMQ cluster nor NATS (their producers, consumer and faults), nor
+    #: the tmpfs tablespace (a standby on the same machine would replay it onto the
+    #: primary's own directory).
+    replication: str = ""
+    #: False: the producers stage keyless events only (pg-failover-async: the lost
+    #: commits' sequence numbers are given again on the promoted node, and the consumer
+    #: parks the events that reuse them and holds their keys, so the run cannot drain).
+    ordered: bool = True
+
+    @property
+    def clusters(self) -> bool:
+        """Whether the run has the RabbitMQ cluster and the NATS cluster."""
+        return not self.replication
 
 
 PROFILES = {
@@ -109,6 +126,21 @@ PROFILES = {
         rate=20.0,
         deleting=True,
     ),
+    # About a minute and a half each: the primary SIGKILLed mid-traffic and its standby
+    # promoted (chaos.failover), with synchronous replication (nothing whose COMMIT
+    # returned may be lost) or asynchronous (what is lost is measured). Not in ci: the
+    # cluster-free run still takes longer than a minute.
+    **{
+        name: Profile(
+            seconds=0,
+            schedule=(failover.KIND,),
+            seed=20261129,
+            rate=20.0,
+            replication=mode,
+            ordered=mode == "sync",
+        )
+        for name, mode in (("pg-failover", "sync"), ("pg-failover-async", "async"))
+    },
     # Thirty minutes: faults drawn at random until time is up. At 25 events/s per
     # producer: at 50 the one consumer handled no more than was committed (about 120
     # events/s each on this 2-core machine), so its backlog, and each recovery, grew with
@@ -137,12 +169,15 @@ def main(argv: list[str] | None = None) -> int:
         "the per-key gate, count attempts they did not make or use only the first address "
         "of a failover list; the consumer runs without the inbox; producers commit orders "
         "whose staging failed; the task worker runs Django tasks without the inbox; relays "
-        "publish to NATS without Nats-Msg-Id): the audit must then fail",
+        "publish to NATS without Nats-Msg-Id; every process commits without waiting for the "
+        "synchronous standby): the audit must then fail",
     )
     args = parser.parse_args(argv)
     if args.sabotage == "tasks" and TASKS_UNAVAILABLE is not None:
         parser.error(f"--sabotage tasks needs Django's tasks: {TASKS_UNAVAILABLE}")
     profile = PROFILES[args.profile]
+    if args.sabotage == "sync" and profile.replication != "sync":
+        parser.error("--sabotage sync needs a synchronous standby: --profile pg-failover")
     if args.seconds is not None:
         profile = dataclasses.replace(profile, seconds=args.seconds)
     if args.rate is not None:
@@ -151,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     if seed is None:
         seed = random.SystemRandom().randrange(1, 2**31)
     print(f"chaos: profile {args.profile}, seed {seed}", flush=True)
-    with Services(DATABASE, cluster=True, nats=True) as services:
+    clusters = profile.clusters
+    with Services(DATABASE, cluster=clusters, nats=clusters) as services:
         return Run(args.profile, profile, seed, services, args.sabotage).main()
 
 
@@ -180,7 +216,13 @@ class Run:
             "POLL_INTERVAL": 0.5,
         }
         self.outbox = outbox
-        self.env = worker_env(services.database_url, services.env, json.dumps(outbox))
+        self.replication = (
+            failover.Replication(services, profile.replication, DATABASE)
+            if profile.replication
+            else None
+        )
+        url = self.replication.url if self.replication else services.database_url
+        self.env = worker_env(url, services.env, json.dumps(outbox))
         if sabotage:
             self.env["CHAOS_SABOTAGE"] = sabotage
         self.procs: list[Proc] = []
@@ -204,7 +246,10 @@ class Run:
     def main(self) -> int:
         recreate_database(self.services.database_url)
         try:
-            self.disk.create()
+            if self.replication:
+                self.replication.start()
+            else:
+                self.disk.create()
             return self._run()
         except Exception as exc:
             print(f"chaos: the run broke: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -215,6 +260,8 @@ class Run:
                 proc.cleanup()
             self.proxy.close()
             try:
+                if self.replication:  # the primary back, alone, before its database goes
+                    self.replication.restore()
                 drop_database(self.services.database_url)
             finally:
                 self.disk.unmount()
@@ -229,7 +276,8 @@ class Run:
         call_command("migrate", verbosity=0)
         from .database import OUTBOX
 
-        self.disk.move(OUTBOX)
+        if self.replication is None:
+            self.disk.move(OUTBOX)
 
     def _run(self) -> int:
         self._setup_django()
@@ -239,8 +287,9 @@ class Run:
 
         audit.reset_queues(self.services.amqp_url)
         audit.reset_redis(self.services.redis_url)
-        cluster.reset_queues(self.services.cluster_url, audit.EXCHANGE)
-        jetstream.reset_stream(self.services.nats_url)
+        if self.profile.clusters:
+            cluster.reset_queues(self.services.cluster_url, audit.EXCHANGE)
+            jetstream.reset_stream(self.services.nats_url)
         self._create_processes()
         started = time.monotonic()
         for proc in self.procs:
@@ -256,6 +305,7 @@ class Run:
             disk=self.disk,
             task_worker=self.task_worker,
             zombie=self.relays[0] if self.profile.deleting else None,
+            replication=self.profile.replication,
         )
         self._wait(lambda: db.value(f"SELECT count(*) FROM {db.HANDLED}") > 0, 120, "first event")
         faults: list[Fault] = []
@@ -295,12 +345,14 @@ class Run:
             for i in range(1, p.relays + 1)
         ]
         self.consumer = self._consumer("consumer", DESTINATION)
-        # The cluster's queue has its own consumer and producer (chaos.cluster).
-        self._consumer("consumer-cluster", CLUSTERED)
-        # After the single node's producers, the cluster's and the NATS cluster's.
+        destinations = [DESTINATION] * p.producers
+        if p.clusters:
+            # The cluster's queue has its own consumer and producer (chaos.cluster).
+            self._consumer("consumer-cluster", CLUSTERED)
+            # After the single node's producers, the cluster's and the NATS cluster's.
+            destinations += [CLUSTERED, NATS]
         self.producers = [
-            self._producer(i, ([DESTINATION] * p.producers + [CLUSTERED, NATS])[i - 1])
-            for i in range(1, p.producers + 3)
+            self._producer(i, destination) for i, destination in enumerate(destinations, 1)
         ]
         self.disk.producer_logs = [producer.log for producer in self.producers]
         if TASKS_UNAVAILABLE is None:
@@ -310,10 +362,10 @@ class Run:
         """Inject the profile's schedule, then faults drawn at random until its time is
         up; each one printed and written to faults.log as it recovers. A kind this run
         cannot have (the task worker's, without Django's tasks) is left out."""
-        from .faults import KINDS
+        from .faults import KINDS, SCHEDULED_ONLY
 
         p = self.profile
-        schedule = [kind for kind in p.schedule if kind in KINDS]
+        schedule = [kind for kind in p.schedule if kind in (*KINDS, *SCHEDULED_ONLY)]
         self.rng.shuffle(schedule)
         with (self.logs / "faults.log").open("w") as facts:
             while schedule or time.monotonic() - started < p.seconds:
@@ -333,16 +385,20 @@ class Run:
 
         faulting = time.monotonic() - started
         drain_started = time.monotonic()
-        exits = self._drain_and_stop(drain=drain)
+        tolerated = max((fault.done.tolerated for fault in faults), default=0)
+        exits = self._drain_and_stop(drain=drain, after=tolerated)
         drained = time.monotonic() - drain_started
-        read = audit.drain_tap(self.services.amqp_url)
-        read += audit.drain_tap(self.services.cluster_url, cluster.QUORUM)
-        read += audit.drain_redis(self.services.redis_url)
-        read += jetstream.read(self.services.nats_url)
+        read = self._read_brokers()
         counted = audit.totals(self.task_worker.log if self.task_worker else None)
         results = audit.checks(faults, self.profile.relays, self.profile.batch_size)
-        results += audit.nats_checks(faults)
+        results += audit.nats_checks(faults) if self.profile.clusters else []
         results += audit.heartbeat_checks(self.unbeating, self.beaten)
+        if self.profile.replication:
+            told = failover.load_committed(
+                [self._told(i) for i in range(1, len(self.producers) + 1)]
+            )
+            print(f"chaos: the producers were told of {told:,} committed events", flush=True)
+            results = failover.checks(self.profile.replication, faults, results)
         print(
             f"chaos: faults for {faulting:.0f}s, drained in {drained:.0f}s, {read:,} messages "
             f"read from the tap; SIGTERM exit codes: "
@@ -370,10 +426,23 @@ class Run:
         print(f"chaos: PASS (logs in {self.logs})", flush=True)
         return 0
 
-    def _drain_and_stop(self, *, drain: bool) -> dict[str, int]:
-        """Stop the producers; with ``drain``, wait until every event is handled and every
-        Django task finished; wait for late duplicates; stop the relays, the consumers and
-        the task worker with SIGTERM. Returns the exit codes of the latter."""
+    def _read_brokers(self) -> int:
+        """Read what the relays published (the taps, Redis's list, the NATS stream) into
+        ``BrokerCopy``; returns the messages read."""
+        from . import audit
+
+        read = audit.drain_tap(self.services.amqp_url)
+        read += audit.drain_redis(self.services.redis_url)
+        if self.profile.clusters:
+            read += audit.drain_tap(self.services.cluster_url, cluster.QUORUM)
+            read += jetstream.read(self.services.nats_url)
+        return read
+
+    def _drain_and_stop(self, *, drain: bool, after: int = 0) -> dict[str, int]:
+        """Stop the producers; with ``drain``, wait until every event is handled (every
+        order after ``after``: see chaos.faults.Done) and every Django task finished; wait
+        for late duplicates; stop the relays, the consumers and the task worker with
+        SIGTERM. Returns the exit codes of the latter."""
         from . import audit
         from . import database as db
         from .faults import wait_down
@@ -383,7 +452,7 @@ class Run:
                 raise RuntimeError(f"{producer.role} exited {producer.exits[-1]}")
         if drain:
             timeout = 4 * self.profile.lease + 120
-            self._wait(db.settled, timeout, "the relays and the consumer to drain")
+            self._wait(lambda: db.settled(after), timeout, "the relays and the consumer to drain")
         if drain and self.task_worker is not None:
             left = wait_down(db.unfinished_tasks, TASK_PATIENCE)
             if left:
@@ -421,8 +490,15 @@ class Run:
                 *("--rate", str(rate), "--keys", str(ORDERED_KEYS)),
                 *("--destination", destination, "--ordered", ordered),
                 *(["--tasks"] if TASKS_UNAVAILABLE is None else []),
+                *(["--committed", str(self._told(index))] if self.profile.replication else []),
+                *([] if self.profile.ordered else ["--keyless"]),
             ),
         )
+
+    def _told(self, index: int) -> Path:
+        """Where producer ``index`` writes what it was told committed, outside the database
+        (the pg-failover profiles: chaos.failover)."""
+        return self.logs / f"committed-{index}.txt"
 
     def _proc(self, role: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
         proc = Proc(role, argv, env or self.env, self.logs)

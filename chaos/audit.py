@@ -55,6 +55,7 @@ EVERY_RELAY = (
     "net_delay",
     "net_partition",
     "disk_full",
+    "pg_failover",
     *CLUSTER_KINDS,
 )
 
@@ -156,10 +157,13 @@ class Check:
     value: int
     limit: int  # the check passes when value <= limit
     note: str = ""
+    #: A figure whose expectation is documented, not a pass or a fail (the losses of a
+    #: failover with asynchronous replication: chaos.failover).
+    measured: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.value <= self.limit
+        return self.measured or self.value <= self.limit
 
 
 def duplicate_bound(faults: Sequence[Fault], relays: int, batch_size: int) -> int:
@@ -231,9 +235,9 @@ def _must_be_zero(faults: Sequence[Fault]) -> list[tuple[str, float]]:
         "HAVING min(sequence) <> 1 OR max(sequence) <> count(*)) gaps"
     )
     return [
-        ("lost (committed, never handled)", _without(db.CONSUMED, h)),
+        ("lost (committed, never handled)", without(db.CONSUMED, h)),
         ("duplicates handled", db.value(f"SELECT count(*) - count(DISTINCT event_id) FROM {h}")),
-        ("handled without a committed order", _without(h, o, count="count(DISTINCT event_id)")),
+        ("handled without a committed order", without(h, o, count="count(DISTINCT event_id)")),
         (
             "rolled-back events at the broker",
             db.value(f"SELECT count(*) FROM {r} JOIN {b} USING (event_id)"),
@@ -242,8 +246,8 @@ def _must_be_zero(faults: Sequence[Fault]) -> list[tuple[str, float]]:
             "rolled-back events in the outbox",
             db.value(f"SELECT count(*) FROM {r} JOIN {outbox} USING (event_id)"),
         ),
-        ("committed events never at the broker", _without(o, b)),
-        ("outbox rows without their order", _without(_events(), o)),
+        ("committed events never at the broker", without(o, b)),
+        ("outbox rows without their order", without(_events(), o)),
         (
             "outbox rows not PUBLISHED (processing, due, abandoned)",
             db.value(f"SELECT count(*) FROM {outbox} WHERE status <> 'published'"),
@@ -309,7 +313,7 @@ def nats_checks(faults: Sequence[Fault]) -> list[Check]:
     spent on the cluster's faults."""
     nats = f"(SELECT * FROM {db.OUTBOX_ROWS} WHERE destination IN {db.NATS_DESTINATIONS})"
     return [
-        Check("NATS lost (committed, never in the stream)", _without(nats, db.BROKER), 0),
+        Check("NATS lost (committed, never in the stream)", without(nats, db.BROKER), 0),
         Check(
             "NATS duplicates in the stream",
             int(
@@ -412,7 +416,7 @@ def _events() -> str:
     )
 
 
-def _without(table: str, other: str, *, count: str = "count(*)") -> int:
+def without(table: str, other: str, *, count: str = "count(*)") -> int:
     """Rows of ``table`` whose event id is nowhere in ``other``."""
     return int(
         db.value(
@@ -589,7 +593,9 @@ def _check_rows(results: list[Check]) -> list[str]:
     """Each check with its verdict; the Django tasks' as not run (and why) without them."""
     out = []
     for check in results:
-        if check.limit:
+        if check.measured:
+            verdict = f"measured ({check.note})"
+        elif check.limit:
             verdict = f"{'ok' if check.ok else 'FAIL'} (<= {check.limit:,}; {check.note})"
         else:
             verdict = "ok" if check.ok else "FAIL (must be 0)"
@@ -602,8 +608,8 @@ def _check_rows(results: list[Check]) -> list[str]:
 def recovery_table(faults: Sequence[Fault]) -> list[str]:
     """Per kind of fault: how many, and their recovery times' min, median and max."""
     by_kind: dict[str, list[float]] = {kind: [] for kind in KINDS}
-    for fault in faults:
-        by_kind[fault.kind].append(fault.recovery)
+    for fault in faults:  # a kind only a profile schedules (pg_failover) is listed after
+        by_kind.setdefault(fault.kind, []).append(fault.recovery)
     out = [f"{'fault':<25}{'count':>6}{'recovery min':>14}{'median':>9}{'max':>9}  (s)"]
     for kind, times in by_kind.items():
         if times:

@@ -13,6 +13,7 @@ from django_outbox.models import InboxFailure, InboxMessage, OutboxMessage, Task
 from .destinations import CLUSTERED, NATS, NATS_ORDERED
 from .models import (
     BrokerCopy,
+    Committed,
     Forged,
     Handled,
     Order,
@@ -39,6 +40,8 @@ ORDERED_COPY = OrderedCopy._meta.db_table
 INBOX_FAILURE = InboxFailure._meta.db_table
 TASK_RESULT = TaskResultRecord._meta.db_table
 TASK_EFFECT = TaskEffect._meta.db_table
+#: The events whose COMMIT returned to their producer (the pg-failover profiles).
+COMMITTED = Committed._meta.db_table
 RETRY_FOR = 120.0
 #: The NATS destinations, as an SQL list. No consumer reads their stream during a run:
 #: their events count as delivered once their row is PUBLISHED (the stream acknowledged
@@ -163,10 +166,11 @@ def backend_state(application_name: str) -> str | None:
     return found[0][0] if found else None
 
 
-def settled() -> bool:
-    """Every outbox row PUBLISHED and every committed order handled."""
+def settled(after: int = 0) -> bool:
+    """Every outbox row PUBLISHED and every committed order handled (with ``after``, every
+    one with a higher id: a failover with asynchronous replication, chaos.failover)."""
     open_rows = value(f"SELECT count(*) FROM {OUTBOX_ROWS} WHERE status <> 'published'")
-    return open_rows == 0 and unhandled(last_order()) == 0
+    return open_rows == 0 and unhandled(last_order(), after) == 0
 
 
 def attempts() -> int:

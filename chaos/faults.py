@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from benchmarks.services import Services
 
-from . import broker, cluster, disk, jetstream
+from . import broker, cluster, disk, failover, jetstream
 from . import database as db
 from .destinations import TASKS_UNAVAILABLE
 from .logs import lease_lost_rows, lines
@@ -50,6 +50,9 @@ KINDS = (
     *jetstream.KINDS,
     *(("task_worker_kill",) if TASKS_UNAVAILABLE is None else ()),
 )
+#: Faults only a profile of their own schedules (never drawn at random): pg_failover
+#: needs the standby that its profiles start (chaos.failover).
+SCHEDULED_ONLY = (failover.KIND,)
 POLL = 0.005  # seconds between looks at the outbox while aiming a relay fault
 #: What relay_kill aims at, kill after kill: a relay between publish and finalize (rows
 #: the consumer handled; NATS rows in the stream), and one holding rows at all.
@@ -76,7 +79,10 @@ class Done:
     or network fault lasted, (a full disk) the order ids committed meanwhile, and (a
     cluster node's restart, a NATS node's kill) 1 when the runner's event was not
     published while the node was down, and (a relay kill) how many of the rows it held
-    were NATS rows already in the stream."""
+    were NATS rows already in the stream, and (a failover with asynchronous replication)
+    the last order id before the promoted node's own: an order up to it may have been
+    handled on the lost primary alone, its message acknowledged, and never be handled
+    again (the audit measures it), so neither the recovery nor the drain waits for those."""
 
     target: str
     ended: float
@@ -87,6 +93,7 @@ class Done:
     orders: tuple[int, int] | None = None
     stranded: int = 0
     stored: int = 0
+    tolerated: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,8 +132,11 @@ class Injector:
         disk: Disk,
         task_worker: Proc | None = None,
         zombie: Proc | None = None,
+        replication: str = "",
     ) -> None:
         self.proxy = proxy
+        #: The profile's replication ("sync", "async"; "": no standby): chaos.failover.
+        self.replication = replication
         #: The relay relay_kill kills and relay_stop stops (None: one at random each time).
         self.zombie = zombie
         self.task_worker = task_worker
@@ -147,6 +157,7 @@ class Injector:
         method: Callable[[], Done] = getattr(self, kind)
         at = time.monotonic()
         done = method()
+        self._handled_up_to = max(self._handled_up_to, done.tolerated)
         try:
             recovery = self._recovered(at, done.ended)
         except NotRecovered as exc:  # the audit still needs what the fault did
@@ -328,6 +339,9 @@ class Injector:
 
     def disk_full(self) -> Done:
         return disk.disk_full(self)
+
+    def pg_failover(self) -> Done:
+        return failover.pg_failover(self)
 
     # -- helpers --------------------------------------------------------------------
 

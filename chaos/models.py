@@ -118,3 +118,16 @@ class TaskEffect(models.Model):
 
     def __str__(self) -> str:
         return f"task {self.result_id} attempt {self.attempt}"
+
+
+class Committed(models.Model):
+    """An event whose transaction's COMMIT returned to its producer, as the producer
+    recorded it outside the database (a file it fsyncs after each commit: the
+    ``pg-failover`` profiles, :mod:`chaos.failover`), loaded at the end of a run. What
+    the application was told is committed, compared with what the promoted standby has."""
+
+    event_id = models.UUIDField(db_index=True)
+    producer = models.PositiveSmallIntegerField()
+
+    def __str__(self) -> str:
+        return f"committed {self.event_id}"

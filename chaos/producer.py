@@ -1,7 +1,7 @@
 """A chaos producer: commits business rows with their events until SIGTERM.
 
     python -m chaos.producer --index N --seed S --rate EVENTS_PER_S --destination D \
-        --ordered D2 --keys K [--tasks]
+        --ordered D2 --keys K [--tasks] [--committed FILE]
 
 Each transaction stages one event (``stage``), a few, or a burst (``stage_many``),
 with one ``Order`` per event (and after about 3% of the committed ones, a forged message
@@ -13,9 +13,13 @@ transactions roll back after staging, and about 5% roll back a savepoint holding
 more order and event (to the same destination); the ids of
 rolled-back events are written to ``RolledBack`` after the rollback. With ``--tasks``
 (Django 6), each transaction also enqueues one Django task (:mod:`chaos.djtasks`) for
-its first order, rolled back with it or committed with it. A database
+its first order, rolled back with it or committed with it; with ``--keyless``, every
+transaction stages keyless events to ``D``. A database
 outage (the fault injector restarts PostgreSQL) is waited out: the transaction in
-hand is simply lost or committed, and the business table says which.
+hand is simply lost or committed, and the business table says which. With
+``--committed FILE`` (the ``pg-failover`` profiles), the event ids of each transaction
+whose COMMIT returned are appended to ``FILE`` and fsynced before the next transaction:
+what the application was told, kept where a failover cannot take it back.
 """
 
 from __future__ import annotations
@@ -58,6 +62,10 @@ def main() -> int:
     parser.add_argument("--ordered", required=True, help="the ordered destination")
     parser.add_argument("--keys", type=int, required=True, help="its ordering keys")
     parser.add_argument("--tasks", action="store_true", help="a Django task per transaction")
+    parser.add_argument("--committed", help="a file for the event ids of each COMMIT returned")
+    parser.add_argument(
+        "--keyless", action="store_true", help="no transaction to the ordered destination"
+    )
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chaos.settings")
     django.setup()
@@ -71,6 +79,8 @@ def main() -> int:
         args.destination,
         ordered=(args.ordered, args.keys),
         tasks=args.tasks,
+        committed=args.committed,
+        keyless=args.keyless,
     )
     started = time.monotonic()
     while not stop.is_set():
@@ -91,9 +101,14 @@ class Producer:
         *,
         ordered: tuple[str, int],
         tasks: bool = False,
+        committed: str | None = None,
+        keyless: bool = False,
     ) -> None:
         self.index = index
+        #: Where the event ids of each returned COMMIT go (None: nowhere).
+        self.told = open(committed, "a", encoding="ascii") if committed else None
         self.rng = rng
+        self.ordered_share = 0.0 if keyless else ORDERED_SHARE
         self.destination = destination
         self.ordered, self.keys = ordered
         self.tasks = tasks
@@ -130,7 +145,7 @@ class Producer:
         size = self._size()
         rollback = self.rng.random() < ROLLBACK_RATE
         savepoint = self.rng.random() < SAVEPOINT_RATE
-        ordered = self.rng.random() < ORDERED_SHARE
+        ordered = self.rng.random() < self.ordered_share
         staged: list[str] = []
         undone: list[str] = []
         try:
@@ -162,10 +177,19 @@ class Producer:
                 )
                 self.rolled_back += len(undone)
             self.committed += len(staged)
+            self._record(staged)
             self.tasks_committed += int(self.tasks)
             if self.rng.random() < FORGE_RATE:
                 self._forge()
         self.events += size
+
+    def _record(self, committed: list[str]) -> None:
+        """Append the event ids of a transaction whose COMMIT returned to the producer's
+        file, on disk (fsync) before the next transaction begins."""
+        if self.told is not None:
+            self.told.write("".join(f"{event_id}\n" for event_id in committed))
+            self.told.flush()
+            os.fsync(self.told.fileno())
 
     def _forge(self) -> None:
         """Forge one message for the consumer's queue, as anyone who can publish there

@@ -30,7 +30,10 @@ None): its refusals are publish failures that count an attempt; ``--sabotage for
 starts consumers that verify no signature, so the producers' forged messages are handled;
 ``--sabotage msgid`` starts relays that publish to NATS JetStream without ``Nats-Msg-Id``
 (the transport's header name ``MSG_ID`` replaced with one JetStream does not read), so the
-stream cannot drop the copies a relay publishes again.
+stream cannot drop the copies a relay publishes again; ``--sabotage sync`` (the
+``pg-failover`` profile) starts every process with ``synchronous_commit`` local: its
+COMMIT returns once the primary's own disk has it, without waiting for the synchronous
+standby, so a failover loses commits the producers were told of.
 A run with any of them must fail its audit.
 Nothing imports this module unless ``CHAOS_SABOTAGE`` is set.
 """
@@ -63,6 +66,7 @@ KINDS = (
     "oom",
     "forgery",
     "msgid",
+    "sync",
 )
 
 
@@ -116,6 +120,13 @@ def apply(kind: str) -> None:
         # Read where it is used (nats_headers, and a failed key's chain): every message
         # then carries the event id under a header JetStream does not dedupe on.
         nats.MSG_ID = "Chaos-Not-Msg-Id"  # type: ignore[misc]
+    elif kind == "sync":
+        from django.conf import settings
+
+        # Read when the process first connects, after ready(): its sessions' commits are
+        # local, whatever the standby's place in synchronous_standby_names.
+        options = settings.DATABASES["default"]["OPTIONS"]
+        options["options"] = "-c synchronous_commit=local"
     elif kind == "parking":
         from django_outbox.consumer import InboxConsumer
 

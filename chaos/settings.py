@@ -38,11 +38,17 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 DEBUG = False
 INSTALLED_APPS = ["django_outbox", "chaos"]
+#: A URL's query becomes OPTIONS: the pg-failover profiles' two hosts come with
+#: ``target_session_attrs=read-write`` and their ``synchronous_commit`` (chaos.failover).
+_DATABASE = env.db("CHAOS_DATABASE_URL", default="postgres://postgres@127.0.0.1:55432/outbox_chaos")
 DATABASES = {
     "default": {
-        **env.db("CHAOS_DATABASE_URL", default="postgres://postgres@127.0.0.1:55432/outbox_chaos"),
+        **_DATABASE,
         "CONN_MAX_AGE": None,  # daemons keep their connection between idle spells
-        "OPTIONS": {"application_name": f"{os.environ.get('CHAOS_ROLE', 'chaos')} {os.getpid()}"},
+        "OPTIONS": {
+            **_DATABASE.get("OPTIONS", {}),
+            "application_name": f"{os.environ.get('CHAOS_ROLE', 'chaos')} {os.getpid()}",
+        },
     }
 }
 
