@@ -1,4 +1,4 @@
-"""Run the chaos suite: ``python -m chaos --profile ci|soak [--seed N] [--sabotage K]``.
+"""Run the chaos suite: ``python -m chaos --profile ci|kafka|soak [--seed N] [--sabotage K]``.
 
 Starts (or reuses) PostgreSQL and RabbitMQ with ``scripts/services``, creates the
 database ``outbox_chaos`` afresh, and runs producers, relays and a consumer while
@@ -22,9 +22,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 from benchmarks.services import REPO, Services, drop_database, recreate_database
 
-from . import cluster, jetstream, sabotage
+from . import cluster, jetstream, kafka, sabotage
 from .destinations import (
     CLUSTERED,
+    KAFKA,
+    KAFKA_ORDERED,
     NATS,
     NATS_ORDERED,
     ORDERED,
@@ -48,6 +50,8 @@ TASK_WORKER = module(
     *("-A", "chaos.celery_app", "worker", "--pool", "solo", "--queues", TASK_QUEUE),
     *("--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "INFO"),
 )
+#: The consumers' handler and inbox name (for Kafka also its consumer group).
+HANDLER = ("--handler", "chaos.handlers.record", "--consumer", "chaos-audit")
 #: Seconds the drain waits for one more Django task to finish: more than the 30 s after
 #: which a worker tries again a task it could not start (its database was restarting).
 TASK_PATIENCE = 60.0
@@ -68,6 +72,10 @@ class Profile:
     batch_size: int = 100
     lease: float = 5.0
     gap: tuple[float, float] = (1.0, 4.0)  # seconds of quiet between faults
+    #: The Kafka cluster, its destinations (a producer, a consumer) and its faults.
+    kafka: bool = False
+    #: What relay_kill aims at, kill after kill (chaos.faults.AIMS).
+    aims: tuple[str, ...] = ("held", "handled", "stored")
 
 
 PROFILES = {
@@ -109,6 +117,18 @@ PROFILES = {
         rate=20.0,
         deleting=True,
     ),
+    # The Kafka cluster's faults, apart from ci (the cluster's start and its faults'
+    # recoveries would add minutes to CI): a broker SIGKILLed, one frozen, the whole
+    # cluster down, two brokers down (in-sync replicas below the minimum), and a relay
+    # SIGKILLed holding Kafka rows the consumer already handled (published, not marked).
+    "kafka": Profile(
+        seconds=0,
+        schedule=("relay_kill", *kafka.KINDS),
+        seed=20261129,
+        rate=20.0,
+        kafka=True,
+        aims=("kafka",),
+    ),
     # Thirty minutes: faults drawn at random until time is up. At 25 events/s per
     # producer: at 50 the one consumer handled no more than was committed (about 120
     # events/s each on this 2-core machine), so its backlog, and each recovery, grew with
@@ -137,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         "the per-key gate, count attempts they did not make or use only the first address "
         "of a failover list; the consumer runs without the inbox; producers commit orders "
         "whose staging failed; the task worker runs Django tasks without the inbox; relays "
-        "publish to NATS without Nats-Msg-Id): the audit must then fail",
+        "publish to NATS without Nats-Msg-Id; with --profile kafka, relays mark Kafka rows "
+        "PUBLISHED without their delivery report, partition keys at random, or take one "
+        "replica's acknowledgement): the audit must then fail",
     )
     args = parser.parse_args(argv)
     if args.sabotage == "tasks" and TASKS_UNAVAILABLE is not None:
@@ -151,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     if seed is None:
         seed = random.SystemRandom().randrange(1, 2**31)
     print(f"chaos: profile {args.profile}, seed {seed}", flush=True)
-    with Services(DATABASE, cluster=True, nats=True) as services:
+    with Services(DATABASE, cluster=True, nats=True, kafka=profile.kafka) as services:
         return Run(args.profile, profile, seed, services, args.sabotage).main()
 
 
@@ -181,6 +203,9 @@ class Run:
         }
         self.outbox = outbox
         self.env = worker_env(services.database_url, services.env, json.dumps(outbox))
+        #: The run's Kafka topic (chaos.kafka; "" without Kafka: its routes are off).
+        self.topic = f"{kafka.PREFIX}{self.logs.name}" if profile.kafka else ""
+        self.env["CHAOS_KAFKA_TOPIC"] = self.topic
         if sabotage:
             self.env["CHAOS_SABOTAGE"] = sabotage
         self.procs: list[Proc] = []
@@ -241,6 +266,8 @@ class Run:
         audit.reset_redis(self.services.redis_url)
         cluster.reset_queues(self.services.cluster_url, audit.EXCHANGE)
         jetstream.reset_stream(self.services.nats_url)
+        if self.topic:
+            kafka.reset_topic(self.services.kafka_url, self.topic)
         self._create_processes()
         started = time.monotonic()
         for proc in self.procs:
@@ -256,6 +283,7 @@ class Run:
             disk=self.disk,
             task_worker=self.task_worker,
             zombie=self.relays[0] if self.profile.deleting else None,
+            aims=self.profile.aims,
         )
         self._wait(lambda: db.value(f"SELECT count(*) FROM {db.HANDLED}") > 0, 120, "first event")
         faults: list[Fault] = []
@@ -295,12 +323,17 @@ class Run:
             for i in range(1, p.relays + 1)
         ]
         self.consumer = self._consumer("consumer", DESTINATION)
-        # The cluster's queue has its own consumer and producer (chaos.cluster).
+        # The cluster's queue has its own consumer and producer (chaos.cluster), and so
+        # has the Kafka topic (chaos.kafka), its consumer group the inbox's name.
         self._consumer("consumer-cluster", CLUSTERED)
-        # After the single node's producers, the cluster's and the NATS cluster's.
+        if self.topic:
+            argv = ["--broker", "kafka", "--queue", self.topic, *HANDLER]
+            self._proc("consumer-kafka", manage("run_outbox_consumer", *argv))
+        # After the single node's producers, the cluster's, the NATS cluster's and Kafka's.
+        kafka_ = [KAFKA] if self.topic else []
+        destinations = [*[DESTINATION] * p.producers, CLUSTERED, NATS, *kafka_]
         self.producers = [
-            self._producer(i, ([DESTINATION] * p.producers + [CLUSTERED, NATS])[i - 1])
-            for i in range(1, p.producers + 3)
+            self._producer(i, destination) for i, destination in enumerate(destinations, 1)
         ]
         self.disk.producer_logs = [producer.log for producer in self.producers]
         if TASKS_UNAVAILABLE is None:
@@ -313,12 +346,13 @@ class Run:
         from .faults import KINDS
 
         p = self.profile
-        schedule = [kind for kind in p.schedule if kind in KINDS]
+        kinds = (*KINDS, *(kafka.KINDS if p.kafka else ()))
+        schedule = [kind for kind in p.schedule if kind in kinds]
         self.rng.shuffle(schedule)
         with (self.logs / "faults.log").open("w") as facts:
             while schedule or time.monotonic() - started < p.seconds:
                 time.sleep(self.rng.uniform(*p.gap))
-                kind = schedule.pop(0) if schedule else self.rng.choice(KINDS)
+                kind = schedule.pop(0) if schedule else self.rng.choice(kinds)
                 fault = injector.inject(kind)
                 faults.append(fault)
                 print(fault.line(), flush=True)
@@ -339,9 +373,11 @@ class Run:
         read += audit.drain_tap(self.services.cluster_url, cluster.QUORUM)
         read += audit.drain_redis(self.services.redis_url)
         read += jetstream.read(self.services.nats_url)
+        read += kafka.read(self.services.kafka_url, self.topic) if self.topic else 0
         counted = audit.totals(self.task_worker.log if self.task_worker else None)
         results = audit.checks(faults, self.profile.relays, self.profile.batch_size)
         results += audit.nats_checks(faults)
+        results += audit.kafka_checks(faults) if self.topic else []
         results += audit.heartbeat_checks(self.unbeating, self.beaten)
         print(
             f"chaos: faults for {faulting:.0f}s, drained in {drained:.0f}s, {read:,} messages "
@@ -402,17 +438,19 @@ class Run:
         return exits
 
     def _consumer(self, role: str, queue: str) -> Proc:
-        argv = ["--queue", queue, "--handler", "chaos.handlers.record", "--consumer", "chaos-audit"]
-        return self._proc(role, manage("run_outbox_consumer", *argv, "--prefetch", "50"))
+        argv = ["--queue", queue, *HANDLER, "--prefetch", "50"]
+        return self._proc(role, manage("run_outbox_consumer", *argv))
 
     def _producer(self, index: int, destination: str) -> Proc:
         """A producer whose keyless events go to ``destination``, the others to the
-        ordered destination (NATS's: its own ordered one, on the same stream); the
-        cluster's and NATS's at a quarter of the rate (what their faults need, and little
-        more load on the database and the one consumer of the ordered destination). With
-        Django's tasks, each of its transactions enqueues one."""
-        rate = self.profile.rate / (4 if destination in (CLUSTERED, NATS) else 1)
-        ordered = NATS_ORDERED if destination == NATS else ORDERED
+        ordered destination (NATS's and Kafka's: their own ordered one, on the same stream
+        or topic); the cluster's and NATS's at a quarter of the rate (what their faults
+        need, and little more load on the database and the one consumer of the ordered
+        destination), Kafka's at half (its faults' profile). With Django's tasks, each of
+        its transactions enqueues one."""
+        share = {CLUSTERED: 4, NATS: 4, KAFKA: 2}.get(destination, 1)
+        rate = self.profile.rate / share
+        ordered = {NATS: NATS_ORDERED, KAFKA: KAFKA_ORDERED}.get(destination, ORDERED)
         return self._proc(
             f"producer-{index}",
             module(

@@ -63,6 +63,9 @@ KINDS = (
     "oom",
     "forgery",
     "msgid",
+    "delivery",
+    "partitioner",
+    "acks",
 )
 
 
@@ -116,12 +119,37 @@ def apply(kind: str) -> None:
         # Read where it is used (nats_headers, and a failed key's chain): every message
         # then carries the event id under a header JetStream does not dedupe on.
         nats.MSG_ID = "Chaos-Not-Msg-Id"  # type: ignore[misc]
+    elif kind in ("delivery", "partitioner", "acks"):
+        _kafka(kind)
     elif kind == "parking":
         from django_outbox.consumer import InboxConsumer
 
         InboxConsumer.__init__ = _parking_at_once(InboxConsumer.__init__)  # type: ignore[method-assign]
     else:
         raise ValueError(f"CHAOS_SABOTAGE must be one of {', '.join(KINDS)}; got {kind!r}")
+
+
+def _kafka(kind: str) -> None:
+    """The Kafka transport without one of its guarantees: "delivery", a row PUBLISHED
+    once its record is handed to librdkafka, without waiting for its delivery report (a
+    record that never arrives is lost); "partitioner", keys spread over partitions at
+    random instead of murmur2 (one key, several partitions: no order); "acks", a record
+    acknowledged by its leader alone (``acks=1``), however few replicas are in sync."""
+    from django_outbox.transports import kafka
+
+    if kind == "delivery":
+        settle = kafka._settle
+
+        def unwaited(producer: Any, timeout: float) -> None:
+            producer.poll(0)  # the reports already there, and nothing more
+
+        def unreported(outcomes: list[Any]) -> list[Any]:
+            return settle([None if outcome is False else outcome for outcome in outcomes])
+
+        kafka._flush = unwaited  # type: ignore[assignment]
+        kafka._settle = unreported  # type: ignore[assignment]
+    else:
+        kafka.REQUIRED.update({"partitioner": "random"} if kind == "partitioner" else {"acks": 1})
 
 
 def _without_ordered_gate() -> None:
