@@ -132,10 +132,16 @@ def read(url: str, topic: str) -> int:
     return len(found)
 
 
+def _topic() -> str:
+    """The run's topic: the runner sets ``CHAOS_KAFKA_TOPIC`` in its own environment, as
+    in its processes'."""
+    return os.environ["CHAOS_KAFKA_TOPIC"]
+
+
 def _busiest(injector: Injector) -> tuple[int, str]:
     """The broker leading most of the topic's partitions (any, if none answers), and
     what it leads."""
-    led = leaders(injector.services.kafka_url, os.environ["CHAOS_KAFKA_TOPIC"])
+    led = leaders(injector.services.kafka_url, _topic())
     if not led:
         return int(injector.rng.choice("123")), "the leaders unknown"
     node, count = led.most_common(1)[0]
@@ -143,7 +149,7 @@ def _busiest(injector: Injector) -> tuple[int, str]:
 
 
 def _now_leading(injector: Injector) -> str:
-    led = leaders(injector.services.kafka_url, os.environ["CHAOS_KAFKA_TOPIC"])
+    led = leaders(injector.services.kafka_url, _topic())
     return ", ".join(f"k{node} {n}" for node, n in sorted(led.items())) or "nobody"
 
 

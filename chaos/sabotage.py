@@ -134,7 +134,8 @@ def _kafka(kind: str) -> None:
     once its record is handed to librdkafka, without waiting for its delivery report (a
     record that never arrives is lost); "partitioner", keys spread over partitions at
     random instead of murmur2 (one key, several partitions: no order); "acks", a record
-    acknowledged by its leader alone (``acks=1``), however few replicas are in sync."""
+    acknowledged by its leader alone (``acks=1``, which librdkafka allows only without
+    idempotence), however few replicas are in sync."""
     from django_outbox.transports import kafka
 
     if kind == "delivery":
@@ -149,7 +150,8 @@ def _kafka(kind: str) -> None:
         kafka._flush = unwaited  # type: ignore[assignment]
         kafka._settle = unreported  # type: ignore[assignment]
     else:
-        kafka.REQUIRED.update({"partitioner": "random"} if kind == "partitioner" else {"acks": 1})
+        one_replica = {"acks": 1, "enable.idempotence": False}
+        kafka.REQUIRED.update({"partitioner": "random"} if kind == "partitioner" else one_replica)
 
 
 def _without_ordered_gate() -> None:
