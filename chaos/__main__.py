@@ -74,8 +74,8 @@ class Profile:
     gap: tuple[float, float] = (1.0, 4.0)  # seconds of quiet between faults
     #: The Kafka cluster, its destinations (a producer, a consumer) and its faults.
     kafka: bool = False
-    #: What relay_kill aims at, kill after kill (chaos.faults.AIMS).
-    aims: tuple[str, ...] = ("held", "handled", "stored")
+    #: What relay_kill aims at, kill after kill (None: chaos.faults.AIMS).
+    aims: tuple[str, ...] | None = None
 
 
 PROFILES = {

@@ -130,9 +130,9 @@ class Injector:
         disk: Disk,
         task_worker: Proc | None = None,
         zombie: Proc | None = None,
-        aims: tuple[str, ...] = AIMS,
+        aims: tuple[str, ...] | None = None,
     ) -> None:
-        self.aims = aims
+        self.aims = aims or AIMS
         self.proxy = proxy
         #: The relay relay_kill kills and relay_stop stops (None: one at random each time).
         self.zombie = zombie
