@@ -26,13 +26,19 @@ NAMES = ("postgres", "rabbitmq", "redis")
 
 
 class Services:
-    def __init__(self, database: str, *, cluster: bool = False, nats: bool = False) -> None:
+    def __init__(
+        self, database: str, *, cluster: bool = False, nats: bool = False, kafka: bool = False
+    ) -> None:
         self.database = database
-        #: Whether the three-node RabbitMQ cluster is needed too (the chaos suite's faults),
-        #: and the three-node NATS JetStream cluster (its NATS destination and faults).
-        self.cluster = cluster
-        self.nats = nats
-        self.cluster_started = self.nats_started = False
+        #: The three-node clusters needed too, by their ``scripts/services`` command: the
+        #: RabbitMQ cluster (the chaos suite's faults), the NATS JetStream cluster and the
+        #: Kafka cluster (their destinations and faults).
+        self.clusters = [
+            name
+            for name, wanted in (("cluster", cluster), ("nats", nats), ("kafka", kafka))
+            if wanted
+        ]
+        self.clusters_started: list[str] = []
         self.started: list[str] = []
         self.env: dict[str, str] = {}
 
@@ -42,24 +48,19 @@ class Services:
         if self.started:
             print(f"starting {', '.join(self.started)} with scripts/services", file=sys.stderr)
             self.run("start", *self.started)
-        if self.cluster and "cluster node 1: running" not in self.run("cluster", "status"):
-            print("starting the RabbitMQ cluster with scripts/services", file=sys.stderr)
-            self.cluster_started = True
-            self.run("cluster", "start")
-        if self.nats and "nats node 1: running" not in self.run("nats", "status"):
-            print("starting the NATS cluster with scripts/services", file=sys.stderr)
-            self.nats_started = True
-            self.run("nats", "start")
+        for name in self.clusters:
+            if f"{name} node 1: running" not in self.run(name, "status"):
+                print(f"starting the {name} cluster with scripts/services", file=sys.stderr)
+                self.clusters_started.append(name)
+                self.run(name, "start")
         for line in self.run("env").splitlines():
             name, _, value = line.removeprefix("export ").partition("=")
             self.env[name] = value.strip("'")  # OUTBOX_CLUSTER_URL is quoted (";")
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        if self.cluster_started:
-            self.run("cluster", "stop")
-        if self.nats_started:
-            self.run("nats", "stop")
+        for name in self.clusters_started:
+            self.run(name, "stop")
         if self.started:
             self.run("stop", *self.started)
 
@@ -85,6 +86,11 @@ class Services:
     def nats_url(self) -> str:
         """The NATS cluster's three servers (``nats://h:p1,h:p2,h:p3``)."""
         return self.env["OUTBOX_NATS_URL"]
+
+    @property
+    def kafka_url(self) -> str:
+        """The Kafka cluster's three brokers (``kafka://h:p1,h:p2,h:p3``)."""
+        return self.env["OUTBOX_KAFKA_URL"]
 
     @property
     def redis_url(self) -> str:

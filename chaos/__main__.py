@@ -1,5 +1,5 @@
 """Run the chaos suite: ``python -m chaos --profile P [--seed N] [--sabotage K]``, P one of
-ci, ci-deleting, pg-failover, pg-failover-async (chaos.failover) and soak.
+ci, ci-deleting, kafka (chaos.kafka), pg-failover, pg-failover-async (chaos.failover) and soak.
 
 Starts (or reuses) PostgreSQL and RabbitMQ with ``scripts/services``, creates the
 database ``outbox_chaos`` afresh, and runs producers, relays and a consumer while
@@ -24,9 +24,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 from benchmarks.services import REPO, Services, drop_database, recreate_database
 
-from . import cluster, failover, jetstream, sabotage
+from . import cluster, failover, jetstream, kafka, sabotage
 from .destinations import (
     CLUSTERED,
+    KAFKA,
+    KAFKA_ORDERED,
     NATS,
     NATS_ORDERED,
     ORDERED,
@@ -50,6 +52,8 @@ TASK_WORKER = module(
     *("-A", "chaos.celery_app", "worker", "--pool", "solo", "--queues", TASK_QUEUE),
     *("--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "INFO"),
 )
+#: The consumers' handler and inbox name (for Kafka also its consumer group).
+HANDLER = ("--handler", "chaos.handlers.record", "--consumer", "chaos-audit")
 #: Seconds the drain waits for one more Django task to finish: more than the 30 s after
 #: which a worker tries again a task it could not start (its database was restarting).
 TASK_PATIENCE = 60.0
@@ -85,6 +89,11 @@ class Profile:
     def clusters(self) -> bool:
         """Whether the run has the RabbitMQ cluster and the NATS cluster."""
         return not self.replication
+
+    #: The Kafka cluster, its destinations (a producer, a consumer) and its faults.
+    kafka: bool = False
+    #: What relay_kill aims at, kill after kill (None: chaos.faults.AIMS).
+    aims: tuple[str, ...] | None = None
 
 
 PROFILES = {
@@ -141,6 +150,22 @@ PROFILES = {
         )
         for name, mode in (("pg-failover", "sync"), ("pg-failover-async", "async"))
     },
+    # The Kafka cluster's faults, apart from ci (the cluster's start and its faults'
+    # recoveries would add minutes to CI): a broker SIGKILLed, one frozen, the whole
+    # cluster down, two brokers down (in-sync replicas below the minimum), and a relay
+    # SIGKILLed holding Kafka rows the consumer already handled (published, not marked).
+    # One producer to the single node, at 10 events/s per producer (Kafka's too): on a
+    # machine at a load of 20, ci's three at 20 left the one consumer a backlog of
+    # thousands, and each recovery waited minutes for it.
+    "kafka": Profile(
+        seconds=0,
+        schedule=("relay_kill", *kafka.KINDS),
+        seed=20261129,
+        producers=1,
+        rate=10.0,
+        kafka=True,
+        aims=("kafka",),
+    ),
     # Thirty minutes: faults drawn at random until time is up. At 25 events/s per
     # producer: at 50 the one consumer handled no more than was committed (about 120
     # events/s each on this 2-core machine), so its backlog, and each recovery, grew with
@@ -169,8 +194,10 @@ def main(argv: list[str] | None = None) -> int:
         "the per-key gate, count attempts they did not make or use only the first address "
         "of a failover list; the consumer runs without the inbox; producers commit orders "
         "whose staging failed; the task worker runs Django tasks without the inbox; relays "
-        "publish to NATS without Nats-Msg-Id; every process commits without waiting for the "
-        "synchronous standby): the audit must then fail",
+        "publish to NATS without Nats-Msg-Id; with --profile kafka, relays mark Kafka rows "
+        "PUBLISHED without their delivery report, partition keys at random, or take one "
+        "replica's acknowledgement; with --profile pg-failover, every process commits "
+        "without waiting for the synchronous standby): the audit must then fail",
     )
     args = parser.parse_args(argv)
     if args.sabotage == "tasks" and TASKS_UNAVAILABLE is not None:
@@ -187,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         seed = random.SystemRandom().randrange(1, 2**31)
     print(f"chaos: profile {args.profile}, seed {seed}", flush=True)
     clusters = profile.clusters
-    with Services(DATABASE, cluster=clusters, nats=clusters) as services:
+    with Services(DATABASE, cluster=clusters, nats=clusters, kafka=profile.kafka) as services:
         return Run(args.profile, profile, seed, services, args.sabotage).main()
 
 
@@ -223,6 +250,9 @@ class Run:
         )
         url = self.replication.url if self.replication else services.database_url
         self.env = worker_env(url, services.env, json.dumps(outbox))
+        #: The run's Kafka topic (chaos.kafka; "" without Kafka: its routes are off).
+        self.topic = f"{kafka.PREFIX}{self.logs.name}" if profile.kafka else ""
+        self.env["CHAOS_KAFKA_TOPIC"] = self.topic
         if sabotage:
             self.env["CHAOS_SABOTAGE"] = sabotage
         self.procs: list[Proc] = []
@@ -290,6 +320,8 @@ class Run:
         if self.profile.clusters:
             cluster.reset_queues(self.services.cluster_url, audit.EXCHANGE)
             jetstream.reset_stream(self.services.nats_url)
+        if self.topic:
+            kafka.reset_topic(self.services.kafka_url, self.topic)
         self._create_processes()
         started = time.monotonic()
         for proc in self.procs:
@@ -306,6 +338,7 @@ class Run:
             task_worker=self.task_worker,
             zombie=self.relays[0] if self.profile.deleting else None,
             replication=self.profile.replication,
+            aims=self.profile.aims,
         )
         self._wait(lambda: db.value(f"SELECT count(*) FROM {db.HANDLED}") > 0, 120, "first event")
         faults: list[Fault] = []
@@ -351,6 +384,11 @@ class Run:
             self._consumer("consumer-cluster", CLUSTERED)
             # After the single node's producers, the cluster's and the NATS cluster's.
             destinations += [CLUSTERED, NATS]
+        if self.topic:
+            # So has the Kafka topic (chaos.kafka), its consumer group the inbox's name.
+            argv = ["--broker", "kafka", "--queue", self.topic, *HANDLER]
+            self._proc("consumer-kafka", manage("run_outbox_consumer", *argv))
+            destinations.append(KAFKA)
         self.producers = [
             self._producer(i, destination) for i, destination in enumerate(destinations, 1)
         ]
@@ -365,12 +403,13 @@ class Run:
         from .faults import KINDS, SCHEDULED_ONLY
 
         p = self.profile
-        schedule = [kind for kind in p.schedule if kind in (*KINDS, *SCHEDULED_ONLY)]
+        kinds = (*KINDS, *(kafka.KINDS if p.kafka else ()))
+        schedule = [kind for kind in p.schedule if kind in (*kinds, *SCHEDULED_ONLY)]
         self.rng.shuffle(schedule)
         with (self.logs / "faults.log").open("w") as facts:
             while schedule or time.monotonic() - started < p.seconds:
                 time.sleep(self.rng.uniform(*p.gap))
-                kind = schedule.pop(0) if schedule else self.rng.choice(KINDS)
+                kind = schedule.pop(0) if schedule else self.rng.choice(kinds)
                 fault = injector.inject(kind)
                 faults.append(fault)
                 print(fault.line(), flush=True)
@@ -392,6 +431,7 @@ class Run:
         counted = audit.totals(self.task_worker.log if self.task_worker else None)
         results = audit.checks(faults, self.profile.relays, self.profile.batch_size)
         results += audit.nats_checks(faults) if self.profile.clusters else []
+        results += audit.kafka_checks(faults) if self.topic else []
         results += audit.heartbeat_checks(self.unbeating, self.beaten)
         if self.profile.replication:
             told = failover.load_committed(
@@ -427,8 +467,8 @@ class Run:
         return 0
 
     def _read_brokers(self) -> int:
-        """Read what the relays published (the taps, Redis's list, the NATS stream) into
-        ``BrokerCopy``; returns the messages read."""
+        """Read what the relays published (the taps, Redis's list, the NATS stream, the
+        Kafka topic) into ``BrokerCopy``; returns the messages read."""
         from . import audit
 
         read = audit.drain_tap(self.services.amqp_url)
@@ -436,6 +476,8 @@ class Run:
         if self.profile.clusters:
             read += audit.drain_tap(self.services.cluster_url, cluster.QUORUM)
             read += jetstream.read(self.services.nats_url)
+        if self.topic:
+            read += kafka.read(self.services.kafka_url, self.topic)
         return read
 
     def _drain_and_stop(self, *, drain: bool, after: int = 0) -> dict[str, int]:
@@ -471,17 +513,19 @@ class Run:
         return exits
 
     def _consumer(self, role: str, queue: str) -> Proc:
-        argv = ["--queue", queue, "--handler", "chaos.handlers.record", "--consumer", "chaos-audit"]
-        return self._proc(role, manage("run_outbox_consumer", *argv, "--prefetch", "50"))
+        argv = ["--queue", queue, *HANDLER, "--prefetch", "50"]
+        return self._proc(role, manage("run_outbox_consumer", *argv))
 
     def _producer(self, index: int, destination: str) -> Proc:
         """A producer whose keyless events go to ``destination``, the others to the
-        ordered destination (NATS's: its own ordered one, on the same stream); the
-        cluster's and NATS's at a quarter of the rate (what their faults need, and little
-        more load on the database and the one consumer of the ordered destination). With
-        Django's tasks, each of its transactions enqueues one."""
-        rate = self.profile.rate / (4 if destination in (CLUSTERED, NATS) else 1)
-        ordered = NATS_ORDERED if destination == NATS else ORDERED
+        ordered destination (NATS's and Kafka's: their own ordered one, on the same stream
+        or topic); the cluster's and NATS's at a quarter of the rate (what their faults
+        need, and little more load on the database and the one consumer of the ordered
+        destination), Kafka's at the full rate (its faults' profile, which runs at half
+        ci's). With Django's tasks, each of its transactions enqueues one."""
+        share = {CLUSTERED: 4, NATS: 4}.get(destination, 1)
+        rate = self.profile.rate / share
+        ordered = {NATS: NATS_ORDERED, KAFKA: KAFKA_ORDERED}.get(destination, ORDERED)
         return self._proc(
             f"producer-{index}",
             module(

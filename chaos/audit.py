@@ -14,7 +14,7 @@ import collections
 import dataclasses
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +25,21 @@ from django_outbox.transports.declare import declare
 
 from . import database as db
 from .cluster import KINDS as CLUSTER_KINDS
-from .destinations import NATS, NATS_ORDERED, ORDERED, QUEUE, REDIS, TASK_QUEUE, TASKS_UNAVAILABLE
+from .destinations import (
+    KAFKA,
+    KAFKA_ORDERED,
+    NATS,
+    NATS_ORDERED,
+    ORDERED,
+    QUEUE,
+    REDIS,
+    TASK_QUEUE,
+    TASKS_UNAVAILABLE,
+)
 from .disk import lost_during
 from .faults import KINDS, Fault
 from .jetstream import KINDS as NATS_KINDS
+from .kafka import KINDS as KAFKA_KINDS
 from .logs import lines
 from .models import BrokerCopy, OrderedCopy
 
@@ -151,6 +162,29 @@ def record(copies: collections.Counter[str], ordered: Sequence[OrderedCopy] = ()
     OrderedCopy.objects.bulk_create(ordered, batch_size=5000)
 
 
+def record_read(found: Sequence[Mapping[str, Any]]) -> None:
+    """Record the messages read back from a NATS stream or a Kafka topic, each its
+    headers (text) in the order read: ``BrokerCopy`` by the ``event_id`` header, and the
+    ordered destinations' messages (those with a ``sequence``) into ``OrderedCopy``."""
+    from django.db.models import Max
+
+    copies = collections.Counter(headers["event_id"] for headers in found)
+    # After the taps' positions (the table's key): the order within each read is the order.
+    after = OrderedCopy.objects.aggregate(last=Max("position"))["last"] or 0
+    ordered = [
+        OrderedCopy(
+            position=after + position,
+            event_id=headers["event_id"],
+            destination=headers["destination"],
+            ordering_key=headers["ordering_key"],
+            sequence=int(headers["sequence"]),
+        )
+        for position, headers in enumerate(found, 1)
+        if headers.get("sequence") is not None
+    ]
+    record(copies, ordered)
+
+
 @dataclasses.dataclass(frozen=True)
 class Check:
     name: str
@@ -180,7 +214,7 @@ def duplicate_bound(faults: Sequence[Fault], relays: int, batch_size: int) -> in
 
 def checks(faults: Sequence[Fault], relays: int, batch_size: int) -> list[Check]:
     """Every check of the run (the Django tasks' only where Django has them)."""
-    duplicates = int(db.value(f"SELECT coalesce(sum(copies - 1), 0) FROM {db.BROKER}"))
+    duplicates = int(db.value(f"SELECT coalesce(sum(copies - 1), 0) FROM {_not_kafka()}"))
     return [
         *(Check(name, value, 0) for name, value in _must_be_zero(faults)),
         *fault_checks(faults),
@@ -273,7 +307,7 @@ def _must_be_zero(faults: Sequence[Fault]) -> list[tuple[str, float]]:
             "forged messages handled",
             db.value(f"SELECT count(*) FROM {h} WHERE event_id IN ({forged})"),
         ),
-        ("events out of order per key", out_of_order(NATS_ORDERED, among=False)),
+        ("events out of order per key", out_of_order(NATS_ORDERED, KAFKA_ORDERED, among=False)),
         ("ordered rows without a gap-free sequence (keys)", db.value(gaps)),
     ]
 
@@ -284,7 +318,11 @@ def fault_checks(faults: Sequence[Fault]) -> list[Check]:
         Check(
             "attempts spent without a publish (memory alarm, Redis out of memory, network "
             "delay, partition)",
-            sum(fault.done.spent for fault in faults if fault.kind not in NATS_KINDS),
+            sum(
+                fault.done.spent
+                for fault in faults
+                if fault.kind not in NATS_KINDS and fault.kind not in KAFKA_KINDS
+            ),
             0,
         ),
         Check(
@@ -338,6 +376,37 @@ def nats_checks(faults: Sequence[Fault]) -> list[Check]:
     ]
 
 
+def kafka_checks(faults: Sequence[Fault]) -> list[Check]:
+    """The Kafka destinations' guarantees (the kafka profile), read back from their topic
+    (chaos.kafka): every committed event in it, each key's events in sequence order in
+    its partition, no attempt spent on the cluster's faults, a broker's death survived
+    through the other two, and nothing acknowledged while too few replicas were in sync.
+    The consumer's side (each event handled once) is the run's "duplicates handled"; the
+    topic's duplicates are counted, not judged (``totals``): a plain route is at least
+    once, and a relay killed between publish and mark sends its rows again."""
+    kafka = f"(SELECT * FROM {db.OUTBOX_ROWS} WHERE destination IN {db.KAFKA_DESTINATIONS})"
+    return [
+        Check("Kafka lost (committed, never in the topic)", without(kafka, db.BROKER), 0),
+        Check("Kafka out of order per key", out_of_order(KAFKA_ORDERED), 0),
+        Check(
+            "Kafka attempts spent without a publish (broker killed, frozen, cluster down, "
+            "in-sync replicas below the minimum)",
+            sum(fault.done.spent for fault in faults if fault.kind in KAFKA_KINDS),
+            0,
+        ),
+        Check(
+            "Kafka broker kills with nothing published through the other brokers",
+            sum(fault.done.stranded for fault in faults if fault.kind in KAFKA_KINDS),
+            0,
+        ),
+        Check(
+            "Kafka events published while in-sync replicas were below the minimum",
+            sum(fault.done.short for fault in faults),
+            0,
+        ),
+    ]
+
+
 def heartbeat_checks(unbeating: Sequence[str], stopped: Sequence[str]) -> list[Check]:
     """The heartbeat's guarantees (docs/health.md): every relay and consumer running
     when the run drained had a live heartbeat (``unbeating``: the ``host:pid`` of those
@@ -379,9 +448,9 @@ def not_live(workers: Sequence[str]) -> list[str]:
     return [worker for worker in workers if worker not in live]
 
 
-def out_of_order(destination: str, *, among: bool = True) -> int:
-    """Events of ``destination`` (without ``among``: of every ordered destination but
-    it) whose first copy in the tap (or the stream) did not come right after the first
+def out_of_order(*destinations: str, among: bool = True) -> int:
+    """Events of ``destinations`` (without ``among``: of every ordered destination but
+    them) whose first copy in the tap (or the stream) did not come right after the first
     copy of their predecessor: its sequence is not one more than the highest of its key
     first delivered before it (a swap or a gap). The checks above catch an event that
     never arrived at all."""
@@ -395,13 +464,13 @@ def out_of_order(destination: str, *, among: bool = True) -> int:
                 ) AS before
                 FROM (
                     SELECT DISTINCT ON (event_id) * FROM {db.ORDERED_COPY}
-                    WHERE (destination = %s) = %s
+                    WHERE (destination = ANY(%s)) = %s
                     ORDER BY event_id, position
                 ) firsts
             ) delivered
             WHERE sequence <> coalesce(before, 0) + 1
             """,
-            [destination, among],
+            [list(destinations), among],
         )
     )
 
@@ -413,6 +482,14 @@ def _events() -> str:
     return (
         f"(SELECT * FROM {db.OUTBOX_ROWS} WHERE NOT starts_with(destination, '{TASKS_PREFIX}') "
         f"AND destination <> '{REDIS}')"
+    )
+
+
+def _not_kafka() -> str:
+    """``BrokerCopy`` without the Kafka destinations' copies (counted apart)."""
+    return (
+        f"(SELECT * FROM {db.BROKER} b WHERE NOT EXISTS (SELECT 1 FROM {db.OUTBOX_ROWS} o "
+        f"WHERE o.event_id = b.event_id AND o.destination IN {db.KAFKA_DESTINATIONS})) copies"
     )
 
 
@@ -443,14 +520,15 @@ def totals(task_log: Path | None = None) -> dict[str, int]:
         f"SELECT count(*) FILTER (WHERE attempts > 0), coalesce(sum(attempts), 0), "
         f"coalesce(max(attempts), 0) FROM {db.OUTBOX_ROWS}"
     )[0]
-    nats, in_stream = db.rows(
-        f"SELECT count(*), coalesce(sum(b.copies), 0) FROM {db.OUTBOX_ROWS} o "
-        f"LEFT JOIN {b} b USING (event_id) WHERE o.destination IN {db.NATS_DESTINATIONS}"
-    )[0]
+    nats, in_stream, _ = _copies(db.NATS_DESTINATIONS)
+    kafka, in_topic, twice = _copies(db.KAFKA_DESTINATIONS)
     return {
         **task_totals(task_log),
         "nats": nats,
         "nats_messages": in_stream,
+        "kafka": kafka,
+        "kafka_records": in_topic,
+        "kafka_duplicates": twice,
         "deleted": db.value(f"SELECT count(*) FROM {db.DELETED}"),
         "rows_with_attempts": tried,
         "attempts": attempts,
@@ -468,6 +546,17 @@ def totals(task_log: Path | None = None) -> dict[str, int]:
             f"AND event_id IN (SELECT event_id FROM {db.FORGED})"
         ),
     }
+
+
+def _copies(destinations: str) -> tuple[int, int, int]:
+    """The events of ``destinations`` (an SQL list), their copies read back, and the
+    copies beyond each one's first."""
+    events, copies, again = db.rows(
+        f"SELECT count(*), coalesce(sum(b.copies), 0), coalesce(sum(b.copies - 1), 0) "
+        f"FROM {db.OUTBOX_ROWS} o LEFT JOIN {db.BROKER} b USING (event_id) "
+        f"WHERE o.destination IN {destinations}"
+    )[0]
+    return int(events), int(copies), int(again)
 
 
 def task_totals(log: Path | None) -> dict[str, int]:
@@ -512,7 +601,8 @@ def relay_fault_copies(faults: Sequence[Fault], workers: dict[str, str]) -> list
         published_by = ", ".join(f"{n} by {workers.get(w, w)}" for w, n in by) or "nobody"
         found.append(
             f"{fault.kind} of {fault.target} at {fault.at:.1f}s: its {len(fault.done.held_ids)} "
-            f"rows ({fault.done.stored} of them NATS rows already in the stream) were "
+            f"rows ({fault.done.stored} of them NATS rows already in the stream, "
+            f"{fault.done.in_topic} Kafka rows already handled) were "
             f"published: {published_by}; {again} reached their broker twice or more"
         )
     return found
@@ -569,6 +659,7 @@ def _counted_rows(counted: dict[str, int]) -> list[str]:
             f"  of them to NATS, {NATS} and {NATS_ORDERED} (messages in the stream)",
             f"{counted['nats']:,} ({counted['nats_messages']:,})",
         ),
+        *_kafka_rows(counted),
         _row(
             "events rolled back (transaction / savepoint)",
             f"{counted['rolled_back_transaction']:,} / {counted['rolled_back_savepoint']:,}",
@@ -586,6 +677,25 @@ def _counted_rows(counted: dict[str, int]) -> list[str]:
             f"{counted['most_attempts']:,}",
         ),
         tasks,
+    ]
+
+
+def _kafka_rows(counted: dict[str, int]) -> list[str]:
+    """The Kafka destinations' figures, in a run that has them (the kafka profile): their
+    events, the records read back and the duplicates among them (a plain route is at least
+    once: counted, not judged)."""
+    if not counted["kafka"]:
+        return []
+    return [
+        _row(
+            f"  of them to Kafka, {KAFKA} and {KAFKA_ORDERED} (records in the topic)",
+            f"{counted['kafka']:,} ({counted['kafka_records']:,})",
+        ),
+        _row(
+            "Kafka duplicates in the topic",
+            counted["kafka_duplicates"],
+            "counted, not judged (a plain route is at least once; the inbox handles each once)",
+        ),
     ]
 
 
@@ -607,7 +717,8 @@ def _check_rows(results: list[Check]) -> list[str]:
 
 def recovery_table(faults: Sequence[Fault]) -> list[str]:
     """Per kind of fault: how many, and their recovery times' min, median and max."""
-    by_kind: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    kafka = KAFKA_KINDS if any(fault.kind in KAFKA_KINDS for fault in faults) else ()
+    by_kind: dict[str, list[float]] = {kind: [] for kind in (*KINDS, *kafka)}
     for fault in faults:  # a kind only a profile schedules (pg_failover) is listed after
         by_kind.setdefault(fault.kind, []).append(fault.recovery)
     out = [f"{'fault':<25}{'count':>6}{'recovery min':>14}{'median':>9}{'max':>9}  (s)"]

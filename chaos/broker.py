@@ -28,10 +28,12 @@ count; only the attempts spent while the link was silent must be none.
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import database as db
 from .destinations import REDIS
@@ -44,6 +46,10 @@ ALARM = "0.0001"  # vm_memory_high_watermark: every node is over it
 NORMAL = "0.4"  # RabbitMQ's default
 HOLD = (5.0, 10.0)  # seconds a fault lasts
 DELAY = (0.05, 0.4)  # seconds of latency per chunk
+#: Seconds a three-node system's (NATS, Kafka) killed node stays down, and the whole
+#: cluster.
+NODE_DOWN = (1.0, 3.0)
+DOWN = (3.0, 6.0)
 #: Events the runner stages to REDIS once Redis is out of memory.
 REDIS_EVENTS = 50
 #: Seconds the event staged before the limit may take to be published.
@@ -133,7 +139,7 @@ def net_partition(injector: Injector) -> Done:
     done = spell(
         injector, "network", proxy.partition, heal, hold, f"partition for {hold:.1f}s", reset=True
     )
-    return _with_facts(done, lambda facts: f"{facts}; {reset[0]} connections reset at the end")
+    return with_facts(done, lambda facts: f"{facts}; {reset[0]} connections reset at the end")
 
 
 def spell(
@@ -184,9 +190,67 @@ def spell(
     return Done(target, ended, lambda: facts, spent=counted)
 
 
-def _with_facts(done: Done, more: Callable[[str], str]) -> Done:
+def with_facts(done: Done, more: Callable[[str], str], **changes: Any) -> Done:
+    """``done`` with its facts (``more`` of them) and ``changes`` (its target ...)."""
     facts = more(done.facts())
-    return dataclasses.replace(done, facts=lambda: facts)
+    return dataclasses.replace(done, facts=lambda: facts, **changes)
+
+
+def node_pid(injector: Injector, system: str, node: int) -> int:
+    """The pid of node ``node`` (1-3) of the three-node ``system`` (``nats``, ``kafka``),
+    as ``scripts/services SYSTEM status`` reports it."""
+    status = injector.services.run(system, "status").splitlines()
+    return int(status[node - 1].split(" pid ")[1].split()[0])
+
+
+def node_kill(
+    injector: Injector, system: str, node: int, destination: str, wait: float, what: str
+) -> tuple[Done, str]:
+    """SIGKILL node ``node`` of ``system`` and stage an event of the runner's to
+    ``destination``; a few seconds later wait up to ``wait`` seconds for that event to be
+    published (through the other nodes), then start the node again. Returns the fault
+    (``stranded`` when the event was not published) and what was seen of the event."""
+    from . import database as db
+
+    pid = node_pid(injector, system, node)
+    staged: list[str] = []
+    failover: list[float | None] = []
+
+    def kill() -> None:
+        os.kill(pid, signal.SIGKILL)
+        staged.append(db.stage_order(destination))
+
+    def start() -> None:
+        failover.append(db.published_within(staged[0], wait))
+        injector.services.run(system, "start-node", str(node))
+
+    hold = injector.rng.uniform(*NODE_DOWN)
+    done = spell(injector, system, kill, start, hold, f"{what}, started again after {hold:.1f}s")
+    seen = (
+        f"not published within {wait:.0f}s"
+        if failover[0] is None
+        else f"published through the other nodes after {failover[0]:.1f}s more"
+    )
+    return dataclasses.replace(done, stranded=int(failover[0] is None)), seen
+
+
+def cluster_down(injector: Injector, system: str) -> Done:
+    """Stop every node of the three-node ``system`` (their data kept) for a few seconds,
+    then start them together."""
+    services = injector.services
+    hold = injector.rng.uniform(*DOWN)
+    took: list[float] = []
+
+    def stop() -> None:
+        services.run(system, "stop-nodes")
+
+    def start() -> None:
+        began = time.monotonic()
+        services.run(system, "start-nodes")
+        took.append(time.monotonic() - began)
+
+    done = spell(injector, system, stop, start, hold, f"every node down for {hold:.1f}s")
+    return with_facts(done, lambda facts: f"{facts}; the nodes started in {took[0]:.1f}s")
 
 
 def _outage_lines(log: Path) -> tuple[int, int]:

@@ -28,6 +28,14 @@ REDIS = "chaos.redis"
 NATS = "chaos.nats.orders"
 NATS_ORDERED = "chaos.nats.accounts"
 NATS_STREAM = "CHAOS_NATS"
+#: On the three-node Kafka cluster (broker alias ``kafka``; the ``kafka`` profile only),
+#: both in one topic, a plain (not transactional) route: ``KAFKA`` keyless,
+#: ``KAFKA_ORDERED`` ordered, over ``ORDERED_KEYS`` keys (chaos.kafka). The topic is named
+#: afresh each run (``CHAOS_KAFKA_TOPIC``, set by the runner: its presence turns the Kafka
+#: routes on); a consumer of its own reads it during the run, and the audit reads it back
+#: at the end.
+KAFKA = "chaos.kafka.orders"
+KAFKA_ORDERED = "chaos.kafka.accounts"
 #: The task queue of the Django tasks (:mod:`chaos.djtasks`), and the Celery queue the
 #: task worker consumes.
 TASK_QUEUE = "chaos.tasks"

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from benchmarks.services import Services
 
-from . import broker, cluster, disk, failover, jetstream
+from . import broker, cluster, disk, failover, jetstream, kafka
 from . import database as db
 from .destinations import TASKS_UNAVAILABLE
 from .logs import lease_lost_rows, lines
@@ -55,7 +55,8 @@ KINDS = (
 SCHEDULED_ONLY = (failover.KIND,)
 POLL = 0.005  # seconds between looks at the outbox while aiming a relay fault
 #: What relay_kill aims at, kill after kill: a relay between publish and finalize (rows
-#: the consumer handled; NATS rows in the stream), and one holding rows at all.
+#: the consumer handled; NATS rows in the stream), and one holding rows at all. The kafka
+#: profile aims at Kafka rows the consumer handled (read from the topic): "kafka".
 AIMS = ("held", "handled", "stored")
 MAX_TRIES = 50  # freezes of a process before a fault lands wherever it is
 #: Faults after which a relay may have given a batch up: a finalize that failed (the
@@ -79,7 +80,9 @@ class Done:
     or network fault lasted, (a full disk) the order ids committed meanwhile, and (a
     cluster node's restart, a NATS node's kill) 1 when the runner's event was not
     published while the node was down, and (a relay kill) how many of the rows it held
-    were NATS rows already in the stream, and (a failover with asynchronous replication)
+    were NATS rows already in the stream, and how many Kafka rows the consumer had
+    already handled; (two Kafka brokers down) how many events staged then were
+    published before they were back; and (a failover with asynchronous replication)
     the last order id before the promoted node's own: an order up to it may have been
     handled on the lost primary alone, its message acknowledged, and never be handled
     again (the audit measures it), so neither the recovery nor the drain waits for those."""
@@ -94,6 +97,8 @@ class Done:
     stranded: int = 0
     stored: int = 0
     tolerated: int = 0
+    in_topic: int = 0
+    short: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +138,9 @@ class Injector:
         task_worker: Proc | None = None,
         zombie: Proc | None = None,
         replication: str = "",
+        aims: tuple[str, ...] | None = None,
     ) -> None:
+        self.aims = aims or AIMS
         self.proxy = proxy
         #: The profile's replication ("sync", "async"; "": no standby): chaos.failover.
         self.replication = replication
@@ -195,22 +202,24 @@ class Injector:
         relay = self.zombie or self.rng.choice(self.relays)
         pid = relay.pid
         self._kills += 1
-        aim = AIMS[self._kills % len(AIMS)]
-        tries, ids, handled, stored = self._freeze_relay(relay, aim=aim)
+        aim = self.aims[self._kills % len(self.aims)]
+        tries, ids, handled, stored, in_topic = self._freeze_relay(relay, aim=aim)
         relay.kill()  # SIGKILL ends a stopped process too
         relay.start()
         if handled or stored:
             moment = (
                 f"between publish and finalize: it held {len(ids)} rows, {handled} of them "
-                f"already handled by the consumer (or run by the task worker), {stored} "
-                "NATS rows already in the stream"
+                f"already handled by the consumer (or run by the task worker; {in_topic} "
+                f"Kafka rows among them), {stored} NATS rows already in the stream"
             )
         elif ids:
             moment = f"while it held a claim of {len(ids)} rows the consumer had not seen"
         else:
             moment = "while it held no claim"
         facts = f"SIGKILL pid {pid} {moment} (try {tries}); restarted as pid {relay.pid}"
-        return Done(relay.role, time.monotonic(), lambda: facts, ids, stored=stored)
+        return Done(
+            relay.role, time.monotonic(), lambda: facts, ids, stored=stored, in_topic=in_topic
+        )
 
     def relay_stop(self) -> Done:
         """SIGSTOP a relay holding a claim, until another relay has taken all of it
@@ -218,7 +227,7 @@ class Injector:
         relay = self.zombie or self.rng.choice(self.relays)
         worker, log = relay.worker, relay.log
         lost_before = lease_lost_rows(log)
-        tries, ids, _, _ = self._freeze_relay(relay, aim="held")
+        tries, ids, *_ = self._freeze_relay(relay, aim="held")
         stopped_at = time.monotonic()
         deadline = stopped_at + 3 * self.lease + 60
         while ids and db.still_held(ids, worker):
@@ -325,6 +334,18 @@ class Injector:
     def nats_down(self) -> Done:
         return jetstream.cluster_down(self)
 
+    def kafka_broker_kill(self) -> Done:
+        return kafka.broker_kill(self)
+
+    def kafka_broker_freeze(self) -> Done:
+        return kafka.broker_freeze(self)
+
+    def kafka_down(self) -> Done:
+        return kafka.cluster_down(self)
+
+    def kafka_isr_below_min(self) -> Done:
+        return kafka.isr_below_min(self)
+
     def memory_alarm(self) -> Done:
         return broker.memory_alarm(self)
 
@@ -389,36 +410,39 @@ class Injector:
         )
         return tries, state, names
 
-    def _freeze_relay(self, relay: Proc, *, aim: str) -> tuple[int, list[int], int, int]:
+    def _freeze_relay(self, relay: Proc, *, aim: str) -> tuple[int, list[int], int, int, int]:
         """Freeze ``relay`` while it holds a claim: with ``aim`` "handled", rows the
         consumer has already handled (or the task worker run); "stored", NATS rows
-        already in the stream; "held", any. Returns the tries, the rows it holds, how
-        many of them were handled and how many were NATS rows in the stream. Rows it
+        already in the stream; "kafka", Kafka rows the consumer handled; "held", any.
+        Returns the tries, the rows it holds, how many of them were handled, how many
+        were NATS rows in the stream and how many were Kafka rows handled. Rows it
         claimed before the last of the DATABASE_FAULTS recovered are not counted: they
         may be a batch it gave up, which it would rightly not report as lease lost."""
         worker, since = relay.worker, self._database_back
+        wanted = {"handled": 1, "stored": 2, "kafka": 3}.get(aim, 0)
 
-        def holding() -> tuple[list[int], int, list[str]]:
+        def holding() -> tuple[list[int], int, list[str], int]:
             return db.held(worker, claimed_after=since, lease=self.lease)
 
-        def look() -> tuple[list[int], int, list[str]]:
-            ids, handled, nats = holding()
+        def look() -> tuple[list[int], int, list[str], int]:
+            ids, handled, nats, in_topic = holding()
             # The stream is read only when it is the aim: a read per look is slow.
-            return ids, handled, nats if aim == "stored" and self._stored(nats) else []
+            return ids, handled, nats if aim == "stored" and self._stored(nats) else [], in_topic
 
         def until_it_holds_rows() -> None:
             deadline = time.monotonic() + 10
-            while not holding()[{"stored": 2}.get(aim, 0)] and time.monotonic() < deadline:
+            while not holding()[wanted if aim == "stored" else 0] and time.monotonic() < deadline:
                 time.sleep(POLL)
 
-        tries, (ids, handled, _) = self._freeze(
+        tries, (ids, handled, _, in_topic) = self._freeze(
             relay,
             look,
-            lambda seen: seen[{"handled": 1, "stored": 2}.get(aim, 0)],
+            lambda seen: seen[wanted],
             before=until_it_holds_rows,
-            settle=0.05,  # the consumer catches up with what the relay published
+            # The consumer catches up with what the relay published (Kafka's fetches wait).
+            settle=kafka.SETTLE if aim == "kafka" else 0.05,
         )
-        return tries, ids, handled, self._stored(holding()[2])
+        return tries, ids, handled, self._stored(holding()[2]), in_topic
 
     def _stored(self, event_ids: list[str]) -> int:
         """How many of ``event_ids`` (of NATS rows) the stream has."""

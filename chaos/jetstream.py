@@ -25,11 +25,8 @@ outages).
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import json
-import os
-import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -49,9 +46,6 @@ SUBJECTS = ["chaos.nats.>"]
 WINDOW = 600.0
 #: Seconds the runner's own event may take to be published while a node is down.
 FAILOVER_WAIT = 20.0
-#: Seconds the whole cluster stays down, and a killed node.
-DOWN = (3.0, 6.0)
-NODE_DOWN = (1.0, 3.0)
 #: Messages at the end of the stream :func:`stored` looks through (about 100 s of a run).
 TAIL = 1000
 TIMEOUT = 10.0
@@ -118,30 +112,13 @@ def messages(url: str, tail: int | None = None) -> list[tuple[int, dict[str, str
 
 
 def read(url: str) -> int:
-    """Read the whole stream into ``BrokerCopy`` (by the ``event_id`` header: a relay
-    that sent no ``Nats-Msg-Id`` still names its event there) and the ordered
-    destination's messages, in stream order, into ``OrderedCopy``; the messages read."""
-    from django.db.models import Max
-
-    from .audit import record
-    from .models import OrderedCopy
+    """Read the whole stream into the audit's copies (:func:`chaos.audit.record_read`; by
+    the ``event_id`` header: a relay that sent no ``Nats-Msg-Id`` still names its event
+    there), in stream order; the messages read."""
+    from .audit import record_read
 
     found = messages(url)
-    copies = collections.Counter(headers["event_id"] for _, headers in found)
-    # After the tap's positions (the table's key): the order within each tap is the order.
-    after = OrderedCopy.objects.aggregate(last=Max("position"))["last"] or 0
-    ordered = [
-        OrderedCopy(
-            position=after + position,
-            event_id=headers["event_id"],
-            destination=headers["destination"],
-            ordering_key=headers["ordering_key"],
-            sequence=int(headers["sequence"]),
-        )
-        for position, headers in found
-        if headers.get("sequence") is not None
-    ]
-    record(copies, ordered)
+    record_read([headers for _, headers in found])
     return len(found)
 
 
@@ -194,47 +171,26 @@ def node_kill(injector: Injector) -> Done:
     """SIGKILL the node holding the stream's leader and stage an event of the runner's;
     a few seconds later wait for that event to be published (through the other two
     nodes), then start the node again."""
-    from . import database as db
-    from .broker import spell
+    from .broker import node_kill, with_facts
 
-    services, url = injector.services, injector.services.nats_url
+    url = injector.services.nats_url
     was = _leader_within(url, TIMEOUT)
     node = int(was.removeprefix("n") or injector.rng.choice("123"))
-    status = services.run("nats", "status").splitlines()
-    pid = int(status[node - 1].split(" pid ")[1].split()[0])
-    staged: list[str] = []
-    failover: list[float | None] = []
-
-    def kill() -> None:
-        os.kill(pid, signal.SIGKILL)
-        staged.append(db.stage_order(NATS))
-
-    def start() -> None:
-        failover.append(db.published_within(staged[0], FAILOVER_WAIT))
-        services.run("nats", "start-node", str(node))
-
-    hold = injector.rng.uniform(*NODE_DOWN)
-    what = f"n{node} (the stream's leader) SIGKILLed, started again after {hold:.1f}s"
-    done = spell(injector, "nats", kill, start, hold, what)
-    seen = (
-        f"not published within {FAILOVER_WAIT:.0f}s"
-        if failover[0] is None
-        else f"published through the other nodes after {failover[0]:.1f}s more"
-    )
-    return _with(
+    what = f"n{node} (the stream's leader) SIGKILLed"
+    done, seen = node_kill(injector, "nats", node, NATS, FAILOVER_WAIT, what)
+    return with_facts(
         done,
-        f"n{node}",
         lambda facts: (
             f"{facts}; an event staged once it was down was {seen}; the leader "
             f"is now on {_leader_within(url, TIMEOUT) or 'nobody'}"
         ),
-        stranded=int(failover[0] is None),
+        target=f"n{node}",
     )
 
 
 def leader_move(injector: Injector) -> Done:
     """Have the stream's leader step down, and wait until another node leads it."""
-    from .broker import spell
+    from .broker import spell, with_facts
 
     url = injector.services.nats_url
     was = _leader_within(url, TIMEOUT)
@@ -251,34 +207,11 @@ def leader_move(injector: Injector) -> Done:
         )
 
     done = spell(injector, "nats", step_down, lambda: None, 0.0, "stream leader step-down")
-    return _with(done, was, lambda facts: f"{facts}; {moved[0]}")
+    return with_facts(done, lambda facts: f"{facts}; {moved[0]}", target=was)
 
 
 def cluster_down(injector: Injector) -> Done:
     """Stop every node (their data kept) for a few seconds, then start them together."""
-    from .broker import spell
+    from .broker import cluster_down as down
 
-    services = injector.services
-    hold = injector.rng.uniform(*DOWN)
-    took: list[float] = []
-
-    def start() -> None:
-        began = time.monotonic()
-        services.run("nats", "start-nodes")
-        took.append(time.monotonic() - began)
-
-    done = spell(
-        injector,
-        "nats",
-        lambda: services.run("nats", "stop-nodes"),
-        start,
-        hold,
-        f"every node down for {hold:.1f}s",
-    )
-    return _with(done, "nats", lambda facts: f"{facts}; the nodes started in {took[0]:.1f}s")
-
-
-def _with(done: Done, target: str, more: Callable[[str], str], **changes: Any) -> Done:
-    """``done`` with its target, its facts (``more`` of them) and ``changes``."""
-    facts = more(done.facts())
-    return dataclasses.replace(done, target=target, facts=lambda: facts, **changes)
+    return dataclasses.replace(down(injector, "nats"), target="nats")

@@ -67,6 +67,9 @@ KINDS = (
     "forgery",
     "msgid",
     "sync",
+    "delivery",
+    "partitioner",
+    "acks",
 )
 
 
@@ -127,12 +130,39 @@ def apply(kind: str) -> None:
         # local, whatever the standby's place in synchronous_standby_names.
         options = settings.DATABASES["default"]["OPTIONS"]
         options["options"] = "-c synchronous_commit=local"
+    elif kind in ("delivery", "partitioner", "acks"):
+        _kafka(kind)
     elif kind == "parking":
         from django_outbox.consumer import InboxConsumer
 
         InboxConsumer.__init__ = _parking_at_once(InboxConsumer.__init__)  # type: ignore[method-assign]
     else:
         raise ValueError(f"CHAOS_SABOTAGE must be one of {', '.join(KINDS)}; got {kind!r}")
+
+
+def _kafka(kind: str) -> None:
+    """The Kafka transport without one of its guarantees: "delivery", a row PUBLISHED
+    once its record is handed to librdkafka, without waiting for its delivery report (a
+    record that never arrives is lost); "partitioner", keys spread over partitions at
+    random instead of murmur2 (one key, several partitions: no order); "acks", a record
+    acknowledged by its leader alone (``acks=1``, which librdkafka allows only without
+    idempotence), however few replicas are in sync."""
+    from django_outbox.transports import kafka
+
+    if kind == "delivery":
+        settle = kafka._settle
+
+        def unwaited(producer: Any, timeout: float) -> None:
+            producer.poll(0)  # the reports already there, and nothing more
+
+        def unreported(outcomes: list[Any]) -> list[Any]:
+            return settle([None if outcome is False else outcome for outcome in outcomes])
+
+        kafka._flush = unwaited  # type: ignore[assignment]
+        kafka._settle = unreported  # type: ignore[assignment]
+    else:
+        one_replica = {"acks": 1, "enable.idempotence": False}
+        kafka.REQUIRED.update({"partitioner": "random"} if kind == "partitioner" else one_replica)
 
 
 def _without_ordered_gate() -> None:

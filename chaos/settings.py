@@ -21,6 +21,8 @@ import environ
 
 from chaos.destinations import (
     CLUSTERED,
+    KAFKA,
+    KAFKA_ORDERED,
     NATS,
     NATS_ORDERED,
     NATS_STREAM,
@@ -66,16 +68,20 @@ NATS_ROUTE: dict[str, object] = {
     "duplicate_window": 600,
 }
 NATS_ORDERED_ROUTE: dict[str, object] = {**NATS_ROUTE, "ordered": True}
+#: The Kafka destinations' routes (the kafka profile: the runner creates their topic).
+KAFKA_ROUTE: dict[str, object] = {"broker": "kafka", "topic": env("CHAOS_KAFKA_TOPIC", default="")}
+KAFKA_ORDERED_ROUTE: dict[str, object] = {**KAFKA_ROUTE, "ordered": True}
 if env.bool("CHAOS_ORDERS_NOTHING", default=False):
-    del ORDERED_ROUTE["ordered"]
-    del NATS_ORDERED_ROUTE["ordered"]
+    for route in (ORDERED_ROUTE, NATS_ORDERED_ROUTE, KAFKA_ORDERED_ROUTE):
+        del route["ordered"]
 
 
-def _brokers(cluster_url: str, redis_url: str, nats_url: str) -> dict[str, object]:
+def _brokers(cluster_url: str, redis_url: str, nats_url: str, kafka_url: str) -> dict[str, object]:
     """The three-node cluster (chaos.cluster) as broker "cluster", and CLUSTERED on a
     quorum queue there; the services' Redis as broker "redis", and REDIS there (the
     redis_oom fault); the NATS JetStream cluster as broker "nats", and NATS and
-    NATS_ORDERED there; each only when its URL is given."""
+    NATS_ORDERED there; the Kafka cluster as broker "kafka", and KAFKA and KAFKA_ORDERED
+    there (when the run names their topic); each only when its URL is given."""
     brokers: dict[str, object] = {}
     routes: dict[str, object] = {ORDERED: ORDERED_ROUTE}
     if cluster_url:
@@ -88,6 +94,9 @@ def _brokers(cluster_url: str, redis_url: str, nats_url: str) -> dict[str, objec
     if nats_url:
         brokers["nats"] = {"URL": nats_url}
         routes.update({NATS: NATS_ROUTE, NATS_ORDERED: NATS_ORDERED_ROUTE})
+    if kafka_url and KAFKA_ROUTE["topic"]:
+        brokers["kafka"] = {"URL": kafka_url}
+        routes.update({KAFKA: KAFKA_ROUTE, KAFKA_ORDERED: KAFKA_ORDERED_ROUTE})
     return {"BROKERS": brokers, "ROUTES": routes} if brokers else {}
 
 
@@ -104,6 +113,7 @@ OUTBOX = {
         env("OUTBOX_CLUSTER_URL", default=""),
         env("OUTBOX_REDIS_URL", default=""),
         env("OUTBOX_NATS_URL", default=""),
+        env("OUTBOX_KAFKA_URL", default=""),
     ),
     # The relays sign, the consumers park what is not signed: see chaos.producer's forger.
     "SIGNING_KEYS": [SIGNING_KEY],
