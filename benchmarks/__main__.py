@@ -345,11 +345,15 @@ def _nats(profile: Profile, env: dict[str, str], drain: Callable[..., Any]) -> d
         _step("NATS: left out (no OUTBOX_NATS_URL: scripts/services nats start)")
         return {}
     count = profile.redis_relay
-    _step(f"NATS: {profile.rounds} x (nats-py ceiling, relay), {count} events each")
-    rounds = [
-        (nats.raw_batches(url, count, profile.batch_size), drain(url, count, "nats"))
-        for _ in range(profile.rounds)
-    ]
+    _step(f"NATS: {profile.rounds} x (nats-py ceilings, relay), {count} events each")
+    batch = profile.batch_size
+    rounds = []
+    for _ in range(profile.rounds):
+        ceiling, requests = (
+            nats.raw_batches(url, count, batch),
+            nats.raw_requests(url, count, batch),
+        )
+        rounds.append((ceiling, requests, drain(url, count, "nats")))
     seconds, per_commit = profile.nats_e2e_seconds, profile.e2e_1000_per_commit
     if not seconds:
         return nats.figures(rounds)
