@@ -30,7 +30,10 @@ None): its refusals are publish failures that count an attempt; ``--sabotage for
 starts consumers that verify no signature, so the producers' forged messages are handled;
 ``--sabotage msgid`` starts relays that publish to NATS JetStream without ``Nats-Msg-Id``
 (the transport's header name ``MSG_ID`` replaced with one JetStream does not read), so the
-stream cannot drop the copies a relay publishes again.
+stream cannot drop the copies a relay publishes again; ``--sabotage natsorder`` starts
+relays whose NATS transport sends each ordering key's messages of a batch last first (its
+``_chains`` reversed), each still after the previous one's PubAck, so a key's run of events
+reaches the stream backwards.
 A run with any of them must fail its audit.
 Nothing imports this module unless ``CHAOS_SABOTAGE`` is set.
 """
@@ -63,6 +66,7 @@ KINDS = (
     "oom",
     "forgery",
     "msgid",
+    "natsorder",
 )
 
 
@@ -116,6 +120,8 @@ def apply(kind: str) -> None:
         # Read where it is used (nats_headers, and a failed key's chain): every message
         # then carries the event id under a header JetStream does not dedupe on.
         nats.MSG_ID = "Chaos-Not-Msg-Id"  # type: ignore[misc]
+    elif kind == "natsorder":
+        _nats_keys_backwards()
     elif kind == "parking":
         from django_outbox.consumer import InboxConsumer
 
@@ -129,6 +135,21 @@ def _without_ordered_gate() -> None:
     (a scrape's blocked keys, built from it too, would count every abandoned ordered row;
     nothing in the chaos run scrapes)."""
     _replace_query("ordered_gate", "TRUE")
+
+
+def _nats_keys_backwards() -> None:
+    """The NATS transport's chains (a key's messages of a batch, sent one after the other,
+    each once the previous one's PubAck came back) each reversed: a key's later events
+    reach the stream before its earlier ones. Only the NATS transport builds its chains
+    there: the other destinations keep their order."""
+    from django_outbox.transports import nats
+
+    chains = nats._chains
+
+    def backwards(*args: Any, **kwargs: Any) -> list[Any]:
+        return [chain[::-1] for chain in chains(*args, **kwargs)]
+
+    nats._chains = backwards  # type: ignore[assignment]
 
 
 def _replace_query(name: str, sql: str) -> None:
