@@ -212,7 +212,18 @@ def consume_nats(args: argparse.Namespace) -> None:
             received[json.loads(message.data)["seq"]] = time.time()
             await message.ack()
 
-        await nc.jetstream().subscribe(args.queue, stream=args.queue, cb=on_message)
+        # nats-py creates the push consumer before it subscribes to the consumer's delivery
+        # subject, and the consumer delivers nothing until its server sees that
+        # subscription: right after subscribe() the server did not report it bound in about
+        # half the starts (2026-11-29). An ephemeral consumer without interest is deleted
+        # after its inactive threshold (5 s by default): one that never saw the subscription
+        # in time delivered nothing at all. Ready only once the server reports it bound, and
+        # kept for the whole run.
+        js = nc.jetstream()
+        subscription = await js.subscribe(
+            args.queue, stream=args.queue, cb=on_message, inactive_threshold=args.timeout
+        )
+        await _bound(subscription, time.monotonic() + 30)
         _ready()
         deadline, expected = time.monotonic() + args.timeout, None
         while (expected is None or len(received) < expected) and time.monotonic() < deadline:
@@ -222,6 +233,17 @@ def consume_nats(args: argparse.Namespace) -> None:
 
     asyncio.run(run())
     emit({"received": {str(seq): at for seq, at in received.items()}})
+
+
+async def _bound(subscription: Any, deadline: float) -> None:
+    """Wait until the server reports ``subscription``'s push consumer bound to it (its
+    delivery subject has interest); ``RuntimeError`` at ``deadline`` (monotonic)."""
+    import asyncio
+
+    while not (await subscription.consumer_info()).push_bound:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the NATS push consumer never saw its subscription")
+        await asyncio.sleep(0.05)
 
 
 def produce(args: argparse.Namespace) -> None:

@@ -194,10 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         "the per-key gate, count attempts they did not make or use only the first address "
         "of a failover list; the consumer runs without the inbox; producers commit orders "
         "whose staging failed; the task worker runs Django tasks without the inbox; relays "
-        "publish to NATS without Nats-Msg-Id; with --profile kafka, relays mark Kafka rows "
-        "PUBLISHED without their delivery report, partition keys at random, or take one "
-        "replica's acknowledgement; with --profile pg-failover, every process commits "
-        "without waiting for the synchronous standby): the audit must then fail",
+        "publish to NATS without Nats-Msg-Id or send a key's NATS messages last first; with "
+        "--profile kafka, relays mark Kafka rows PUBLISHED without their delivery report, "
+        "partition keys at random, or take one replica's acknowledgement; with --profile "
+        "pg-failover, every process commits without waiting for the synchronous standby): "
+        "the audit must then fail",
     )
     args = parser.parse_args(argv)
     if args.sabotage == "tasks" and TASKS_UNAVAILABLE is not None:

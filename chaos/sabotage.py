@@ -33,7 +33,10 @@ starts consumers that verify no signature, so the producers' forged messages are
 stream cannot drop the copies a relay publishes again; ``--sabotage sync`` (the
 ``pg-failover`` profile) starts every process with ``synchronous_commit`` local: its
 COMMIT returns once the primary's own disk has it, without waiting for the synchronous
-standby, so a failover loses commits the producers were told of.
+standby, so a failover loses commits the producers were told of; ``--sabotage natsorder``
+starts relays whose NATS transport sends each ordering key's messages of a batch last first
+(its ``_chains`` reversed), each still after the previous one's PubAck, so a key's run of
+events reaches the stream backwards.
 A run with any of them must fail its audit.
 Nothing imports this module unless ``CHAOS_SABOTAGE`` is set.
 """
@@ -70,6 +73,7 @@ KINDS = (
     "delivery",
     "partitioner",
     "acks",
+    "natsorder",
 )
 
 
@@ -132,6 +136,8 @@ def apply(kind: str) -> None:
         options["options"] = "-c synchronous_commit=local"
     elif kind in ("delivery", "partitioner", "acks"):
         _kafka(kind)
+    elif kind == "natsorder":
+        _nats_keys_backwards()
     elif kind == "parking":
         from django_outbox.consumer import InboxConsumer
 
@@ -170,6 +176,21 @@ def _without_ordered_gate() -> None:
     (a scrape's blocked keys, built from it too, would count every abandoned ordered row;
     nothing in the chaos run scrapes)."""
     _replace_query("ordered_gate", "TRUE")
+
+
+def _nats_keys_backwards() -> None:
+    """The NATS transport's chains (a key's messages of a batch, sent one after the other,
+    each once the previous one's PubAck came back) each reversed: a key's later events
+    reach the stream before its earlier ones. Only the NATS transport builds its chains
+    there: the other destinations keep their order."""
+    from django_outbox.transports import nats
+
+    chains = nats._chains
+
+    def backwards(*args: Any, **kwargs: Any) -> list[Any]:
+        return [chain[::-1] for chain in chains(*args, **kwargs)]
+
+    nats._chains = backwards  # type: ignore[assignment]
 
 
 def _replace_query(name: str, sql: str) -> None:

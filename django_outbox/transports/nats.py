@@ -5,11 +5,16 @@ runs one event loop on a thread of its own (:class:`EventLoop`), holding the con
 and the relay's thread hands it a whole batch (``asyncio.run_coroutine_threadsafe``),
 then waits for the batch's outcomes. One hand-over per batch, not per message.
 
-A batch's messages are published concurrently and their PubAcks awaited together; a row
+A batch's messages are published together and their PubAcks awaited together; a row
 counts as published only once its own PubAck came back (a duplicate's too: the stream
 already holds it). Each message carries ``Nats-Msg-Id`` = its event id, so a message the
 relay publishes again within the stream's duplicate window (after a crash between the
-publish and the mark) is acknowledged without being stored twice.
+publish and the mark) is acknowledged without being stored twice. A publish is what
+nats-py's ``js.publish`` sends (the message with a reply subject, the stream expected in
+``Nats-Expected-Stream``), but its PubAck comes back through one subscription per
+connection (:class:`PubAcks`) instead of a request each: ``js.publish`` makes a task, a
+future and a timer per message, which cost the relay as much as the rest of its work
+(docs/benchmarks.md, what NATS costs).
 
 On an ordered route the messages of one ordering key go one after the other, each sent
 once the previous one's PubAck came back: a key's events reach the stream in sequence
@@ -31,7 +36,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import inspect
+import itertools
 import json
 import logging
 import threading
@@ -62,6 +69,8 @@ SERVER_CONNECT_TIMEOUT = 2.0
 STREAM_RETRY_DELAY = 30.0
 #: The header JetStream deduplicates on.
 MSG_ID = "Nats-Msg-Id"
+#: The header naming the stream that must take a message (JetStream refuses it otherwise).
+EXPECTED_STREAM = "Nats-Expected-Stream"
 #: What a user header may not start with: JetStream reads ``Nats-`` headers itself
 #: (an expected stream or sequence, a rollup ...).
 RESERVED_PREFIX = "nats-"
@@ -178,9 +187,16 @@ def header_text(name: str, value: object) -> str:
     as JSON. ``ValueError`` for a header NATS cannot carry (a line break, a name with
     ``:`` or white space)."""
     text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-    if not name or any(c in name for c in ": \t\r\n") or "\r" in text or "\n" in text:
+    if "\r" in text or "\n" in text or _name_refused(name):
         raise ValueError(f"header {name!r} cannot travel as a NATS header")
     return text
+
+
+@functools.lru_cache(maxsize=1024)
+def _name_refused(name: str) -> bool:
+    """Whether NATS cannot carry a header named ``name`` (empty, or with ``:`` or white
+    space in it). Remembered: a relay meets the same few names in every message."""
+    return not name or any(c in name for c in ": \t\r\n")
 
 
 def nats_headers(message: ClaimedMessage, wire: cloudevents.Wire) -> dict[str, str]:
@@ -190,16 +206,170 @@ def nats_headers(message: ClaimedMessage, wire: cloudevents.Wire) -> dict[str, s
     header JetStream would read (``Nats-...``)."""
     headers = {}
     for name, value in wire.headers.items():
-        if value is None:
-            continue
-        text = header_text(name, value)
-        if name.lower().startswith(RESERVED_PREFIX):
-            raise ValueError(f"header {name!r} is JetStream's own (Nats-...)")
-        headers[name] = text
+        if value is not None:
+            headers[name] = header_text(name, value)
+            if _reserved(name):
+                raise ValueError(f"header {name!r} is JetStream's own (Nats-...)")
     if wire.content_type != cloudevents.CONTENT_TYPE:
         headers["content-type"] = wire.content_type
     headers[MSG_ID] = str(message.event_id)
     return headers
+
+
+@functools.lru_cache(maxsize=1024)
+def _reserved(name: str) -> bool:
+    return name.lower().startswith(RESERVED_PREFIX)
+
+
+#: One message of a chain: its index in the batch, its body and its headers.
+Link = tuple[int, bytes, dict[str, str]]
+#: Messages sent one after the other: an ordering key's (in sequence order), or an
+#: unordered message alone.
+Chain = list[Link]
+
+#: The outcome of a message the server answered for with "no responders" (no stream
+#: took its subject, or the stream has no leader): an outage until :meth:`NatsTransport.
+#: _no_stream` tells which (compared by identity).
+NO_RESPONDERS = Failure(
+    "NoRespondersError: no JetStream stream answered the publish",
+    counts=False,
+    outage=True,
+    kind="no_responders",
+)
+
+
+def pub_ack_outcome(reply: Any) -> Outcome:
+    """The outcome a JetStream reply to a publish gives: None for a PubAck (a duplicate's
+    too: the stream has the message), :data:`NO_RESPONDERS`, an outage for a stream
+    without a leader (503) or a reply that is no JSON, a failure for a refusal."""
+    from nats.js.errors import APIError, ServiceUnavailableError
+
+    if reply.headers and reply.headers.get("Status") == "503":
+        return NO_RESPONDERS
+    try:
+        answer = json.loads(reply.data)
+        if "error" in answer:
+            APIError.from_error(answer["error"])  # (raises the error's class)
+    except ServiceUnavailableError as exc:  # 503: JetStream without a leader
+        return outage(exc)
+    except APIError as exc:  # the stream refused this message for itself
+        return Failure(
+            f"JetStream refused the message: {exc.description or exc}"[:MAX_ERROR_LENGTH]
+        )
+    except (ValueError, TypeError, KeyError) as exc:  # not a reply of JetStream's
+        return outage(exc)
+    return None
+
+
+class PubAcks:
+    """The PubAcks of a connection's publishes. Each message goes out with a reply subject
+    of its own under one inbox, subscribed to once per connection; each reply is handed to
+    the :class:`InFlight` batch waiting for it. Unlike nats-py's ``js.publish`` (a request:
+    a task, a future and a timer per message), nothing is made per message but its reply
+    subject; a reply nobody waits for any more (its batch ran out of time) is dropped."""
+
+    def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
+        self._numbers = itertools.count()
+        #: reply subject -> the batch waiting for it, and the message's place in it
+        self._waiting: dict[str, tuple[InFlight, int, int]] = {}
+
+    @classmethod
+    async def subscribe(cls, client: Any) -> PubAcks:
+        acks = cls(f"{client.new_inbox()}.")
+        await client.subscribe(f"{acks._prefix}*", cb=acks._on_reply)
+        return acks
+
+    def reply_to(self, batch: InFlight, chain: int, place: int) -> str:
+        """A new reply subject, whose reply goes to ``batch`` for ``chain``'s ``place``."""
+        subject = f"{self._prefix}{next(self._numbers)}"
+        self._waiting[subject] = (batch, chain, place)
+        return subject
+
+    def forget(self, subjects: Sequence[str]) -> None:
+        for subject in subjects:
+            self._waiting.pop(subject, None)
+
+    async def _on_reply(self, reply: Any) -> None:
+        waiting = self._waiting.pop(reply.subject, None)
+        if waiting is not None:
+            batch, chain, place = waiting
+            await batch.answered(chain, place, pub_ack_outcome(reply))
+
+
+class InFlight:
+    """One batch's chains on their way to the stream: each chain's first message sent at
+    once, each next one when the previous one's PubAck came back (a key's messages
+    reach the stream in sequence order); a message refused or not sent holds back the
+    rest of its chain. Each message's outcome goes into ``results`` as it comes."""
+
+    def __init__(
+        self,
+        client: Any,
+        acks: PubAcks,
+        subject: str,
+        chains: list[Chain],
+        results: dict[int, Outcome],
+    ) -> None:
+        self._client, self._acks, self._subject = client, acks, subject
+        self._chains, self.results = chains, results
+        self._count = sum(len(chain) for chain in chains)
+        self._replies: list[str] = []
+        self._done = asyncio.get_running_loop().create_future()
+        #: Set when :meth:`run` returns or is cancelled: nothing more is sent for it.
+        self._over = False
+
+    async def run(self) -> None:
+        """Send the chains and wait for every message's outcome (cancelled at the
+        deadline: the replies still due are forgotten)."""
+        try:
+            for chain in range(len(self._chains)):
+                await self._send(chain, 0)
+            self._finished()
+            await self._done
+        finally:
+            self._over = True
+            self._acks.forget(self._replies)
+
+    async def answered(self, chain: int, place: int, outcome: Outcome) -> None:
+        """Note the outcome of ``chain``'s message at ``place``; send the next one of the
+        chain after a PubAck, hold the rest back after anything else."""
+        links = self._chains[chain]
+        self.results[links[place][0]] = outcome
+        if outcome is not None:  # the rest of its key waits (sent after it, later)
+            held = _behind(links[place][2][MSG_ID])
+            self.results.update((later, held) for later, _, _ in links[place + 1 :])
+        elif place + 1 < len(links):
+            await self._send(chain, place + 1)
+        self._finished()
+
+    async def _send(self, chain: int, place: int) -> None:
+        import nats.errors
+
+        if self._over:  # out of time: the relay publishes the rest later
+            return
+        _, body, headers = self._chains[chain][place]
+        reply = self._acks.reply_to(self, chain, place)
+        self._replies.append(reply)
+        try:
+            await self._client.publish(self._subject, body, reply=reply, headers=headers)
+        except nats.errors.MaxPayloadError as exc:
+            failed = Failure(
+                f"MaxPayloadError: the message ({len(body)} bytes of payload) is larger than "
+                f"the server's max_payload: {exc}",
+                permanent=True,
+                kind="max_payload",
+            )
+        except (nats.errors.Error, OSError) as exc:  # the connection broke: an outage
+            failed = outage(exc)
+        else:
+            return
+        self._acks.forget([reply])
+        await self.answered(chain, place, failed)
+
+    def _finished(self) -> None:
+        if len(self.results) >= self._count and not self._done.done():
+            self._done.set_result(None)
 
 
 class NatsTransport(Transport):
@@ -226,6 +396,8 @@ class NatsTransport(Transport):
         self._loop: EventLoop | None = None
         self._nc: Any = None
         self._js: Any = None
+        #: The PubAcks subscription of this connection (made by its first publish).
+        self._acks: PubAcks | None = None
         #: The streams known to exist on this connection.
         self._streams: set[str] = set()
         #: refusal text -> when (monotonic) it may be logged again
@@ -285,7 +457,7 @@ class NatsTransport(Transport):
     def close(self) -> None:
         """Drop the connection and stop its loop; the next call reconnects."""
         nc, loop = self._nc, self._loop
-        self._nc = self._js = self._loop = None
+        self._nc = self._js = self._loop = self._acks = None
         self._streams.clear()
         if loop is not None:
             close_client(loop, nc)
@@ -302,7 +474,8 @@ class NatsTransport(Transport):
         encoded = _encode(route, messages, outcomes)
         try:
             self._connect(_left(deadline))
-            self._run(self._ensure_stream(route, jetstream), _left(deadline))
+            if jetstream.stream_for(route.destination) not in self._streams:
+                self._run(self._ensure_stream(route, jetstream), _left(deadline))
         except StreamRefused as exc:
             self._log_refusal(route, str(exc))
             return [Failure.not_attempted(str(exc), STREAM_RETRY_DELAY)] * len(messages)
@@ -321,7 +494,7 @@ class NatsTransport(Transport):
         self,
         route: Route,
         jetstream: JetStream,
-        chains: list[list[tuple[int, bytes, dict[str, str]]]],
+        chains: list[Chain],
         deadline: float,
     ) -> dict[int, Outcome]:
         """The outcomes of the messages of ``chains`` acknowledged (or refused) by
@@ -329,7 +502,7 @@ class NatsTransport(Transport):
         subject = jetstream.subject_for(route.destination)
         stream = jetstream.stream_for(route.destination)
         results: dict[int, Outcome] = {}
-        chained = self._publish_chains(subject, stream, chains, results)
+        chained = self._publish_chains(subject, chains, results, stream=stream)
         try:
             # The loop stops waiting at the deadline; this thread a second later, when
             # the loop itself is stuck.
@@ -383,58 +556,18 @@ class NatsTransport(Transport):
             ) from exc
 
     async def _publish_chains(
-        self,
-        subject: str,
-        stream: str,
-        chains: list[list[tuple[int, bytes, dict[str, str]]]],
-        results: dict[int, Outcome],
+        self, subject: str, chains: list[Chain], results: dict[int, Outcome], *, stream: str
     ) -> None:
-        """Publish each chain (a key's messages, or an unordered message alone) one
-        message after the other, the chains concurrently; each message's outcome into
-        ``results`` as it comes."""
-        await asyncio.gather(*(self._chain(subject, stream, c, results) for c in chains))
-
-    async def _chain(
-        self,
-        subject: str,
-        stream: str,
-        chain: list[tuple[int, bytes, dict[str, str]]],
-        results: dict[int, Outcome],
-    ) -> None:
-        for place, (index, body, headers) in enumerate(chain):
-            outcome = await self._publish_one(subject, stream, body, headers)
-            results[index] = outcome
-            if outcome is not None:  # the rest of its key waits (sent after it, later)
-                held = _behind(headers[MSG_ID])
-                results.update((later, held) for later, _, _ in chain[place + 1 :])
-                return
-
-    async def _publish_one(
-        self, subject: str, stream: str, body: bytes, headers: dict[str, str]
-    ) -> Outcome:
-        """Publish one message and await its PubAck: None when the stream has it."""
-        import nats.errors
-        from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
-
-        try:
-            await self._js.publish(subject, body, stream=stream, headers=dict(headers))
-        except nats.errors.MaxPayloadError as exc:
-            return Failure(
-                f"MaxPayloadError: the message ({len(body)} bytes of payload) is larger than "
-                f"the server's max_payload: {exc}",
-                permanent=True,
-                kind="max_payload",
-            )
-        except NoStreamResponseError:
-            return await self._no_stream(subject, stream)
-        except ServiceUnavailableError as exc:  # 503: JetStream without a leader
-            return outage(exc)
-        except APIError as exc:  # the stream refused this message for itself
-            error = f"JetStream refused the message: {exc.description or exc}"
-            return Failure(error[:MAX_ERROR_LENGTH])
-        except (TimeoutError, nats.errors.Error, OSError) as exc:
-            return outage(exc)
-        return None
+        """Publish ``chains`` (:class:`InFlight`), each message's outcome into ``results``
+        as its PubAck comes; the messages nobody answered for are looked into once
+        (:meth:`_no_stream`) when every PubAck is in."""
+        if self._acks is None:
+            self._acks = await PubAcks.subscribe(self._nc)
+        await InFlight(self._nc, self._acks, subject, chains, results).run()
+        unanswered = [index for index, outcome in results.items() if outcome is NO_RESPONDERS]
+        if unanswered:
+            found = await self._no_stream(subject, stream)
+            results.update(dict.fromkeys(unanswered, found))
 
     async def _no_stream(self, subject: str, stream: str) -> Outcome:
         """Nobody answered a publish: its stream is gone (the message fails, an attempt),
@@ -493,17 +626,21 @@ def options_problems(broker: Broker) -> list[Problem]:
 def _encode(
     route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
 ) -> dict[int, tuple[bytes, dict[str, str]]]:
-    """Each message's body and headers by its index; a message that cannot be
-    encoded gets a permanent failure in ``outcomes``."""
+    """Each message's body and headers by its index, the headers with the route's
+    stream as the one expected to take it (JetStream refuses the message otherwise); a
+    message that cannot be encoded gets a permanent failure in ``outcomes``."""
     envelope = route.envelope or outbox_settings.DEFAULT_ENVELOPE
     if envelope == cloudevents.BINARY:  # no binary binding for NATS: structured
         envelope = cloudevents.STRUCTURED
     source = outbox_settings.CLOUDEVENTS_SOURCE
+    stream = (route.jetstream or JetStream()).stream_for(route.destination)
     encoded = {}
     for index, message in enumerate(messages):
         try:
             wire = cloudevents.wire(message, envelope, source)
-            encoded[index] = (wire.body, nats_headers(message, wire))
+            headers = nats_headers(message, wire)
+            headers[EXPECTED_STREAM] = stream
+            encoded[index] = (wire.body, headers)
         except (TypeError, ValueError, UnicodeError) as exc:
             outcomes[index] = Failure.from_exception(exc, permanent=True)
     return encoded
@@ -557,12 +694,12 @@ def _chains(
     outcomes: list[Outcome],
     *,
     ordered: bool,
-) -> list[list[tuple[int, bytes, dict[str, str]]]]:
+) -> list[Chain]:
     """The batch's encoded messages as chains sent one message at a time: on an ordered
     route one chain per ordering key (in the batch's order, which is the key's sequence
     order), every other message a chain of its own. An ordered message behind one of its
     key that could not be encoded is not sent (its outcome says so)."""
-    chains: dict[object, list[tuple[int, bytes, dict[str, str]]]] = {}
+    chains: dict[object, Chain] = {}
     failed: dict[str, ClaimedMessage] = {}  # ordering key -> its message not encoded
     for index, message in enumerate(messages):
         keyed = ordered and message.sequence is not None

@@ -115,15 +115,29 @@ def route_for(destination: str) -> Route:
     return found
 
 
-def create_stream(stream: str, subjects: list[str]) -> None:
+def create_stream(stream: str, subjects: list[str], **config: Any) -> None:
+    """Create ``stream`` (three replicas) with nats-py, ``config`` its other settings."""
+
     async def create() -> None:
         nc = await nats.connect(SERVERS, connect_timeout=2)
         try:
-            await nc.jetstream().add_stream(name=stream, subjects=subjects, num_replicas=3)
+            js = nc.jetstream()
+            await js.add_stream(name=stream, subjects=subjects, num_replicas=3, **config)
         finally:
             await nc.close()
 
     asyncio.run(create())
+
+
+def delete_stream(stream: str) -> None:
+    async def delete() -> None:
+        nc = await nats.connect(SERVERS, connect_timeout=2)
+        try:
+            await nc.jetstream().delete_stream(stream)
+        finally:
+            await nc.close()
+
+    asyncio.run(delete())
 
 
 def stored(stream: str) -> int:
@@ -264,6 +278,44 @@ class TestPublishing:
         assert row.status == Status.ABANDONED
         assert row.last_error.startswith("MaxPayloadError: the message"), row.last_error
         assert [m.headers["Nats-Msg-Id"] for m in read_stream(stream, 2)] == small
+
+    def test_a_message_its_stream_refuses_fails_alone_with_the_reason(self, route):
+        """A refusal in a PubAck (over the stream's max_msg_size) fails that message alone
+        with JetStream's reason, as an attempt (not an outage); the rest are stored."""
+        destination, stream, outbox = route
+        create_stream(stream, [f"outbox.{destination}"], max_msg_size=1024)
+        messages = [claimed_message(n, destination) for n in range(3)]
+        messages[1].payload = json.dumps({"blob": "x" * 2000})
+        with override_settings(OUTBOX=outbox):
+            transport = NatsTransport(NATS_URL, alias="default")
+            try:
+                outcomes = transport.publish(route_for(destination), messages)
+            finally:
+                transport.close()
+        refused = outcomes[1]
+        assert outcomes[0] is None and outcomes[2] is None, outcomes
+        assert refused is not None and refused.counts and not refused.outage, refused
+        assert refused.error.startswith("JetStream refused the message: "), refused.error
+        ids = [m.headers["Nats-Msg-Id"] for m in read_stream(stream, 2)]
+        assert ids == [str(messages[0].event_id), str(messages[2].event_id)]
+
+    def test_a_stream_deleted_under_a_connected_relay_makes_its_messages_unroutable(self, route):
+        """The stream is gone after the transport checked it: the server answers "no
+        responders", and the one probe after the batch tells a missing stream (each
+        message unroutable, an attempt) from a stream without a leader (an outage)."""
+        destination, stream, outbox = route
+        with override_settings(OUTBOX=outbox):
+            transport = NatsTransport(NATS_URL, alias="default")
+            try:
+                first = transport.publish(route_for(destination), [claimed_message(1, destination)])
+                delete_stream(stream)
+                messages = [claimed_message(n, destination) for n in range(2, 5)]
+                outcomes = transport.publish(route_for(destination), messages)
+            finally:
+                transport.close()
+        assert first == [None]
+        assert [(o and o.kind, o and o.counts) for o in outcomes] == [("unroutable", True)] * 3
+        assert all("is gone" in o.error for o in outcomes if o), outcomes
 
     def test_a_missing_stream_the_route_may_not_create_waits_without_an_attempt(self, route):
         destination, stream, outbox = route
