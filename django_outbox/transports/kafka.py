@@ -39,7 +39,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from ..conf import CHECK_IDS, Broker, Problem, kafka_bootstrap, outbox_settings
@@ -50,6 +50,13 @@ from ..exceptions import BrokerUnreachable, OutboxConfigurationError
 from .base import MAX_ERROR_LENGTH, Failure, Outcome, Transport
 from .confirms import lease_confirm_timeout
 from .connection import CONNECT_TIMEOUT
+from .kafka_transactions import (
+    FENCED,
+    FENCED_RETRY_DELAY,
+    RECORD_TOPIC,
+    Transactions,
+    default_transactional_id,
+)
 from .writers import ENCODE_ERRORS, envelope_of
 
 logger = logging.getLogger(__name__)
@@ -175,9 +182,12 @@ class KafkaTransport(Transport):
         self, url: str, options: Mapping[str, Any] | None = None, *, alias: str | None = None
     ) -> None:
         self._url, self.alias = url, alias
+        options = dict(options or {})
+        #: The transactional producer's id (a transactional route's; docs/kafka.md).
+        self.transactional_id = str(options.pop("transactional.id", default_transactional_id()))
         self.config: dict[str, Any] = {
             **DEFAULTS,
-            **(options or {}),
+            **options,
             "message.timeout.ms": _message_timeout_ms(options or {}),
             **REQUIRED,
             "bootstrap.servers": kafka_bootstrap(url),
@@ -189,6 +199,7 @@ class KafkaTransport(Transport):
         self._topics: set[str] = set()  # topics known to exist
         self._logged: dict[str, float] = {}  # ERROR text -> when it may be logged again
         self._fatal_until, self._fatal_text = 0.0, ""  # check() fails until then (monotonic)
+        self._transactions: Transactions | None = None
 
     def _fatal(self, error: Any) -> Failure:
         """A fatal producer error (an idempotent producer the cluster refuses, such as a
@@ -212,18 +223,20 @@ class KafkaTransport(Transport):
 
     @classmethod
     def problems(cls, broker: Broker) -> list[Problem]:
-        """E062: ``OPTIONS`` librdkafka refuses, found by building a producer offline."""
+        """E062: ``OPTIONS`` librdkafka refuses, found by building a producer offline;
+        E064, E065: OPTIONS a transactional route cannot work with."""
+        found = _transaction_problems(broker)
         error = options_error(broker.options)
-        if error is None:
-            return []
-        return [
-            Problem(
-                CHECK_IDS["kafka_options"],
-                f"{broker.options_setting} cannot build a Kafka producer: {error}",
-                "Fix or remove that property (librdkafka's CONFIGURATION.md lists them); "
-                "a file it names must exist where the relay runs.",
+        if error is not None:
+            found.append(
+                Problem(
+                    CHECK_IDS["kafka_options"],
+                    f"{broker.options_setting} cannot build a Kafka producer: {error}",
+                    "Fix or remove that property (librdkafka's CONFIGURATION.md lists them); "
+                    "a file it names must exist where the relay runs.",
+                )
             )
-        ]
+        return found
 
     def _client(self) -> Any:
         if self._producer is None:
@@ -264,6 +277,8 @@ class KafkaTransport(Transport):
         left to time out unacknowledged."""
         self._producer = self._admin = None
         self._topics.clear()
+        if self._transactions is not None:
+            self._transactions.close()
 
     def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
         from confluent_kafka import KafkaException
@@ -279,8 +294,104 @@ class KafkaTransport(Transport):
             return [Failure.not_attempted(str(exc), MISSING_TOPIC_RETRY_DELAY)] * len(messages)
         if missing is not None:
             return [missing] * len(messages)
+        if route.transactional:
+            return self._publish_transaction(route, messages, deadline)
         wave = functools.partial(self._publish_wave, producer, route, topic, deadline)
         return _in_waves(wave, messages) if route.ordered else wave(messages)
+
+    def _txn(self) -> Transactions:
+        if self._transactions is None:
+            self._transactions = Transactions(self.config, self.transactional_id)
+        return self._transactions
+
+    def recover(self) -> list[str]:
+        """Start the transactional producer (fencing this id's zombies) and return the
+        event ids its record lists from before this relay (each once). Errors are left to
+        the next publish, which starts it again."""
+        from confluent_kafka import KafkaException
+
+        deadline = time.monotonic() + lease_confirm_timeout()
+        try:
+            self._client()
+            self._txn().start(deadline, self._create_record_topic)
+        except (KafkaException, TimeoutError, ProducerRefused) as exc:
+            logger.warning(
+                "the Kafka transactions' record could not be read at start (%s): the first "
+                "publish of a transactional route reads it",
+                exc,
+                extra={"action": "outbox.kafka_recover_failed"},
+            )
+            return []
+        return self._txn().recovered()
+
+    def settle(self, event_ids: Iterable[str], linger: float = 0.0) -> None:
+        if self._transactions is not None:
+            self._transactions.settle(event_ids, linger)
+
+    def _publish_transaction(
+        self, route: Route, messages: Sequence[ClaimedMessage], deadline: float
+    ) -> list[Outcome]:
+        """``messages`` in one Kafka transaction with this relay's record
+        (:mod:`.kafka_transactions`); a record the log holds already is not sent again."""
+        from confluent_kafka import KafkaException
+
+        txn = self._txn()
+        if txn.fenced:
+            fenced = FENCED.format(tid=self.transactional_id)
+            return [Failure.not_attempted(fenced, FENCED_RETRY_DELAY)] * len(messages)
+        topic = route.topic_name
+
+        def produce(producer: Any, batch: Sequence[ClaimedMessage]) -> list[_Report]:
+            outcomes: list[_Report] = [False] * len(batch)
+            self._produce(producer, route, topic, batch, outcomes, deadline)
+            return outcomes
+
+        try:
+            txn.start(deadline, self._create_record_topic)
+            return txn.publish(messages, deadline, produce, _settle)
+        except KafkaException as exc:
+            return [self._transaction_failed(txn, exc.args[0])] * len(messages)
+        except TimeoutError as exc:
+            txn.close()
+            return [Failure.broker_down(f"Kafka transaction: {exc}", kind="kafka_unavailable")] * len(
+                messages
+            )
+
+    def _transaction_failed(self, txn: Transactions, error: Any) -> Failure:
+        """The outcome of a batch whose transaction raised ``error``: fenced (for good),
+        or an outage (a new producer resolves the transaction: the next publish reads the
+        record to learn whether it committed)."""
+        from confluent_kafka import KafkaError
+
+        fenced = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+        if error.code() in fenced:
+            txn.fenced = True
+            text = FENCED.format(tid=self.transactional_id)
+            logger.error(text, extra={"action": "outbox.kafka_fenced"})
+            return Failure.not_attempted(text, FENCED_RETRY_DELAY)
+        txn.close()
+        return Failure.broker_down(
+            f"Kafka transaction failed: KafkaError {error.name()}: {error.str()}",
+            kind="kafka_unavailable",
+        )
+
+    def _create_record_topic(self) -> None:
+        """Create :data:`RECORD_TOPIC` (compacted, one partition) unless it exists."""
+        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka.admin import NewTopic
+
+        if RECORD_TOPIC in self._topics:
+            return
+        found = self._producer.list_topics(RECORD_TOPIC, timeout=CONNECT_TIMEOUT)
+        topic = found.topics.get(RECORD_TOPIC)
+        if topic is None or topic.error is not None:
+            new = NewTopic(RECORD_TOPIC, num_partitions=1, config={"cleanup.policy": "compact"})
+            try:
+                self._admin.create_topics([new])[RECORD_TOPIC].result(timeout=CONNECT_TIMEOUT * 2)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+        self._topics.add(RECORD_TOPIC)
 
     def _publish_wave(
         self,
@@ -425,6 +536,38 @@ class KafkaTransport(Transport):
             topic,
             extra={"action": "outbox.kafka_topic_created", "topic": topic},
         )
+
+
+def _transaction_problems(broker: Broker) -> list[Problem]:
+    """E064: a ``transactional.id`` that is no text; E065: a ``transaction.timeout.ms``
+    longer than a publish may take (a zombie's transaction could commit after its rows'
+    lease ran out and another relay sent them)."""
+    found = []
+    options, setting = broker.options, broker.options_setting
+    given = options.get("transactional.id")
+    if given is not None and (not isinstance(given, str) or not given.strip()):
+        found.append(
+            Problem(
+                CHECK_IDS["kafka_transactional_id"],
+                f'{setting}["transactional.id"] must be a non-empty string; got {given!r}',
+                "Give each relay process its own id (e.g. from an environment variable), or "
+                "drop it for django-outbox-<host name> (docs/kafka.md#exactly-once).",
+            )
+        )
+    budget = int(lease_confirm_timeout() * 1000)
+    timeout = options.get("transaction.timeout.ms")
+    if timeout is not None and (not isinstance(timeout, int) or timeout > budget):
+        found.append(
+            Problem(
+                CHECK_IDS["kafka_transaction_timeout"],
+                f'{setting}["transaction.timeout.ms"] must be an int of at most {budget} (the '
+                f"publish's confirm budget: a third of LEASE_SECONDS, at most 30 s); got "
+                f"{timeout!r}",
+                "Drop it (it defaults to that budget) or raise LEASE_SECONDS: a zombie "
+                "relay's transaction must end before its rows' lease does.",
+            )
+        )
+    return found
 
 
 class ProducerRefused(OutboxConfigurationError):
