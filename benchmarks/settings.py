@@ -46,7 +46,10 @@ OUTBOX["DEFAULT_ENVELOPE"] = env.str("OUTBOX_BENCH_ENVELOPE", default="outbox")
 #: The destination of a transactional Kafka drain (``OUTBOX_BENCH_TRANSACTIONAL``): its
 #: route publishes each batch in a Kafka transaction (docs/kafka.md).
 if transactional := env.str("OUTBOX_BENCH_TRANSACTIONAL", default=""):
-    OUTBOX["ROUTES"] = {**OUTBOX["ROUTES"], transactional: {"topic": transactional, "transactional": True}}
+    OUTBOX["ROUTES"] = {
+        **OUTBOX["ROUTES"],
+        transactional: {"topic": transactional, "transactional": True},
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGGING = {
     "version": 1,

@@ -146,6 +146,7 @@ class Transport(abc.ABC):
     def settle(self, event_ids: Iterable[str], linger: float = 0.0) -> None:
         """The rows of ``event_ids`` are marked PUBLISHED (``linger``: or will be by a
         relay that has them, within that many seconds). Nothing by default."""
+        return None
 
     @abc.abstractmethod
     def check(self) -> None:

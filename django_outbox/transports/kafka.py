@@ -50,13 +50,7 @@ from ..exceptions import BrokerUnreachable, OutboxConfigurationError
 from .base import MAX_ERROR_LENGTH, Failure, Outcome, Transport
 from .confirms import lease_confirm_timeout
 from .connection import CONNECT_TIMEOUT
-from .kafka_transactions import (
-    FENCED,
-    FENCED_RETRY_DELAY,
-    RECORD_TOPIC,
-    Transactions,
-    default_transactional_id,
-)
+from .kafka_transactions import Transactions, create_record_topic, default_transactional_id
 from .writers import ENCODE_ERRORS, envelope_of
 
 logger = logging.getLogger(__name__)
@@ -199,7 +193,8 @@ class KafkaTransport(Transport):
         self._topics: set[str] = set()  # topics known to exist
         self._logged: dict[str, float] = {}  # ERROR text -> when it may be logged again
         self._fatal_until, self._fatal_text = 0.0, ""  # check() fails until then (monotonic)
-        self._transactions: Transactions | None = None
+        #: A transactional route's producer (none is built without one).
+        self._transactions = Transactions(self.config, self.transactional_id)
 
     def _fatal(self, error: Any) -> Failure:
         """A fatal producer error (an idempotent producer the cluster refuses, such as a
@@ -277,8 +272,7 @@ class KafkaTransport(Transport):
         left to time out unacknowledged."""
         self._producer = self._admin = None
         self._topics.clear()
-        if self._transactions is not None:
-            self._transactions.close()
+        self._transactions.close()
 
     def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
         from confluent_kafka import KafkaException
@@ -299,46 +293,23 @@ class KafkaTransport(Transport):
         wave = functools.partial(self._publish_wave, producer, route, topic, deadline)
         return _in_waves(wave, messages) if route.ordered else wave(messages)
 
-    def _txn(self) -> Transactions:
-        if self._transactions is None:
-            self._transactions = Transactions(self.config, self.transactional_id)
-        return self._transactions
-
     def recover(self) -> list[str]:
-        """Start the transactional producer (fencing this id's zombies) and return the
-        event ids its record lists from before this relay (each once). Errors are left to
-        the next publish, which starts it again."""
-        from confluent_kafka import KafkaException
-
-        deadline = time.monotonic() + lease_confirm_timeout()
+        """Start the transactional producer; the ids its record listed before this relay."""
         try:
             self._client()
-            self._txn().start(deadline, self._create_record_topic)
-        except (KafkaException, TimeoutError, ProducerRefused) as exc:
-            logger.warning(
-                "the Kafka transactions' record could not be read at start (%s): the first "
-                "publish of a transactional route reads it",
-                exc,
-                extra={"action": "outbox.kafka_recover_failed"},
-            )
+        except ProducerRefused:  # said by every publish
             return []
-        return self._txn().recovered()
+        create = functools.partial(create_record_topic, self._admin)
+        return self._transactions.recover(time.monotonic() + lease_confirm_timeout(), create)
 
     def settle(self, event_ids: Iterable[str], linger: float = 0.0) -> None:
-        if self._transactions is not None:
-            self._transactions.settle(event_ids, linger)
+        self._transactions.settle(event_ids, linger)
 
     def _publish_transaction(
         self, route: Route, messages: Sequence[ClaimedMessage], deadline: float
     ) -> list[Outcome]:
         """``messages`` in one Kafka transaction with this relay's record
         (:mod:`.kafka_transactions`); a record the log holds already is not sent again."""
-        from confluent_kafka import KafkaException
-
-        txn = self._txn()
-        if txn.fenced:
-            fenced = FENCED.format(tid=self.transactional_id)
-            return [Failure.not_attempted(fenced, FENCED_RETRY_DELAY)] * len(messages)
         topic = route.topic_name
 
         def produce(producer: Any, batch: Sequence[ClaimedMessage]) -> list[_Report]:
@@ -346,52 +317,8 @@ class KafkaTransport(Transport):
             self._produce(producer, route, topic, batch, outcomes, deadline)
             return outcomes
 
-        try:
-            txn.start(deadline, self._create_record_topic)
-            return txn.publish(messages, deadline, produce, _settle)
-        except KafkaException as exc:
-            return [self._transaction_failed(txn, exc.args[0])] * len(messages)
-        except TimeoutError as exc:
-            txn.close()
-            return [Failure.broker_down(f"Kafka transaction: {exc}", kind="kafka_unavailable")] * len(
-                messages
-            )
-
-    def _transaction_failed(self, txn: Transactions, error: Any) -> Failure:
-        """The outcome of a batch whose transaction raised ``error``: fenced (for good),
-        or an outage (a new producer resolves the transaction: the next publish reads the
-        record to learn whether it committed)."""
-        from confluent_kafka import KafkaError
-
-        fenced = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
-        if error.code() in fenced:
-            txn.fenced = True
-            text = FENCED.format(tid=self.transactional_id)
-            logger.error(text, extra={"action": "outbox.kafka_fenced"})
-            return Failure.not_attempted(text, FENCED_RETRY_DELAY)
-        txn.close()
-        return Failure.broker_down(
-            f"Kafka transaction failed: KafkaError {error.name()}: {error.str()}",
-            kind="kafka_unavailable",
-        )
-
-    def _create_record_topic(self) -> None:
-        """Create :data:`RECORD_TOPIC` (compacted, one partition) unless it exists."""
-        from confluent_kafka import KafkaError, KafkaException
-        from confluent_kafka.admin import NewTopic
-
-        if RECORD_TOPIC in self._topics:
-            return
-        found = self._producer.list_topics(RECORD_TOPIC, timeout=CONNECT_TIMEOUT)
-        topic = found.topics.get(RECORD_TOPIC)
-        if topic is None or topic.error is not None:
-            new = NewTopic(RECORD_TOPIC, num_partitions=1, config={"cleanup.policy": "compact"})
-            try:
-                self._admin.create_topics([new])[RECORD_TOPIC].result(timeout=CONNECT_TIMEOUT * 2)
-            except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise
-        self._topics.add(RECORD_TOPIC)
+        create = functools.partial(create_record_topic, self._admin)
+        return self._transactions.run(messages, deadline, create, produce, _settle)
 
     def _publish_wave(
         self,

@@ -37,6 +37,7 @@ from ..conf import outbox_settings
 from ..conf.redact import SecretFilter
 from ..envelope import ClaimedMessage
 from .base import Failure, Outcome
+from .connection import CONNECT_TIMEOUT
 
 logger = logging.getLogger(__name__)
 logger.addFilter(SecretFilter(outbox_settings.redact))
@@ -103,7 +104,7 @@ class TransactionLog:
             if error is None:
                 self._learn(message.key(), message.value())
             elif error.code() == KafkaError._PARTITION_EOF:
-                self._end = max(self._end, message.offset())
+                self._end = max(self._end, message.offset() or 0)
             else:
                 raise KafkaException(error)
 
@@ -142,8 +143,9 @@ class Transactions:
             "transaction.timeout.ms": timeout,
         }
         self._log_config = {
-            k: v for k, v in config.items() if k in ("bootstrap.servers", "logger")
-            or k.startswith(("security.", "sasl.", "ssl."))
+            k: v
+            for k, v in config.items()
+            if k in ("bootstrap.servers", "logger") or k.startswith(("security.", "sasl.", "ssl."))
         }
         self._producer: Any = None
         self._log: TransactionLog | None = None
@@ -175,8 +177,21 @@ class Transactions:
         self._recovered = sorted(inherited)
         self._producer = producer
 
-    def recovered(self) -> list[str]:
-        """The event ids inherited at start not handed out yet (then never again)."""
+    def recover(self, deadline: float, create_log: Callable[[], None]) -> list[str]:
+        """:meth:`start`, then the event ids inherited from this id's record, once (the
+        cluster's errors are left to the next publish, which starts it again)."""
+        from confluent_kafka import KafkaException
+
+        try:
+            self.start(deadline, create_log)
+        except (KafkaException, TimeoutError) as exc:
+            logger.warning(
+                "the Kafka transactions' record could not be read at start (%s): the first "
+                "publish of a transactional route reads it",
+                exc,
+                extra={"action": "outbox.kafka_recover_failed"},
+            )
+            return []
         found, self._recovered = self._recovered, []
         return found
 
@@ -197,6 +212,47 @@ class Transactions:
                 del self._unsettled[event_id]
             listed = sorted({*self._unsettled, *batch})
         return json.dumps({"event_ids": listed}).encode()
+
+    def run(
+        self,
+        messages: Sequence[ClaimedMessage],
+        deadline: float,
+        create_log: Callable[[], None],
+        produce: Callable[[Any, Sequence[ClaimedMessage]], list[Any]],
+        settle: Callable[[list[Any]], list[Outcome]],
+    ) -> list[Outcome]:
+        """Start if need be, then :meth:`publish`; the cluster's errors become outcomes."""
+        from confluent_kafka import KafkaException
+
+        if self.fenced:
+            fenced = FENCED.format(tid=self.transactional_id)
+            return [Failure.not_attempted(fenced, FENCED_RETRY_DELAY)] * len(messages)
+        try:
+            self.start(deadline, create_log)
+            return self.publish(messages, deadline, produce, settle)
+        except KafkaException as exc:
+            return [self._failed(exc.args[0])] * len(messages)
+        except TimeoutError as exc:
+            self.close()
+            failure = Failure.broker_down(f"Kafka transaction: {exc}", kind="kafka_unavailable")
+            return [failure] * len(messages)
+
+    def _failed(self, error: Any) -> Failure:
+        """The outcome of a batch whose transaction raised ``error``: fenced (for good),
+        or an outage (a new producer resolves the transaction: the next publish reads the
+        record to learn whether it committed)."""
+        from confluent_kafka import KafkaError
+
+        if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED):
+            self.fenced = True
+            text = FENCED.format(tid=self.transactional_id)
+            logger.error(text, extra={"action": "outbox.kafka_fenced"})
+            return Failure.not_attempted(text, FENCED_RETRY_DELAY)
+        self.close()
+        return Failure.broker_down(
+            f"Kafka transaction failed: KafkaError {error.name()}: {error.str()}",
+            kind="kafka_unavailable",
+        )
 
     def publish(
         self,
@@ -253,6 +309,22 @@ class Transactions:
     def close(self) -> None:
         """Drop the producer (the next publish starts again: ``init_transactions``)."""
         self._producer = None
+
+
+def create_record_topic(admin: Any) -> None:
+    """Create :data:`RECORD_TOPIC` (compacted, one partition) unless it exists."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic
+
+    found = admin.list_topics(RECORD_TOPIC, timeout=CONNECT_TIMEOUT).topics.get(RECORD_TOPIC)
+    if found is not None and found.error is None:
+        return
+    new = NewTopic(RECORD_TOPIC, num_partitions=1, config={"cleanup.policy": "compact"})
+    try:
+        admin.create_topics([new])[RECORD_TOPIC].result(timeout=CONNECT_TIMEOUT * 2)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
 
 
 def commit_transaction(producer: Any, timeout: float) -> None:

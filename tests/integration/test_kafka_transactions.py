@@ -91,7 +91,9 @@ def outbox(topic: str, transactional_id: str) -> dict[str, Any]:
     return {
         **settings.OUTBOX,
         "BROKER_URL": None,
-        "BROKERS": {"default": {"URL": KAFKA_URL, "OPTIONS": {"transactional.id": transactional_id}}},
+        "BROKERS": {
+            "default": {"URL": KAFKA_URL, "OPTIONS": {"transactional.id": transactional_id}}
+        },
         "ROUTES": {
             topic: {"topic": topic, "transactional": True, "partitions": 3, "replication_factor": 3}
         },
@@ -189,7 +191,9 @@ def test_a_fenced_zombies_batch_is_not_in_the_topic_and_its_rows_are_not_marked_
         ids = stage_events(BATCH, topic)
         zombie = start(PAUSED_BEFORE_COMMIT, settings_)
         try:
-            wait_until(lambda: stopped(zombie), timeout=90, what="the zombie paused before its commit")
+            wait_until(
+                lambda: stopped(zombie), timeout=90, what="the zombie paused before its commit"
+            )
             with Relay(batch_size=BATCH) as successor:
                 successor.recover()  # the same transactional id: fences the zombie
             os.kill(zombie.pid, signal.SIGCONT)
