@@ -65,9 +65,10 @@ def delete_topic(url: str, topic: str) -> None:
         pass
 
 
-def raw_batches(url: str, count: int, batch: int) -> float:
+def raw_batches(url: str, count: int, batch: int) -> tuple[float, float]:
     """confluent-kafka alone: ``count`` records, ``batch`` produced at once and their
-    delivery reports awaited together; records/s. Raises if a report says an error."""
+    delivery reports awaited together; records/s and this thread's CPU per record (µs;
+    librdkafka's own threads are not counted). Raises if a report says an error."""
     from confluent_kafka import Producer
 
     topic = f"bench-raw-{uuid.uuid4().hex[:8]}"
@@ -82,25 +83,31 @@ def raw_batches(url: str, count: int, batch: int) -> float:
         if error is not None:
             failed.append(error)
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.thread_time()
     for start in range(0, count, batch):
         for header in headers[start : start + batch]:
             encoded = record_headers(header, "application/json")
             producer.produce(topic, BODY, None, headers=encoded, on_delivery=report)
         producer.flush(ADMIN_TIMEOUT)
     rate = count / (time.perf_counter() - started)
+    cpu = (time.thread_time() - cpu_started) / count * 1e6
     delete_topic(url, topic)
     if failed or len(producer):
         raise RuntimeError(f"raw Kafka: {len(failed)} failed, {len(producer)} unreported")
-    return rate
+    return rate, cpu
 
 
-def figures(rounds: list[tuple[float, dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+#: One round: the ceiling (records/s, CPU per record), a plain drain, a transactional one.
+Round = tuple[tuple[float, float], dict[str, Any], dict[str, Any]]
+
+
+def figures(rounds: list[Round]) -> dict[str, Any]:
     """The figures of (ceiling, plain relay drain, transactional relay drain) rounds."""
-    ratios = [plain["events_per_s"] / top for top, plain, _ in rounds]
+    ratios = [plain["events_per_s"] / top for (top, _), plain, _ in rounds]
     transactional = [eos["events_per_s"] / plain["events_per_s"] for _, plain, eos in rounds]
     return {
-        "raw_kafka_msgs_per_s": statistics.median(top for top, _, _ in rounds),
+        "raw_kafka_msgs_per_s": statistics.median(top for (top, _), _, _ in rounds),
+        "raw_kafka_cpu_us_per_msg": statistics.median(cpu for (_, cpu), _, _ in rounds),
         "relay_kafka_ev_per_s": statistics.median(p["events_per_s"] for _, p, _ in rounds),
         "relay_kafka_cpu_us_per_event": statistics.median(
             p["cpu_us_per_event"] for _, p, _ in rounds

@@ -44,6 +44,9 @@ logger.addFilter(SecretFilter(outbox_settings.redact))
 
 #: The compacted topic of the transactions' records (one partition; created when missing).
 RECORD_TOPIC = "django-outbox-transactions"
+#: Its configuration: compacted (the latest record of each transactional id is what counts),
+#: in segments small enough that compaction keeps a start's read short (a record per batch).
+RECORD_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.bytes": str(16 * 2**20)}
 #: The error of a batch not sent because this relay's transactional id was fenced.
 FENCED = (
     "not attempted: this relay's Kafka producer was fenced: another relay started with its "
@@ -319,7 +322,7 @@ def create_record_topic(admin: Any) -> None:
     found = admin.list_topics(RECORD_TOPIC, timeout=CONNECT_TIMEOUT).topics.get(RECORD_TOPIC)
     if found is not None and found.error is None:
         return
-    new = NewTopic(RECORD_TOPIC, num_partitions=1, config={"cleanup.policy": "compact"})
+    new = NewTopic(RECORD_TOPIC, num_partitions=1, config=RECORD_TOPIC_CONFIG)
     try:
         admin.create_topics([new])[RECORD_TOPIC].result(timeout=CONNECT_TIMEOUT * 2)
     except KafkaException as exc:
