@@ -128,6 +128,15 @@ class TransactionLog:
         self._consumer.close()
 
 
+def _shortest(first: Any, second: Any) -> Any:
+    """The shorter of two librdkafka durations (ms); ``first`` when either is no number
+    (librdkafka then refuses to build the producer, and says why: E062)."""
+    try:
+        return min(int(first), int(second))
+    except (TypeError, ValueError):
+        return first
+
+
 def _left(deadline: float) -> float:
     return max(0.05, deadline - time.monotonic())
 
@@ -144,6 +153,8 @@ class Transactions:
             **config,
             "transactional.id": transactional_id,
             "transaction.timeout.ms": timeout,
+            # librdkafka refuses a record that may outlive its transaction
+            "message.timeout.ms": _shortest(config["message.timeout.ms"], timeout),
         }
         self._log_config = {
             k: v

@@ -93,3 +93,18 @@ def test_a_transaction_timeout_within_the_budget_and_an_id_pass():
     brokers = {"events": {"URL": KAFKA, "OPTIONS": options}}
     with override_settings(OUTBOX={"BROKERS": brokers, "LEASE_SECONDS": 30}):
         assert check_brokers() == []
+
+
+def test_a_shorter_transaction_timeout_shortens_the_transactional_producers_record_timeout():
+    """librdkafka refuses a transactional producer whose records may outlive their
+    transaction: built offline here (no broker is reached), as the relay builds it."""
+    from confluent_kafka import Producer
+
+    from django_outbox.transports.kafka import KafkaTransport
+
+    options = {"transactional.id": "relay-1", "transaction.timeout.ms": 5_000}
+    with override_settings(OUTBOX={"BROKERS": {"events": {"URL": KAFKA}}, "LEASE_SECONDS": 30}):
+        transport = KafkaTransport(KAFKA, options)
+    config = transport._transactions._config
+    assert (config["message.timeout.ms"], config["transaction.timeout.ms"]) == (5_000, 5_000)
+    Producer({name: value for name, value in config.items() if name != "error_cb"})
