@@ -67,6 +67,9 @@ class Profile:
     scheduled: int  # events scheduled a day ahead for the second claim measurement
     scheduled_seconds: float  # events coming due at 1,000 a second for so long
     kafka_events: int  # per round: records of the confluent-kafka ceiling, events of each drain
+    #: Commit to a NATS consumer at 1,000 events/s for so long (0: left out; one run in five
+    #: on a loaded machine received nothing, not explained yet: out of ci's gate until it is).
+    nats_e2e_seconds: float
     batch_size: int = 500
     e2e_rate: float = 200.0
     e2e_1000_per_commit: int = 10
@@ -98,6 +101,7 @@ PROFILES = {
         scheduled=100_000,
         scheduled_seconds=5,
         kafka_events=4_000,
+        nats_e2e_seconds=0,
     ),
     "full": Profile(
         rounds=5,
@@ -123,6 +127,7 @@ PROFILES = {
         scheduled=1_000_000,
         scheduled_seconds=20,
         kafka_events=20_000,
+        nats_e2e_seconds=20,
     ),
 }
 
@@ -193,7 +198,7 @@ def _scenarios(
     figures["relay_2proc_ev_per_s"] = two["events_per_s"]
     figures.update(_fairness(profile, amqp, drain))
     figures.update(_redis(profile, redis, drain, profile_dir))
-    figures.update(_nats(profile, drain))
+    figures.update(_nats(profile, env, drain))
     figures.update(_kafka(profile, drain))
     _step("staging")
     figures.update(scenarios.staging(profile.staging_rounds, profile.stage_many))
@@ -333,9 +338,10 @@ def _redis(
     }
 
 
-def _nats(profile: Profile, drain: Callable[..., Any]) -> dict[str, Any]:
-    """The relay to NATS JetStream against nats-py alone (:mod:`benchmarks.nats`), when
-    ``OUTBOX_NATS_URL`` names a cluster; nothing otherwise."""
+def _nats(profile: Profile, env: dict[str, str], drain: Callable[..., Any]) -> dict[str, Any]:
+    """The relay to NATS JetStream against nats-py alone (:mod:`benchmarks.nats`), and
+    its commit-to-consumer latency at 1,000 events/s, when ``OUTBOX_NATS_URL`` names a
+    cluster; nothing otherwise."""
     from . import nats
 
     url = os.environ.get("OUTBOX_NATS_URL", "")
@@ -348,7 +354,12 @@ def _nats(profile: Profile, drain: Callable[..., Any]) -> dict[str, Any]:
         (nats.raw_batches(url, count, profile.batch_size), drain(url, count, "nats"))
         for _ in range(profile.rounds)
     ]
-    return nats.figures(rounds)
+    seconds, per_commit = profile.nats_e2e_seconds, profile.e2e_1000_per_commit
+    if not seconds:
+        return nats.figures(rounds)
+    _step(f"NATS: end to end at 1000 events/s, {per_commit} a transaction, for {seconds:g}s")
+    latency = nats.end_to_end(env, url, rate=1_000.0, seconds=seconds, per_commit=per_commit)
+    return {**nats.figures(rounds), **latency}
 
 
 def _kafka(profile: Profile, drain: Callable[..., Any]) -> dict[str, Any]:

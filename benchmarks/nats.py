@@ -7,6 +7,11 @@ relay does, without the database, the outbox's rows and the hand-over between th
 thread and its event loop's. The relay drains to its default route (a stream of one
 replica made on first use). Runs only when ``OUTBOX_NATS_URL`` names a cluster
 (``scripts/services nats start``).
+
+The commit-to-consumer latency (:func:`end_to_end`) is measured as RabbitMQ's
+(:func:`benchmarks.scenarios.end_to_end`): producers commit at a rate, a relay woken by
+NOTIFY publishes, and a consumer of nats-py's (a push subscription to the stream, each
+message acked) notes when each event came.
 """
 
 from __future__ import annotations
@@ -58,6 +63,43 @@ def raw_batches(url: str, count: int, batch: int) -> float:
         return rate
 
     return asyncio.run(run())
+
+
+def end_to_end(
+    env: dict[str, str], url: str, *, rate: float, seconds: float, per_commit: int
+) -> dict[str, float]:
+    """Commit-to-consumer latency through NATS JetStream at ``rate`` events/s,
+    ``per_commit`` a transaction: figures ``nats_e2e_1000_*`` (see
+    :func:`benchmarks.scenarios.end_to_end`). The stream (the default route's: named as
+    the destination, one replica) is made beforehand, so the consumer can subscribe."""
+    from . import scenarios
+
+    scenarios.reset_outbox()
+    to = scenarios.destination("nats_e2e").replace("-", "_")
+    _create_stream(url, to)
+    consumer = scenarios.Worker(
+        env, "consume-nats", "--url", url, "--queue", to, "--timeout", str(seconds + 60)
+    )
+    try:
+        return scenarios.measure_end_to_end(
+            env, url, to, consumer, rate=rate, seconds=seconds, name="nats_e2e_1000",
+            per_commit=per_commit,
+        )  # fmt: skip
+    finally:
+        delete_stream(url, to)
+
+
+def _create_stream(url: str, stream: str) -> None:
+    async def run() -> None:
+        import nats
+
+        nc = await nats.connect(nats_servers(url))
+        try:
+            await nc.jetstream().add_stream(name=stream, subjects=[stream])
+        finally:
+            await nc.close()
+
+    asyncio.run(run())
 
 
 def delete_stream(url: str, destination: str) -> None:

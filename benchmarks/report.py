@@ -77,6 +77,8 @@ ROWS = (
     ("relay_kafka_cpu_us_per_event", "relay -> Kafka: process CPU per event", "us"),
     ("relay_kafka_transactional_ev_per_s", "relay -> Kafka, a transactional route", "ev/s"),
     ("kafka_transactional_vs_plain", "  transactional / plain, median of rounds", "x"),
+    ("nats_e2e_1000_p50_ms", "commit -> NATS consumer at 1,000/s, p50", "ms"),
+    ("nats_e2e_1000_p99_ms", "commit -> NATS consumer at 1,000/s, p99", "ms"),
     ("business_tx_ms", "business transaction (place an order)", "ms"),
     ("business_tx_with_event_ms", "  the same staging one event", "ms"),
     ("staging_overhead", "  with / without", "x"),

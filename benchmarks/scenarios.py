@@ -601,6 +601,27 @@ def end_to_end(
     consumer = Worker(
         env, "consume", "--url", url, "--queue", to, "--timeout", str(seconds + 60),
     )  # fmt: skip
+    try:
+        return measure_end_to_end(
+            env, url, to, consumer, rate=rate, seconds=seconds, name=name, per_commit=per_commit
+        )
+    finally:
+        delete_queue(url, to)
+
+
+def measure_end_to_end(
+    env: dict[str, str],
+    url: str,
+    to: str,
+    consumer: Worker,
+    *,
+    rate: float,
+    seconds: float,
+    name: str,
+    per_commit: int,
+) -> dict[str, float]:
+    """:func:`end_to_end`'s measure, with ``consumer`` (a worker started, reading what
+    the relay publishes to destination ``to`` on broker ``url``)."""
     relay = Worker(
         {**env, "OUTBOX_BENCH_ORDERED": "0"}, "relay", "--url", url, "--batch-size", "500"
     )
@@ -619,7 +640,6 @@ def end_to_end(
     received = consumer.result(timeout=seconds + 120)["received"]
     relay.terminate()
     relay_cpu_s = relay.result(timeout=60)["cpu_s"]
-    delete_queue(url, to)
     return {
         **_latencies(name, committed, received),
         f"{name}_events": len(committed),

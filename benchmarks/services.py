@@ -26,11 +26,13 @@ NAMES = ("postgres", "rabbitmq", "redis")
 
 
 class Services:
-    def __init__(self, database: str, *, cluster: bool = False) -> None:
+    def __init__(self, database: str, *, cluster: bool = False, nats: bool = False) -> None:
         self.database = database
-        #: Whether the three-node RabbitMQ cluster is needed too (the chaos suite's faults).
+        #: Whether the three-node RabbitMQ cluster is needed too (the chaos suite's faults),
+        #: and the three-node NATS JetStream cluster (its NATS destination and faults).
         self.cluster = cluster
-        self.cluster_started = False
+        self.nats = nats
+        self.cluster_started = self.nats_started = False
         self.started: list[str] = []
         self.env: dict[str, str] = {}
 
@@ -44,6 +46,10 @@ class Services:
             print("starting the RabbitMQ cluster with scripts/services", file=sys.stderr)
             self.cluster_started = True
             self.run("cluster", "start")
+        if self.nats and "nats node 1: running" not in self.run("nats", "status"):
+            print("starting the NATS cluster with scripts/services", file=sys.stderr)
+            self.nats_started = True
+            self.run("nats", "start")
         for line in self.run("env").splitlines():
             name, _, value = line.removeprefix("export ").partition("=")
             self.env[name] = value.strip("'")  # OUTBOX_CLUSTER_URL is quoted (";")
@@ -52,6 +58,8 @@ class Services:
     def __exit__(self, *exc_info: object) -> None:
         if self.cluster_started:
             self.run("cluster", "stop")
+        if self.nats_started:
+            self.run("nats", "stop")
         if self.started:
             self.run("stop", *self.started)
 
@@ -72,6 +80,11 @@ class Services:
     def cluster_url(self) -> str:
         """The cluster's three nodes as kombu's failover list."""
         return self.env["OUTBOX_CLUSTER_URL"]
+
+    @property
+    def nats_url(self) -> str:
+        """The NATS cluster's three servers (``nats://h:p1,h:p2,h:p3``)."""
+        return self.env["OUTBOX_NATS_URL"]
 
     @property
     def redis_url(self) -> str:

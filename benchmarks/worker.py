@@ -3,6 +3,7 @@
     python -m benchmarks.worker relay --url URL --batch-size N [--drain] [--profile FILE]
         [--telemetry]
     python -m benchmarks.worker consume --url URL --queue Q --timeout SECONDS
+    python -m benchmarks.worker consume-nats --url NATS_URL --queue STREAM --timeout SECONDS
     python -m benchmarks.worker produce --destination D --rate R --seconds S --first F --step K
         --per-commit N
 
@@ -193,6 +194,37 @@ def consume(args: argparse.Namespace) -> None:
     emit({"received": {str(seq): at for seq, at in received.items()}})
 
 
+def consume_nats(args: argparse.Namespace) -> None:
+    """:func:`consume`, from the NATS JetStream stream ``--queue`` (nats-py's push
+    subscription, each message acked)."""
+    import asyncio
+    import json
+
+    received: dict[int, float] = {}
+
+    async def run() -> None:
+        import nats
+
+        from django_outbox.conf.brokers import nats_servers
+
+        nc = await nats.connect(nats_servers(args.url))
+
+        async def on_message(message: Any) -> None:
+            received[json.loads(message.data)["seq"]] = time.time()
+            await message.ack()
+
+        await nc.jetstream().subscribe(args.queue, stream=args.queue, cb=on_message)
+        _ready()
+        deadline, expected = time.monotonic() + args.timeout, None
+        while (expected is None or len(received) < expected) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            expected = _expected(expected)
+        await nc.close()
+
+    asyncio.run(run())
+    emit({"received": {str(seq): at for seq, at in received.items()}})
+
+
 def produce(args: argparse.Namespace) -> None:
     """Commit this producer's share of the events (:func:`benchmarks.scenarios.produce`);
     report when it started and each event's commit time (wall clock)."""
@@ -229,6 +261,11 @@ def main(argv: list[str] | None = None) -> None:
     consume_parser.add_argument("--queue", required=True)
     consume_parser.add_argument("--timeout", type=float, required=True)
     consume_parser.set_defaults(run=consume)
+    nats_parser = modes.add_parser("consume-nats")
+    nats_parser.add_argument("--url", required=True)
+    nats_parser.add_argument("--queue", required=True, help="the stream and its one subject")
+    nats_parser.add_argument("--timeout", type=float, required=True)
+    nats_parser.set_defaults(run=consume_nats)
     produce_parser = modes.add_parser("produce")
     produce_parser.add_argument("--destination", required=True)
     produce_parser.add_argument("--rate", type=float, required=True)

@@ -22,8 +22,16 @@ from urllib.parse import urlsplit, urlunsplit
 
 from benchmarks.services import REPO, Services, drop_database, recreate_database
 
-from . import cluster, sabotage
-from .destinations import CLUSTERED, ORDERED, ORDERED_KEYS, TASK_QUEUE, TASKS_UNAVAILABLE
+from . import cluster, jetstream, sabotage
+from .destinations import (
+    CLUSTERED,
+    NATS,
+    NATS_ORDERED,
+    ORDERED,
+    ORDERED_KEYS,
+    TASK_QUEUE,
+    TASKS_UNAVAILABLE,
+)
 from .disk import Disk
 from .processes import HOST, Proc, manage, module, worker_env
 from .proxy import Proxy
@@ -64,7 +72,8 @@ class Profile:
 
 PROFILES = {
     # About four minutes: relay kills twice, every other kind of fault once (of the
-    # cluster's, the leader's node; the task worker's on Django 6 only), in an order fixed
+    # cluster's, the leader's node; the task worker's on Django 6 only; the NATS cluster's
+    # three), in an order fixed
     # by the seed (the soak repeats them all). At 20 events/s per producer, so that the
     # one consumer keeps up on a busy 2-core machine and each recovery is the fault's,
     # not a backlog's.
@@ -78,6 +87,7 @@ PROFILES = {
             "postgres_crash",
             "consumer_kill",
             "cluster_leader_restart",
+            *jetstream.KINDS,
             "memory_alarm",
             "redis_oom",
             "net_delay",
@@ -126,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         help="break a guarantee on purpose (relays ignore the lease token, claim without "
         "the per-key gate, count attempts they did not make or use only the first address "
         "of a failover list; the consumer runs without the inbox; producers commit orders "
-        "whose staging failed; the task worker runs Django tasks without the inbox): the "
-        "audit must then fail",
+        "whose staging failed; the task worker runs Django tasks without the inbox; relays "
+        "publish to NATS without Nats-Msg-Id): the audit must then fail",
     )
     args = parser.parse_args(argv)
     if args.sabotage == "tasks" and TASKS_UNAVAILABLE is not None:
@@ -141,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     if seed is None:
         seed = random.SystemRandom().randrange(1, 2**31)
     print(f"chaos: profile {args.profile}, seed {seed}", flush=True)
-    with Services(DATABASE, cluster=True) as services:
+    with Services(DATABASE, cluster=True, nats=True) as services:
         return Run(args.profile, profile, seed, services, args.sabotage).main()
 
 
@@ -230,6 +240,7 @@ class Run:
         audit.reset_queues(self.services.amqp_url)
         audit.reset_redis(self.services.redis_url)
         cluster.reset_queues(self.services.cluster_url, audit.EXCHANGE)
+        jetstream.reset_stream(self.services.nats_url)
         self._create_processes()
         started = time.monotonic()
         for proc in self.procs:
@@ -286,9 +297,10 @@ class Run:
         self.consumer = self._consumer("consumer", DESTINATION)
         # The cluster's queue has its own consumer and producer (chaos.cluster).
         self._consumer("consumer-cluster", CLUSTERED)
+        # After the single node's producers, the cluster's and the NATS cluster's.
         self.producers = [
-            self._producer(i, DESTINATION if i <= p.producers else CLUSTERED)
-            for i in range(1, p.producers + 2)
+            self._producer(i, ([DESTINATION] * p.producers + [CLUSTERED, NATS])[i - 1])
+            for i in range(1, p.producers + 3)
         ]
         self.disk.producer_logs = [producer.log for producer in self.producers]
         if TASKS_UNAVAILABLE is None:
@@ -326,8 +338,10 @@ class Run:
         read = audit.drain_tap(self.services.amqp_url)
         read += audit.drain_tap(self.services.cluster_url, cluster.QUORUM)
         read += audit.drain_redis(self.services.redis_url)
+        read += jetstream.read(self.services.nats_url)
         counted = audit.totals(self.task_worker.log if self.task_worker else None)
         results = audit.checks(faults, self.profile.relays, self.profile.batch_size)
+        results += audit.nats_checks(faults)
         results += audit.heartbeat_checks(self.unbeating, self.beaten)
         print(
             f"chaos: faults for {faulting:.0f}s, drained in {drained:.0f}s, {read:,} messages "
@@ -393,17 +407,19 @@ class Run:
 
     def _producer(self, index: int, destination: str) -> Proc:
         """A producer whose keyless events go to ``destination``, the others to the
-        ordered destination; the cluster's at a quarter of the rate (what its faults
-        need, and little more load on the one consumer of the ordered destination).
-        With Django's tasks, each of its transactions enqueues one."""
-        rate = self.profile.rate / (4 if destination == CLUSTERED else 1)
+        ordered destination (NATS's: its own ordered one, on the same stream); the
+        cluster's and NATS's at a quarter of the rate (what their faults need, and little
+        more load on the database and the one consumer of the ordered destination). With
+        Django's tasks, each of its transactions enqueues one."""
+        rate = self.profile.rate / (4 if destination in (CLUSTERED, NATS) else 1)
+        ordered = NATS_ORDERED if destination == NATS else ORDERED
         return self._proc(
             f"producer-{index}",
             module(
                 "chaos.producer",
                 *("--index", str(index), "--seed", str(self.seed)),
                 *("--rate", str(rate), "--keys", str(ORDERED_KEYS)),
-                *("--destination", destination, "--ordered", ORDERED),
+                *("--destination", destination, "--ordered", ordered),
                 *(["--tasks"] if TASKS_UNAVAILABLE is None else []),
             ),
         )

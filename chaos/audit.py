@@ -25,9 +25,10 @@ from django_outbox.transports.declare import declare
 
 from . import database as db
 from .cluster import KINDS as CLUSTER_KINDS
-from .destinations import ORDERED, QUEUE, REDIS, TASK_QUEUE, TASKS_UNAVAILABLE
+from .destinations import NATS, NATS_ORDERED, ORDERED, QUEUE, REDIS, TASK_QUEUE, TASKS_UNAVAILABLE
 from .disk import lost_during
 from .faults import KINDS, Fault
+from .jetstream import KINDS as NATS_KINDS
 from .logs import lines
 from .models import BrokerCopy, OrderedCopy
 
@@ -102,7 +103,7 @@ def drain_tap(url: str, arguments: dict[str, str] | None = None) -> int:
         with kombu.Consumer(channel, [queue], on_message=count, no_ack=True):
             while read < expected:
                 connection.drain_events(timeout=30)
-    _record(copies, ordered)
+    record(copies, ordered)
     return read
 
 
@@ -131,11 +132,11 @@ def drain_redis(url: str) -> int:
         client.delete(REDIS)
     finally:
         client.close()
-    _record(collections.Counter(json.loads(text)["properties"]["message_id"] for text in texts))
+    record(collections.Counter(json.loads(text)["properties"]["message_id"] for text in texts))
     return len(texts)
 
 
-def _record(copies: collections.Counter[str], ordered: Sequence[OrderedCopy] = ()) -> None:
+def record(copies: collections.Counter[str], ordered: Sequence[OrderedCopy] = ()) -> None:
     """Add ``copies`` (event id -> copies read) to ``BrokerCopy``, and ``ordered``."""
     # An event on both taps (a relay whose encoder gave messages of both brokers one id:
     # --sabotage frames) adds up instead of breaking the audit.
@@ -230,7 +231,7 @@ def _must_be_zero(faults: Sequence[Fault]) -> list[tuple[str, float]]:
         "HAVING min(sequence) <> 1 OR max(sequence) <> count(*)) gaps"
     )
     return [
-        ("lost (committed, never handled)", _without(o, h)),
+        ("lost (committed, never handled)", _without(db.CONSUMED, h)),
         ("duplicates handled", db.value(f"SELECT count(*) - count(DISTINCT event_id) FROM {h}")),
         ("handled without a committed order", _without(h, o, count="count(DISTINCT event_id)")),
         (
@@ -268,7 +269,7 @@ def _must_be_zero(faults: Sequence[Fault]) -> list[tuple[str, float]]:
             "forged messages handled",
             db.value(f"SELECT count(*) FROM {h} WHERE event_id IN ({forged})"),
         ),
-        ("events out of order per key", out_of_order()),
+        ("events out of order per key", out_of_order(NATS_ORDERED, among=False)),
         ("ordered rows without a gap-free sequence (keys)", db.value(gaps)),
     ]
 
@@ -279,7 +280,7 @@ def fault_checks(faults: Sequence[Fault]) -> list[Check]:
         Check(
             "attempts spent without a publish (memory alarm, Redis out of memory, network "
             "delay, partition)",
-            sum(fault.done.spent for fault in faults),
+            sum(fault.done.spent for fault in faults if fault.kind not in NATS_KINDS),
             0,
         ),
         Check(
@@ -296,7 +297,38 @@ def fault_checks(faults: Sequence[Fault]) -> list[Check]:
         Check("orders committed during disk full lost", lost_during(faults), 0),
         Check(
             "cluster node restarts with nothing published through the other nodes",
-            sum(fault.done.stranded for fault in faults),
+            sum(fault.done.stranded for fault in faults if fault.kind in CLUSTER_KINDS),
+            0,
+        ),
+    ]
+
+
+def nats_checks(faults: Sequence[Fault]) -> list[Check]:
+    """The NATS destinations' guarantees, read from their stream (chaos.jetstream): every
+    committed event in it, once, each key's events in sequence order, and no attempt
+    spent on the cluster's faults."""
+    nats = f"(SELECT * FROM {db.OUTBOX_ROWS} WHERE destination IN {db.NATS_DESTINATIONS})"
+    return [
+        Check("NATS lost (committed, never in the stream)", _without(nats, db.BROKER), 0),
+        Check(
+            "NATS duplicates in the stream",
+            int(
+                db.value(
+                    f"SELECT coalesce(sum(copies - 1), 0) FROM {db.BROKER} b "
+                    f"WHERE EXISTS (SELECT 1 FROM {nats} o WHERE o.event_id = b.event_id)"
+                )
+            ),
+            0,
+        ),
+        Check("NATS out of order per key", out_of_order(NATS_ORDERED), 0),
+        Check(
+            "NATS attempts spent without a publish (node killed, leader moved, cluster down)",
+            sum(fault.done.spent for fault in faults if fault.kind in NATS_KINDS),
+            0,
+        ),
+        Check(
+            "NATS node kills with nothing published through the other nodes",
+            sum(fault.done.stranded for fault in faults if fault.kind in NATS_KINDS),
             0,
         ),
     ]
@@ -343,11 +375,12 @@ def not_live(workers: Sequence[str]) -> list[str]:
     return [worker for worker in workers if worker not in live]
 
 
-def out_of_order() -> int:
-    """Events of the ordered destination whose first copy in the tap did not come right
-    after the first copy of their predecessor: its sequence is not one more than the
-    highest of its key first delivered before it (a swap or a gap). The checks above
-    catch an event that never arrived at all."""
+def out_of_order(destination: str, *, among: bool = True) -> int:
+    """Events of ``destination`` (without ``among``: of every ordered destination but
+    it) whose first copy in the tap (or the stream) did not come right after the first
+    copy of their predecessor: its sequence is not one more than the highest of its key
+    first delivered before it (a swap or a gap). The checks above catch an event that
+    never arrived at all."""
     return int(
         db.value(
             f"""
@@ -358,11 +391,13 @@ def out_of_order() -> int:
                 ) AS before
                 FROM (
                     SELECT DISTINCT ON (event_id) * FROM {db.ORDERED_COPY}
+                    WHERE (destination = %s) = %s
                     ORDER BY event_id, position
                 ) firsts
             ) delivered
             WHERE sequence <> coalesce(before, 0) + 1
-            """
+            """,
+            [destination, among],
         )
     )
 
@@ -404,8 +439,14 @@ def totals(task_log: Path | None = None) -> dict[str, int]:
         f"SELECT count(*) FILTER (WHERE attempts > 0), coalesce(sum(attempts), 0), "
         f"coalesce(max(attempts), 0) FROM {db.OUTBOX_ROWS}"
     )[0]
+    nats, in_stream = db.rows(
+        f"SELECT count(*), coalesce(sum(b.copies), 0) FROM {db.OUTBOX_ROWS} o "
+        f"LEFT JOIN {b} b USING (event_id) WHERE o.destination IN {db.NATS_DESTINATIONS}"
+    )[0]
     return {
         **task_totals(task_log),
+        "nats": nats,
+        "nats_messages": in_stream,
         "deleted": db.value(f"SELECT count(*) FROM {db.DELETED}"),
         "rows_with_attempts": tried,
         "attempts": attempts,
@@ -448,7 +489,8 @@ def task_totals(log: Path | None) -> dict[str, int]:
 def relay_fault_copies(faults: Sequence[Fault], workers: dict[str, str]) -> list[str]:
     """For each relay fault: which relays published the rows the faulted relay held
     (the rows' final ``locked_by``, named through ``workers``), and how many of them
-    reached RabbitMQ more than once (published before the fault and again after)."""
+    reached their broker more than once (published before the fault and again after:
+    RabbitMQ keeps both, a NATS stream only one within its duplicate window)."""
     found = []
     for fault in faults:
         if fault.kind not in ("relay_kill", "relay_stop"):
@@ -466,7 +508,8 @@ def relay_fault_copies(faults: Sequence[Fault], workers: dict[str, str]) -> list
         published_by = ", ".join(f"{n} by {workers.get(w, w)}" for w, n in by) or "nobody"
         found.append(
             f"{fault.kind} of {fault.target} at {fault.at:.1f}s: its {len(fault.done.held_ids)} "
-            f"rows were published: {published_by}; {again} reached RabbitMQ twice or more"
+            f"rows ({fault.done.stored} of them NATS rows already in the stream) were "
+            f"published: {published_by}; {again} reached their broker twice or more"
         )
     return found
 
@@ -517,6 +560,10 @@ def _counted_rows(counted: dict[str, int]) -> list[str]:
         _row(
             f"  of them to the ordered destination {ORDERED} (keys)",
             f"{counted['ordered']:,} ({counted['ordered_keys']})",
+        ),
+        _row(
+            f"  of them to NATS, {NATS} and {NATS_ORDERED} (messages in the stream)",
+            f"{counted['nats']:,} ({counted['nats_messages']:,})",
         ),
         _row(
             "events rolled back (transaction / savepoint)",

@@ -61,7 +61,7 @@ def memory_alarm(injector: Injector) -> Done:
     def off() -> None:
         services.run("rabbitmqctl", "set_vm_memory_high_watermark", NORMAL)
 
-    return _spell(injector, "rabbitmq", on, off, hold, f"memory alarm for {hold:.1f}s")
+    return spell(injector, "rabbitmq", on, off, hold, f"memory alarm for {hold:.1f}s")
 
 
 def redis_oom(injector: Injector) -> Done:
@@ -88,7 +88,7 @@ def redis_oom(injector: Injector) -> Done:
         client.config_set("maxmemory-policy", policy)
 
     try:
-        return _spell(injector, "redis", on, off, hold, f"Redis out of memory for {hold:.1f}s")
+        return spell(injector, "redis", on, off, hold, f"Redis out of memory for {hold:.1f}s")
     finally:
         client.close()
 
@@ -116,7 +116,7 @@ def net_delay(injector: Injector) -> Done:
     hold = injector.rng.uniform(*HOLD)
     delay = injector.rng.uniform(*DELAY)
     what = f"{delay * 1000:.0f} ms per chunk for {hold:.1f}s"
-    return _spell(
+    return spell(
         injector, "network", lambda: proxy.delay(delay), lambda: proxy.delay(0), hold, what
     )
 
@@ -130,13 +130,13 @@ def net_partition(injector: Injector) -> Done:
     def heal() -> None:
         reset.append(proxy.heal())
 
-    done = _spell(
+    done = spell(
         injector, "network", proxy.partition, heal, hold, f"partition for {hold:.1f}s", reset=True
     )
     return _with_facts(done, lambda facts: f"{facts}; {reset[0]} connections reset at the end")
 
 
-def _spell(
+def spell(
     injector: Injector,
     target: str,
     on: Callable[[], None],

@@ -10,7 +10,7 @@ from django.db import DatabaseError, connection, transaction
 
 from django_outbox.models import InboxFailure, InboxMessage, OutboxMessage, TaskResultRecord
 
-from .destinations import CLUSTERED
+from .destinations import CLUSTERED, NATS, NATS_ORDERED
 from .models import (
     BrokerCopy,
     Forged,
@@ -40,6 +40,15 @@ INBOX_FAILURE = InboxFailure._meta.db_table
 TASK_RESULT = TaskResultRecord._meta.db_table
 TASK_EFFECT = TaskEffect._meta.db_table
 RETRY_FOR = 120.0
+#: The NATS destinations, as an SQL list. No consumer reads their stream during a run:
+#: their events count as delivered once their row is PUBLISHED (the stream acknowledged
+#: them), and the audit reads the stream at the end.
+NATS_DESTINATIONS = f"('{NATS}', '{NATS_ORDERED}')"
+#: The committed orders a consumer handles: every one but the NATS destinations'.
+CONSUMED = (
+    f"(SELECT * FROM {ORDER} o WHERE NOT EXISTS (SELECT 1 FROM {OUTBOX_ROWS} r "
+    f"WHERE r.event_id = o.event_id AND r.destination IN {NATS_DESTINATIONS}))"
+)
 
 
 def rows(sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
@@ -65,12 +74,15 @@ def value(sql: str, params: Any = ()) -> Any:
 
 def unhandled(up_to: int, after: int = 0) -> int:
     """Committed orders with ids in (``after``, ``up_to``] whose event the consumer has
-    not handled (``after``: an id up to which all are known handled, to keep this
-    query small while the tables grow)."""
+    not handled, or (the NATS destinations') whose row is not PUBLISHED yet (``after``:
+    an id up to which all are known handled, to keep this query small while the tables
+    grow)."""
     return int(
         value(
             f"SELECT count(*) FROM {ORDER} o WHERE o.id > %s AND o.id <= %s AND NOT EXISTS "
-            f"(SELECT 1 FROM {HANDLED} h WHERE h.event_id = o.event_id)",
+            f"(SELECT 1 FROM {HANDLED} h WHERE h.event_id = o.event_id) AND NOT EXISTS "
+            f"(SELECT 1 FROM {OUTBOX_ROWS} r WHERE r.event_id = o.event_id "
+            f"AND r.destination IN {NATS_DESTINATIONS} AND r.status = 'published')",
             [after, up_to],
         )
     )
@@ -110,20 +122,25 @@ def last_order() -> int:
     return int(value(f"SELECT coalesce(max(id), 0) FROM {ORDER}"))
 
 
-def held(worker: str, *, claimed_after: dt.datetime | None, lease: float) -> tuple[list[int], int]:
-    """The rows ``worker`` holds PROCESSING, and how many of them the consumer has
-    already handled, or the task worker run (published, not yet finalized). With
-    ``claimed_after`` (a database time), only the rows it claimed after it (a claim's
-    lease ends ``lease`` seconds after its transaction began)."""
+def held(
+    worker: str, *, claimed_after: dt.datetime | None, lease: float
+) -> tuple[list[int], int, list[str]]:
+    """The rows ``worker`` holds PROCESSING, how many of them the consumer has already
+    handled, or the task worker run (published, not yet finalized), and the event ids of
+    those of the NATS destinations (whether they are in the stream, the caller asks it).
+    With ``claimed_after`` (a database time), only the rows it claimed after it (a
+    claim's lease ends ``lease`` seconds after its transaction began)."""
     found = rows(
         f"SELECT o.id, EXISTS (SELECT 1 FROM {HANDLED} h WHERE h.event_id = o.event_id) "
-        f"OR EXISTS (SELECT 1 FROM {TASK_EFFECT} t WHERE t.result_id = o.event_id) "
+        f"OR EXISTS (SELECT 1 FROM {TASK_EFFECT} t WHERE t.result_id = o.event_id), "
+        f"CASE WHEN o.destination IN {NATS_DESTINATIONS} THEN o.event_id::text END "
         f"FROM {OUTBOX} o WHERE o.status = 'processing' AND o.locked_by = %s "
         "AND o.locked_until > coalesce(%s, '-infinity'::timestamptz) "
         "+ make_interval(secs => %s)",
         [worker, claimed_after, lease],
     )
-    return [row[0] for row in found], sum(1 for row in found if row[1])
+    nats = [row[2] for row in found if row[2] is not None]
+    return [row[0] for row in found], sum(1 for row in found if row[1]), nats
 
 
 def still_held(ids: list[int], worker: str) -> int:

@@ -21,6 +21,13 @@ CLUSTERED = "chaos.cluster"
 #: ``redis_oom`` fault (chaos.broker). Nobody consumes its queue during a run: the audit
 #: reads it at the end, as the single node's tap.
 REDIS = "chaos.redis"
+#: On the three-node NATS JetStream cluster (broker alias ``nats``), both in the stream
+#: ``NATS_STREAM`` (three replicas): ``NATS`` keyless, ``NATS_ORDERED`` an ordered route
+#: whose events carry one of ``ORDERED_KEYS`` keys (chaos.jetstream). Nobody consumes the
+#: stream during a run: the audit reads it at the end.
+NATS = "chaos.nats.orders"
+NATS_ORDERED = "chaos.nats.accounts"
+NATS_STREAM = "CHAOS_NATS"
 #: The task queue of the Django tasks (:mod:`chaos.djtasks`), and the Celery queue the
 #: task worker consumes.
 TASK_QUEUE = "chaos.tasks"

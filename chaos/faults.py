@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from benchmarks.services import Services
 
-from . import broker, cluster, disk
+from . import broker, cluster, disk, jetstream
 from . import database as db
 from .destinations import TASKS_UNAVAILABLE
 from .logs import lease_lost_rows, lines
@@ -47,9 +47,13 @@ KINDS = (
     "net_partition",
     "disk_full",
     *cluster.KINDS,
+    *jetstream.KINDS,
     *(("task_worker_kill",) if TASKS_UNAVAILABLE is None else ()),
 )
 POLL = 0.005  # seconds between looks at the outbox while aiming a relay fault
+#: What relay_kill aims at, kill after kill: a relay between publish and finalize (rows
+#: the consumer handled; NATS rows in the stream), and one holding rows at all.
+AIMS = ("held", "handled", "stored")
 MAX_TRIES = 50  # freezes of a process before a fault lands wherever it is
 #: Faults after which a relay may have given a batch up: a finalize that failed (the
 #: database down or its disk full) leaves its rows PROCESSING under the relay's name until
@@ -70,8 +74,9 @@ class Done:
     system recovered, the rows a relay held when signalled, (a zombie) how many
     of them it did not report as lease lost, the attempts spent on rows while a broker
     or network fault lasted, (a full disk) the order ids committed meanwhile, and (a
-    cluster node's restart) 1 when the runner's event was not published while the node
-    was down."""
+    cluster node's restart, a NATS node's kill) 1 when the runner's event was not
+    published while the node was down, and (a relay kill) how many of the rows it held
+    were NATS rows already in the stream."""
 
     target: str
     ended: float
@@ -81,6 +86,7 @@ class Done:
     spent: int = 0
     orders: tuple[int, int] | None = None
     stranded: int = 0
+    stored: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,26 +177,29 @@ class Injector:
     # -- the faults ---------------------------------------------------------------
 
     def relay_kill(self) -> Done:
-        """SIGKILL a relay holding a claim: every other kill while it holds rows it has
-        published (the consumer handled them, or the task worker ran them) but not yet
-        finalized."""
+        """SIGKILL a relay holding a claim, aimed in turn (AIMS): while it holds rows it
+        has published but not yet finalized, which the consumer handled (or the task
+        worker ran); while it holds NATS rows the stream already has; while it holds
+        rows."""
         relay = self.zombie or self.rng.choice(self.relays)
         pid = relay.pid
         self._kills += 1
-        tries, ids, handled = self._freeze_relay(relay, published=self._kills % 2 == 1)
+        aim = AIMS[self._kills % len(AIMS)]
+        tries, ids, handled, stored = self._freeze_relay(relay, aim=aim)
         relay.kill()  # SIGKILL ends a stopped process too
         relay.start()
-        if handled:
+        if handled or stored:
             moment = (
                 f"between publish and finalize: it held {len(ids)} rows, {handled} of them "
-                "already handled by the consumer (or run by the task worker)"
+                f"already handled by the consumer (or run by the task worker), {stored} "
+                "NATS rows already in the stream"
             )
         elif ids:
             moment = f"while it held a claim of {len(ids)} rows the consumer had not seen"
         else:
             moment = "while it held no claim"
         facts = f"SIGKILL pid {pid} {moment} (try {tries}); restarted as pid {relay.pid}"
-        return Done(relay.role, time.monotonic(), lambda: facts, ids)
+        return Done(relay.role, time.monotonic(), lambda: facts, ids, stored=stored)
 
     def relay_stop(self) -> Done:
         """SIGSTOP a relay holding a claim, until another relay has taken all of it
@@ -198,7 +207,7 @@ class Injector:
         relay = self.zombie or self.rng.choice(self.relays)
         worker, log = relay.worker, relay.log
         lost_before = lease_lost_rows(log)
-        tries, ids, _ = self._freeze_relay(relay, published=False)
+        tries, ids, _, _ = self._freeze_relay(relay, aim="held")
         stopped_at = time.monotonic()
         deadline = stopped_at + 3 * self.lease + 60
         while ids and db.still_held(ids, worker):
@@ -296,6 +305,15 @@ class Injector:
         )
         return Done(target, ended, facts, stranded=int(failover is None))
 
+    def nats_node_kill(self) -> Done:
+        return jetstream.node_kill(self)
+
+    def nats_leader_move(self) -> Done:
+        return jetstream.leader_move(self)
+
+    def nats_down(self) -> Done:
+        return jetstream.cluster_down(self)
+
     def memory_alarm(self) -> Done:
         return broker.memory_alarm(self)
 
@@ -357,30 +375,40 @@ class Injector:
         )
         return tries, state, names
 
-    def _freeze_relay(self, relay: Proc, *, published: bool) -> tuple[int, list[int], int]:
-        """Freeze ``relay`` while it holds a claim (with ``published``: rows the consumer
-        has already handled, or the task worker run). Returns the tries, the rows it holds
-        and how many of them were handled. Rows it claimed before the last of the
-        DATABASE_FAULTS recovered are not counted: they may be a batch it gave up, which
-        it would rightly not report as lease lost."""
+    def _freeze_relay(self, relay: Proc, *, aim: str) -> tuple[int, list[int], int, int]:
+        """Freeze ``relay`` while it holds a claim: with ``aim`` "handled", rows the
+        consumer has already handled (or the task worker run); "stored", NATS rows
+        already in the stream; "held", any. Returns the tries, the rows it holds, how
+        many of them were handled and how many were NATS rows in the stream. Rows it
+        claimed before the last of the DATABASE_FAULTS recovered are not counted: they
+        may be a batch it gave up, which it would rightly not report as lease lost."""
         worker, since = relay.worker, self._database_back
 
-        def look() -> tuple[list[int], int]:
+        def holding() -> tuple[list[int], int, list[str]]:
             return db.held(worker, claimed_after=since, lease=self.lease)
+
+        def look() -> tuple[list[int], int, list[str]]:
+            ids, handled, nats = holding()
+            # The stream is read only when it is the aim: a read per look is slow.
+            return ids, handled, nats if aim == "stored" and self._stored(nats) else []
 
         def until_it_holds_rows() -> None:
             deadline = time.monotonic() + 10
-            while not look()[0] and time.monotonic() < deadline:
+            while not holding()[{"stored": 2}.get(aim, 0)] and time.monotonic() < deadline:
                 time.sleep(POLL)
 
-        tries, (ids, handled) = self._freeze(
+        tries, (ids, handled, _) = self._freeze(
             relay,
             look,
-            lambda seen: seen[1] if published else seen[0],
+            lambda seen: seen[{"handled": 1, "stored": 2}.get(aim, 0)],
             before=until_it_holds_rows,
             settle=0.05,  # the consumer catches up with what the relay published
         )
-        return tries, ids, handled
+        return tries, ids, handled, self._stored(holding()[2])
+
+    def _stored(self, event_ids: list[str]) -> int:
+        """How many of ``event_ids`` (of NATS rows) the stream has."""
+        return jetstream.stored(self.services.nats_url, event_ids)
 
     def _outage(
         self, service: str, down: str, up: str, action: str = "restart"

@@ -25,9 +25,12 @@ message id), as an encoder that mixed up messages' parts would; ``--sabotage due
 relays whose claim takes PROCESSING rows whatever their lease (the named query ``claim_due``
 without its ``locked_until`` test, which since the claim became a HOT update is all that
 keeps a live lease's rows from the next claim); ``--sabotage oom`` starts relays that do not
-know Redis out of memory when they see it (``out_of_memory`` of the Redis transport always
-False): its refusals are publish failures that count an attempt; ``--sabotage forgery``
-starts consumers that verify no signature, so the producers' forged messages are handled.
+know Redis out of memory when they see it (``write_refusal`` of the Redis transport always
+None): its refusals are publish failures that count an attempt; ``--sabotage forgery``
+starts consumers that verify no signature, so the producers' forged messages are handled;
+``--sabotage msgid`` starts relays that publish to NATS JetStream without ``Nats-Msg-Id``
+(the transport's header name ``MSG_ID`` replaced with one JetStream does not read), so the
+stream cannot drop the copies a relay publishes again.
 A run with any of them must fail its audit.
 Nothing imports this module unless ``CHAOS_SABOTAGE`` is set.
 """
@@ -59,6 +62,7 @@ KINDS = (
     "due",
     "oom",
     "forgery",
+    "msgid",
 )
 
 
@@ -98,14 +102,20 @@ def apply(kind: str) -> None:
     elif kind == "frames":
         _one_event_id()
     elif kind == "oom":
-        from django_outbox.transports import connection, declare, kombu
+        from django_outbox.transports import connection, declare, redis_wire
 
-        for module in (connection, declare, kombu):  # each module that tells it
-            module.out_of_memory = lambda exc: False  # type: ignore[attr-defined]
+        for module in (connection, declare, redis_wire):  # each module that tells it
+            module.write_refusal = lambda exc: None  # type: ignore[attr-defined]
     elif kind == "forgery":
         from django_outbox.consumer import loop as consumer
 
         consumer._verifying_keys = lambda verify: None  # type: ignore[assignment]
+    elif kind == "msgid":
+        from django_outbox.transports import nats
+
+        # Read where it is used (nats_headers, and a failed key's chain): every message
+        # then carries the event id under a header JetStream does not dedupe on.
+        nats.MSG_ID = "Chaos-Not-Msg-Id"  # type: ignore[misc]
     elif kind == "parking":
         from django_outbox.consumer import InboxConsumer
 

@@ -19,7 +19,17 @@ import os
 
 import environ
 
-from chaos.destinations import CLUSTERED, ORDERED, QUEUE, REDIS, TASK_QUEUE, TASKS_UNAVAILABLE
+from chaos.destinations import (
+    CLUSTERED,
+    NATS,
+    NATS_ORDERED,
+    NATS_STREAM,
+    ORDERED,
+    QUEUE,
+    REDIS,
+    TASK_QUEUE,
+    TASKS_UNAVAILABLE,
+)
 
 env = environ.Env()
 
@@ -41,14 +51,25 @@ DATABASES = {
 #: relays) has it without "ordered": its settings order no route, so it claims unordered
 #: rows alone between whole claims (docs/relay.md), and the faults hit that path too.
 ORDERED_ROUTE: dict[str, object] = {"queue": QUEUE, "routing_key": QUEUE, "ordered": True}
+#: The NATS destinations' routes (chaos.jetstream: the runner creates their stream), the
+#: ordered one under the same rule as ORDERED_ROUTE.
+NATS_ROUTE: dict[str, object] = {
+    "broker": "nats",
+    "stream": NATS_STREAM,
+    "replicas": 3,
+    "duplicate_window": 600,
+}
+NATS_ORDERED_ROUTE: dict[str, object] = {**NATS_ROUTE, "ordered": True}
 if env.bool("CHAOS_ORDERS_NOTHING", default=False):
     del ORDERED_ROUTE["ordered"]
+    del NATS_ORDERED_ROUTE["ordered"]
 
 
-def _brokers(cluster_url: str, redis_url: str) -> dict[str, object]:
+def _brokers(cluster_url: str, redis_url: str, nats_url: str) -> dict[str, object]:
     """The three-node cluster (chaos.cluster) as broker "cluster", and CLUSTERED on a
     quorum queue there; the services' Redis as broker "redis", and REDIS there (the
-    redis_oom fault); each only when its URL is given."""
+    redis_oom fault); the NATS JetStream cluster as broker "nats", and NATS and
+    NATS_ORDERED there; each only when its URL is given."""
     brokers: dict[str, object] = {}
     routes: dict[str, object] = {ORDERED: ORDERED_ROUTE}
     if cluster_url:
@@ -58,6 +79,9 @@ def _brokers(cluster_url: str, redis_url: str) -> dict[str, object]:
     if redis_url:
         brokers["redis"] = {"URL": redis_url}
         routes[REDIS] = {"queue": REDIS, "routing_key": REDIS, "broker": "redis"}
+    if nats_url:
+        brokers["nats"] = {"URL": nats_url}
+        routes.update({NATS: NATS_ROUTE, NATS_ORDERED: NATS_ORDERED_ROUTE})
     return {"BROKERS": brokers, "ROUTES": routes} if brokers else {}
 
 
@@ -70,7 +94,11 @@ OUTBOX = {
     "BROKER_URL": env("OUTBOX_BROKER_URL", default="amqp://guest:guest@127.0.0.1:55672//"),
     "DEFAULT_EXCHANGE": "chaos",
     "ROUTES": {ORDERED: ORDERED_ROUTE},
-    **_brokers(env("OUTBOX_CLUSTER_URL", default=""), env("OUTBOX_REDIS_URL", default="")),
+    **_brokers(
+        env("OUTBOX_CLUSTER_URL", default=""),
+        env("OUTBOX_REDIS_URL", default=""),
+        env("OUTBOX_NATS_URL", default=""),
+    ),
     # The relays sign, the consumers park what is not signed: see chaos.producer's forger.
     "SIGNING_KEYS": [SIGNING_KEY],
     "VERIFY_SIGNATURES": True,

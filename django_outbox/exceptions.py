@@ -58,10 +58,20 @@ class BrokerUnreachable(OutboxError, ConnectionError):
     counted since its last message (or its start), and gave up."""
 
 
-class BrokerOutOfMemory(OutboxError, ConnectionError):
-    """The broker takes connections but refuses every write for want of memory (Redis at
-    its ``maxmemory`` with nothing it may evict): an outage, as RabbitMQ's memory alarm
-    is, never the messages' fault."""
+class BrokerRefusesWrites(OutboxError, ConnectionError):
+    """The broker takes connections but refuses every write for now: a Redis out of
+    memory, read-only (a replica after a failover) or unable to persist (``MISCONF``).
+    An outage, as RabbitMQ's memory alarm is, never the messages' fault; ``condition``
+    says which ("out of memory", "read-only", "unable to persist")."""
+
+    def __init__(self, message: str, condition: str = "out of memory") -> None:
+        super().__init__(message)
+        self.condition = condition
+
+
+class BrokerOutOfMemory(BrokerRefusesWrites):
+    """The broker refuses every write for want of memory (Redis at its ``maxmemory``
+    with nothing it may evict)."""
 
 
 class RequeueRefused(OutboxError, ValueError):

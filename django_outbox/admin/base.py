@@ -5,12 +5,14 @@ or the recent window, and the columns of a delivery's error and headers."""
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from functools import cached_property
 from typing import Any, cast
 
 from django.contrib import admin
-from django.core.paginator import Paginator
+from django.contrib.admin.views.main import ORDER_VAR, ChangeList
+from django.core.paginator import EmptyPage, Paginator
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.http import HttpRequest
@@ -24,6 +26,10 @@ from ..models import InboxFailure, OutboxMessage
 from .window import distinct_leading, recent
 
 ERROR_EXCERPT_CHARS = 80
+#: How deep the admin's pages go: a page is an OFFSET, which reads every row before it.
+PAGE_DEPTH_ROWS = 10_000
+
+logger = logging.getLogger(__name__)
 
 
 def pretty_json(value: object) -> SafeString:
@@ -46,9 +52,11 @@ def badge(css_class: str, colour: str, label: object) -> SafeString:
 
 class EstimatingPaginator(Paginator):
     """A paginator whose count never reads the whole table: exact up to
-    ``django_outbox.db.EXACT_COUNT_LIMIT`` rows, PostgreSQL's estimate beyond.
-    Past the estimate's last page there is nothing to click; filter or search
-    to reach rows the estimate leaves out."""
+    ``django_outbox.db.EXACT_COUNT_LIMIT`` rows, PostgreSQL's estimate beyond; and
+    whose pages stop at :data:`PAGE_DEPTH_ROWS` rows deep, since a page is an OFFSET
+    that reads every row before it. A deeper page is refused as Django refuses a page
+    out of range (the list with ``?e=1``), logged once; sort the other way, filter or
+    search to reach the rows beyond."""
 
     @cached_property
     def row_count(self) -> RowCount:
@@ -58,6 +66,68 @@ class EstimatingPaginator(Paginator):
     @cached_property
     def count(self) -> int:
         return self.row_count.value
+
+    @cached_property
+    def num_pages(self) -> int:
+        return min(Paginator.num_pages.func(self), self.deepest_page)  # type: ignore[attr-defined]
+
+    @property
+    def deepest_page(self) -> int:
+        """The last page whose rows lie within :data:`PAGE_DEPTH_ROWS`."""
+        return max(1, PAGE_DEPTH_ROWS // self.per_page)
+
+    @property
+    def pages_stop(self) -> bool:
+        """Whether rows lie beyond the last page (the pages stopped at the bound)."""
+        return self.count > self.num_pages * self.per_page
+
+    def validate_number(self, number: Any) -> int:
+        try:
+            return super().validate_number(number)
+        except EmptyPage:
+            if self.pages_stop:
+                logger.info(
+                    "admin page %s refused: pages stop at %d rows deep, page %d; sort the "
+                    "other way, filter or search to reach older rows",
+                    number,
+                    PAGE_DEPTH_ROWS,
+                    self.num_pages,
+                    extra={"action": "outbox.admin_page_refused"},
+                )
+            raise
+
+
+class SortableOnlyChangeList(ChangeList):
+    """Django's changelist, whose sort in the URL (``?o=``) keeps only the columns its
+    admin's ``sortable_by`` names: Django applies any column's otherwise (``sortable_by``
+    only hides the headers' links), and a sort no index serves reads the whole table.
+    A column dropped so is logged once."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> Any:
+        order = self.params.get(ORDER_VAR)
+        if order:
+            kept = [part for part in order.split(".") if self._sortable(part)]
+            if len(kept) < len(order.split(".")):
+                logger.info(
+                    "admin sort %s=%s ignored: this list sorts by %s only",
+                    ORDER_VAR,
+                    order,
+                    ", ".join(self.sortable_by or ()) or "its default order",
+                    extra={"action": "outbox.admin_sort_ignored"},
+                )
+            if kept:
+                self.params[ORDER_VAR] = ".".join(kept)
+            else:
+                del self.params[ORDER_VAR]
+        return super().get_queryset(request, exclude_parameters)
+
+    def _sortable(self, part: str) -> bool:
+        """Whether ``part`` of ``?o=`` (``[-]index``) is a column ``sortable_by`` names."""
+        try:
+            column = self.list_display[int(part.rpartition("-")[2])]
+        except (IndexError, ValueError):
+            return False
+        return column in (self.sortable_by or ())
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -84,6 +154,9 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     uuid_scope: str | None = None
     exact_search_fields: tuple[str, ...] = ()
     recent_prefix_fields: tuple[str, ...] = ()
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return SortableOnlyChangeList
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -4,7 +4,8 @@
 ``amqp://user:***@host:5672/vhost``; :func:`url_problem` says why a URL cannot be
 parsed without quoting it; :func:`scrub` takes known secrets (and any URL's
 password) out of an arbitrary text, such as a driver's error message;
-:class:`SecretFilter` does that to the log records of a logger.
+:class:`SecretFilter` does that to the log records of a logger;
+:func:`describe` writes an exception as text even when its ``__str__`` raises.
 
 Nothing here reads settings: :meth:`~django_outbox.conf.OutboxSettings.redact`
 supplies the secrets of the project's configuration.
@@ -193,6 +194,25 @@ def scrub(text: str, secrets: Iterable[str] = ()) -> str:
     return _URL_IN_TEXT.sub(lambda match: mask_url(match.group(0)), text)
 
 
+#: What stands for the message of an exception (or a log argument) whose ``__str__``
+#: raises: the words Python's own tracebacks use.
+UNPRINTABLE = "<exception str() failed>"
+
+
+def printable(value: object) -> str:
+    """``str(value)``, or :data:`UNPRINTABLE` when its ``__str__`` raises (a library's
+    bug must not turn a failure being reported into another one)."""
+    try:
+        return str(value)
+    except Exception:
+        return UNPRINTABLE
+
+
+def describe(exc: BaseException) -> str:
+    """``ClassName: message`` of ``exc``, whatever its ``__str__`` does."""
+    return f"{type(exc).__name__}: {printable(exc)}"
+
+
 class SecretFilter(logging.Filter):
     """Scrubs the message and the traceback of every record of the logger it is
     added to (``logger.addFilter(SecretFilter(outbox_settings.redact))``): a driver's
@@ -203,7 +223,25 @@ class SecretFilter(logging.Filter):
         self._redact = redact
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.msg, record.args = self._redact(record.getMessage()), ()
+        record.msg, record.args = self._redact(_message(record)), ()
         if record.exc_info and not record.exc_text:
             record.exc_text = self._redact(logging.Formatter().formatException(record.exc_info))
         return True
+
+
+def _message(record: logging.LogRecord) -> str:
+    """The record's message, an argument whose ``__str__`` raises written as
+    :data:`UNPRINTABLE` (logging does not guard a filter: the caller would get the error)."""
+    try:
+        return record.getMessage()
+    except Exception:
+        args = record.args
+        texts: object = (
+            {key: printable(value) for key, value in args.items()}
+            if isinstance(args, dict)
+            else tuple(map(printable, args or ()))
+        )
+        try:
+            return printable(record.msg) % texts
+        except Exception:  # the format itself does not fit its arguments
+            return f"{printable(record.msg)} {texts}"

@@ -202,13 +202,16 @@ class OutboxSettings:
         return route
 
     def route_for_queue(self, queue: str) -> Route:
-        """The route that declares ``queue`` (or has it as a partition queue), so a
+        """The route that declares ``queue`` (or has it as a partition queue, or as its
+        Kafka topic), so a
         consumer declares the same exchange, queue and binding as the relay; for a
         queue no route names,
         the default route of a destination called ``queue`` (or, with
         DEFAULT_ROUTE off, the bare queue)."""
         for route in self.ROUTES.values():
             if queue == route.queue or queue in route.partition_queues:
+                return route
+            if route.is_kafka and queue == route.topic_name:  # a Kafka consumer's topic
                 return route
         if self.DEFAULT_ROUTE:
             return Route.default(queue, self.DEFAULT_EXCHANGE, ordered=self.DEFAULT_ORDERED)
@@ -285,16 +288,17 @@ class OutboxSettings:
         can connect with it; else :class:`OutboxConfigurationError` with the text
         of the system check that reports it (E006, E007, E010 or E011). Consumers only
         (the relay has :meth:`require_broker`): a Kafka broker is refused, which kombu's
-        own ``kafka://`` transport would read as kombu messages."""
+        own ``kafka://`` transport would read as kombu messages (the consumer reads one
+        by its alias, the replay by the parked message's route)."""
         if not url:
             url = self.require_broker().url
         elif (problem := broker_problem(url)) is not None:
             raise OutboxConfigurationError(f"{problem.id}: {problem.msg} {problem.hint}")
         if broker_scheme(url) == KAFKA_SCHEME:
             raise OutboxConfigurationError(
-                f"{mask_url(url)} is a Kafka cluster, which run_outbox_consumer and "
-                "outbox_replay_parked do not read yet: consume its topics with a Kafka "
-                "client and dedupe with process_once() on the event_id header (docs/kafka.md)"
+                f"{mask_url(url)} is a Kafka cluster, which is not given by URL: name its "
+                "alias of OUTBOX['BROKERS'] (run_outbox_consumer --broker ALIAS; "
+                "outbox_replay_parked finds it by the parked message's topic)"
             )
         return url
 

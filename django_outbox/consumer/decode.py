@@ -17,12 +17,15 @@ from __future__ import annotations
 import functools
 import json
 import reprlib
-from typing import Any
+import uuid
+from typing import Any, cast
 
 import kombu
+import kombu.transport.virtual
 
 from .. import cloudevents
 from ..conf import outbox_settings
+from ..conf.redact import describe
 from ..envelope import COMPRESSION_HEADER, CONTENT_ENCODING, CONTENT_TYPE, ReceivedEvent
 from ..exceptions import InvalidMessage
 from ..signing import SIGNATURE_HEADER, Keyring
@@ -111,7 +114,19 @@ def uninflated(message_class: type[kombu.Message]) -> type[kombu.Message]:
     from someone else has one. The headers are set just after ``errors`` and just before
     kombu reads ``compression``: recording an error there skips the inflating."""
 
+    virtual = issubclass(message_class, kombu.transport.virtual.Message)
+
     class Uninflated(message_class):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            try:
+                super().__init__(*args, **kwargs)
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                if not virtual:
+                    raise  # py-amqp's frames have their types: kombu's own error
+                payload = kwargs.get("payload", args[0] if args else None)
+                channel = kwargs.get("channel", args[1] if len(args) > 1 else None)
+                _refused_shape(self, payload, channel, exc)
+
         @property
         def headers(self) -> dict[str, Any]:
             return self._outbox_headers
@@ -130,3 +145,30 @@ def uninflated(message_class: type[kombu.Message]) -> type[kombu.Message]:
 
     Uninflated.__name__ = Uninflated.__qualname__ = f"Uninflated{message_class.__name__}"
     return Uninflated
+
+
+def _refused_shape(message: kombu.Message, payload: Any, channel: Any, exc: Exception) -> None:
+    """Make ``message`` the refusal of a virtual transport's ``payload`` whose JSON kombu
+    cannot read as a message (headers that are a list, properties that are text, a
+    number for a body: anyone who can push to a Redis list writes all of it): empty,
+    with :class:`InvalidMessage` in its decode errors, so that the consumer rejects it
+    (and the transport forgets it) instead of stopping on kombu's error."""
+    properties = payload.get("properties") if isinstance(payload, dict) else None
+    properties = properties if isinstance(properties, dict) else {}
+    tag, info = properties.get("delivery_tag"), properties.get("delivery_info")
+    if not (isinstance(info, dict) and {"exchange", "routing_key"} <= info.keys()):
+        info = {"exchange": "", "routing_key": ""}
+    kombu.Message.__init__(
+        message,
+        body=b"",
+        channel=channel,
+        delivery_tag=tag if isinstance(tag, str) and tag else str(uuid.uuid4()),
+        delivery_info=info,
+        properties=properties,
+    )
+    refused = InvalidMessage(
+        f"kombu cannot read it as a message ({describe(exc)}): "
+        "it was not published by an outbox relay"
+    )
+    errors = cast("list[Any]", message.errors)  # a list once kombu's __init__ ran
+    errors[:] = [(InvalidMessage, refused, None)]

@@ -24,6 +24,7 @@ from django.db import DatabaseError
 
 from .. import tracing
 from ..conf import outbox_settings
+from ..conf.redact import describe
 from ..envelope import ReceivedEvent
 from ..inbox.records import UNACKED_ERROR, record_failure, record_redelivery
 from ..state.retry import RetryPolicy
@@ -117,7 +118,7 @@ class Deliveries:
         """The handler raised: count the delivery, then hold the message for its backoff
         delay, or park it once ``max_deliveries`` is reached."""
         context = self._context
-        error = outbox_settings.redact(f"{type(exc).__name__}: {exc}")  # shown by the admin
+        error = outbox_settings.redact(describe(exc))  # shown by the admin
         try:
             deliveries, parked = record_failure(
                 context.consumer,

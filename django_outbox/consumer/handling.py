@@ -53,6 +53,12 @@ class Handling:
         self._context.stats.received += 1
         self._parking.reject(message, exc)
 
+    def unreadable(self, exc: ValueError) -> None:
+        """A virtual transport's item kombu could not even parse as JSON: no message to
+        settle (it left the list when read), so it is counted and logged as rejected."""
+        self._context.stats.received += 1
+        self._parking.dropped(exc)
+
     def handle(self, message: Any) -> None:
         context = self._context
         context.stats.received += 1

@@ -14,7 +14,9 @@ unacked until its time (:mod:`.held`), and rides out a database outage without
 counting (:mod:`.outages`).
 
 The queue of a route with partitions is consumed as its partition queues (all,
-or those given), one kombu consumer each.
+or those given), one kombu consumer each. On a NATS JetStream broker (``nats://``) the
+run pulls from a stream's durable consumer instead (:mod:`.nats`), through the same
+handling.
 
 Prefetch is bounded, so a stopped or killed consumer leaves at most
 ``prefetch`` messages unacked, and the broker redelivers them. A lost broker
@@ -30,20 +32,22 @@ import contextlib
 import dataclasses
 import datetime as dt
 import functools
+import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import kombu
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 from django.utils import timezone
+from django.utils.module_loading import import_string
 from kombu.mixins import ConsumerMixin
 
 from .. import tracing
 from ..conf import outbox_settings
-from ..conf.brokers import NATS_SCHEMES, broker_scheme
+from ..conf.brokers import KAFKA_SCHEME, NATS_SCHEMES, broker_scheme
 from ..conf.redact import mask_url
 from ..conf.routes import Route
 from ..exceptions import BrokerUnreachable, OutboxConfigurationError
@@ -59,6 +63,7 @@ from .decode import uninflated
 from .deliveries import Deliveries, retry_policy
 from .handling import Handling
 from .held import Held
+from .nats import JetStreamSource, Naks
 from .ordered import Ordered
 from .outages import DatabaseOutage
 from .parking import Parking
@@ -73,6 +78,10 @@ DEFAULT_RETRY_DELAY = 1.0
 DEFAULT_RETRY_MAX_DELAY = 30.0
 #: How long one wait for a message lasts, so a stop request is seen promptly.
 DRAIN_TIMEOUT = 1.0
+#: The runs of brokers kombu does not serve, by URL scheme, imported by path (their
+#: modules build on this one): each is made with the consumer, ``idle_timeout``, a
+#: factory of the pipeline's :class:`~.handling.Handling` and one of the heartbeat.
+RUNS = {KAFKA_SCHEME: "django_outbox.consumer.kafka.KafkaRun"}
 
 
 class InboxConsumer:
@@ -111,19 +120,38 @@ class InboxConsumer:
         self.max_deliveries = max_deliveries
         self.retry = retry_policy(retry_delay, retry_max_delay, max_deliveries)
         self.url, self.transport_options = _broker_for(queue, url, broker, transport_options)
+        self._source(queue, consumer, prefetch)
         self.route = outbox_settings.route_for_queue(queue)
+        if self._run is not None and partitions is not None:
+            raise OutboxConfigurationError(
+                f"partitions given, but {mask_url(self.url)} is not RabbitMQ: the consumers "
+                "of a Kafka group share the topic's partitions by themselves"
+            )
         self.queues = _queues_to_take(self.route, queue, partitions)
         #: The keys a message's signature must be made with; None: not verified.
         self.keys = _verifying_keys(verify_signatures)
         #: The attributes of every ``process`` span but the queue and the message id.
         self._span_attributes = tracing.broker_attributes(self.url)
         self._span_attributes["messaging.consumer.group.name"] = consumer
-        #: The errors that mean the broker or the way to it failed.
-        self._transient = transient_errors(kombu.Connection(self.url))
         #: The totals of every run.
         self.stats = ConsumerStats()
         #: Set it (e.g. from a signal handler) to stop after the message in hand.
         self.stop = stop if stop is not None else threading.Event()
+
+    def _source(self, queue: str, consumer: str, prefetch: int) -> None:
+        """Where the messages come from: the run of a broker kombu does not serve
+        (``_run``, :data:`RUNS`), a ``nats://`` broker's durable consumer (``jetstream``),
+        else kombu's; and the errors that mean the broker or the way to it failed."""
+        scheme = broker_scheme(self.url)
+        self._run = RUNS.get(scheme)
+        self.jetstream: JetStreamSource | None = None
+        self._transient: tuple[type[BaseException], ...] = ()
+        if scheme in NATS_SCHEMES:
+            options = self.transport_options
+            self.jetstream = JetStreamSource(self.url, options, queue, consumer, prefetch)
+            self._transient = self.jetstream.transient
+        elif self._run is None:
+            self._transient = transient_errors(kombu.Connection(self.url))
 
     def run(self, *, idle_timeout: float | None = None) -> ConsumerStats:
         """Consume until :attr:`stop` is set, or until no message came for
@@ -133,7 +161,11 @@ class InboxConsumer:
         With it, the time without a broker since the last message (or the start) is
         counted too: once it reaches ``idle_timeout``, :class:`BrokerUnreachable`
         is raised."""
-        return ConsumerRun(self, idle_timeout).run()
+        if self._run is None:
+            return ConsumerRun(self, idle_timeout).run()
+        handling = functools.partial(_handling, self)
+        heartbeat = functools.partial(_heartbeat, self)
+        return import_string(self._run)(self, idle_timeout, handling, heartbeat).run()
 
 
 class ConsumerRun(ConsumerMixin):
@@ -159,7 +191,7 @@ class ConsumerRun(ConsumerMixin):
         self.context = Context(
             consumer.consumer, consumer.using, consumer.event_types, self.stats, consumer.queue
         )
-        self.held = Held()
+        self.held = Held() if consumer.jetstream is None else Naks()
         self.outage = DatabaseOutage(consumer.using, consumer.stop)
         self.handling = _handling(consumer, self.context, self.held, self.outage)
 
@@ -170,7 +202,7 @@ class ConsumerRun(ConsumerMixin):
         # without a broker that idle_timeout counts. This loop backs off through the
         # broker's OutageTracker instead, and waits on the stop event.
         started = self._last_message = time.monotonic()
-        beating = self._heartbeat()
+        beating = _heartbeat(self.consumer, lambda: self._last_message)
         beating.start()
         try:
             while not self.should_stop:
@@ -185,23 +217,11 @@ class ConsumerRun(ConsumerMixin):
         finally:
             self.stats.elapsed = time.monotonic() - started
             beating.stop()
+            # This thread's connection, unless a transaction holds it: a consumer run in
+            # a thread of its own leaves none for the garbage collector to find later.
+            if not connections[self.consumer.using].in_atomic_block:
+                connections[self.consumer.using].close()
         return self.stats
-
-    def _heartbeat(self) -> HeartbeatThread:
-        """This run's heartbeat: ``host:pid``, named ``consumer@queue``."""
-        consumer = self.consumer
-        name = f"{consumer.consumer}@{consumer.queue}"
-        beat = Heartbeat(WorkerKind.CONSUMER, process_name(), consumer.using, name=name)
-        return HeartbeatThread(beat, self._snapshot)
-
-    def _snapshot(self) -> tuple[dict[str, int], dt.datetime | None]:
-        """The totals and the last message's time, for the heartbeat (told from the
-        monotonic time of the last message, which the loop keeps anyway)."""
-        counts = dataclasses.asdict(self.stats)
-        last = None
-        if self.stats.received:
-            last = timezone.now() - dt.timedelta(seconds=time.monotonic() - self._last_message)
-        return {k: v for k, v in counts.items() if isinstance(v, int)}, last
 
     @property
     def should_stop(self) -> bool:  # type: ignore[override]  # read by ConsumerMixin
@@ -232,6 +252,10 @@ class ConsumerRun(ConsumerMixin):
         one of the transient errors."""
         # Not ConsumerMixin.consume(): it drains with a fixed timeout, where a held
         # message must be requeued when its delay is over.
+        if self.consumer.jetstream is not None:  # a NATS JetStream broker's connection
+            self._attempt = time.monotonic()
+            self.consumer.jetstream.consume(self)
+            return
         with self.consumer_context(**kwargs) as (connection, _channel, _consumers):
             self._drain(connection)
 
@@ -267,7 +291,7 @@ class ConsumerRun(ConsumerMixin):
             Consumer(
                 queues=[queue],
                 accept=["json"],
-                on_message=functools.partial(self._on_message, queue.name),
+                on_message=functools.partial(self.on_message, queue.name),
                 prefetch_count=consumer.prefetch,
                 auto_declare=False,
             )
@@ -278,7 +302,11 @@ class ConsumerRun(ConsumerMixin):
     def on_consume_ready(
         self, connection: Any, channel: Any, consumers: Any, **kwargs: Any
     ) -> None:
-        """kombu's hook once consuming starts (again): the broker outage, if any, ends."""
+        """kombu's hook once consuming starts (again): see :meth:`ready`."""
+        self.ready()
+
+    def ready(self) -> None:
+        """Consuming starts (again): the broker outage, if any, ends."""
         self._attempt = None
         self._broker.recovered()
         consumer = self.consumer
@@ -307,12 +335,23 @@ class ConsumerRun(ConsumerMixin):
                 connection.drain_events(timeout=self.held.wait(DRAIN_TIMEOUT))
             except TimeoutError:
                 connection.heartbeat_check()
-                idle = time.monotonic() - self._last_message
-                timeout = self.idle_timeout
-                self._idle = timeout is not None and idle >= timeout and not self.held
-                close_old_connections()  # honours CONN_MAX_AGE between idle spells
+                self.idle()
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                # A virtual transport's list item that is not even JSON (anyone who can
+                # push to a Redis list can write one): kombu parses it before any message
+                # exists, and it is gone from the list already. Counted, logged, dropped.
+                self._last_message = time.monotonic()
+                self.handling.unreadable(exc)
 
-    def _on_message(self, queue: str, message: Any) -> None:
+    def idle(self) -> None:
+        """No message came for a while: idle for ``idle_timeout`` with nothing held is
+        done."""
+        idle = time.monotonic() - self._last_message
+        timeout = self.idle_timeout
+        self._idle = timeout is not None and idle >= timeout and not self.held
+        close_old_connections()  # honours CONN_MAX_AGE between idle spells
+
+    def on_message(self, queue: str, message: Any) -> None:
         self.context.queue = queue
         if self.consumer.stop.is_set():  # delivered while the consumer unsubscribes: not started
             message.requeue()
@@ -328,22 +367,28 @@ class ConsumerRun(ConsumerMixin):
 
 
 def _handling(
-    consumer: InboxConsumer, context: Context, held: Held, outage: DatabaseOutage
+    consumer: InboxConsumer,
+    context: Context,
+    held: Held,
+    outage: DatabaseOutage,
+    ordered_class: type[Ordered] = Ordered,
 ) -> Handling:
-    """The parts that handle one run's messages, put together."""
+    """The parts that handle one run's messages, put together (an ordered route's events
+    by ``ordered_class``)."""
     early: dict[Any, int] = {}  # event id -> times held back for its key
     parking = Parking(context, outage, early)
     deliveries = Deliveries(
         context,
         max_deliveries=consumer.max_deliveries,
         retry=consumer.retry,
-        broker_counts=consumer.route.queue_type == "quorum",
+        # A quorum queue's x-delivery-count, JetStream's delivery count: the broker's own.
+        broker_counts=consumer.route.queue_type == "quorum" or consumer.jetstream is not None,
         span_attributes=consumer._span_attributes,
         held=held,
         outage=outage,
         parking=parking,
     )
-    ordered = Ordered(
+    ordered = ordered_class(
         context,
         consumer.handler,
         early=early,
@@ -363,6 +408,22 @@ def _handling(
     )
 
 
+def _heartbeat(consumer: InboxConsumer, last_message: Callable[[], float]) -> HeartbeatThread:
+    """A run's heartbeat: ``host:pid``, named ``consumer@queue``, with the totals and the
+    last message's time (told from ``last_message()``, its monotonic time)."""
+    name = f"{consumer.consumer}@{consumer.queue}"
+    beat = Heartbeat(WorkerKind.CONSUMER, process_name(), consumer.using, name=name)
+
+    def snapshot() -> tuple[dict[str, int], dt.datetime | None]:
+        counts = dataclasses.asdict(consumer.stats)
+        last = None
+        if consumer.stats.received:
+            last = timezone.now() - dt.timedelta(seconds=time.monotonic() - last_message())
+        return {k: v for k, v in counts.items() if isinstance(v, int)}, last
+
+    return HeartbeatThread(beat, snapshot)
+
+
 def _broker_for(
     queue: str, url: str | None, broker: str | None, transport_options: dict[str, Any] | None
 ) -> tuple[str, dict[str, Any]]:
@@ -377,14 +438,10 @@ def _broker_for(
         url = chosen.url
         if transport_options is None:
             transport_options = dict(chosen.options)
+    if broker_scheme(url) in RUNS:  # not kombu's: its OPTIONS are the broker's own
+        return url, dict(transport_options or {})
     if transport_options is None:
         transport_options = outbox_settings.BROKER_TRANSPORT_OPTIONS
-    if broker_scheme(url) in NATS_SCHEMES:
-        raise OutboxConfigurationError(
-            f"run_outbox_consumer cannot consume from the NATS JetStream broker "
-            f"{mask_url(url)} yet: read its stream with a JetStream consumer of your own and "
-            "dedupe with process_once() on the event_id header (see docs/nats.md)"
-        )
     return outbox_settings.require_broker_url(url), transport_options
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from django.db import DatabaseError
 
+from ..conf.redact import describe
 from ..envelope import ReceivedEvent
 from ..inbox.records import park_refused
 from .context import Context
@@ -98,3 +99,16 @@ class Parking:
             },
         )
         message.reject(requeue=False)
+
+    def dropped(self, exc: ValueError) -> None:
+        """An item of a virtual transport's queue that is not JSON at all, which kombu
+        took off the list before failing to parse it: counted and logged as rejected."""
+        context = self._context
+        context.stats.rejected += 1
+        logger.error(
+            "rejected a message from %s that is not even JSON (%s); it is not kept: the "
+            "transport had taken it off the queue",
+            context.queue,
+            describe(exc),
+            extra={"action": "inbox.rejected", "queue": context.queue},
+        )

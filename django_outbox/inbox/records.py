@@ -86,10 +86,16 @@ class Turn(enum.Enum):
 Scope = tuple[str, str, str]
 
 
+#: The longest destination or ordering key an :class:`~django_outbox.models.InboxSequence`
+#: stores (as the outbox's own columns and stage()).
+MAX_SCOPE_LENGTH = 255
+
+
 def sequence_scope(consumer: str, event: ReceivedEvent) -> Scope:
     """The scope whose last handled sequence guards ``event`` (which has a sequence);
     :class:`InvalidMessage` when its ``destination`` or ``ordering_key`` header is
-    missing or its sequence is not positive."""
+    missing or not storable as a key (a NUL, over 255 characters: PostgreSQL's error
+    would read as a database outage), or its sequence is not positive."""
     destination, key = event.destination_header, event.ordering_key
     if destination is None or key is None:
         raise InvalidMessage(
@@ -98,6 +104,13 @@ def sequence_scope(consumer: str, event: ReceivedEvent) -> Scope:
         )
     if (event.sequence or 0) < 1:
         raise InvalidMessage(f"event {event.event_id} has sequence {event.sequence}, not 1 or more")
+    for name, value in (("destination", destination), ("ordering_key", key)):
+        if len(value) > MAX_SCOPE_LENGTH or storable(value) != value:
+            raise InvalidMessage(
+                f"event {event.event_id}: its {name} header cannot key the inbox's sequences "
+                f"(1-{MAX_SCOPE_LENGTH} characters, no NUL or lone surrogate): "
+                "it was not published by an outbox relay"
+            )
     return consumer, destination, key
 
 

@@ -219,8 +219,8 @@ def add_metrics_options(parser: argparse.ArgumentParser, what: str) -> None:
 
 def add_consumer_options(parser: argparse.ArgumentParser) -> None:
     """The options of ``run_outbox_consumer``."""
+    _add_consumer_source(parser)
     option = parser.add_argument
-    option("--queue", required=True, help="the queue to consume")
     option(
         "--partitions",
         type=partition_numbers,
@@ -262,6 +262,20 @@ def add_consumer_options(parser: argparse.ArgumentParser) -> None:
     _add_consumer_timing(parser)
     add_database_option(parser, "inbox (and the handler's writes)")
     add_metrics_options(parser, "consumer")
+
+
+def _add_consumer_source(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--queue",
+        required=True,
+        help="the queue to consume; on Kafka, the topic; on NATS, a stream or a subject of one",
+    )
+    parser.add_argument(
+        "--broker",
+        metavar="ALIAS",
+        help="the alias of OUTBOX['BROKERS'] to consume from (default: the broker of the "
+        "queue's route; on Kafka, --consumer is the group id)",
+    )
 
 
 def _add_consumer_timing(parser: argparse.ArgumentParser) -> None:
@@ -346,6 +360,7 @@ def consumer_from_options(
             event_types=event_types,
             stop=stop,
             partitions=options["partitions"],
+            broker=options["broker"],
             verify_signatures=options["verify_signatures"],
         )
     except OutboxError as exc:

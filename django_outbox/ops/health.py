@@ -3,7 +3,8 @@ django-health-check.
 
 Unhealthy means an operator should look: the oldest due row has waited longer than
 ``HEALTH_MAX_DUE_AGE`` (nothing relays it, or not fast enough; the problem quotes the
-row's last error, such as a broker out of memory), no relay of the database has a
+row's last error, such as a broker out of memory), a live relay has found a broker down
+(or a queue not confirming) for longer than that, no relay of the database has a
 live heartbeat (see :mod:`django_outbox.workers.heartbeat`), or (PostgreSQL) another
 session has held a snapshot open longer than ``HEALTH_MAX_SNAPSHOT_AGE``: vacuum keeps
 every outbox row the relays finished since, and each claim reads past them (the
@@ -20,9 +21,9 @@ from typing import Any
 
 from .. import db
 from ..conf import outbox_settings
-from ..models import OutboxMessage
+from ..models import OutboxMessage, WorkerHeartbeat
 from ..state.status import oldest_due
-from ..workers.heartbeat import live_relays
+from ..workers.heartbeat import live_relay_rows, outages_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,17 +82,35 @@ def check_health(
     limit = outbox_settings.HEALTH_MAX_DUE_AGE if max_due_age is None else max_due_age
     oldest = oldest_due(OutboxMessage.objects.using(using))
     age, error = oldest if oldest is not None else (None, "")
-    relays = live_relays(using)
+    relays = live_relay_rows(using)
     problems = []
     if age is not None and age.total_seconds() > limit:
         problems.append(
             f"the oldest due row has waited {age.total_seconds():.0f}s, more than {limit:g}s"
             + _quoted(error)
         )
+    problems += _outages(relays, limit)
     if require_relay and not relays:
         problems.append(f"no relay of database {using!r} has a live heartbeat")
     problems += _held_snapshot(using, max_snapshot_age)
-    return Health(using, problems, age, relays, limit, require_relay)
+    return Health(using, problems, age, len(relays), limit, require_relay)
+
+
+def _outages(relays: list[WorkerHeartbeat], limit: float) -> list[str]:
+    """The problems of what live ``relays`` found down for longer than ``limit`` seconds
+    (a broker, a queue that stopped confirming), the longest first, one line each: their
+    rows wait unattempted, and each is put back due at the next check, so the oldest
+    due row's age does not show it."""
+    longest: dict[str, tuple[float, str]] = {}
+    for row in relays:
+        for what, seconds in outages_of(row).items():
+            longest[what] = max(longest.get(what, (0.0, "")), (seconds, row.worker))
+    return [
+        f"{what} has been down for {seconds:.0f}s, more than {limit:g}s (relay {worker}): "
+        "its rows wait, no attempt spent"
+        for what, (seconds, worker) in sorted(longest.items(), key=lambda item: -item[1][0])
+        if seconds > limit
+    ]
 
 
 def _held_snapshot(using: str, limit: float | None) -> list[str]:

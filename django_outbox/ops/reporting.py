@@ -27,7 +27,7 @@ from ..state.status import (
     due_rows,
     retry_wait,
 )
-from ..workers.heartbeat import Worker
+from ..workers.heartbeat import OUTAGES, Worker, outages_of
 from .text import duration, one_line
 
 #: How many failure reasons ``run_outbox_relay --once`` and ``--drain`` print, most rows first.
@@ -272,7 +272,13 @@ def worker_lines(workers: list[Worker]) -> list[str]:
     for worker in workers[:TOP_WORKERS]:
         row = worker.row
         name = f" {row.name}" if row.name else ""
-        counts = ", ".join(f"{key} {value}" for key, value in row.counts.items() if value)
+        counts = ", ".join(
+            [f"{key} {value}" for key, value in row.counts.items() if value and key != OUTAGES]
+            + [
+                f"{what} down {duration(dt.timedelta(seconds=s))}"
+                for what, s in outages_of(row).items()
+            ]
+        )
         lines.append(
             f"  {row.kind:<8} {worker.state:<7} {row.worker}{name}: "
             f"beat {duration(worker.beat_age)} ago{f', {counts}' if counts else ''}"

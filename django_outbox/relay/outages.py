@@ -17,10 +17,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from ..conf.routes import Route
 from ..transports.base import Failure, Outcome, Transport
+from ..transports.redis_wire import refusal_named
 from ..workers.outage import OutageTracker, broker_outage, queue_outage
-
-#: What :meth:`OutageTracker.failed` calls a broker that refuses every write.
-OUT_OF_MEMORY = "out of memory"
 
 
 def transport_key(route: Route) -> str:
@@ -78,6 +76,16 @@ class Outages:
         down = self.down()
         return not down or set(keys) > set(down)
 
+    def lasting(self) -> dict[str, int]:
+        """What is down now and for how many whole seconds: each broker (``broker
+        'alias'``) and each queue not confirming (``queue of destination 'name'``)."""
+        # Read by the heartbeat's thread: the dicts are copied first (atomic under the GIL).
+        named = [(f"broker {key!r}", tracker) for key, tracker in list(self._brokers.items())]
+        named += [(tracker.what, tracker) for tracker in list(self._queues.values())]
+        return {
+            what: int(lasted) for what, tracker in named if (lasted := tracker.lasted()) is not None
+        }
+
     def stalled_queues(self) -> set[str]:
         """The destinations whose queue stalled (due again or not): published last."""
         return set(self._queue_retry_at)
@@ -89,11 +97,12 @@ class Outages:
         counts no attempt and makes them due when they are tried next."""
         key = None if route is None else transport_key(route)
         if key is not None and key in self._retry_at and self.tracker(key).down:
-            full = self._brokers[key].condition == OUT_OF_MEMORY
+            refusal = refusal_named(self._brokers[key].condition)
             return Failure.broker_down(
-                f"not attempted: {self._describe(key)} is {OUT_OF_MEMORY if full else 'down'}",
+                f"not attempted: {self._describe(key)} is "
+                f"{'down' if refusal is None else refusal.condition}",
                 retry_delay=max(self._retry_at[key] - now, 1.0),
-                kind="out_of_memory" if full else "",
+                kind="" if refusal is None else refusal.kind,
             )
         left = self._queue_retry_at.get(destination, now) - now
         if left > 0:

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
@@ -27,7 +28,7 @@ from .. import db
 from ..conf import outbox_settings
 from ..models import WorkerKind
 from ..workers import samples
-from ..workers.heartbeat import Heartbeat, HeartbeatThread
+from ..workers.heartbeat import OUTAGES, Heartbeat, HeartbeatThread
 from ..workers.outage import database_outage
 from . import retention
 from .batch import Batch, Batches, Claim
@@ -123,7 +124,10 @@ class Run:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        """Settle the pipeline, stop retention, close the listener and the brokers."""
+        """Settle the pipeline, stop retention, close the listener and the brokers, and
+        this thread's database connection unless a transaction holds it: a relay run in
+        a thread of its own leaves none open when the thread ends (the garbage collector
+        would find it later, wherever the process is then)."""
         try:
             self.pipeline.close()
         finally:
@@ -133,6 +137,8 @@ class Run:
                 self.heartbeat.stop()
             self.wakeup.close()
             self.batches.publisher.close()
+            if not connections[self.using].in_atomic_block:
+                connections[self.using].close()
 
     def loop(self) -> RunStats:
         """Publish batches until stopped (the claim made ahead published) or drained;
@@ -285,9 +291,14 @@ class Run:
         self.wakeup.close()
         self.stop.wait(self.database.backoff())
 
-    def _snapshot(self) -> tuple[dict[str, int], dt.datetime | None]:
-        """The totals and the last batch with rows, for the heartbeat."""
-        return {field: getattr(self.totals, field) for field in COUNTED}, self.last_batch_at
+    def _snapshot(self) -> tuple[dict[str, Any], dt.datetime | None]:
+        """The totals, what is down (for ``outbox_health``) and the last batch with rows,
+        for the heartbeat."""
+        counts: dict[str, Any] = {field: getattr(self.totals, field) for field in COUNTED}
+        down = self.outages.lasting()
+        if down:
+            counts[OUTAGES] = down
+        return counts, self.last_batch_at
 
     def _tally(self, stats: BatchStats) -> None:
         self.totals.add(stats)

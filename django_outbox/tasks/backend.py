@@ -27,13 +27,14 @@ from django.db import connections, transaction
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 from .. import db
 from ..conf import CELERY_EXTRA, CHECK_IDS
+from ..conf.redact import describe
 from ..conf.routes import MAX_NAME_BYTES, TASKS_PREFIX, is_valid_destination
 from ..exceptions import NotInTransaction
 from ..models import TaskResultRecord
@@ -127,14 +128,18 @@ class OutboxTaskBackend(BaseTaskBackend):
 
     def task_of(self, record: TaskResultRecord) -> Task:
         """The task of ``record``: imported by its path, with the options it was enqueued
-        with; :class:`InvalidTask` when the path imports no task (or the options are not
-        valid here)."""
-        return load_task(record.task_path).using(
-            priority=record.priority,
-            queue_name=record.queue_name,
-            run_after=record.run_after,
-            backend=record.backend,
-        )
+        with; :class:`InvalidTask` when the path imports no task, or the options are not
+        valid here (its backend alias is not in this process's ``TASKS``)."""
+        task = load_task(record.task_path)
+        try:
+            return task.using(
+                priority=record.priority,
+                queue_name=record.queue_name,
+                run_after=record.run_after,
+                backend=record.backend,
+            )
+        except InvalidTaskBackend as exc:
+            raise InvalidTask(f"task {record.task_path!r}: {describe(exc)}") from exc
 
     def result_of(self, record: TaskResultRecord, task: Task | None = None) -> TaskResult:
         """``record`` as Django's :class:`TaskResult`; ``task`` is its task when the
@@ -212,8 +217,8 @@ def load_task(path: str) -> Task:
     :class:`InvalidTask` if ``path`` imports no task."""
     try:
         task = import_string(path)
-    except ImportError as exc:
-        raise InvalidTask(f"cannot import the task {path!r}: {exc}") from exc
+    except Exception as exc:  # any error of its module: ImproperlyConfigured, SyntaxError ...
+        raise InvalidTask(f"cannot import the task {path!r}: {describe(exc)}") from exc
     if not isinstance(task, Task):
         raise InvalidTask(f"{path!r} is a {type(task).__name__}, not a task (use @task)")
     return task

@@ -51,7 +51,7 @@ from django.utils.json import normalize_json
 
 from .. import db
 from ..conf import outbox_settings
-from ..conf.redact import SecretFilter
+from ..conf.redact import SecretFilter, describe
 from ..inbox.records import process_once, storable
 from ..models import TASK_FINISHED, TaskResultRecord, TaskStatus
 
@@ -144,13 +144,23 @@ def _attempt(
         with transaction.atomic(using=backend.using):
             value = storable(normalize_json(_call(backend.result_of(record, task))))
             _finish(record, backend.using, TaskStatus.SUCCESSFUL, return_value=value)
-    except (OperationalError, InterfaceError):
-        raise  # the database failed, not the task: nothing committed; Celery sends it again
     except BaseException as exc:
-        if isinstance(exc, interrupts):
-            raise  # the worker stops: nothing committed; the broker redelivers the task
+        # The worker stops, or the database failed: nothing committed; the broker
+        # redelivers the task, or Celery sends it again.
+        if isinstance(exc, interrupts) or _database_failed(backend.using, exc):
+            raise
         return exc
     return None
+
+
+def _database_failed(using: str, exc: BaseException) -> bool:
+    """Whether ``exc`` is the database failing (its connection lost), not the task's own
+    error: a statement timeout, a deadlock or a lock timeout of the task's query is an
+    ``OperationalError`` too, and leaves the connection usable."""
+    if not isinstance(exc, OperationalError | InterfaceError):
+        return False
+    connection = connections[using]
+    return connection.connection is None or not connection.is_usable()
 
 
 def _backend(alias: object) -> OutboxTaskBackend:
@@ -202,7 +212,8 @@ def _start(
         try:
             task = backend.task_of(record)
         except Exception as exc:  # its module or function is not importable here
-            raise TaskUnavailable(f"task {result_id} cannot run on this worker: {exc}") from exc
+            why = describe(exc)
+            raise TaskUnavailable(f"task {result_id} cannot run on this worker: {why}") from exc
         if len(record.worker_ids) < MAX_STARTS:
             record.status = TaskStatus.RUNNING
             record.started_at = record.started_at or now

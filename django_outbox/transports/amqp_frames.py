@@ -118,6 +118,20 @@ class FrameTooLarge(ValueError):
     be published on that broker as it is."""
 
 
+def check_content_header(properties_size: int, frame_max: int) -> None:
+    """Raise :class:`FrameTooLarge` when a content header whose property list takes
+    ``properties_size`` bytes does not fit in one frame of ``frame_max``: the check of
+    every message the relay publishes to RabbitMQ, its own frames' and a Celery task's."""
+    size = CONTENT_HEAD_SIZE + properties_size
+    if size > frame_max - FRAME_OVERHEAD:
+        raise FrameTooLarge(
+            f"the message's content header frame ({size} bytes, its headers mostly) does not "
+            f"fit in a frame of the broker's frame_max ({frame_max} bytes, "
+            f"{frame_max - FRAME_OVERHEAD} of them payload), and AMQP cannot split it: make "
+            "the event's headers smaller, or raise the broker's frame_max"
+        )
+
+
 class PublishFrames:
     """The frames of messages published on one channel with one content type and
     encoding, persistent, each with its headers and message id."""
@@ -156,13 +170,7 @@ class PublishFrames:
                 shortstr(message_id),
             )
         )
-        if CONTENT_HEAD_SIZE + len(properties) > self._body_chunk:
-            raise FrameTooLarge(
-                f"the message's content header frame ({CONTENT_HEAD_SIZE + len(properties)} bytes, "
-                f"its headers mostly) does not fit in a frame of the broker's frame_max "
-                f"({self.frame_max} bytes, {self._body_chunk} of them payload), and AMQP cannot "
-                "split it: make the event's headers smaller, or raise the broker's frame_max"
-            )
+        check_content_header(len(properties), self.frame_max)
         size, channel = len(body), self.channel_id
         parts = [
             method,

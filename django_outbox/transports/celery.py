@@ -22,9 +22,11 @@ import kombu.exceptions
 from .. import tracing
 from ..conf.routes import CELERY_FIELDS, TASK_RUNNER, Route, celery_header_clash
 from ..envelope import ClaimedMessage
+from .amqp_frames import check_content_header
 from .base import NACKED, Failure, Outcome, Transport
 from .confirms import lease_confirm_timeout
 from .connection import transient_failure
+from .redis_wire import probe_writes
 
 TRANSIENT = (kombu.exceptions.OperationalError, OSError)
 #: Celery's producers come from kombu's process-wide pool, keyed by broker URL, so a
@@ -54,6 +56,9 @@ class CeleryTransport(Transport):
         #: Whether the Celery app's broker takes the lowest priority number first
         #: (Redis); read once, when the first Django task is sent.
         self._lowest_first: bool | None = None
+        #: The frame_max the app's RabbitMQ negotiated (0: not RabbitMQ); read once,
+        #: when the first task is sent.
+        self._frame_max: int | None = None
 
     def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
         outcomes: list[Outcome] = []
@@ -64,20 +69,37 @@ class CeleryTransport(Transport):
                 outcomes.append(refusal)
                 continue
             try:
-                self._send(route, message, kwargs)
+                options = self._task_options(route, kwargs)
+                self._check_frame(route, message, kwargs, options)
+                self._send(route, message, kwargs, options)
             except TRANSIENT as exc:
                 if _nacked(exc):  # the broker is up and refused this one: go on
                     outcomes.append(Failure(NACKED, kind="nacked"))
                     continue
                 failure = transient_failure(exc)  # a stalled broker is down: no attempt
                 return outcomes + [failure] * (len(messages) - len(outcomes))
-            except (TypeError, ValueError, kombu.exceptions.EncodeError) as exc:
+            except (TypeError, ValueError, kombu.exceptions.EncodeError) as exc:  # FrameTooLarge
                 outcomes.append(Failure.from_exception(exc, permanent=True))
             else:
                 outcomes.append(None)
         return outcomes
 
-    def _send(self, route: Route, message: ClaimedMessage, kwargs: dict[str, Any]) -> None:
+    def _check_frame(
+        self, route: Route, message: ClaimedMessage, kwargs: dict[str, Any], options: Any
+    ) -> None:
+        """On RabbitMQ, raise :class:`~.amqp_frames.FrameTooLarge` for a task whose
+        content header (Celery's headers and the event's) does not fit in a frame: the
+        broker would close the connection (501), failing every task sent with it. The
+        check of the relay's own frames (:func:`~.amqp_frames.check_content_header`)."""
+        if self._frame_max is None:
+            self._frame_max = _frame_max()
+        if self._frame_max:
+            size = _task_properties_size(route, message, kwargs, options.get("priority"))
+            check_content_header(size, self._frame_max)
+
+    def _send(
+        self, route: Route, message: ClaimedMessage, kwargs: dict[str, Any], options: Any
+    ) -> None:
         """Send ``message`` as ``route``'s task, in its creation context: the spans of
         Celery's own instrumentation, if installed, continue the event's trace."""
         from celery import current_app  # type: ignore[import-untyped]
@@ -94,7 +116,7 @@ class CeleryTransport(Transport):
                 confirm_timeout=lease_confirm_timeout(),  # confirm_publish: within the lease
                 retry=True,
                 retry_policy=RECONNECT_ONCE,
-                **self._task_options(route, kwargs),
+                **options,
             )
 
     def _task_options(self, route: Route, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -113,10 +135,15 @@ class CeleryTransport(Transport):
         """The Celery app owns its connection pool."""
 
     def check(self) -> None:
+        """Connect to the app's broker; on Redis, have it take a write too
+        (:func:`~.redis_wire.probe_writes`): a relay backing off from a Redis that
+        refuses writes resumes once it takes them again."""
         from celery import current_app
 
         with current_app.connection_for_write() as connection:
             connection.ensure_connection(max_retries=1)
+            if connection.transport.driver_type == "redis":
+                probe_writes(connection.default_channel.client, connection.channel_errors)
 
 
 def publishes_unconfirmed() -> bool:
@@ -127,6 +154,44 @@ def publishes_unconfirmed() -> bool:
     if (current_app.conf.broker_transport_options or {}).get("confirm_publish"):
         return False
     return _driver_type() == "amqp"
+
+
+def _frame_max() -> int:
+    """The frame_max the current Celery app's broker negotiated: 0 unless it is
+    RabbitMQ (py-amqp). Connects a connection of the app's pool (the one its sends use)."""
+    from celery import current_app
+
+    with current_app.pool.acquire(block=True) as connection:
+        if connection.transport.driver_type != "amqp":
+            return 0
+        connection.ensure_connection(max_retries=1)
+        return int(connection.connection.frame_max)
+
+
+def _task_properties_size(
+    route: Route, message: ClaimedMessage, kwargs: dict[str, Any], priority: int | None
+) -> int:
+    """The bytes of the property list py-amqp writes for ``message`` sent as ``route``'s
+    task: the task message Celery builds (its own headers, the task id as correlation id,
+    its reply-to), the event's headers, and what kombu's producer adds (a priority only
+    where one is given: a Django task's). Compared with py-amqp's on real sends of a
+    task route and a Django task: equal, or one byte over."""
+    from amqp import Message
+    from celery import current_app
+
+    app = current_app
+    task = app.amqp.as_task_v2(
+        str(message.event_id), route.celery_task, args=(), kwargs=kwargs, reply_to=app.thread_oid
+    )
+    properties = {
+        **task.properties,
+        "application_headers": {**task.headers, **_headers(message)},  # py-amqp's name
+        "content_type": "application/json",
+        "content_encoding": "utf-8",
+        "delivery_mode": 2,
+        "priority": priority,
+    }
+    return len(Message(b"", **properties)._serialize_properties())
 
 
 def _driver_type() -> str:

@@ -8,7 +8,9 @@ so a relay or consumer whose node stops is on another node at its next attempt.
 
 A transient error leaves the messages in flight unsettled; :func:`transient_failure`
 says what that means for them: a broker that stopped answering (:class:`BrokerStalled`)
-or is out of memory is down, no attempt counted; any other error counts one.
+or refuses writes for now (a Redis out of memory, read-only or unable to persist:
+:func:`~.redis_wire.write_refusal`) is down, no attempt counted; any other error counts
+one.
 """
 
 from __future__ import annotations
@@ -21,13 +23,11 @@ import kombu
 import kombu.exceptions
 
 from .base import Failure
-from .redis_wire import out_of_memory
+from .redis_wire import write_refusal
 
 CONNECT_TIMEOUT = 5.0
 #: How kombu walks a failover list: each address in turn, from the first.
 FAILOVER_STRATEGY = "round-robin"
-#: How a failure of a broker out of memory begins (its ``last_error``), and its kind.
-OUT_OF_MEMORY = "the broker is out of memory"
 
 
 def new_connection(url: str, options: Mapping[str, Any] | None = None) -> kombu.Connection:
@@ -120,15 +120,16 @@ def _stalled(exc: BaseException) -> bool:
 
 def transient_failure(exc: BaseException) -> Failure:
     """The outcome of the messages a transient error left unsettled: a broker that
-    stopped answering (see :func:`_stalled`) or is out of memory is down, no attempt
-    counted; any other error (a connection refused or reset, a channel closed) counts
-    one, and the relay then backs off from the broker, its rows not attempted
-    meanwhile. Shared with the Celery transport, whose sends meet the same errors."""
-    if out_of_memory(exc):
+    stopped answering (see :func:`_stalled`) or refuses writes for now (see
+    :func:`~.redis_wire.write_refusal`) is down, no attempt counted; any other error
+    (a connection refused or reset, a channel closed) counts one, and the relay then
+    backs off from the broker, its rows not attempted meanwhile. Shared with the Celery
+    transport, whose sends meet the same errors."""
+    refusal = write_refusal(exc)
+    if refusal is not None:
         return Failure.broker_down(
-            f"{OUT_OF_MEMORY} (Redis maxmemory reached, nothing it may evict): "
-            f"{type(exc).__name__}: {exc}",
-            kind="out_of_memory",
+            f"the broker is {refusal.condition} ({refusal.why}): {type(exc).__name__}: {exc}",
+            kind=refusal.kind,
         )
     if _stalled(exc):
         return Failure.broker_down(f"{type(exc).__name__}: {exc}")

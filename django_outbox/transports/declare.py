@@ -22,7 +22,7 @@ from kombu.transport.virtual.base import NotEquivalentError
 
 from ..conf.routes import PARTITION_EXCHANGE_TYPE, Route
 from ..exceptions import OutboxConfigurationError
-from .redis_wire import out_of_memory
+from .redis_wire import write_refusal
 
 
 def binding_key(route: Route) -> str:
@@ -48,12 +48,13 @@ def _refusal(
     kind: str, name: str, refused: tuple[type[BaseException], ...], fix: str = ""
 ) -> Iterator[None]:
     """Turn the broker's refusal to declare ``name`` (one of ``refused``) into DeclareRefused;
-    a Redis out of memory refuses every write, declarations too: that one is raised as it
-    is (an outage, see :func:`~.connection.transient_failure`)."""
+    a Redis that refuses every write for now (out of memory, read-only ...) refuses
+    declarations too: that one is raised as it is (an outage, see
+    :func:`~.connection.transient_failure`)."""
     try:
         yield
     except refused as exc:
-        if out_of_memory(exc):
+        if write_refusal(exc) is not None:
             raise
         raise DeclareRefused(kind, name, exc, fix) from exc
 
@@ -117,8 +118,8 @@ def _declare_queue(
     try:
         queue.declare()
     except refused as exc:
-        if out_of_memory(exc):
-            raise  # not a refusal: the outage of a full Redis
+        if write_refusal(exc) is not None:
+            raise  # not a refusal: the outage of a Redis that takes no writes
         fix = _queue_type_fix(route, name) if "x-queue-type" in str(exc) else ""
         raise DeclareRefused("queue", name, exc, fix) from exc
     return queue

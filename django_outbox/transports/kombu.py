@@ -13,9 +13,10 @@ without kombu's producer (:mod:`.redis_wire`; a fanout exchange keeps the produc
 ``Producer.batch()``), so kombu consumers read it; the exchange's bindings are read
 once per batch instead of once per message. Each message counts as published when its
 push was answered without an error; if the pipeline itself failed (the connection),
-none of it does. A Redis out of memory (``maxmemory`` reached, nothing to evict) is an
-outage, as RabbitMQ's memory alarm is: no attempt counted, and the relay backs off
-until a probe write (:meth:`RedisTransport._check_ready`) is accepted again.
+none of it does. A Redis that refuses writes for now (out of memory, read-only after a
+failover, unable to persist: :func:`~.redis_wire.write_refusal`) is an outage, as
+RabbitMQ's memory alarm is: no attempt counted, and the relay backs off until a probe
+write (:meth:`RedisTransport._check_ready`) is accepted again.
 
 No message counts as published unless it reached a queue: RabbitMQ returns an
 unroutable message (``mandatory``); on kombu's virtual transports (Redis,
@@ -33,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -43,7 +43,7 @@ from ..conf import outbox_settings
 from ..conf.redact import SecretFilter, mask_url
 from ..conf.routes import Route
 from ..envelope import ClaimedMessage
-from ..exceptions import BrokerOutOfMemory, BrokerUnreachable
+from ..exceptions import BrokerUnreachable
 from .base import Failure, Outcome, Transport
 from .confirms import UNSETTLED, ConfirmedChannel, lease_confirm_timeout, nacked_whole
 from .connection import (
@@ -54,7 +54,7 @@ from .connection import (
     transient_failure,
 )
 from .declare import DeclareRefused, declare, refusal_errors
-from .redis_wire import RedisWire, out_of_memory
+from .redis_wire import RedisWire, probe_writes, refusing_writes
 from .writers import Envelope, Writer, envelope_of, producer_writer, write_batch
 
 logger = logging.getLogger(__name__)
@@ -152,11 +152,12 @@ class KombuTransport(Transport):
             self._check_ready()
             self._probe()
         except Exception as exc:
+            error = refusing_writes(exc)
             if self.alias is None:
-                raise
+                raise error  # noqa: B904 (its cause is set: exc, or exc's)
             raise BrokerUnreachable(
-                f"broker {self.alias!r} ({mask_url(self._url)}): {type(exc).__name__}: {exc}"
-            ) from exc
+                f"broker {self.alias!r} ({mask_url(self._url)}): {type(error).__name__}: {error}"
+            ) from error
 
     def _check_ready(self) -> None:
         """What else the broker needs, once connected (a subclass's own check)."""
@@ -297,20 +298,9 @@ class RedisTransport(KombuTransport):
         wire.send()
 
     def _check_ready(self) -> None:
-        """Have Redis take a write: ``LPUSHX`` to a key that does not exist (nothing is
-        written), which Redis refuses like any push when it is out of memory
-        (``OutOfMemoryError``), so a relay backing off from a full Redis resumes only
-        once pushes are accepted again. Any other refusal (an ACL that does not let this
-        user write the probe's key: ``NOPERM``) is an answer: the broker is up."""
-        try:
-            self._channel.client.lpushx(f"django_outbox.probe.{uuid.uuid4().hex}", "")
-        except self._refused as exc:
-            if not out_of_memory(exc):
-                return
-            raise BrokerOutOfMemory(
-                f"Redis refuses every write at its maxmemory ({exc}): let consumers drain its "
-                "queues or raise maxmemory; the rows wait, attempts unchanged"
-            ) from exc
+        """Have Redis take a write (:func:`~.redis_wire.probe_writes`), so a relay backing
+        off from a Redis that refuses writes resumes only once they are accepted again."""
+        probe_writes(self._channel.client, self._refused)
 
     def _wire_unusable(self) -> str:
         """Why the relay's Redis writer cannot serve this connection's channel ("": it

@@ -115,6 +115,8 @@ class EventLoop:
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
+            if future.done():  # the coroutine's own (nats-py's is a TimeoutError too)
+                raise
             future.cancel()
             raise TimeoutError(f"no answer from the NATS cluster within {timeout:g}s") from None
 
@@ -134,6 +136,53 @@ class EventLoop:
             )
 
 
+def close_client(loop: EventLoop, client: Any) -> None:
+    """Close ``client``'s connection (flushing what it has to send) and stop its loop."""
+    # The connection is already broken: nothing to save. nats-py 2.9 raises
+    # AttributeError closing a client whose connection never opened.
+    broken: tuple[type[BaseException], ...] = (*cluster_errors(), AttributeError)
+    if client is not None and not client.is_closed:
+        try:
+            loop.run(client.close(), SERVER_CONNECT_TIMEOUT)
+        except broken:
+            logger.debug("error closing a NATS connection", exc_info=True)
+    loop.stop()
+
+
+def connect_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of nats-py's ``connect()`` for a client called ``name``:
+    ours, under the broker's ``OPTIONS``."""
+    return {
+        "connect_timeout": SERVER_CONNECT_TIMEOUT,
+        "reconnect_time_wait": 0.5,
+        # A few reconnections (a node that stopped: the next one of the list), then the
+        # connection closes and the outage backoff of the relay or consumer takes over.
+        "max_reconnect_attempts": 2,
+        "name": name,
+        "error_cb": _client_error,
+        **options,
+    }
+
+
+async def _client_error(exc: Exception) -> None:
+    logger.debug(
+        "NATS client: %s: %s",
+        type(exc).__name__,
+        exc,
+        extra={"action": "outbox.nats_client_error"},
+    )
+
+
+def header_text(name: str, value: object) -> str:
+    """A header's value as NATS carries it (text): a string as it is, a number or boolean
+    as JSON. ``ValueError`` for a header NATS cannot carry (a line break, a name with
+    ``:`` or white space)."""
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    if not name or any(c in name for c in ": \t\r\n") or "\r" in text or "\n" in text:
+        raise ValueError(f"header {name!r} cannot travel as a NATS header")
+    return text
+
+
 def nats_headers(message: ClaimedMessage, wire: cloudevents.Wire) -> dict[str, str]:
     """``message``'s headers as NATS carries them (text): strings as they are, numbers and
     booleans as JSON, None left out; ``Nats-Msg-Id`` = the event id. ``ValueError`` for a
@@ -143,9 +192,7 @@ def nats_headers(message: ClaimedMessage, wire: cloudevents.Wire) -> dict[str, s
     for name, value in wire.headers.items():
         if value is None:
             continue
-        text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-        if not name or any(c in name for c in ": \t\r\n") or "\r" in text or "\n" in text:
-            raise ValueError(f"header {name!r} cannot travel as a NATS header")
+        text = header_text(name, value)
         if name.lower().startswith(RESERVED_PREFIX):
             raise ValueError(f"header {name!r} is JetStream's own (Nats-...)")
         headers[name] = text
@@ -203,16 +250,7 @@ class NatsTransport(Transport):
         from nats.aio.client import Client
 
         self._loop = EventLoop()
-        options = {
-            "connect_timeout": SERVER_CONNECT_TIMEOUT,
-            "reconnect_time_wait": 0.5,
-            # A few reconnections (a node that stopped: the next one of the list), then
-            # the connection closes and the relay's outage backoff takes over.
-            "max_reconnect_attempts": 2,
-            "name": "django_outbox relay",
-            "error_cb": self._error,
-            **self._options,
-        }
+        options = connect_options("django_outbox relay", self._options)
         client = Client()
         try:
             connecting = client.connect(nats_servers(self._url), **options)
@@ -223,14 +261,6 @@ class NatsTransport(Transport):
         self._nc = client
         self._run(connecting, timeout)
         self._js = self._nc.jetstream(timeout=self._ack_timeout)
-
-    async def _error(self, exc: Exception) -> None:
-        logger.debug(
-            "NATS client: %s: %s",
-            type(exc).__name__,
-            exc,
-            extra={"action": "outbox.nats_client_error"},
-        )
 
     def target(self, route: Route) -> str:
         jetstream = route.jetstream or JetStream()
@@ -257,17 +287,8 @@ class NatsTransport(Transport):
         nc, loop = self._nc, self._loop
         self._nc = self._js = self._loop = None
         self._streams.clear()
-        if loop is None:
-            return
-        # The connection is already broken: nothing to save. nats-py 2.9 raises
-        # AttributeError closing a client whose connection never opened.
-        broken: tuple[type[BaseException], ...] = (*cluster_errors(), AttributeError)
-        if nc is not None and not nc.is_closed:
-            try:
-                loop.run(nc.close(), SERVER_CONNECT_TIMEOUT)
-            except broken:
-                logger.debug("error closing a NATS connection", exc_info=True)
-        loop.stop()
+        if loop is not None:
+            close_client(loop, nc)
 
     # -- publishing -----------------------------------------------------------------
 

@@ -28,6 +28,7 @@ import binascii
 import dataclasses
 import itertools
 import logging
+import re
 import uuid
 from collections.abc import Sequence
 from json.encoder import encode_basestring_ascii
@@ -38,6 +39,7 @@ from kombu.utils.json import JSONEncoder, dumps
 
 from .. import cloudevents
 from ..envelope import CONTENT_ENCODING, CONTENT_TYPE, RELAY_HEADERS, ClaimedMessage
+from ..exceptions import BrokerOutOfMemory, BrokerRefusesWrites
 from ..signing import SIGNATURE_HEADER
 
 logger = logging.getLogger(__name__)
@@ -475,11 +477,105 @@ def _pipeline(pool: Any, commands: list[bytes]) -> list[Any]:
     return replies
 
 
-def out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` is Redis refusing a write at its ``maxmemory`` (with nothing it may
-    evict, e.g. under ``noeviction``): the broker is full, not the message at fault."""
+class WriteRefusal(NamedTuple):
+    """Why a Redis refuses every write for now: the broker's state, never a message's
+    fault, so an outage (no attempt spent) until a probe write is accepted again."""
+
+    #: The failure's kind (a metrics label) and the outage's condition in its log line.
+    kind: str
+    condition: str
+    #: What Redis said, in a few words, and what brings it back.
+    why: str
+    fix: str
+
+
+OUT_OF_MEMORY = WriteRefusal(
+    "out_of_memory",
+    "out of memory",
+    "Redis maxmemory reached, nothing it may evict",
+    "let consumers drain its queues or raise maxmemory",
+)
+READ_ONLY = WriteRefusal(
+    "read_only",
+    "read-only",
+    "READONLY: a replica, as a Redis demoted by a failover is",
+    "point the broker URL at the master (a sentinel:// URL follows failovers)",
+)
+CANNOT_PERSIST = WriteRefusal(
+    "cannot_persist",
+    "unable to persist",
+    "MISCONF: its last RDB snapshot failed and stop-writes-on-bgsave-error is on",
+    "free its disk or fix its dir's permissions (see its log)",
+)
+#: How many causes of an error :func:`write_refusal` follows: kombu's and Celery's
+#: wrappers add one or two.
+_CAUSE_DEPTH = 8
+
+
+def write_refusal(exc: BaseException | None) -> WriteRefusal | None:
+    """Whether ``exc`` is a Redis that cannot take writes now (None: it is not): out of
+    memory (``maxmemory`` reached with nothing it may evict), a read-only replica
+    (``READONLY``), or a failed snapshot that stops writes (``MISCONF``). Follows the
+    error's cause and context, as kombu's ``OperationalError`` (the Celery path) and
+    redis-py's pipeline errors wrap the reply. The one classification every path uses:
+    the relay's own writer, kombu's producer, the Celery transport, declarations."""
     try:
-        from redis.exceptions import OutOfMemoryError
+        from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
     except ImportError:  # no redis client: no Redis broker either
-        return False
-    return isinstance(exc, OutOfMemoryError)
+        return None
+    for _ in range(_CAUSE_DEPTH):
+        if exc is None:
+            return None
+        if isinstance(exc, OutOfMemoryError):
+            return OUT_OF_MEMORY
+        if isinstance(exc, ReadOnlyError):
+            return READ_ONLY
+        if isinstance(exc, ResponseError) and _MISCONF.search(str(exc)):
+            return CANNOT_PERSIST  # (redis-py has no class of its own for it)
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+#: The reply code of a refused snapshot, at the start of the reply or after redis-py's
+#: note of the pipeline's command.
+_MISCONF = re.compile(r"(?:^|error: )MISCONF ")
+
+
+def refusal_named(kind: str) -> WriteRefusal | None:
+    """The refusal whose :attr:`WriteRefusal.kind` or condition is ``kind``."""
+    for refusal in (OUT_OF_MEMORY, READ_ONLY, CANNOT_PERSIST):
+        if kind in (refusal.kind, refusal.condition):
+            return refusal
+    return None
+
+
+def probe_writes(client: Any, answered: tuple[type[BaseException], ...]) -> None:
+    """Have the Redis of ``client`` (redis-py's) take a write: ``LPUSHX`` to a key that
+    does not exist (nothing is written), which Redis refuses as it refuses any push while
+    it cannot take writes (:func:`write_refusal`): then raises :func:`refusing_writes`'s
+    error. Any other refusal among ``answered`` (an ACL that does not let this user
+    write the probe's key: ``NOPERM``) is an answer: the broker is up."""
+    try:
+        client.lpushx(f"django_outbox.probe.{uuid.uuid4().hex}", "")
+    except answered as exc:
+        if write_refusal(exc) is None:
+            return
+        raise refusing_writes(exc) from exc
+
+
+def refusing_writes(exc: BaseException) -> BaseException:
+    """``exc`` as :class:`~django_outbox.exceptions.BrokerRefusesWrites`
+    (:class:`BrokerOutOfMemory` out of memory), naming what Redis said and the fix, when
+    it is a Redis that cannot take writes now (:func:`write_refusal`); else ``exc``. (A
+    Redis unable to persist refuses even the ``PING`` of a new connection.)"""
+    refusal = write_refusal(exc)
+    if refusal is None or isinstance(exc, BrokerRefusesWrites):
+        return exc
+    error = BrokerOutOfMemory if refusal is OUT_OF_MEMORY else BrokerRefusesWrites
+    refused = error(
+        f"Redis refuses every write ({refusal.condition}, {refusal.why}: {exc}): "
+        f"{refusal.fix}; the rows wait, attempts unchanged",
+        refusal.condition,
+    )
+    refused.__cause__ = exc
+    return refused

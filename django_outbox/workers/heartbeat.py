@@ -36,6 +36,10 @@ from ..models import WorkerHeartbeat, WorkerKind
 logger = logging.getLogger("django_outbox.heartbeat")
 logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts
 
+#: The key of a relay's counts that holds what it finds down (a broker, a queue that
+#: stopped confirming), each with the seconds it has been down: its rows wait unattempted,
+#: and their due age does not grow (each is put back due when its broker is next checked).
+OUTAGES = "outages"
 #: A row whose last beat is at most this many of its intervals old is live ...
 LIVE_INTERVALS = 3
 #: ... at most this many, stale; older, dead (the process is gone or hangs).
@@ -124,11 +128,31 @@ def workers(using: str = "default", *, kind: str | None = None) -> list[Worker]:
 
 
 def live_relays(using: str = "default") -> int:
-    """How many relays of ``using`` beat recently enough to count as live (read among
-    those that beat in the last ``LIVE_INTERVALS`` of the longest interval, by index)."""
+    """How many relays of ``using`` count as live (:func:`live_relay_rows`)."""
+    return len(live_relay_rows(using))
+
+
+def live_relay_rows(using: str = "default") -> list[WorkerHeartbeat]:
+    """The relays of ``using`` that beat recently enough to count as live (read among
+    those that beat in the last ``LIVE_INTERVALS`` of the longest interval, by index),
+    each read with the database's clock."""
     rows = WorkerHeartbeat.objects.using(using).filter(kind=WorkerKind.RELAY, stopped_at=None)
     recent = rows.filter(beat_at__gte=now_minus(LIVE_INTERVALS * _longest_interval(rows)))
-    return sum(state_of(row) is WorkerState.LIVE for row in with_database_clock(recent))
+    return [row for row in with_database_clock(recent) if state_of(row) is WorkerState.LIVE]
+
+
+def outages_of(row: WorkerHeartbeat) -> dict[str, float]:
+    """What the relay of ``row`` found down at its last beat (see :data:`OUTAGES`), and
+    for how many seconds by now: its beat's figure plus the beat's age."""
+    since_beat = max((clock_of(row) - row.beat_at).total_seconds(), 0.0)
+    found = row.counts.get(OUTAGES) if isinstance(row.counts, dict) else None
+    if not isinstance(found, dict):
+        return {}
+    return {
+        str(what): float(seconds) + since_beat
+        for what, seconds in found.items()
+        if isinstance(seconds, int | float)
+    }
 
 
 def _longest_interval(rows: QuerySet[WorkerHeartbeat]) -> dt.timedelta:
@@ -165,20 +189,20 @@ class Heartbeat:
         """Seconds until the next beat is due (0 if it is)."""
         return max(0.0, self._next - self._clock())
 
-    def beat(self, counts: Mapping[str, int], *, last_batch_at: dt.datetime | None = None) -> bool:
+    def beat(self, counts: Mapping[str, Any], *, last_batch_at: dt.datetime | None = None) -> bool:
         """Write the row if a beat is due; returns whether it was written."""
         if self.wait:
             return False
         return self._write(counts, last_batch_at, stopped=False)
 
     def stopped(
-        self, counts: Mapping[str, int], *, last_batch_at: dt.datetime | None = None
+        self, counts: Mapping[str, Any], *, last_batch_at: dt.datetime | None = None
     ) -> None:
         """Write the row once more, marked stopped."""
         self._write(counts, last_batch_at, stopped=True)
 
     def _write(
-        self, counts: Mapping[str, int], last_batch_at: dt.datetime | None, *, stopped: bool
+        self, counts: Mapping[str, Any], last_batch_at: dt.datetime | None, *, stopped: bool
     ) -> bool:
         self._next = self._clock() + self.interval
         values: dict[str, Any] = {
@@ -222,7 +246,7 @@ class HeartbeatThread(threading.Thread):
     def __init__(
         self,
         heartbeat: Heartbeat,
-        snapshot: Callable[[], tuple[Mapping[str, int], dt.datetime | None]],
+        snapshot: Callable[[], tuple[Mapping[str, Any], dt.datetime | None]],
         after_beat: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(name=f"outbox-heartbeat-{heartbeat.kind}", daemon=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..conf import outbox_settings
 from ..conf.redact import SecretFilter
-from ..exceptions import BrokerOutOfMemory
+from ..exceptions import BrokerRefusesWrites
 
 logger = logging.getLogger("django_outbox.outage")
 # The drivers' error texts are logged: no password may come with them.
@@ -56,7 +56,8 @@ class OutageTracker:
         self._failures = 0  # backoffs taken in the current outage
         self._logged = False  # its start was logged
         self._ended = 0.0  # seconds of the outages that ended since forget_downtime()
-        #: What the outage logged is: "unreachable", or "out of memory".
+        #: What the outage logged is: "unreachable", or the condition of a broker that
+        #: refuses writes ("out of memory", "read-only", "unable to persist").
         self.condition = "unreachable"
 
     def suspect(self, since: float | None = None) -> None:
@@ -69,15 +70,15 @@ class OutageTracker:
 
     def failed(self, exc: BaseException, *, since: float | None = None) -> None:
         """Reaching the resource failed with ``exc``; logs the outage's start once: the
-        resource is "unreachable", or "out of memory" (:class:`BrokerOutOfMemory`, or an
-        error caused by one)."""
+        resource is "unreachable", or the condition of a broker that refuses every write
+        (:class:`BrokerRefusesWrites`, or an error caused by one)."""
         self.suspect(since)
         if not self._logged:
             self._logged = True
-            full = isinstance(exc, BrokerOutOfMemory) or isinstance(
-                exc.__cause__, BrokerOutOfMemory
+            refusing = exc if isinstance(exc, BrokerRefusesWrites) else exc.__cause__
+            self.condition = (
+                refusing.condition if isinstance(refusing, BrokerRefusesWrites) else "unreachable"
             )
-            self.condition = "out of memory" if full else "unreachable"
             logger.warning(
                 "%s %s (%s); retrying with backoff",
                 self.what,
@@ -115,6 +116,10 @@ class OutageTracker:
         """Seconds without the resource since :meth:`forget_downtime`, the current
         outage included."""
         return self._ended + (self._clock() - self._since if self.down else 0.0)
+
+    def lasted(self) -> float | None:
+        """Seconds the outage under way has lasted; None when the resource is up."""
+        return self._clock() - self._since if self.down else None
 
     def forget_downtime(self) -> None:
         """Count :meth:`downtime` afresh from here (the outage under way, if any,

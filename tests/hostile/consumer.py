@@ -18,7 +18,7 @@ from django.core.management import CommandError, call_command
 
 from django_outbox import ReceivedEvent
 from django_outbox.consumer import InboxConsumer
-from tests.support import broker_connection, delete_queue, unique_destination
+from tests.support import REDIS_URL, broker_connection, delete_queue, unique_destination
 
 from . import case, error_line
 
@@ -230,3 +230,56 @@ def compressed(request: object) -> str:
     message = event(bz2.compress(b'{"id": 1}'))
     message["headers"]["compression"] = "application/x-bz2"
     return rejected(message.pop("body"), **message)
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:  # a library's bug
+        raise RuntimeError("no str for you")
+
+
+def refuse_unprintably(event: ReceivedEvent) -> None:
+    raise Unprintable()
+
+
+@case("consumer-unprintable-error")
+def unprintable_error(request: object) -> str:
+    message = event()
+    with queue_with(message.pop("body"), **message) as queue:
+        return logged("inbox.parked", lambda: consume(queue, refuse_unprintably, max_deliveries=1))
+
+
+@case("consumer-unstorable-key")
+def unstorable_key(request: object) -> str:
+    message = ordered_event()
+    message["headers"]["ordering_key"] = "order-1\x00"  # a NUL: PostgreSQL cannot store it
+    with queue_with(message.pop("body"), **message) as queue:
+        return logged("inbox.rejected", lambda: consume(queue, lambda event: None))
+
+
+@case("consumer-redis-unreadable")
+def redis_unreadable(request: object) -> str:
+    import json
+
+    message = {"body": "e30=", "headers": ["a", "list"], "properties": {"delivery_tag": "1"}}
+    return pushed_to_redis(json.dumps(message))
+
+
+@case("consumer-redis-not-json")
+def redis_not_json(request: object) -> str:
+    return pushed_to_redis(b"not json {")
+
+
+def pushed_to_redis(item: str | bytes) -> str:
+    """The line a consumer logs of ``item``, pushed onto a Redis queue's list."""
+    import redis
+    from django.test import override_settings
+
+    queue, client = unique_destination("h"), redis.Redis.from_url(REDIS_URL)
+    try:
+        with override_settings(OUTBOX={"BROKER_URL": REDIS_URL}):
+            consume(queue, refuse)  # declares it
+            client.lpush(queue, item)
+            return logged("inbox.rejected", lambda: consume(queue, refuse))
+    finally:
+        client.delete(queue)
+        client.close()

@@ -274,7 +274,7 @@ def test_a_redis_out_of_memory_is_an_outage_that_spends_no_attempt(caplog):
     assert "(its last error: " in problems[0] and "out of memory" in problems[0]
     (down,) = actions(caplog, "outbox.broker_down")
     assert "broker 'events' out of memory (" in down.getMessage()
-    assert "Redis refuses every write at its maxmemory" in down.getMessage()
+    assert "Redis refuses every write (out of memory, Redis maxmemory" in down.getMessage()
     assert len(actions(caplog, "outbox.broker_up")) == 1
     assert not actions(caplog, "outbox.declare_refused")
     assert not [r for r in caplog.records if "delete" in r.getMessage()]

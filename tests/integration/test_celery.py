@@ -14,18 +14,23 @@ from django.test import override_settings
 
 from django_outbox import InvalidEvent, stage
 from django_outbox.conf.routes import CELERY_FIELDS
+from django_outbox.exceptions import BrokerOutOfMemory
 from django_outbox.models import InboxMessage, OutboxMessage
 from django_outbox.relay import Relay
 from django_outbox.staging import RESERVED_HEADERS
+from django_outbox.transports.celery import CeleryTransport
+from tests.integration.test_amqp_wire import small_frames
 from tests.integration.test_silent_broker import memory_alarm
 from tests.support import (
     AMQP_URL,
     REDIS_URL,
     confirming_celery_queue,
     delete_queue,
+    delete_redis_keys,
     drain_raw,
     queue_settled,
     rabbitmqctl,
+    redis_maxmemory,
     services,
     stage_events,
     start_worker,
@@ -217,6 +222,46 @@ def test_a_task_the_broker_never_confirms_spends_no_attempt():
     assert (row.status, row.attempts) == ("published", 0)
 
 
+@pytest.fixture
+def redis_celery_app():  # type: ignore[no-untyped-def]
+    """A Celery app (current in this process) whose broker is the test Redis, its pool
+    connected before a test makes Redis refuse writes."""
+    from celery import Celery
+
+    app = Celery("outbox-tests-redis", broker=REDIS_URL, set_as_current=True)
+    app.conf.task_default_queue = queue = unique_destination("celery-redis")
+    with app.connection_for_write() as connection:
+        connection.ensure_connection(max_retries=1)
+    yield app
+    app.close()
+    delete_redis_keys(queue)
+
+
+def test_a_celery_route_on_a_full_redis_spends_no_attempt(redis_celery_app):
+    """A Celery route (and so every Django task) whose app's broker is a Redis at its
+    maxmemory: kombu wraps Redis's refusal in its OperationalError, and the row is an
+    outage all the same (no attempt, its own reason), as on the relay's own Redis route;
+    the relay's check of the app's broker says out of memory until Redis takes writes.
+    (Before: an attempt charged per try, the error read as the message's.)"""
+    stage_events(1, "payments")
+    with override_settings(OUTBOX={"BROKER_URL": REDIS_URL, "ROUTES": ROUTES}):
+        with redis_maxmemory():
+            with Relay() as relay:
+                stats = relay.run_once()
+            with pytest.raises(BrokerOutOfMemory, match=r"^Redis refuses every write \(out of"):
+                CeleryTransport().check()
+        CeleryTransport().check()  # writes taken again: up
+        row = OutboxMessage.objects.get()
+        assert (stats.published, row.status, row.attempts) == (0, "failed", 0), row.last_error
+        assert row.last_error.startswith("the broker is out of memory (Redis maxmemory reached")
+        assert "OperationalError: " in row.last_error
+        OutboxMessage.objects.update(available_at=Now())
+        with Relay() as relay:
+            assert relay.run_once().published == 1
+    row.refresh_from_db()
+    assert (row.status, row.attempts) == ("published", 0)
+
+
 # -- hostile input: headers, serializer, nacks ----------------------------------------
 
 
@@ -321,6 +366,33 @@ def test_a_nacked_task_fails_alone_and_the_tasks_around_it_are_sent_once():
     assert [row.status for row in rows] == ["published"] * 2 + ["failed"] + ["published"] * 2
     assert rows[2].attempts == 2
     assert rows[2].last_error == "the broker refused the message (basic.nack)"
+
+
+def test_a_header_larger_than_the_frame_on_a_celery_route_fails_alone():
+    """a, b, c to a Celery route on a RabbitMQ whose frame_max is 4096, b with a 5,000-byte
+    header (staging allows 64 KiB): b fails alone and for good, before anything is
+    written, with the relay's own frames' check; a and c are sent once. (Before: RabbitMQ
+    closed the connection, 501 FRAME_ERROR, and all three failed, an attempt each.)"""
+    with transaction.atomic():
+        rows = [
+            stage("payment.made", {"n": 1}, destination="payments"),
+            stage("payment.made", {"n": 2}, destination="payments", headers={"x-big": "x" * 5000}),
+            stage("payment.made", {"n": 3}, destination="payments"),
+        ]
+    with small_frames(), confirming_celery_queue() as name:  # its pool connects meanwhile
+        stats = relay_until_done()
+        in_queue = [message.headers["id"] for message in drain_raw(name)]
+    for row in rows:
+        row.refresh_from_db()
+    assert [(row.status, row.attempts) for row in rows] == [
+        ("published", 0),
+        ("abandoned", 1),
+        ("published", 0),
+    ]
+    assert (stats.published, stats.abandoned) == (2, 1)
+    assert in_queue == [str(rows[0].event_id), str(rows[2].event_id)]
+    assert rows[1].last_error.startswith("FrameTooLarge: the message's content header frame (")
+    assert "frame_max (4096 bytes" in rows[1].last_error
 
 
 def test_celery_routes_on_rabbitmq_without_confirms_get_a_warning():

@@ -16,7 +16,7 @@ from typing import Any
 
 import kombu
 import pytest
-from django.db import transaction
+from django.db import connections, transaction
 from django.test import override_settings
 
 from django_outbox import ReceivedEvent, stage
@@ -154,6 +154,50 @@ def forge_in_order(queue: str, key: str, sequence: int, **headers: Any) -> uuid.
 
 def conflicts() -> dict[uuid.UUID, str]:
     return dict(InboxFailure.objects.parked().values_list("event_id", "last_error"))
+
+
+def consume_for_at_most(queue: str, handler: Handler, seconds: float) -> InboxConsumer:
+    """:func:`consume`, stopped after ``seconds`` if its queue never goes idle (a message
+    requeued for ever); in a thread, which closes its database connection."""
+    consumer = InboxConsumer(queue, handler, "trust", retry_delay=0.05, retry_max_delay=0.2)
+
+    def run() -> None:
+        try:
+            consumer.run(idle_timeout=2)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, name="consumer")
+    thread.start()
+    thread.join(seconds)
+    consumer.stop.set()
+    thread.join(30)
+    return consumer
+
+
+@pytest.mark.parametrize("header", ["ordering_key", "destination", "long ordering_key"])
+def test_a_key_postgresql_cannot_store_is_refused_and_the_next_event_handled(
+    ordered, header, caplog
+):
+    """A forged ordered event whose key or destination holds a NUL (which PostgreSQL can
+    neither store nor compare), or a key longer than the inbox stores: rejected in one
+    line, not taken for a database outage and requeued for ever; the events behind it
+    are handled."""
+    if header == "destination":
+        forged = forge_in_order(ordered, "k", 1, destination=f"{ordered}\x00")
+    else:
+        forged = forge_in_order(ordered, "k\x00" if header == "ordering_key" else "k" * 256, 1)
+    real = [(f"r{n}", 1) for n in range(3)]
+    publish(ordered, real)
+    handler = Handler()
+    stats = consume_for_at_most(ordered, handler, 30).stats
+    assert (stats.rejected, stats.handled) == (1, len(real)), stats
+    assert handler.ran == [uuid.UUID(event_id(ordered, key, n)) for key, n in real]
+    name = "ordering_key" if "ordering_key" in header else "destination"
+    rejected = [r for r in caplog.records if getattr(r, "action", "") == "inbox.rejected"]
+    (line,) = [record.getMessage() for record in rejected]
+    assert f"event {forged}: its {name} header cannot key the inbox's sequences" in line
+    assert not [r for r in caplog.records if "unreachable" in r.getMessage()]
 
 
 def test_a_forged_event_claiming_a_handled_sequence_is_parked_and_the_real_one_handled(
@@ -466,3 +510,113 @@ def test_a_refused_copy_never_replaces_a_parked_events_body_and_is_stored_bounde
     assert json.loads(record.body) == {"n": 1}
     assert not record.last_error.startswith("unsigned")
     assert len(InboxFailure.objects.get(event_id=large).body.encode()) == 1000
+
+
+# -- issue 39 review: an exception that cannot be printed --------------------------
+
+
+class Unprintable(Exception):
+    """A library's exception whose ``__str__`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+
+def test_a_handler_exception_that_cannot_be_printed_is_a_counted_failure(queue):
+    """The consumer writes a handler's exception as text (stored, logged): one whose
+    ``__str__`` raises is counted, then parked at max_deliveries with its class named,
+    and the next event is handled."""
+    bad, good = forge(queue, {"n": 1}), forge(queue, {"n": 2})
+    ran: list[uuid.UUID] = []
+
+    def handler(event: ReceivedEvent) -> None:
+        if event.event_id == bad:
+            raise Unprintable()
+        ran.append(event.event_id)
+
+    stats = consume(queue, handler, max_deliveries=2).stats
+    assert ran == [good]
+    assert (stats.failed, stats.parked, stats.handled) == (1, 1, 1)  # then parked
+    assert conflicts() == {bad: "Unprintable: <exception str() failed>"}
+
+
+# -- issue 39 review: a Redis message kombu cannot read ----------------------------
+
+
+def kombu_redis_json(queue: str, **changes: Any) -> str:
+    """kombu's Redis message JSON of an outbox-looking event, with ``changes``: anyone
+    who can LPUSH to a queue's list writes all of it, properties and headers too."""
+    event_id = str(uuid.uuid4())
+    message = {
+        "body": "eyJuIjogMX0=",  # {"n": 1}
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {"event_id": event_id, "event_type": "order.placed"},
+        "properties": {
+            "body_encoding": "base64",
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "delivery_mode": 2,
+            "delivery_tag": str(uuid.uuid4()),
+            "priority": 0,
+            "message_id": event_id,
+        },
+        **changes,
+    }
+    return json.dumps(message)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"headers": ["a", "list"]}, {"headers": "text"}, {"properties": "text"}, {"body": 12}],
+    ids=["headers-list", "headers-text", "properties-text", "body-number"],
+)
+def test_a_redis_message_kombu_cannot_read_is_rejected_and_the_next_event_handled(changes, caplog):
+    """kombu raised building such a message (AttributeError, TypeError), out of the
+    consumer's run: run_outbox_consumer exited. Now it is rejected in one line, gone from
+    the list and from kombu's unacked hash, and the event behind it is handled."""
+    import redis
+
+    queue = unique_destination("trustredis")
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        with override_settings(OUTBOX={"BROKER_URL": REDIS_URL}):
+            InboxConsumer(queue, Handler(), "trust").run(idle_timeout=0.1)  # declares it
+            client.lpush(queue, kombu_redis_json(queue, **changes))
+            good = forge(queue, {"n": 2}, url=REDIS_URL)
+            handler = Handler()
+            stats = consume(queue, handler).stats
+        assert handler.ran == [good]
+        assert (stats.rejected, stats.handled) == (1, 1)
+        assert client.llen(queue) == 0 and client.hlen("unacked") == 0
+        rejected = [r for r in caplog.records if getattr(r, "action", "") == "inbox.rejected"]
+        (line,) = [record.getMessage() for record in rejected]
+        assert "InvalidMessage: kombu cannot read it as a message (" in line
+    finally:
+        client.delete(queue)
+        client.close()
+
+
+def test_a_redis_item_that_is_not_json_is_rejected_and_the_next_event_handled(caplog):
+    """kombu parses a Redis list item before any message exists: one that is not JSON (or
+    not UTF-8) raised out of the consumer's run, and run_outbox_consumer exited."""
+    import redis
+
+    queue = unique_destination("trustredis")
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        with override_settings(OUTBOX={"BROKER_URL": REDIS_URL}):
+            InboxConsumer(queue, Handler(), "trust").run(idle_timeout=0.1)  # declares it
+            client.lpush(queue, b"not json {")
+            client.lpush(queue, b"\xff\xfe")
+            good = forge(queue, {"n": 2}, url=REDIS_URL)
+            handler = Handler()
+            stats = consume(queue, handler).stats
+        assert handler.ran == [good]
+        assert (stats.received, stats.rejected, stats.handled) == (3, 2, 1)
+        assert client.llen(queue) == 0 and client.hlen("unacked") == 0
+        rejected = [r for r in caplog.records if getattr(r, "action", "") == "inbox.rejected"]
+        lines = [record.getMessage() for record in rejected]
+        assert len(lines) == 2 and all("that is not even JSON (" in line for line in lines)
+    finally:
+        client.delete(queue)
+        client.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import signal
+import socket
 import time
 
 import psycopg
@@ -29,6 +30,7 @@ from tests.support import (
     start_relay,
     stop,
     unique_destination,
+    unreachable_broker_url,
     wait_until,
 )
 
@@ -218,6 +220,40 @@ def test_a_relay_stopped_by_sigterm_writes_its_stop(destination):
     (row,) = relay_rows()
     assert state_of(row) is WorkerState.STOPPED
     assert [w.state for w in workers()] == [WorkerState.STOPPED]
+
+
+def test_a_broker_down_longer_than_the_limit_makes_the_outbox_unhealthy_and_names_it(
+    destination,
+):
+    """A relay puts each row of a broker that is down back due at its next check of the
+    broker, no attempt spent: the oldest due row never ages past a few seconds, so the
+    due age alone called an outbox healthy after an hour without its broker."""
+    stage_one(destination)
+    relay = start_relay(HEARTBEAT_INTERVAL=INTERVAL, BROKER_URL=unreachable_broker_url("s3cret"))
+    try:
+        health = wait_until(
+            lambda: unhealthy(manage("outbox_health", "--max-due-age", "4")),
+            timeout=90,
+            what="outbox_health to name the broker that is down",
+            process=relay,
+        )
+        status = manage("outbox_status").stdout
+    finally:
+        code, _out, err = stop(relay)
+    assert code == 0, err
+    problem = next(line for line in health.stderr.split("; ") if "has been down" in line)
+    assert problem.startswith("broker 'default' has been down for "), health.stderr
+    assert f"more than 4s (relay {socket.gethostname()}:{relay.pid}): its rows wait" in problem
+    assert "s3cret" not in health.stderr + status
+    assert "broker 'default' down " in status, status
+    # The refused connection of its first publish spent an attempt; the outage since, none.
+    (row,) = OutboxMessage.objects.all()
+    assert (row.attempts, row.status) == (1, "failed"), row.last_error
+
+
+def unhealthy(result) -> object:
+    """``result`` of ``outbox_health`` when it says a broker is down; None otherwise."""
+    return result if result.returncode == 1 and "has been down for" in result.stderr else None
 
 
 def test_outbox_health_fails_on_a_due_row_older_than_the_limit(destination):

@@ -49,17 +49,19 @@ KAFKA_LIB = os.environ.get("OUTBOX_KAFKA_LIB") or str(
 READER = Path(__file__).resolve().parents[1] / "support" / "KafkaRead.java"
 Status = OutboxMessage.Status
 
+#: Skips a test where no cluster runs (scripts/test starts one).
+NEEDS_KAFKA = pytest.mark.skipif(
+    not KAFKA_URL,
+    reason="no Kafka cluster: OUTBOX_KAFKA_URL is unset; run scripts/services kafka start "
+    'and eval "$(scripts/services env)" (scripts/test does)',
+)
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.kafka,
     # Every test here shares the cluster that some stop nodes of: scripts/test runs them
     # in its chain of disrupting tests, never beside them.
     pytest.mark.disrupts,
-    pytest.mark.skipif(
-        not KAFKA_URL,
-        reason="no Kafka cluster: OUTBOX_KAFKA_URL is unset; run scripts/services kafka start "
-        'and eval "$(scripts/services env)" (scripts/test does)',
-    ),
+    NEEDS_KAFKA,
 ]
 
 

@@ -25,6 +25,7 @@ from kombu.utils.json import JSONEncoder
 from django_outbox.conf.routes import Route
 from django_outbox.consumer import InboxConsumer
 from django_outbox.envelope import CONTENT_ENCODING, CONTENT_TYPE, ClaimedMessage, ReceivedEvent
+from django_outbox.exceptions import BrokerRefusesWrites
 from django_outbox.transports.base import Failure, unroutable
 from django_outbox.transports.declare import binding_key, declare
 from django_outbox.transports.kombu import RedisTransport
@@ -34,6 +35,8 @@ from tests.support import (
     delete_redis_keys,
     publish_as_kombu,
     redis_maxmemory,
+    redis_read_only,
+    redis_unable_to_persist,
     unique_destination,
 )
 
@@ -357,6 +360,53 @@ def test_out_of_memory_after_the_first_push_fails_the_rest_without_an_attempt(na
     assert "command not allowed when used memory > 'maxmemory'" in failures[0].error
     written = [json.loads(text)["properties"]["message_id"] for text in lists(name)[name.encode()]]
     assert written == [str(m.event_id) for m in batch[:500]]
+
+
+@pytest.mark.disrupts
+def test_a_read_only_redis_is_an_outage_and_its_probe_says_so(name):
+    """A Redis demoted to a replica (a Sentinel failover) refuses every write with
+    READONLY: the broker's state, not the messages' fault, so an outage as out of memory
+    is, no attempt spent, its own reason; the probe a relay checks the broker with says
+    read-only until writes are taken again. (Before: an attempt charged per row, and the
+    rows abandoned once the failover outlasted their attempts.)"""
+    route = routes(name)["default exchange"]
+    transport = RedisTransport(REDIS_URL)
+    try:
+        assert transport.publish(route, [message(0)]) == [None]  # connected, declared
+        with redis_read_only():
+            outcomes = transport.publish(route, [message(1), message(2)])
+            with pytest.raises(BrokerRefusesWrites) as refused:
+                transport.check()
+        transport.check()  # a master again: up
+    finally:
+        transport.close()
+    assert all(isinstance(failure, Failure) for failure in outcomes)
+    assert {(f.counts, f.outage, f.error_type) for f in outcomes} == {  # type: ignore[union-attr]
+        (False, True, "read_only")
+    }
+    assert outcomes[0].error.startswith("the broker is read-only (READONLY: a replica")  # type: ignore[union-attr]
+    assert refused.value.condition == "read-only"
+    assert str(refused.value).startswith("Redis refuses every write (read-only, READONLY")
+    assert len(lists(name)[name.encode()]) == 1
+
+
+def test_a_redis_unable_to_persist_is_an_outage_and_its_probe_says_so(name, tmp_path):
+    """MISCONF: a Redis whose snapshot failed stops writes (redis-py has no class for it:
+    its reply code tells it). An outage, no attempt spent, its own reason and fix."""
+    route = routes(name)["default exchange"]
+    with redis_unable_to_persist(tmp_path) as url:
+        transport = RedisTransport(url)
+        try:
+            (failure,) = transport.publish(route, [message(1)])
+            with pytest.raises(BrokerRefusesWrites) as refused:
+                transport.check()
+        finally:
+            transport.close()
+    assert isinstance(failure, Failure)
+    assert (failure.counts, failure.outage, failure.error_type) == (False, True, "cannot_persist")
+    assert failure.error.startswith("the broker is unable to persist (MISCONF: its last RDB")
+    assert refused.value.condition == "unable to persist"
+    assert "free its disk or fix its dir's permissions" in str(refused.value)
 
 
 def test_a_kombu_whose_channel_the_writer_does_not_know_gets_kombus_producer(

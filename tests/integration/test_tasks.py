@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -435,14 +436,16 @@ def test_a_task_whose_workers_died_five_times_is_failed_not_started_again(queue,
 
 def test_a_task_whose_database_fails_mid_task_is_not_failed_and_runs_again(monkeypatch):
     """The database goes away while the worker writes the outcome (a PostgreSQL restart
-    mid-task, found by the chaos suite; the error is injected here, on the real database):
-    nothing of the attempt commits, the task is not FAILED for it, and the error reaches
-    Celery, which sends the task again (run_django_task retries any error of the runner)."""
+    mid-task, found by the chaos suite; here the worker's session is terminated, on the
+    real database): nothing of the attempt commits, the task is not FAILED for it, and the
+    error reaches Celery, which sends the task again (run_django_task retries any error of
+    the runner)."""
     with transaction.atomic():
         result = djtasks.add.enqueue(1, 2)
 
     def database_gone(*args: object, **kwargs: object) -> None:
-        raise OperationalError("terminating connection due to administrator command")
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
 
     monkeypatch.setattr(taskrunner, "_finish", database_gone)
     with pytest.raises(OperationalError):
@@ -455,6 +458,48 @@ def test_a_task_whose_database_fails_mid_task_is_not_failed_and_runs_again(monke
     result.refresh()
     assert (result.status, result.return_value, result.attempts) == ("SUCCESSFUL", 3, 2)
     assert list(Delivery.objects.values_list("consumer", "n")) == [("add", 3)]
+
+
+def test_a_task_whose_exception_cannot_be_printed_is_failed_and_task_finished_sent():
+    """A task raising an exception whose ``__str__`` raises (a library's bug): the runner
+    logs it, records it FAILED and sends task_finished; nothing reaches Celery, which
+    would send the task again (called in process, as Celery's delivery calls it)."""
+    from django.tasks.signals import task_finished
+
+    finished: list[str] = []
+
+    def receiver(sender: object, task_result: object, **kwargs: object) -> None:
+        finished.append(task_result.id)  # type: ignore[attr-defined]
+
+    with transaction.atomic():
+        result = djtasks.fails_unprintably.enqueue()
+    task_finished.connect(receiver)
+    try:
+        taskrunner.run({"backend": "default"}, result.id, "worker-1")
+    finally:
+        task_finished.disconnect(receiver)
+    result.refresh()
+    assert (result.status, finished) == ("FAILED", [result.id])
+    (error,) = result.errors
+    assert error.exception_class_path == "tests.testapp.djtasks.Unprintable"
+    assert "Unprintable: <exception str() failed>" in error.traceback
+    assert not Delivery.objects.exists()  # its writes rolled back
+
+
+def test_a_task_whose_own_query_is_cancelled_is_failed_once_with_its_error():
+    """A task whose query hits the statement timeout it set raises QueryCanceled, an
+    OperationalError, with its connection usable: its own failure, FAILED at once with
+    that error. It was taken for the database failing: run again 5 times, then FAILED as
+    WorkerLost ("its worker died each time"), its error in no record."""
+    with transaction.atomic():
+        result = djtasks.times_out.enqueue()
+    taskrunner.run({"backend": "default"}, result.id, "worker-1")  # raises nothing to Celery
+    result.refresh()
+    assert (result.status, result.attempts) == ("FAILED", 1)
+    (error,) = result.errors
+    assert error.exception_class_path == "django.db.utils.OperationalError"
+    assert "canceling statement due to statement timeout" in error.traceback
+    assert list(Delivery.objects.values_list("consumer", flat=True)) == []  # rolled back
 
 
 def test_error_texts_and_return_values_the_database_cannot_store_are_stored_readable(queue, worker):
@@ -603,6 +648,45 @@ def test_a_result_is_read_in_a_process_that_cannot_import_its_task():
     TaskResultRecord.objects.filter(id=record.id).update(status="FAILED")
     result.refresh()
     assert result.status == "FAILED"
+
+
+@pytest.mark.parametrize(
+    ("task_path", "backend", "why"),
+    [
+        (
+            "tests.testapp.worker_only_tasks.charge",
+            "default",
+            "cannot import the task 'tests.testapp.worker_only_tasks.charge': "
+            "ImproperlyConfigured: set STRIPE_KEY",
+        ),
+        ("tests.testapp.djtasks.add", "billing", "InvalidTaskBackend: The connection 'billing'"),
+    ],
+    ids=["module-raises-on-import", "backend-alias-not-here"],
+)
+def test_a_result_is_read_whatever_stops_this_process_from_loading_its_task(
+    task_path, backend, why
+):
+    """get_result() reads the stored result in a process whose import of the task's module
+    raises something other than ImportError (a secret only the workers have), or that has
+    no TASKS entry of the result's backend alias: both raised out of get_result()."""
+    from django.tasks import default_task_backend
+    from django.tasks.exceptions import InvalidTask
+
+    record = TaskResultRecord.objects.create(
+        id=uuid.uuid4(),
+        task_path=task_path,
+        backend=backend,
+        queue_name="default",
+        priority=0,
+        args=[1, 2],
+        status="SUCCESSFUL",
+        return_value=3,
+        worker_ids=["celery@billing-1"],
+    )
+    result = default_task_backend.get_result(str(record.id))
+    assert (result.status, result.return_value, result.backend) == ("SUCCESSFUL", 3, backend)
+    with pytest.raises(InvalidTask, match=re.escape(why)):
+        result.task.call(1, 2)
 
 
 def test_an_async_view_and_autocommit_code_enqueue_as_with_djangos_own_backends(queue, worker):

@@ -1,5 +1,5 @@
 """The services themselves (scripts/services): stopped and started for outage tests,
-``rabbitmqctl``, a Redis out of memory, a broker URL nothing listens on."""
+``rabbitmqctl``, a Redis out of memory or read-only, a broker URL nothing listens on."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Any
 
 from tests.support.brokers import REDIS_URL
-from tests.support.processes import REPO
+from tests.support.processes import REPO, wait_until
 
 
 def services(*args: str) -> None:
@@ -67,6 +68,63 @@ def redis_maxmemory(margin: int | None = None) -> Iterator[Any]:
         client.config_set("maxmemory", before["maxmemory"])
         client.config_set("maxmemory-policy", policy["maxmemory-policy"])
         client.close()
+
+
+@contextmanager
+def redis_read_only() -> Iterator[Any]:
+    """The test Redis made a replica of a master that never answers (port 1): it refuses
+    every write with ``READONLY``, as a Redis demoted by a Sentinel failover does to the
+    clients still connected to it; its data stays (it never syncs). Yields a client; a
+    master again at the end."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    client.execute_command("REPLICAOF", "127.0.0.1", "1")
+    try:
+        yield client
+    finally:
+        client.execute_command("REPLICAOF", "NO", "ONE")
+        client.close()
+
+
+@contextmanager
+def redis_unable_to_persist(tmp_path: Path) -> Iterator[str]:
+    """A Redis of its own (redis-server on a free port) that refuses every write with
+    ``MISCONF``: its snapshot failed (its directory was removed under it) and it stops
+    writes on a failed snapshot, as it does by default with save points. Yields its URL."""
+    import redis
+
+    port, workdir = free_port(), tmp_path / "redis-misconf"
+    workdir.mkdir()
+    server = subprocess.Popen(
+        [
+            *("redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir)),
+            *("--save", "3600 1", "--stop-writes-on-bgsave-error", "yes", "--logfile", ""),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        client = redis.Redis.from_url(url)
+        wait_until(lambda: _answers(client), timeout=10, what="the MISCONF redis-server")
+        workdir.rmdir()  # the snapshot's temporary file cannot be made: it fails
+        client.bgsave()
+        saved = lambda: client.info("persistence")["rdb_last_bgsave_status"]  # noqa: E731
+        wait_until(lambda: saved() == "err", timeout=10, what="the snapshot failed")
+        client.close()
+        yield url
+    finally:
+        server.kill()  # (a SIGTERM would have it save first, which fails: it stays up)
+        server.wait(10)
+
+
+def _answers(client: Any) -> bool:
+    import redis
+
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
 
 
 def free_ports(count: int) -> list[int]:

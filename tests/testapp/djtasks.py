@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from django.db import connection
 from django.tasks import TaskContext, task
 from django.utils.module_loading import import_string
 
@@ -117,3 +118,26 @@ def chain(remaining: int) -> int:
     if remaining:
         chain.enqueue(remaining - 1)
     return remaining
+
+
+class Unprintable(Exception):
+    """A library's exception whose ``__str__`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+
+@task
+def fails_unprintably() -> None:
+    Delivery.objects.create(consumer="fails_unprintably")
+    raise Unprintable()
+
+
+@task
+def times_out() -> None:
+    """Its own query is cancelled by the statement timeout it sets (QueryCanceled, an
+    OperationalError of the task, not the database going away)."""
+    Delivery.objects.create(consumer="times_out")
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL statement_timeout = '50ms'")
+        cursor.execute("SELECT pg_sleep(1)")

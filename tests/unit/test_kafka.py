@@ -180,16 +180,30 @@ def test_record_headers_are_utf8_text_null_or_json():
     ]
 
 
-def test_the_consumer_refuses_a_kafka_broker_with_a_one_line_error():
+def test_a_kafka_broker_given_by_url_to_kombu_is_refused_with_a_one_line_error():
     from django_outbox.exceptions import OutboxConfigurationError
 
     with override_settings(OUTBOX={"BROKERS": {"default": {"URL": KAFKA}}}):
         with pytest.raises(OutboxConfigurationError) as raised:
             outbox_settings.require_broker_url()
-    assert str(raised.value).startswith(
-        f"{KAFKA} is a Kafka cluster, which run_outbox_consumer and outbox_replay_parked "
-        "do not read yet"
+    assert str(raised.value) == (
+        f"{KAFKA} is a Kafka cluster, which is not given by URL: name its alias of "
+        "OUTBOX['BROKERS'] (run_outbox_consumer --broker ALIAS; outbox_replay_parked finds "
+        "it by the parked message's topic)"
     )
+
+
+def test_the_consumer_reads_record_headers_back_as_the_relay_wrote_them():
+    from django_outbox.consumer.kafka import record_headers as read_back
+
+    headers = {"event_id": "e-1", "causation_id": None, "sequence": 3, "skipped": True}
+    headers |= {"destination": "7", "tenant": "3", "ü": "ö"}
+    assert read_back(record_headers(headers, "application/json")) == {
+        "content_type": "application/json",
+        **headers,
+    }
+    # A sequence that is not JSON stays text: the envelope refuses it.
+    assert read_back([("sequence", b"three")]) == {"sequence": "three"}
 
 
 @pytest.mark.parametrize(

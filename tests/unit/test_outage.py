@@ -3,10 +3,13 @@ end, backs off 1, 2, 4 ... 30 s with jitter. A fake clock; no services, no sleep
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 import pytest
 
+from django_outbox.models import WorkerHeartbeat
+from django_outbox.workers.heartbeat import outages_of
 from django_outbox.workers.outage import (
     MAX_OUTAGE_BACKOFF,
     OutageTracker,
@@ -113,3 +116,34 @@ def test_downtime_adds_up_outages_from_the_failed_attempt_until_forgotten():
     assert broker.downtime() == 6
     broker.forget_downtime()  # a message came
     assert broker.downtime() == 1  # the outage under way counts from its start still
+
+
+def test_lasted_is_the_outage_under_way_only():
+    clock = Clock()
+    broker = broker_outage(clock=clock)
+    assert broker.lasted() is None
+    broker.failed(ConnectionError("refused"))
+    clock.now += 7.5
+    assert broker.lasted() == 7.5
+    broker.recovered()
+    clock.now += 100
+    assert broker.lasted() is None  # an outage that ended is not reported by a beat
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [
+        {},
+        {"outages": "broker 'x'"},
+        {"outages": ["broker 'x'", 3]},
+        {"outages": {"broker 'x'": "3"}},
+    ],
+)
+def test_a_heartbeat_without_a_well_formed_outages_entry_reports_nothing_down(counts):
+    """``outbox_health`` reads beats other versions (or hands) may have written."""
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    row = WorkerHeartbeat(beat_at=now, counts=counts)
+    row.db_now = now + dt.timedelta(seconds=4)  # type: ignore[attr-defined]
+    assert outages_of(row) == {}
+    row.counts = {"outages": {"broker 'x'": 3}}
+    assert outages_of(row) == {"broker 'x'": 7.0}  # the beat's figure plus its age

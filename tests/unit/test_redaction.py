@@ -125,3 +125,34 @@ def test_a_broker_url_of_the_wrong_type_is_shown_masked():
 
 def test_a_percent_encoded_password_passes_the_check():
     assert outbox_errors(OUTBOX={"BROKER_URL": WRONG_PASSWORD}) == []
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:  # a library's bug
+        raise RuntimeError("no str for you")
+
+
+def test_an_exception_that_cannot_be_printed_is_described_and_logged():
+    """describe() and the logs' SecretFilter write it as Python's tracebacks do, instead
+    of raising out of the code reporting it (logging does not guard a filter)."""
+    import logging
+
+    from django_outbox.conf.redact import SecretFilter, describe
+
+    assert describe(Unprintable()) == "Unprintable: <exception str() failed>"
+    assert describe(ValueError("bad name")) == "ValueError: bad name"
+    records = [
+        logging.LogRecord("t", logging.ERROR, __file__, 1, msg, args, None)
+        for msg, args in [
+            ("failed: %s: %s", ("Unprintable", Unprintable())),
+            ("%(error)s", ({"error": Unprintable()},)),
+            ("%d of %s", ("many", "pages")),  # a wrong format
+        ]
+    ]
+    for record in records:
+        assert SecretFilter(outbox_settings.redact).filter(record)
+    assert [record.getMessage() for record in records] == [
+        "failed: Unprintable: <exception str() failed>",
+        "<exception str() failed>",
+        "%d of %s ('many', 'pages')",
+    ]
