@@ -247,6 +247,9 @@ class KafkaTransport(Transport):
             admin = {k: v for k, v in self.config.items() if k not in REQUIRED}
             admin = {k: v for k, v in admin.items() if k not in DEFAULTS}
             admin.pop("message.timeout.ms", None)
+            # its metadata look-ups create no topic (the record topic would get the
+            # broker's num.partitions and no compaction; a route's, no error)
+            admin["allow.auto.create.topics"] = False
             admin["logger"] = LIBRDKAFKA_LOG
             self._admin = AdminClient(admin)
         return self._producer

@@ -67,10 +67,13 @@ def default_transactional_id() -> str:
 
 class TransactionLog:
     """The latest record of every transactional id in :data:`RECORD_TOPIC`, read with a
-    ``read_committed`` consumer that keeps its place between reads."""
+    ``read_committed`` consumer that keeps its place between reads. Every partition of
+    the topic is read: the relay creates it with one, but a topic made by hand or by a
+    broker's ``auto.create.topics.enable`` may have more, and a transactional id's record
+    is in the partition its key hashes to."""
 
     def __init__(self, config: Mapping[str, Any]) -> None:
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import Consumer
 
         self._consumer = Consumer(
             {
@@ -83,21 +86,19 @@ class TransactionLog:
                 "enable.partition.eof": True,  # the end (of what committed) is told
             }
         )
-        self._partition = TopicPartition(RECORD_TOPIC, 0, 0)
-        self._consumer.assign([self._partition])
         self.latest: dict[str, frozenset[str]] = {}
         self.in_log: set[str] = set()
-        self._end = 0  # the offset of the end last reached
+        #: Where each transactional id's latest record is: (partition, timestamp).
+        self._where: dict[str, tuple[int, int]] = {}
+        self._ends: dict[int, int] = {}  # per assigned partition, the end last reached
 
     def read_to_end(self, deadline: float) -> None:
-        """Consume every committed record up to the log's end as of now; TimeoutError
-        when ``deadline`` (monotonic) passes first."""
-        from confluent_kafka import KafkaError, KafkaException, TopicPartition
+        """Consume every committed record of every partition up to its end as of now;
+        TimeoutError when ``deadline`` (monotonic) passes first."""
+        from confluent_kafka import KafkaError, KafkaException
 
-        end = self._consumer.get_watermark_offsets(
-            TopicPartition(RECORD_TOPIC, 0), timeout=_left(deadline), cached=False
-        )[1]
-        while self._position() < end:
+        ends = self._high_watermarks(deadline)
+        while any(self._position(p) < end for p, end in ends.items()):
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"reading {RECORD_TOPIC!r} to its end took too long")
             message = self._consumer.poll(min(0.05, _left(deadline)))
@@ -105,23 +106,55 @@ class TransactionLog:
                 continue
             error = message.error()
             if error is None:
-                self._learn(message.key(), message.value())
+                self._learn(message)
             elif error.code() == KafkaError._PARTITION_EOF:
-                self._end = max(self._end, message.offset() or 0)
+                partition = message.partition() or 0  # an EOF names its partition
+                self._ends[partition] = max(self._ends[partition], message.offset() or 0)
             else:
                 raise KafkaException(error)
 
-    def _position(self) -> int:
-        """Where the next read starts: past the last record, or the end last reached
-        (the markers of committed transactions after the last record are no records)."""
-        (found,) = self._consumer.position([self._partition])
-        return max(int(found.offset), self._end)
+    def _high_watermarks(self, deadline: float) -> dict[int, int]:
+        """Each partition's high watermark, partitions new to this reader assigned from
+        their start."""
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-    def _learn(self, key: bytes | None, value: bytes | None) -> None:
+        topics = self._consumer.list_topics(RECORD_TOPIC, timeout=_left(deadline)).topics
+        found = topics.get(RECORD_TOPIC)
+        if found is None or found.error is not None:  # an outage: rows wait
+            raise KafkaException(found.error if found else KafkaError(KafkaError._UNKNOWN_TOPIC))
+        new = [TopicPartition(RECORD_TOPIC, p, 0) for p in found.partitions if p not in self._ends]
+        if new:
+            self._consumer.incremental_assign(new)
+            self._ends.update(dict.fromkeys((tp.partition for tp in new), 0))
+        return {
+            p: self._consumer.get_watermark_offsets(
+                TopicPartition(RECORD_TOPIC, p), timeout=_left(deadline), cached=False
+            )[1]
+            for p in self._ends
+        }
+
+    def _position(self, partition: int) -> int:
+        """Where the next read of ``partition`` starts: past its last record, or the end
+        last reached (the markers of committed transactions after the last record are no
+        records)."""
+        from confluent_kafka import TopicPartition
+
+        (found,) = self._consumer.position([TopicPartition(RECORD_TOPIC, partition)])
+        return max(int(found.offset), self._ends[partition])
+
+    def _learn(self, message: Any) -> None:
+        """Take ``message`` as its transactional id's latest record unless a later one is
+        known: in one partition the later offset is; across partitions (the topic's
+        partitions were added to), the later timestamp."""
+        key, value, partition = message.key(), message.value(), message.partition()
         if key is None:
             return
-        ids = frozenset(json.loads(value)["event_ids"]) if value else frozenset()
-        self.latest[key.decode()] = ids
+        tid, stamp = key.decode(), message.timestamp()[1]
+        known = self._where.get(tid)
+        if known is not None and known[0] != partition and known[1] > stamp:
+            return
+        self._where[tid] = (partition, stamp)
+        self.latest[tid] = frozenset(json.loads(value)["event_ids"]) if value else frozenset()
         self.in_log = set().union(*self.latest.values())
 
     def close(self) -> None:

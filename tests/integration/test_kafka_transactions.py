@@ -27,7 +27,9 @@ from django.test.utils import override_settings
 from django_outbox.models import OutboxMessage
 from django_outbox.relay.loop import Relay
 from django_outbox.state import store
+from django_outbox.transports.kafka_transactions import RECORD_TOPIC, RECORD_TOPIC_CONFIG
 from tests.integration.test_kafka import KAFKA_URL, new_topic, read
+from tests.integration.test_kafka_consumer import partition_of
 from tests.support import stage_events, wait_until
 from tests.support.processes import REPO, relay_env
 
@@ -103,6 +105,36 @@ def outbox(topic: str, transactional_id: str) -> dict[str, Any]:
     }
 
 
+def admin() -> Any:
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": KAFKA_URL.partition("://")[2]})
+
+
+def record_topic_partitions(count: int = 3) -> int:
+    """The record topic with ``count`` partitions at least, as a broker that creates a topic
+    on a look-up (``auto.create.topics.enable``, ``num.partitions=3`` here) or an operator
+    makes it; returns how many it has."""
+    from confluent_kafka.admin import NewPartitions, NewTopic
+
+    found = admin().list_topics(timeout=30).topics.get(RECORD_TOPIC)  # all topics: creates none
+    if found is None:
+        new = NewTopic(RECORD_TOPIC, num_partitions=count, config=RECORD_TOPIC_CONFIG)
+        admin().create_topics([new])[RECORD_TOPIC].result(timeout=60)
+        return count
+    if len(found.partitions) < count:
+        admin().create_partitions([NewPartitions(RECORD_TOPIC, count)])[RECORD_TOPIC].result(60)
+    return max(count, len(found.partitions))
+
+
+def transactional_id(partitions: int) -> str:
+    """A fresh transactional id whose record goes to a partition of the record topic other
+    than its first (murmur2 of the key, as the relay's producer partitions)."""
+    while partition_of(tid := f"test-{uuid.uuid4().hex[:8]}", partitions) == 0:
+        pass
+    return tid
+
+
 def start(code: str, settings_: dict[str, Any]) -> subprocess.Popen[str]:
     """``code`` in a fresh interpreter with the test databases and ``settings_``."""
     return subprocess.Popen(
@@ -140,7 +172,9 @@ def stopped(process: subprocess.Popen[str]) -> bool:
 
 
 def test_a_relay_killed_between_commit_and_mark_leaves_no_duplicate_and_its_rows_end_published():
-    topic, tid = new_topic(), f"test-{uuid.uuid4().hex[:8]}"
+    # Its record in the record topic's second or third partition: the restarted relay read
+    # the first alone, found no record, and sent the committed batch again.
+    topic, tid = new_topic(), transactional_id(record_topic_partitions())
     settings_ = outbox(topic, tid)
     with override_settings(OUTBOX=settings_):
         ids = stage_events(300, topic)
@@ -162,7 +196,7 @@ def test_a_relay_killed_between_commit_and_mark_leaves_no_duplicate_and_its_rows
 
 
 def test_a_row_reclaimed_after_its_lease_by_another_relay_is_not_sent_again():
-    topic, tid = new_topic(), f"test-{uuid.uuid4().hex[:8]}"
+    topic, tid = new_topic(), transactional_id(record_topic_partitions())
     settings_ = outbox(topic, tid)
     with override_settings(OUTBOX=settings_):
         ids = stage_events(120, topic)
@@ -220,3 +254,22 @@ def test_a_fenced_zombies_batch_is_not_in_the_topic_and_its_rows_are_not_marked_
     found = event_ids(topic, 2 * BATCH)
     assert sorted(found) == sorted(ids)
     assert set(found.values()) == {1}
+
+
+def test_the_relays_topic_look_ups_create_no_topic():
+    """The record topic was looked up with an admin client that let the broker create a
+    topic on a look-up: with the broker's ``num.partitions`` (3 here) and no compaction,
+    instead of the one compacted partition the relay creates it with."""
+    topic, tid = new_topic(), f"test-{uuid.uuid4().hex[:8]}"
+    missing, control = new_topic(), new_topic()
+    with override_settings(OUTBOX=outbox(topic, tid)), Relay(batch_size=BATCH) as relay:
+        relay.recover()  # the transactional producer started, the record topic made sure of
+        (transport,) = relay.publisher.transactional()
+        found = transport._admin.list_topics(missing, timeout=30).topics[missing]
+        assert found.error is not None and found.error.name() == "UNKNOWN_TOPIC_OR_PART"
+    # This broker does create a topic a plain client looks up (after the one above: the
+    # controller creates them in turn), so the relay's look-up would have created its own.
+    admin().list_topics(control, timeout=30)
+    wait_until(lambda: control in admin().list_topics(timeout=30).topics, timeout=60)
+    assert missing not in admin().list_topics(timeout=30).topics
+    admin().delete_topics([control])
