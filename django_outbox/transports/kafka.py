@@ -247,9 +247,7 @@ class KafkaTransport(Transport):
             admin = {k: v for k, v in self.config.items() if k not in REQUIRED}
             admin = {k: v for k, v in admin.items() if k not in DEFAULTS}
             admin.pop("message.timeout.ms", None)
-            # its metadata look-ups create no topic (the record topic would get the
-            # broker's num.partitions and no compaction; a route's, no error)
-            admin["allow.auto.create.topics"] = False
+            admin["allow.auto.create.topics"] = False  # a look-up creates no topic
             admin["logger"] = LIBRDKAFKA_LOG
             self._admin = AdminClient(admin)
         return self._producer
