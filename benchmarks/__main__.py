@@ -66,6 +66,7 @@ class Profile:
     fairness_batch: int  # their batch size: shares move by whole batches
     scheduled: int  # events scheduled a day ahead for the second claim measurement
     scheduled_seconds: float  # events coming due at 1,000 a second for so long
+    kafka_events: int  # per round: records of the confluent-kafka ceiling, events of each drain
     #: Commit to a NATS consumer at 1,000 events/s for so long (0: left out).
     nats_e2e_seconds: float
     batch_size: int = 500
@@ -98,6 +99,7 @@ PROFILES = {
         fairness_batch=100,
         scheduled=100_000,
         scheduled_seconds=5,
+        kafka_events=4_000,
         nats_e2e_seconds=5,
     ),
     "full": Profile(
@@ -123,6 +125,7 @@ PROFILES = {
         fairness_batch=500,
         scheduled=1_000_000,
         scheduled_seconds=20,
+        kafka_events=20_000,
         nats_e2e_seconds=20,
     ),
 }
@@ -195,6 +198,7 @@ def _scenarios(
     figures.update(_fairness(profile, amqp, drain))
     figures.update(_redis(profile, redis, drain, profile_dir))
     figures.update(_nats(profile, env, drain))
+    figures.update(_kafka(profile, drain))
     _step("staging")
     figures.update(scenarios.staging(profile.staging_rounds, profile.stage_many))
     _step(f"claim with 1k and {profile.retained} retained rows")
@@ -359,6 +363,29 @@ def _nats(profile: Profile, env: dict[str, str], drain: Callable[..., Any]) -> d
     _step(f"NATS: end to end at 1000 events/s, {per_commit} a transaction, for {seconds:g}s")
     latency = nats.end_to_end(env, url, rate=1_000.0, seconds=seconds, per_commit=per_commit)
     return {**nats.figures(rounds), **latency}
+
+
+def _kafka(profile: Profile, drain: Callable[..., Any]) -> dict[str, Any]:
+    """The relay to Kafka against confluent-kafka alone (:mod:`benchmarks.kafka`), and a
+    transactional route against the plain one, when ``OUTBOX_KAFKA_URL`` names a
+    cluster; nothing otherwise."""
+    from . import kafka
+
+    url = os.environ.get("OUTBOX_KAFKA_URL", "")
+    if not url:
+        _step("Kafka: left out (no OUTBOX_KAFKA_URL: scripts/services kafka start)")
+        return {}
+    count = profile.kafka_events
+    _step(f"Kafka: {profile.rounds} x (confluent-kafka ceiling, relay, transactional), {count}")
+    rounds = [
+        (
+            kafka.raw_batches(url, count, profile.batch_size),
+            drain(url, count, "kafka"),
+            drain(url, count, "kafka-eos", transactional=True),
+        )
+        for _ in range(profile.rounds)
+    ]
+    return kafka.figures(rounds)
 
 
 def _per_round(name: str, runs: list[dict[str, Any]], bases: list[float]) -> dict[str, Any]:

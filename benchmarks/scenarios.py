@@ -106,6 +106,11 @@ def backlog(count: int, to: str, chunk: int = 2000, *, keys: int = 0, traced: bo
 
 
 def delete_queue(url: str, name: str) -> None:
+    if url.startswith("kafka://"):
+        from . import kafka
+
+        kafka.delete_topic(url, name)
+        return
     if url.startswith("nats://"):
         from . import nats
 
@@ -129,6 +134,7 @@ def relay_drain(
     keep_published: bool = True,
     signed: bool = False,
     envelope: str = "outbox",
+    transactional: bool = False,
 ) -> dict[str, Any]:
     """Stage ``count`` events, then let ``processes`` relays drain them together. With
     ``keys``, the events go to the ordered route, spread over that many keys; with
@@ -136,6 +142,8 @@ def relay_drain(
     tracing on (:mod:`benchmarks.telemetry`); without ``keep_published``, they delete
     each row at its confirm (``PUBLISHED_RETENTION`` 0); ``signed``, they sign every
     message (``SIGNING_KEYS``); ``envelope`` is their ``DEFAULT_ENVELOPE`` (CloudEvents).
+    On Kafka the runner makes the drain's topic first (:func:`benchmarks.kafka.create_topic`);
+    ``transactional``, the drain's route is a Kafka route with ``"transactional": True``.
 
     Returns the events/s from the first relay's start to the last one's finish, the
     relays' CPU per event, the first relay's RSS and SQL counts, what the drain cost the
@@ -143,6 +151,10 @@ def relay_drain(
     of staging the backlog per event (``staging_wal_bytes_per_event``)."""
     reset_outbox()
     to = settings.ORDERED if keys else destination(tag)
+    if url.startswith("kafka://"):
+        from . import kafka
+
+        kafka.create_topic(url, to)
     unstaged = Reading.take(TABLE)
     backlog(count, to, keys=keys, traced=telemetry)
     if url.startswith("nats://"):  # made before the clock starts, as the ceiling's is
@@ -158,6 +170,7 @@ def relay_drain(
         "OUTBOX_BENCH_KEEP_PUBLISHED": "1" if keep_published else "0",
         "OUTBOX_BENCH_SIGNING_KEY": SIGNING_KEY if signed else "",
         "OUTBOX_BENCH_ENVELOPE": envelope,
+        "OUTBOX_BENCH_TRANSACTIONAL": to if transactional else "",
     }
     results = _run_relays(env, url, processes, batch_size, tag, profile_dir, telemetry, keys > 0)
     drained = Reading.take(TABLE)

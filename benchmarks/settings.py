@@ -43,6 +43,13 @@ if signing_key := env.str("OUTBOX_BENCH_SIGNING_KEY", default=""):
     OUTBOX["SIGNING_KEYS"] = [signing_key]
 #: The envelope of every route of a CloudEvents drain (``OUTBOX_BENCH_ENVELOPE``).
 OUTBOX["DEFAULT_ENVELOPE"] = env.str("OUTBOX_BENCH_ENVELOPE", default="outbox")
+#: The destination of a transactional Kafka drain (``OUTBOX_BENCH_TRANSACTIONAL``): its
+#: route publishes each batch in a Kafka transaction (docs/kafka.md).
+if transactional := env.str("OUTBOX_BENCH_TRANSACTIONAL", default=""):
+    OUTBOX["ROUTES"] = {
+        **OUTBOX["ROUTES"],
+        transactional: {"topic": transactional, "transactional": True},
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGGING = {
     "version": 1,

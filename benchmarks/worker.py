@@ -136,6 +136,7 @@ def relay(args: argparse.Namespace) -> None:
     counter.install(connection)
     connection_created.connect(counter.connected)
     worker = Relay(batch_size=args.batch_size, transports={"default": transport})
+    worker.recover()  # a transactional route's producer started (init_transactions), untimed
     with _telemetry(args.telemetry) as on_batch:
         _ready()
         rss_start, started, cpu_started = rss_mb(), time.time(), time.process_time()

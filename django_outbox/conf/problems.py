@@ -57,6 +57,10 @@ CHECK_IDS = {
     "queue_on_kafka": "django_outbox.E061",
     # Kafka OPTIONS librdkafka refuses (transports.kafka.KafkaTransport.problems):
     "kafka_options": "django_outbox.E062",
+    # Kafka transactions (capabilities.broker_shape_problems, KafkaTransport.problems):
+    "transactional_not_kafka": "django_outbox.E063",
+    "kafka_transactional_id": "django_outbox.E064",
+    "kafka_transaction_timeout": "django_outbox.E065",
     # NATS JetStream routes (transports.capabilities.broker_shape_problems):
     "jetstream_not_nats": "django_outbox.E070",
     "queue_on_nats": "django_outbox.E071",

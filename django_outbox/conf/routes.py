@@ -29,7 +29,7 @@ BROKER_KEYS = STRING_KEYS | ARGUMENT_KEYS | frozenset(QUEUE_OPTION_KEYS) | KAFKA
 CELERY_KEYS = frozenset({"celery_task"})
 #: Keys any broker route may take that are not names: see :attr:`Route.ordered` and
 #: :attr:`Route.partitions`.
-FLAG_KEYS = frozenset({"ordered", "partitions"})
+FLAG_KEYS = frozenset({"ordered", "partitions", "transactional"})
 #: Keys of a NATS JetStream route (:class:`JetStream`): the subject its events are published
 #: on, the stream that stores them, and how that stream is made when it is missing.
 JETSTREAM_KEYS = frozenset({"subject", "stream", "replicas", "duplicate_window", "create_stream"})
@@ -136,6 +136,9 @@ class Route:
     #: published in the commit order of their staging transactions, one batch of a key
     #: in flight at a time, each with a gap-free ``sequence`` header. See docs/ordering.md.
     ordered: bool = False
+    #: On a Kafka broker: each batch in one Kafka transaction, with a record of the events
+    #: the log holds, so that none is written twice (docs/kafka.md#exactly-once).
+    transactional: bool = False
     #: On an ordered route, the number of partition queues its events are spread over
     #: by ordering key, so several consumers share the load and keep per-key order
     #: (0: the one ``queue``). See docs/ordered-consumption.md.
@@ -270,6 +273,7 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
     reasons = _reasons(
         lambda: _check_keys(name, spec),
         lambda: _ordered(name, spec),
+        lambda: _transactional(name, spec),
         lambda: _partitions(name, spec, ordered),
         lambda: _envelope(name, spec),
         lambda: _jetstream(name, spec),
@@ -287,7 +291,8 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
     if reasons:
         raise ValueError("; ".join(reasons))
     if "celery_task" in spec:
-        return Route(name, celery_task=spec["celery_task"])
+        transactional = spec.get("transactional", False)  # E063 says it cannot be
+        return Route(name, celery_task=spec["celery_task"], transactional=transactional)
     return Route(
         name,
         exchange=spec.get("exchange", default_exchange),
@@ -300,6 +305,7 @@ def _parse_route(name: object, spec: object, default_exchange: str) -> Route:
         ),
         broker=spec.get("broker") or DEFAULT_BROKER,
         ordered=ordered,
+        transactional=spec.get("transactional", False),
         partitions=_partitions(name, spec, ordered),
         envelope=spec.get("envelope"),
         topic=spec.get("topic"),
@@ -394,6 +400,15 @@ def _check_exchange_type(name: str, spec: Mapping[str, object]) -> None:
             f"route {name!r} exchange_type must be one of {', '.join(EXCHANGE_TYPES)} "
             f"or a plugin type starting with x-; got {exchange_type!r}"
             + did_you_mean(exchange_type, EXCHANGE_TYPES)
+        )
+
+
+def _transactional(name: str, spec: Mapping[str, object]) -> None:
+    """A route's ``transactional`` flag is a bool (its broker is the checks' business)."""
+    value = spec.get("transactional", False)
+    if not isinstance(value, bool):
+        raise ValueError(
+            f"route {name!r} key 'transactional' must be True or False; got {type(value).__name__}"
         )
 
 

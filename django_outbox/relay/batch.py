@@ -159,6 +159,8 @@ class Batches:
             ],
             held=sorted(held),
         )
+        if self.publisher.has_transactional:
+            self._settle(published, lost_ids)
         return Finalized(
             claimed=len(messages),
             published=[m for m in published if m.id not in lost_ids],
@@ -173,6 +175,15 @@ class Batches:
             held=len(held - set(lost_ids)),
             seconds=time.monotonic() - batch.started,
         )
+
+    def _settle(self, published: list[ClaimedMessage], lost_ids: set[int]) -> None:
+        """Tell the transactional routes which rows are marked PUBLISHED (they leave the
+        Kafka record), and which another relay took over (they stay in it for a lease,
+        while that relay decides)."""
+        marked = [str(m.event_id) for m in published if m.id not in lost_ids]
+        self.publisher.settle(marked)
+        taken = [str(m.event_id) for m in published if m.id in lost_ids]
+        self.publisher.settle(taken, linger=self.lease_seconds)
 
     def report(self, done: Finalized) -> BatchStats:
         """Log and signal what a finalized batch did; returns its stats."""

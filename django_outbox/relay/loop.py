@@ -29,11 +29,15 @@ each ``run_once()``) has its own, in modules of one job each:
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
+from django.db import DatabaseError
+
 from ..conf import outbox_settings
 from ..conf.routes import Route
+from ..state import store
 from ..state.retry import RetryPolicy
 from ..transports.base import Transport
 from ..workers.heartbeat import process_name
@@ -42,6 +46,8 @@ from .outages import Outages
 from .publish import Publisher
 from .report import MAX_LOGGED_REASONS, BatchStats, RunStats
 from .run import SWITCH_INTERVAL, Run, quick_switches
+
+logger = logging.getLogger("django_outbox.relay")  # the name the runbook documents
 
 __all__ = [
     "MAX_LOGGED_REASONS",
@@ -106,8 +112,31 @@ class Relay:
     def batches(self) -> Batches:
         """A run's batches, with this relay's settings and transports: a fresh claim
         schedule (its first claim is whole)."""
+        self.recover()
         settings = (self.using, self.batch_size, self.worker, self.policy, self.lease_seconds)
         return Batches(*settings, publisher=self.publisher, orders=self.orders)
+
+    def recover(self) -> int:
+        """Mark PUBLISHED the rows whose events a relay before this one committed in a
+        Kafka transaction but did not mark (its transactional id's record says which:
+        docs/kafka.md#exactly-once); returns how many. Nothing without such a route."""
+        if not self.publisher.has_transactional:
+            return 0
+        event_ids = self.publisher.recover()
+        if not event_ids:
+            return 0
+        try:
+            count = store.mark_in_log(self.using, event_ids)
+        except DatabaseError:  # they stay in the record: reclaimed, they are not sent again
+            logger.warning("marking the rows the Kafka log holds failed", exc_info=True)
+            return 0
+        self.publisher.settle(event_ids, linger=self.lease_seconds)
+        logger.info(
+            "%d rows a relay before this one committed to Kafka were marked PUBLISHED",
+            count,
+            extra={"action": "outbox.kafka_recovered", "rows": count},
+        )
+        return count
 
     def outages(self) -> Outages:
         """A fresh outage record: every broker and queue taken to be up."""

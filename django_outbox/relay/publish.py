@@ -66,6 +66,29 @@ class Publisher:
         )
         if "celery" not in self.transports:
             require_celery(self._celery_routes)
+        #: Whether a route is transactional (its transports hear of every marked row).
+        self.has_transactional = any(r.transactional for r in outbox_settings.ROUTES.values())
+
+    def transactional(self) -> list[Transport]:
+        """The transports of the transactional routes (docs/kafka.md#exactly-once)."""
+        found = {
+            transport_key(route): self.transport(route)
+            for route in outbox_settings.ROUTES.values()
+            if route.transactional
+        }
+        return list(found.values())
+
+    def recover(self) -> list[str]:
+        """The event ids the transactional routes' brokers hold whose rows a relay
+        before this one may have left unmarked (:meth:`Transport.recover`)."""
+        return [event_id for t in self.transactional() for event_id in t.recover()]
+
+    def settle(self, event_ids: list[str], linger: float = 0.0) -> None:
+        """Tell the transactional routes' transports that these rows are marked."""
+        if not event_ids:
+            return
+        for transport in self.transactional():
+            transport.settle(event_ids, linger)
 
     def close(self) -> None:
         """Close the broker connections."""

@@ -358,6 +358,20 @@ def _selection(using: str, rows: OutboxQuerySet | None) -> OutboxQuerySet:
     return (OutboxMessage.objects.all() if rows is None else rows).using(using)
 
 
+def mark_in_log(using: str, event_ids: Sequence[str]) -> int:
+    """Unfinished rows of ``event_ids`` (a broker's log holds their events: a Kafka
+    transactional route's record) -> PUBLISHED, whoever leases them, their lease
+    cleared; returns how many changed. Called by the relay at its start."""
+    rows = OutboxMessage.objects.using(using).filter(UNFINISHED, event_id__in=event_ids)
+    return rows.update(
+        status=OutboxStatus.PUBLISHED,
+        published_at=Now(),
+        locked_until=None,
+        locked_by="",
+        last_error="",
+    )
+
+
 def requeue(using: str, rows: OutboxQuerySet | None = None) -> int:
     """FAILED/ABANDONED -> PENDING, due now, attempts reset, lease cleared.
 

@@ -1,6 +1,6 @@
 """Transports publish claimed messages: kombu (RabbitMQ, Redis, filesystem ...), Kafka
-(confluent-kafka), NATS JetStream (:mod:`.nats`, through nats-py), the in-memory
-transport, Celery.
+(confluent-kafka; its transactional routes in :mod:`.kafka_transactions`), NATS JetStream
+(:mod:`.nats`, through nats-py), the in-memory transport, Celery.
 
 The registry maps a broker URL's scheme to the transport class that publishes to
 it, like Django's ``CACHES``/``TASKS`` backends: :data:`REGISTRY` for the schemes

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ..conf import Broker, Problem, outbox_settings
 from ..conf.routes import Route
@@ -136,6 +136,17 @@ class Transport(abc.ABC):
         connecting: for the system checks (the URL itself is checked by
         :func:`django_outbox.conf.broker_problem`)."""
         return []
+
+    def recover(self) -> list[str]:
+        """Event ids the broker holds whose rows a relay before this one may have left
+        unmarked (a Kafka transactional route's record, see docs/kafka.md): the relay
+        marks them PUBLISHED before it claims. Each is returned once; none by default."""
+        return []
+
+    def settle(self, event_ids: Iterable[str], linger: float = 0.0) -> None:
+        """The rows of ``event_ids`` are marked PUBLISHED (``linger``: or will be by a
+        relay that has them, within that many seconds). Nothing by default."""
+        return None
 
     @abc.abstractmethod
     def check(self) -> None:

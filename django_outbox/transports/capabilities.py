@@ -22,6 +22,8 @@ AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp", "librabbitmq"})
 def broker_shape_problems(route: Route, broker_scheme: str) -> list[Shape]:
     """What ``route`` asks of its broker that a broker of ``broker_scheme`` cannot do
     (nothing for a Celery route, or when the scheme is "", not known)."""
+    if route.transactional and (route.is_celery or broker_scheme not in ("", KAFKA_SCHEME)):
+        return [_transactional_elsewhere(route, broker_scheme)]
     if route.is_celery:
         return []
     if route.jetstream is not None and broker_scheme == KAFKA_SCHEME:
@@ -61,6 +63,18 @@ def broker_shape_problems(route: Route, broker_scheme: str) -> list[Shape]:
             )
         )
     return found
+
+
+def _transactional_elsewhere(route: Route, broker_scheme: str) -> Shape:
+    """E063: ``"transactional": True`` on a route whose broker is not Kafka."""
+    broker = "Celery's broker" if route.is_celery else f"{broker_scheme}://"
+    return Shape(
+        "transactional_not_kafka",
+        f"Route {route.destination!r} is transactional, but its broker is {broker}: only "
+        "Kafka publishes a batch in a transaction, so its events would go at least once "
+        "instead of exactly once.",
+        'Route it to a kafka:// broker (its broker key), or drop "transactional".',
+    )
 
 
 def _jetstream_elsewhere(route: Route, broker_scheme: str) -> Shape:

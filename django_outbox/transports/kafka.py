@@ -39,7 +39,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from ..conf import CHECK_IDS, Broker, Problem, kafka_bootstrap, outbox_settings
@@ -50,6 +50,7 @@ from ..exceptions import BrokerUnreachable, OutboxConfigurationError
 from .base import MAX_ERROR_LENGTH, Failure, Outcome, Transport
 from .confirms import lease_confirm_timeout
 from .connection import CONNECT_TIMEOUT
+from .kafka_transactions import Transactions, create_record_topic, default_transactional_id
 from .writers import ENCODE_ERRORS, envelope_of
 
 logger = logging.getLogger(__name__)
@@ -175,9 +176,12 @@ class KafkaTransport(Transport):
         self, url: str, options: Mapping[str, Any] | None = None, *, alias: str | None = None
     ) -> None:
         self._url, self.alias = url, alias
+        options = dict(options or {})
+        #: The transactional producer's id (a transactional route's; docs/kafka.md).
+        self.transactional_id = str(options.pop("transactional.id", default_transactional_id()))
         self.config: dict[str, Any] = {
             **DEFAULTS,
-            **(options or {}),
+            **options,
             "message.timeout.ms": _message_timeout_ms(options or {}),
             **REQUIRED,
             "bootstrap.servers": kafka_bootstrap(url),
@@ -189,6 +193,8 @@ class KafkaTransport(Transport):
         self._topics: set[str] = set()  # topics known to exist
         self._logged: dict[str, float] = {}  # ERROR text -> when it may be logged again
         self._fatal_until, self._fatal_text = 0.0, ""  # check() fails until then (monotonic)
+        #: A transactional route's producer (none is built without one).
+        self._transactions = Transactions(self.config, self.transactional_id)
 
     def _fatal(self, error: Any) -> Failure:
         """A fatal producer error (an idempotent producer the cluster refuses, such as a
@@ -212,18 +218,20 @@ class KafkaTransport(Transport):
 
     @classmethod
     def problems(cls, broker: Broker) -> list[Problem]:
-        """E062: ``OPTIONS`` librdkafka refuses, found by building a producer offline."""
+        """E062: ``OPTIONS`` librdkafka refuses, found by building a producer offline;
+        E064, E065: OPTIONS a transactional route cannot work with."""
+        found = _transaction_problems(broker)
         error = options_error(broker.options)
-        if error is None:
-            return []
-        return [
-            Problem(
-                CHECK_IDS["kafka_options"],
-                f"{broker.options_setting} cannot build a Kafka producer: {error}",
-                "Fix or remove that property (librdkafka's CONFIGURATION.md lists them); "
-                "a file it names must exist where the relay runs.",
+        if error is not None:
+            found.append(
+                Problem(
+                    CHECK_IDS["kafka_options"],
+                    f"{broker.options_setting} cannot build a Kafka producer: {error}",
+                    "Fix or remove that property (librdkafka's CONFIGURATION.md lists them); "
+                    "a file it names must exist where the relay runs.",
+                )
             )
-        ]
+        return found
 
     def _client(self) -> Any:
         if self._producer is None:
@@ -239,6 +247,7 @@ class KafkaTransport(Transport):
             admin = {k: v for k, v in self.config.items() if k not in REQUIRED}
             admin = {k: v for k, v in admin.items() if k not in DEFAULTS}
             admin.pop("message.timeout.ms", None)
+            admin["allow.auto.create.topics"] = False  # a look-up creates no topic
             admin["logger"] = LIBRDKAFKA_LOG
             self._admin = AdminClient(admin)
         return self._producer
@@ -264,6 +273,7 @@ class KafkaTransport(Transport):
         left to time out unacknowledged."""
         self._producer = self._admin = None
         self._topics.clear()
+        self._transactions.close()
 
     def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
         from confluent_kafka import KafkaException
@@ -279,8 +289,37 @@ class KafkaTransport(Transport):
             return [Failure.not_attempted(str(exc), MISSING_TOPIC_RETRY_DELAY)] * len(messages)
         if missing is not None:
             return [missing] * len(messages)
+        if route.transactional:
+            return self._publish_transaction(route, messages, deadline)
         wave = functools.partial(self._publish_wave, producer, route, topic, deadline)
         return _in_waves(wave, messages) if route.ordered else wave(messages)
+
+    def recover(self) -> list[str]:
+        """Start the transactional producer; the ids its record listed before this relay."""
+        try:
+            self._client()
+        except ProducerRefused:  # said by every publish
+            return []
+        create = functools.partial(create_record_topic, self._admin)
+        return self._transactions.recover(time.monotonic() + lease_confirm_timeout(), create)
+
+    def settle(self, event_ids: Iterable[str], linger: float = 0.0) -> None:
+        self._transactions.settle(event_ids, linger)
+
+    def _publish_transaction(
+        self, route: Route, messages: Sequence[ClaimedMessage], deadline: float
+    ) -> list[Outcome]:
+        """``messages`` in one Kafka transaction with this relay's record
+        (:mod:`.kafka_transactions`); a record the log holds already is not sent again."""
+        topic = route.topic_name
+
+        def produce(producer: Any, batch: Sequence[ClaimedMessage]) -> list[_Report]:
+            outcomes: list[_Report] = [False] * len(batch)
+            self._produce(producer, route, topic, batch, outcomes, deadline)
+            return outcomes
+
+        create = functools.partial(create_record_topic, self._admin)
+        return self._transactions.run(messages, deadline, create, produce, _settle)
 
     def _publish_wave(
         self,
@@ -425,6 +464,38 @@ class KafkaTransport(Transport):
             topic,
             extra={"action": "outbox.kafka_topic_created", "topic": topic},
         )
+
+
+def _transaction_problems(broker: Broker) -> list[Problem]:
+    """E064: a ``transactional.id`` that is no text; E065: a ``transaction.timeout.ms``
+    longer than a publish may take (a zombie's transaction could commit after its rows'
+    lease ran out and another relay sent them)."""
+    found = []
+    options, setting = broker.options, broker.options_setting
+    given = options.get("transactional.id")
+    if given is not None and (not isinstance(given, str) or not given.strip()):
+        found.append(
+            Problem(
+                CHECK_IDS["kafka_transactional_id"],
+                f'{setting}["transactional.id"] must be a non-empty string; got {given!r}',
+                "Give each relay process its own id (e.g. from an environment variable), or "
+                "drop it for django-outbox-<host name> (docs/kafka.md#exactly-once).",
+            )
+        )
+    budget = int(lease_confirm_timeout() * 1000)
+    timeout = options.get("transaction.timeout.ms")
+    if timeout is not None and (not isinstance(timeout, int) or timeout > budget):
+        found.append(
+            Problem(
+                CHECK_IDS["kafka_transaction_timeout"],
+                f'{setting}["transaction.timeout.ms"] must be an int of at most {budget} (the '
+                f"publish's confirm budget: a third of LEASE_SECONDS, at most 30 s); got "
+                f"{timeout!r}",
+                "Drop it (it defaults to that budget) or raise LEASE_SECONDS: a zombie "
+                "relay's transaction must end before its rows' lease does.",
+            )
+        )
+    return found
 
 
 class ProducerRefused(OutboxConfigurationError):

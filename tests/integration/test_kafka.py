@@ -90,13 +90,19 @@ def drain(*, timeout: float = 60) -> None:
         wait_until(settled, timeout=timeout, interval=0.05, what="every row settled")
 
 
-def read(topic: str, count: int, idle: float = 15) -> list[dict[str, Any]]:
+def read(
+    topic: str, count: int, idle: float = 15, isolation: str = "read_committed"
+) -> list[dict[str, Any]]:
     """``count`` records of ``topic`` (fewer if no more come for ``idle`` seconds), in
-    partition and offset order, as Kafka's Java consumer reads them."""
+    partition and offset order, as Kafka's Java consumer reads them (``isolation``:
+    ``read_uncommitted`` reads the records of aborted transactions too)."""
     bootstrap = KAFKA_URL.partition("://")[2]
     idle_ms = str(int(idle * 1000))
     run = subprocess.run(
-        ["java", "-cp", f"{KAFKA_LIB}/*", str(READER), bootstrap, topic, str(count), idle_ms],
+        [
+            *("java", "-cp", f"{KAFKA_LIB}/*", str(READER), bootstrap, topic, str(count)),
+            *(idle_ms, isolation),
+        ],
         capture_output=True,
         text=True,
         timeout=120,

@@ -2,7 +2,8 @@
 // from the broker's jars) and prints one JSON line per record: partition, offset, key,
 // value, headers, and the partition Kafka's Java partitioner picks for the key
 // (Utils.murmur2, as its DefaultPartitioner/BuiltInPartitioner does). Run as a Java
-// single-file program: java -cp "$OUTBOX_KAFKA_LIB/*" KafkaRead.java BOOTSTRAP TOPIC COUNT [IDLE_MS]
+// single-file program: java -cp "$OUTBOX_KAFKA_LIB/*" KafkaRead.java BOOTSTRAP TOPIC COUNT [IDLE_MS
+// [ISOLATION]] (ISOLATION: read_committed, the default, or read_uncommitted: aborted records too)
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.*;
@@ -31,7 +32,7 @@ public class KafkaRead {
         p.put("key.deserializer", ByteArrayDeserializer.class.getName());
         p.put("value.deserializer", ByteArrayDeserializer.class.getName());
         p.put("enable.auto.commit", "false");
-        p.put("isolation.level", "read_committed");
+        p.put("isolation.level", args.length > 4 ? args[4] : "read_committed");
         int wanted = Integer.parseInt(args[2]);
         long idle = args.length > 3 ? Long.parseLong(args[3]) : 15000;  // ms without a record
         try (KafkaConsumer<byte[], byte[]> c = new KafkaConsumer<>(p)) {
