@@ -343,9 +343,8 @@ def _nats(profile: Profile, env: dict[str, str], drain: Callable[..., Any]) -> d
     cluster; nothing otherwise."""
     from . import nats
 
-    url = os.environ.get("OUTBOX_NATS_URL", "")
+    url = _cluster_url("OUTBOX_NATS_URL", "NATS", "nats")
     if not url:
-        _step("NATS: left out (no OUTBOX_NATS_URL: scripts/services nats start)")
         return {}
     count = profile.redis_relay
     _step(f"NATS: {profile.rounds} x (nats-py ceilings, relay), {count} events each")
@@ -365,15 +364,23 @@ def _nats(profile: Profile, env: dict[str, str], drain: Callable[..., Any]) -> d
     return {**nats.figures(rounds), **latency}
 
 
+def _cluster_url(variable: str, what: str, service: str) -> str:
+    """The cluster URL in ``variable``, or "" after a step line saying ``what`` is left
+    out and which ``scripts/services`` command starts it."""
+    url = os.environ.get(variable, "")
+    if not url:
+        _step(f"{what}: left out (no {variable}: scripts/services {service} start)")
+    return url
+
+
 def _kafka(profile: Profile, drain: Callable[..., Any]) -> dict[str, Any]:
     """The relay to Kafka against confluent-kafka alone (:mod:`benchmarks.kafka`), and a
     transactional route against the plain one, when ``OUTBOX_KAFKA_URL`` names a
     cluster; nothing otherwise."""
     from . import kafka
 
-    url = os.environ.get("OUTBOX_KAFKA_URL", "")
+    url = _cluster_url("OUTBOX_KAFKA_URL", "Kafka", "kafka")
     if not url:
-        _step("Kafka: left out (no OUTBOX_KAFKA_URL: scripts/services kafka start)")
         return {}
     count = profile.kafka_events
     _step(f"Kafka: {profile.rounds} x (confluent-kafka ceiling, relay, transactional), {count}")

@@ -171,20 +171,28 @@ def stopped(process: subprocess.Popen[str]) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] == "T"
 
 
+def killed_after_commit(topic: str, settings_: dict[str, Any], count: int) -> list[str]:
+    """Stage ``count`` events to ``topic`` and run a transactional relay (``settings_``,
+    in force) that is SIGKILLed after its first Kafka commit, before its database mark:
+    a batch's events are in the topic; returns every staged event's id."""
+    ids = stage_events(count, topic)
+    killed = start(KILLED_AFTER_COMMIT, settings_)
+    _, err = killed.communicate(timeout=120)
+    assert killed.returncode == -signal.SIGKILL, err[-2000:]
+    assert sum(event_ids(topic, count).values()) >= BATCH
+    return ids
+
+
 def test_a_relay_killed_between_commit_and_mark_leaves_no_duplicate_and_its_rows_end_published():
     # Its record in the record topic's second or third partition: the restarted relay read
     # the first alone, found no record, and sent the committed batch again.
     topic, tid = new_topic(), transactional_id(record_topic_partitions())
     settings_ = outbox(topic, tid)
     with override_settings(OUTBOX=settings_):
-        ids = stage_events(300, topic)
-        killed = start(KILLED_AFTER_COMMIT, settings_)
-        _, err = killed.communicate(timeout=120)
-        assert killed.returncode == -signal.SIGKILL, err[-2000:]
-        unmarked = OutboxMessage.objects.filter(status=Status.PROCESSING).count()
-        committed = sum(event_ids(topic, 300).values())
+        ids = killed_after_commit(topic, settings_, 300)
         # The kill came after a commit: the log holds events whose rows are unmarked.
-        assert committed >= BATCH and unmarked >= BATCH, (committed, unmarked)
+        unmarked = OutboxMessage.objects.filter(status=Status.PROCESSING).count()
+        assert unmarked >= BATCH, unmarked
         assert not OutboxMessage.objects.filter(status=Status.PUBLISHED).exists()
 
         drain()  # the same transactional id, restarted
@@ -199,11 +207,7 @@ def test_a_row_reclaimed_after_its_lease_by_another_relay_is_not_sent_again():
     topic, tid = new_topic(), transactional_id(record_topic_partitions())
     settings_ = outbox(topic, tid)
     with override_settings(OUTBOX=settings_):
-        ids = stage_events(120, topic)
-        killed = start(KILLED_AFTER_COMMIT, settings_)
-        killed.communicate(timeout=120)
-        assert killed.returncode == -signal.SIGKILL
-        assert sum(event_ids(topic, 120).values()) >= BATCH
+        ids = killed_after_commit(topic, settings_, 120)
         # Another relay (its own transactional id) once the dead relay's leases ran out.
         OutboxMessage.objects.filter(status=Status.PROCESSING).update(
             locked_until="2000-01-01T00:00:00Z"
