@@ -60,8 +60,9 @@ def delete_topic(url: str, topic: str) -> None:
     busy cluster has not confirmed within :data:`ADMIN_TIMEOUT`, is fine."""
     from confluent_kafka import KafkaException
 
+    admin = _admin(url)  # held until the future resolves: a collected client fails it
     try:
-        _admin(url).delete_topics([topic])[topic].result(timeout=ADMIN_TIMEOUT)
+        admin.delete_topics([topic])[topic].result(timeout=ADMIN_TIMEOUT)
     except (KafkaException, TimeoutError):
         pass
 

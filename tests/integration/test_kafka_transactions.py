@@ -117,13 +117,16 @@ def record_topic_partitions(count: int = 3) -> int:
     makes it; returns how many it has."""
     from confluent_kafka.admin import NewPartitions, NewTopic
 
-    found = admin().list_topics(timeout=30).topics.get(RECORD_TOPIC)  # all topics: creates none
+    # One client throughout: a client collected before its future resolves fails it
+    # ("Broker handle destroyed for termination").
+    client = admin()
+    found = client.list_topics(timeout=30).topics.get(RECORD_TOPIC)  # all topics: creates none
     if found is None:
         new = NewTopic(RECORD_TOPIC, num_partitions=count, config=RECORD_TOPIC_CONFIG)
-        admin().create_topics([new])[RECORD_TOPIC].result(timeout=60)
+        client.create_topics([new])[RECORD_TOPIC].result(timeout=60)
         return count
     if len(found.partitions) < count:
-        admin().create_partitions([NewPartitions(RECORD_TOPIC, count)])[RECORD_TOPIC].result(60)
+        client.create_partitions([NewPartitions(RECORD_TOPIC, count)])[RECORD_TOPIC].result(60)
     return max(count, len(found.partitions))
 
 
@@ -276,4 +279,5 @@ def test_the_relays_topic_look_ups_create_no_topic():
     admin().list_topics(control, timeout=30)
     wait_until(lambda: control in admin().list_topics(timeout=30).topics, timeout=60)
     assert missing not in admin().list_topics(timeout=30).topics
-    admin().delete_topics([control])
+    client = admin()
+    client.delete_topics([control])[control].result(timeout=60)
