@@ -24,6 +24,7 @@ transport does, and the consumer's thread hands it each fetch and each ack.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import re
 import time
@@ -299,22 +300,39 @@ class Naks(Held):
     ``idle_timeout`` does not end a run with messages still to come back; an ordered
     route's early events are held unacked here as on the kombu brokers, and nak'd (at
     once) when their predecessor is handled or their delay is over. (Nak'd with a delay
-    instead, every later event of their key came early too, and was nak'd in turn.)"""
+    instead, every later event of their key came early too, and was nak'd in turn.)
+
+    A nak'd message's due time never shortens a fetch (:meth:`wait` is the held ones'
+    only): the server then redelivers it while a pull request waits. A pull request
+    that expired as the redelivery fell due made NATS servers before 2.10.14 lose the
+    redelivery until the ack wait was over and send an acked message again
+    (nats-server #5305); fetches timed to the delay hit that every few runs.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._coming: list[float] = []  # when each nak'd message is due back: a heap
+
+    def __len__(self) -> int:
+        self._forget_past()
+        return super().__len__() + len(self._coming)
 
     def hold(self, message: Any, delay: float, scope: Any = None) -> None:
         if scope is not None:
             super().hold(message, delay, scope)
             return
         message.requeue(delay)
-        super().hold(_NAKED, delay)
+        heapq.heappush(self._coming, time.monotonic() + delay)
 
+    def requeue_due(self) -> None:
+        super().requeue_due()
+        self._forget_past()
 
-class _Naked:
-    """What :class:`Naks` remembers in place of a message nak'd already: requeued, it
-    does nothing."""
+    def forget(self) -> None:
+        super().forget()
+        self._coming.clear()
 
-    def requeue(self) -> None:
-        return None
-
-
-_NAKED = _Naked()
+    def _forget_past(self) -> None:
+        now = time.monotonic()
+        while self._coming and self._coming[0] <= now:
+            heapq.heappop(self._coming)
