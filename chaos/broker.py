@@ -204,15 +204,24 @@ def node_pid(injector: Injector, system: str, node: int) -> int:
 
 
 def node_kill(
-    injector: Injector, system: str, node: int, destination: str, wait: float, what: str
-) -> tuple[Done, str]:
-    """SIGKILL node ``node`` of ``system`` and stage an event of the runner's to
-    ``destination``; a few seconds later wait up to ``wait`` seconds for that event to be
-    published (through the other nodes), then start the node again. Returns the fault
-    (``stranded`` when the event was not published) and what was seen of the event."""
+    injector: Injector,
+    system: str,
+    number: int,
+    destination: str,
+    wait: float,
+    *,
+    role: str,
+    now: Callable[[], str],
+) -> Done:
+    """SIGKILL node ``number`` of ``system`` (``nats`` or ``kafka``: node n3 or k3; its
+    ``role`` said in the facts) and stage an event of the runner's to ``destination``; a few
+    seconds later wait up to ``wait`` seconds for that event to be published (through the
+    other nodes), then start the node again. The fault is ``stranded`` when the event was
+    not published; its facts end with what was seen of the event and ``now()``, the
+    system once it recovered (who leads)."""
     from . import database as db
 
-    pid = node_pid(injector, system, node)
+    pid = node_pid(injector, system, number)
     staged: list[str] = []
     failover: list[float | None] = []
 
@@ -222,16 +231,23 @@ def node_kill(
 
     def start() -> None:
         failover.append(db.published_within(staged[0], wait))
-        injector.services.run(system, "start-node", str(node))
+        injector.services.run(system, "start-node", str(number))
 
     hold = injector.rng.uniform(*NODE_DOWN)
-    done = spell(injector, system, kill, start, hold, f"{what}, started again after {hold:.1f}s")
+    target = f"{system[0]}{number}"
+    what = f"{target} ({role}) SIGKILLed, started again after {hold:.1f}s"
+    done = spell(injector, system, kill, start, hold, what)
     seen = (
         f"not published within {wait:.0f}s"
         if failover[0] is None
         else f"published through the other nodes after {failover[0]:.1f}s more"
     )
-    return dataclasses.replace(done, stranded=int(failover[0] is None)), seen
+    return with_facts(
+        done,
+        lambda facts: f"{facts}; an event staged once it was down was {seen}; {now()}",
+        target=target,
+        stranded=int(failover[0] is None),
+    )
 
 
 def cluster_down(injector: Injector, system: str) -> Done:

@@ -171,20 +171,17 @@ def node_kill(injector: Injector) -> Done:
     """SIGKILL the node holding the stream's leader and stage an event of the runner's;
     a few seconds later wait for that event to be published (through the other two
     nodes), then start the node again."""
-    from .broker import node_kill, with_facts
+    from .broker import node_kill
 
     url = injector.services.nats_url
     was = _leader_within(url, TIMEOUT)
     node = int(was.removeprefix("n") or injector.rng.choice("123"))
-    what = f"n{node} (the stream's leader) SIGKILLed"
-    done, seen = node_kill(injector, "nats", node, NATS, FAILOVER_WAIT, what)
-    return with_facts(
-        done,
-        lambda facts: (
-            f"{facts}; an event staged once it was down was {seen}; the leader "
-            f"is now on {_leader_within(url, TIMEOUT) or 'nobody'}"
-        ),
-        target=f"n{node}",
+
+    def now() -> str:
+        return f"the leader is now on {_leader_within(url, TIMEOUT) or 'nobody'}"
+
+    return node_kill(
+        injector, "nats", node, NATS, FAILOVER_WAIT, role="the stream's leader", now=now
     )
 
 

@@ -157,19 +157,14 @@ def broker_kill(injector: Injector) -> Done:
     """SIGKILL the broker leading most partitions and stage an event of the runner's; a
     few seconds later wait for that event to be published (leaders elected on the other
     two), then start the broker again."""
-    from .broker import node_kill, with_facts
+    from .broker import node_kill
 
     node, leading = _busiest(injector)
-    what = f"k{node} ({leading}) SIGKILLed"
-    done, seen = node_kill(injector, "kafka", node, KAFKA, FAILOVER_WAIT, what)
-    return with_facts(
-        done,
-        lambda facts: (
-            f"{facts}; an event staged once it was down was {seen}; partitions led now: "
-            f"{_now_leading(injector)}"
-        ),
-        target=f"k{node}",
-    )
+
+    def now() -> str:
+        return f"partitions led now: {_now_leading(injector)}"
+
+    return node_kill(injector, "kafka", node, KAFKA, FAILOVER_WAIT, role=leading, now=now)
 
 
 def broker_freeze(injector: Injector) -> Done:
