@@ -74,7 +74,11 @@ def venv(tmp_path_factory) -> Path:
     subprocess.run([*pip, "--no-deps", *pins], check=True, timeout=600)
     # Built from a copy: an in-tree build would write the checkout's build/ folder.
     source = root / "source"
-    shutil.copytree(REPO / "django_outbox", source / "django_outbox")
+    shutil.copytree(
+        REPO / "django_outbox",
+        source / "django_outbox",
+        ignore=shutil.ignore_patterns("__pycache__"),  # bytecode the suite wrote, or writes
+    )
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         if (REPO / name).exists():
             shutil.copy(REPO / name, source / name)

@@ -33,7 +33,11 @@ def dist(tmp_path_factory) -> Path:
     writes build/ and egg-info into it)."""
     root = tmp_path_factory.mktemp("dist")
     source = root / "source"
-    shutil.copytree(REPO / "django_outbox", source / "django_outbox")
+    shutil.copytree(
+        REPO / "django_outbox",
+        source / "django_outbox",
+        ignore=shutil.ignore_patterns("__pycache__"),  # bytecode the suite wrote, or writes
+    )
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / name, source / name)
     subprocess.run(
