@@ -96,16 +96,19 @@ def unhandled(up_to: int, after: int = 0) -> int:
     )
 
 
-def stage_order(destination: str) -> str:
+def stage_order(destination: str, key: str | None = None) -> str:
     """Commit an order of the runner's own (producer 0) with its event to
-    ``destination``, as a producer does; returns the event id. Retried like :func:`rows`."""
+    ``destination`` (of an ordered route: with ``key``), as a producer does; returns the
+    event id. Retried like :func:`rows`."""
     from django_outbox import stage
 
     deadline = time.monotonic() + RETRY_FOR
     while True:
         try:
             with transaction.atomic():
-                row = stage("chaos.order", payload={"producer": 0}, destination=destination)
+                row = stage(
+                    "chaos.order", payload={"producer": 0}, destination=destination, key=key
+                )
                 Order.objects.create(producer=0, event_id=row.event_id)
             return str(row.event_id)
         except DatabaseError:
