@@ -437,8 +437,11 @@ class Injector:
             return ids, handled, nats if aim == "stored" and self._stored(nats) else [], *kafka
 
         def until_it_holds_rows() -> None:
+            # NATS rows, or transactional rows already handled (between their commit and
+            # their mark: a short moment, so it is waited for while the relay runs).
+            index = wanted if aim in ("stored", "transactional") else 0
             deadline = time.monotonic() + 10
-            while not holding()[wanted if aim == "stored" else 0] and time.monotonic() < deadline:
+            while not holding()[index] and time.monotonic() < deadline:
                 time.sleep(POLL)
 
         tries, (ids, handled, _, in_topic, committed) = self._freeze(
@@ -447,7 +450,7 @@ class Injector:
             lambda seen: seen[wanted],
             before=until_it_holds_rows,
             # The consumer catches up with what the relay published (Kafka's fetches wait).
-            settle=kafka.SETTLE if aim in ("kafka", "transactional") else 0.05,
+            settle={"kafka": kafka.SETTLE, "transactional": kafka.TX_SETTLE}.get(aim, 0.05),
         )
         return tries, ids, handled, self._stored(holding()[2]), (in_topic, committed)
 
