@@ -144,14 +144,17 @@ def last_order() -> int:
     return int(value(f"SELECT coalesce(max(id), 0) FROM {ORDER}"))
 
 
-def held(
-    worker: str, *, claimed_after: dt.datetime | None, lease: float
-) -> tuple[list[int], int, list[str], int, int]:
+#: What :func:`held` finds.
+Held = tuple[list[int], int, list[str], int, int, int]
+
+
+def held(worker: str, *, claimed_after: dt.datetime | None, lease: float) -> Held:
     """The rows ``worker`` holds PROCESSING, how many of them the consumer has already
     handled, or the task worker run (published, not yet finalized), the event ids of
     those of the NATS destinations (whether they are in the stream, the caller asks it),
-    how many of them are of the Kafka destinations and handled (read from the topic), and
-    how many of those are of the transactional one (committed in a Kafka transaction).
+    how many of them are of the Kafka destinations and handled (read from the topic), how
+    many of those are of the transactional one (committed in a Kafka transaction), and how
+    many rows of the transactional one it holds, handled or not.
     With ``claimed_after`` (a database time), only the rows it claimed after it (a
     claim's lease ends ``lease`` seconds after its transaction began)."""
     found = rows(
@@ -168,7 +171,8 @@ def held(
     handled = [row for row in found if row[1]]
     kafka = sum(1 for row in handled if row[3])
     transactional = sum(1 for row in handled if row[4])
-    return [row[0] for row in found], len(handled), nats, kafka, transactional
+    ids, of_transactional = [row[0] for row in found], sum(1 for row in found if row[4])
+    return ids, len(handled), nats, kafka, transactional, of_transactional
 
 
 def still_held(ids: list[int], worker: str) -> int:

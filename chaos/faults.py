@@ -428,23 +428,22 @@ class Injector:
         worker, since = relay.worker, self._database_back
         wanted = {"handled": 1, "stored": 2, "kafka": 3, "transactional": 4}.get(aim, 0)
 
-        def holding() -> tuple[list[int], int, list[str], int, int]:
+        def holding() -> db.Held:
             return db.held(worker, claimed_after=since, lease=self.lease)
 
-        def look() -> tuple[list[int], int, list[str], int, int]:
+        def look() -> db.Held:
             ids, handled, nats, *kafka = holding()
             # The stream is read only when it is the aim: a read per look is slow.
             return ids, handled, nats if aim == "stored" and self._stored(nats) else [], *kafka
 
         def until_it_holds_rows() -> None:
-            # NATS rows, or transactional rows already handled (between their commit and
-            # their mark: a short moment, so it is waited for while the relay runs).
-            index = wanted if aim in ("stored", "transactional") else 0
+            # NATS rows, rows of the transactional route, or any.
+            index = {"stored": 2, "transactional": 5}.get(aim, 0)
             deadline = time.monotonic() + 10
             while not holding()[index] and time.monotonic() < deadline:
                 time.sleep(POLL)
 
-        tries, (ids, handled, _, in_topic, committed) = self._freeze(
+        tries, (ids, handled, _, in_topic, committed, _) = self._freeze(
             relay,
             look,
             lambda seen: seen[wanted],
