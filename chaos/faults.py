@@ -61,6 +61,8 @@ POLL = 0.005  # seconds between looks at the outbox while aiming a relay fault
 #: Kafka transaction, not yet marked).
 AIMS = ("held", "handled", "stored")
 MAX_TRIES = 50  # freezes of a process before a fault lands wherever it is
+#: A connection's states in a transaction (``pg_stat_activity``).
+BUSY = ("idle in transaction", "active")
 #: Faults after which a relay may have given a batch up: a finalize that failed (the
 #: database down or its disk full) leaves its rows PROCESSING under the relay's name until
 #: their lease expires, and the relay holds them no more.
@@ -407,7 +409,7 @@ class Injector:
 
         def wanted(seen: tuple[str | None, list[str]]) -> bool:
             state, names = seen
-            return state in ("idle in transaction", "active") and (running is None or bool(names))
+            return state in BUSY and (running is None or bool(names))
 
         tries, (state, names) = self._freeze(
             proc, look, wanted, before=lambda: time.sleep(self.rng.uniform(0, 0.05))
@@ -436,11 +438,16 @@ class Injector:
             # The stream is read only when it is the aim: a read per look is slow.
             return ids, handled, nats if aim == "stored" and self._stored(nats) else [], *kafka
 
+        def ready() -> bool:
+            """NATS rows, rows of the transactional route while the relay is in a database
+            transaction (marking a batch whose Kafka transaction committed, often), or any."""
+            if aim != "transactional":
+                return bool(holding()[2 if aim == "stored" else 0])
+            return bool(holding()[5]) and db.backend_state(relay.application_name) in BUSY
+
         def until_it_holds_rows() -> None:
-            # NATS rows, rows of the transactional route, or any.
-            index = {"stored": 2, "transactional": 5}.get(aim, 0)
             deadline = time.monotonic() + 10
-            while not holding()[index] and time.monotonic() < deadline:
+            while not ready() and time.monotonic() < deadline:
                 time.sleep(POLL)
 
         tries, (ids, handled, _, in_topic, committed, _) = self._freeze(
