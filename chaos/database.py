@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from django.db import DatabaseError, connection, transaction
@@ -173,6 +175,24 @@ def held(worker: str, *, claimed_after: dt.datetime | None, lease: float) -> Hel
     transactional = sum(1 for row in handled if row[4])
     ids, of_transactional = [row[0] for row in found], sum(1 for row in found if row[4])
     return ids, len(handled), nats, kafka, transactional, of_transactional
+
+
+@contextlib.contextmanager
+def rows_locked(ids: list[int]) -> Iterator[None]:
+    """Hold ``FOR UPDATE`` locks on the outbox rows ``ids`` for the block, in a
+    transaction of the runner's own: a relay's mark of them waits until it ends."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM {OUTBOX} WHERE id = ANY(%s) FOR UPDATE", [ids])
+        yield
+
+
+def terminate(application_name: str) -> None:
+    """End the database sessions of ``application_name`` (a process killed: a statement
+    of its still waiting for a lock would otherwise run once it is granted)."""
+    rows(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+        [application_name],
+    )
 
 
 def still_held(ids: list[int], worker: str) -> int:

@@ -61,8 +61,6 @@ POLL = 0.005  # seconds between looks at the outbox while aiming a relay fault
 #: Kafka transaction, not yet marked).
 AIMS = ("held", "handled", "stored")
 MAX_TRIES = 50  # freezes of a process before a fault lands wherever it is
-#: A connection's states in a transaction (``pg_stat_activity``).
-BUSY = ("idle in transaction", "active")
 #: Faults after which a relay may have given a batch up: a finalize that failed (the
 #: database down or its disk full) leaves its rows PROCESSING under the relay's name until
 #: their lease expires, and the relay holds them no more.
@@ -209,8 +207,12 @@ class Injector:
         pid = relay.pid
         self._kills += 1
         aim = self.aims[self._kills % len(self.aims)]
-        tries, ids, handled, stored, (in_topic, committed) = self._freeze_relay(relay, aim=aim)
-        relay.kill()  # SIGKILL ends a stopped process too
+        if aim == "transactional":
+            found = self._kill_after_commit(relay)
+        else:
+            found = self._freeze_relay(relay, aim=aim)
+        tries, ids, handled, stored, (in_topic, committed) = found
+        relay.kill()  # SIGKILL ends a stopped process too (a no-op on one killed already)
         relay.start()
         if handled or stored:
             moment = (
@@ -409,7 +411,7 @@ class Injector:
 
         def wanted(seen: tuple[str | None, list[str]]) -> bool:
             state, names = seen
-            return state in BUSY and (running is None or bool(names))
+            return state in ("idle in transaction", "active") and (running is None or bool(names))
 
         tries, (state, names) = self._freeze(
             proc, look, wanted, before=lambda: time.sleep(self.rng.uniform(0, 0.05))
@@ -421,14 +423,14 @@ class Injector:
     ) -> tuple[int, list[int], int, int, tuple[int, int]]:
         """Freeze ``relay`` while it holds a claim: with ``aim`` "handled", rows the
         consumer has already handled (or the task worker run); "stored", NATS rows
-        already in the stream; "kafka", Kafka rows the consumer handled; "transactional",
-        those of the transactional route; "held", any. Returns the tries, the rows it
+        already in the stream; "kafka", Kafka rows the consumer handled; "held", any
+        (the transactional route's rows: :meth:`_kill_after_commit`). Returns the tries, the rows it
         holds, how many of them were handled, how many were NATS rows in the stream and
         how many were Kafka rows handled (and of them the transactional route's). Rows it
         claimed before the last of the DATABASE_FAULTS recovered are not counted: they
         may be a batch it gave up, which it would rightly not report as lease lost."""
         worker, since = relay.worker, self._database_back
-        wanted = {"handled": 1, "stored": 2, "kafka": 3, "transactional": 4}.get(aim, 0)
+        wanted = {"handled": 1, "stored": 2, "kafka": 3}.get(aim, 0)
 
         def holding() -> db.Held:
             return db.held(worker, claimed_after=since, lease=self.lease)
@@ -438,16 +440,9 @@ class Injector:
             # The stream is read only when it is the aim: a read per look is slow.
             return ids, handled, nats if aim == "stored" and self._stored(nats) else [], *kafka
 
-        def ready() -> bool:
-            """NATS rows, rows of the transactional route while the relay is in a database
-            transaction (marking a batch whose Kafka transaction committed, often), or any."""
-            if aim != "transactional":
-                return bool(holding()[2 if aim == "stored" else 0])
-            return bool(holding()[5]) and db.backend_state(relay.application_name) in BUSY
-
         def until_it_holds_rows() -> None:
             deadline = time.monotonic() + 10
-            while not ready() and time.monotonic() < deadline:
+            while not holding()[wanted if aim == "stored" else 0] and time.monotonic() < deadline:
                 time.sleep(POLL)
 
         tries, (ids, handled, _, in_topic, committed, _) = self._freeze(
@@ -456,9 +451,39 @@ class Injector:
             lambda seen: seen[wanted],
             before=until_it_holds_rows,
             # The consumer catches up with what the relay published (Kafka's fetches wait).
-            settle={"kafka": kafka.SETTLE, "transactional": kafka.TX_SETTLE}.get(aim, 0.05),
+            settle=kafka.SETTLE if aim == "kafka" else 0.05,
         )
         return tries, ids, handled, self._stored(holding()[2]), (in_topic, committed)
+
+    def _kill_after_commit(self, relay: Proc) -> tuple[int, list[int], int, int, tuple[int, int]]:
+        """SIGKILL ``relay`` between a Kafka commit of the transactional route's rows and
+        their mark (a moment too short to freeze it in). At each try, once it holds rows
+        of that route, lock its rows (``FOR UPDATE``: its mark waits) for up to
+        ``TX_SETTLE`` seconds, until the consumer has handled some of them (their
+        transaction committed); then SIGKILL it and end its database sessions (a mark
+        waiting for the lock would otherwise run once it is released) before releasing
+        them. After MAX_TRIES it is killed wherever it is. Returns what
+        :meth:`_freeze_relay` does."""
+        worker, since = relay.worker, self._database_back
+
+        def holding() -> db.Held:
+            return db.held(worker, claimed_after=since, lease=self.lease)
+
+        for tries in range(1, MAX_TRIES + 1):
+            deadline = time.monotonic() + 10
+            while not (seen := holding())[5] and time.monotonic() < deadline:
+                time.sleep(POLL)
+            with db.rows_locked(seen[0]):
+                deadline = time.monotonic() + kafka.TX_SETTLE
+                while not (seen := holding())[4] and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if seen[4] or tries == MAX_TRIES:
+                    sessions = relay.application_name
+                    relay.kill()
+                    db.terminate(sessions)
+                    break
+        ids, handled, nats, in_topic, committed, _ = seen
+        return tries, ids, handled, self._stored(nats), (in_topic, committed)
 
     def _stored(self, event_ids: list[str]) -> int:
         """How many of ``event_ids`` (of NATS rows) the stream has."""

@@ -66,10 +66,11 @@ SHORT_EVENTS = 10
 #: Seconds a relay_kill aimed at Kafka rows leaves the relay frozen before it looks: the
 #: consumer's fetches wait up to 0.5 s, so it needs that long to read what the relay sent.
 SETTLE = 1.0
-#: The same for a relay_kill aimed at the transactional route's rows: a ``read_committed``
-#: consumer reads a committed batch only once the coordinator has written its commit
-#: markers, after the commit returned (a median 1.3 s after the rows' mark, on a loaded
-#: machine): a second was too short (50 tries, no hit, in a run on 2026-11-29).
+#: Seconds a relay_kill aimed at the transactional route's rows holds their mark back
+#: (chaos.faults' ``_kill_after_commit``) for the consumer to read them: a
+#: ``read_committed`` consumer reads a committed batch once the coordinator has written its
+#: commit markers, after the commit returned (a median 1.3 s after the rows' mark, on a
+#: loaded machine).
 TX_SETTLE = 3.0
 TIMEOUT = 10.0
 
