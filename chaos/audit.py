@@ -616,7 +616,9 @@ def relay_fault_copies(faults: Sequence[Fault], workers: dict[str, str]) -> list
             "GROUP BY locked_by ORDER BY 2 DESC",
             [fault.done.held_ids],
         )
-        published_by = ", ".join(f"{n} by {workers.get(w, w)}" for w, n in by) or "nobody"
+        # A relay's start-up mark from its Kafka transactional record clears locked_by.
+        named = {**workers, "": "a relay's start (its Kafka transactional record)"}
+        published_by = ", ".join(f"{n} by {named.get(w, w)}" for w, n in by) or "nobody"
         found.append(
             f"{fault.kind} of {fault.target} at {fault.at:.1f}s: its {len(fault.done.held_ids)} "
             f"rows ({fault.done.stored} of them NATS rows already in the stream, "
