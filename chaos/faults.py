@@ -226,8 +226,15 @@ class Injector:
         else:
             moment = "while it held no claim"
         facts = f"SIGKILL pid {pid} {moment} (try {tries}); restarted as pid {relay.pid}"
-        kafka = {"in_topic": in_topic, "transactional": committed}
-        return Done(relay.role, time.monotonic(), lambda: facts, ids, stored=stored, **kafka)
+        return Done(
+            relay.role,
+            time.monotonic(),
+            lambda: facts,
+            ids,
+            stored=stored,
+            in_topic=in_topic,
+            transactional=committed,
+        )
 
     def relay_stop(self) -> Done:
         """SIGSTOP a relay holding a claim, until another relay has taken all of it
@@ -436,9 +443,10 @@ class Injector:
             return db.held(worker, claimed_after=since, lease=self.lease)
 
         def look() -> db.Held:
-            ids, handled, nats, *kafka = holding()
+            ids, handled, nats, in_topic, committed, of_route = holding()
             # The stream is read only when it is the aim: a read per look is slow.
-            return ids, handled, nats if aim == "stored" and self._stored(nats) else [], *kafka
+            stored = nats if aim == "stored" and self._stored(nats) else []
+            return ids, handled, stored, in_topic, committed, of_route
 
         def until_it_holds_rows() -> None:
             deadline = time.monotonic() + 10
