@@ -29,6 +29,7 @@ from .destinations import (
     CLUSTERED,
     KAFKA,
     KAFKA_ORDERED,
+    KAFKA_TRANSACTIONAL,
     NATS,
     NATS_ORDERED,
     ORDERED,
@@ -54,6 +55,8 @@ TASK_WORKER = module(
 )
 #: The consumers' handler and inbox name (for Kafka also its consumer group).
 HANDLER = ("--handler", "chaos.handlers.record", "--consumer", "chaos-audit")
+#: The transactional Kafka topic's: a group of its own (one topic per group).
+TX_HANDLER = (*HANDLER[:3], "chaos-audit-tx")
 #: Seconds the drain waits for one more Django task to finish: more than the 30 s after
 #: which a worker tries again a task it could not start (its database was restarting).
 TASK_PATIENCE = 60.0
@@ -153,18 +156,19 @@ PROFILES = {
     # The Kafka cluster's faults, apart from ci (the cluster's start and its faults'
     # recoveries would add minutes to CI): a broker SIGKILLed, one frozen, the whole
     # cluster down, two brokers down (in-sync replicas below the minimum), and a relay
-    # SIGKILLed holding Kafka rows the consumer already handled (published, not marked).
+    # SIGKILLed twice, holding Kafka rows the consumer already handled (published, not
+    # marked): the transactional route's, then the plain routes'.
     # One producer to the single node, at 10 events/s per producer (Kafka's too): on a
     # machine at a load of 20, ci's three at 20 left the one consumer a backlog of
     # thousands, and each recovery waited minutes for it.
     "kafka": Profile(
         seconds=0,
-        schedule=("relay_kill", *kafka.KINDS),
+        schedule=("relay_kill", "relay_kill", *kafka.KINDS),
         seed=20261129,
         producers=1,
         rate=10.0,
         kafka=True,
-        aims=("kafka",),
+        aims=("kafka", "transactional"),
     ),
     # Thirty minutes: faults drawn at random until time is up. At 25 events/s per
     # producer: at 50 the one consumer handled no more than was committed (about 120
@@ -196,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         "whose staging failed; the task worker runs Django tasks without the inbox; relays "
         "publish to NATS without Nats-Msg-Id or send a key's NATS messages last first; with "
         "--profile kafka, relays mark Kafka rows PUBLISHED without their delivery report, "
-        "partition keys at random, or take one replica's acknowledgement; with --profile "
+        "partition keys at random, take one replica's acknowledgement, or ignore the Kafka "
+        "transactions' record (a committed batch sent again); with --profile "
         "pg-failover, every process commits without waiting for the synchronous standby): "
         "the audit must then fail",
     )
@@ -251,9 +256,12 @@ class Run:
         )
         url = self.replication.url if self.replication else services.database_url
         self.env = worker_env(url, services.env, json.dumps(outbox))
-        #: The run's Kafka topic (chaos.kafka; "" without Kafka: its routes are off).
+        #: The run's Kafka topics (chaos.kafka; "" without Kafka: its routes are off): the
+        #: plain routes', and the transactional route's.
         self.topic = f"{kafka.PREFIX}{self.logs.name}" if profile.kafka else ""
+        self.tx_topic = f"{self.topic}{kafka.TRANSACTIONAL}" if profile.kafka else ""
         self.env["CHAOS_KAFKA_TOPIC"] = self.topic
+        self.env["CHAOS_KAFKA_TX_TOPIC"] = self.tx_topic
         if sabotage:
             self.env["CHAOS_SABOTAGE"] = sabotage
         self.procs: list[Proc] = []
@@ -322,7 +330,7 @@ class Run:
             cluster.reset_queues(self.services.cluster_url, audit.EXCHANGE)
             jetstream.reset_stream(self.services.nats_url)
         if self.topic:
-            kafka.reset_topic(self.services.kafka_url, self.topic)
+            kafka.reset_topics(self.services.kafka_url, [self.topic, self.tx_topic])
         self._create_processes()
         started = time.monotonic()
         for proc in self.procs:
@@ -386,10 +394,10 @@ class Run:
             # After the single node's producers, the cluster's and the NATS cluster's.
             destinations += [CLUSTERED, NATS]
         if self.topic:
-            # So has the Kafka topic (chaos.kafka), its consumer group the inbox's name.
-            argv = ["--broker", "kafka", "--queue", self.topic, *HANDLER]
-            self._proc("consumer-kafka", manage("run_outbox_consumer", *argv))
-            destinations.append(KAFKA)
+            # So has each Kafka topic (chaos.kafka), its consumer group the inbox's name.
+            self._kafka_consumer("consumer-kafka", self.topic, HANDLER)
+            self._kafka_consumer("consumer-kafka-tx", self.tx_topic, TX_HANDLER)
+            destinations += [KAFKA, KAFKA_TRANSACTIONAL]
         self.producers = [
             self._producer(i, destination) for i, destination in enumerate(destinations, 1)
         ]
@@ -477,8 +485,8 @@ class Run:
         if self.profile.clusters:
             read += audit.drain_tap(self.services.cluster_url, cluster.QUORUM)
             read += jetstream.read(self.services.nats_url)
-        if self.topic:
-            read += kafka.read(self.services.kafka_url, self.topic)
+        for topic in (self.topic, self.tx_topic) if self.topic else ():
+            read += kafka.read(self.services.kafka_url, topic)
         return read
 
     def _drain_and_stop(self, *, drain: bool, after: int = 0) -> dict[str, int]:
@@ -513,6 +521,10 @@ class Run:
         self.beaten = beating
         return exits
 
+    def _kafka_consumer(self, role: str, topic: str, handler: tuple[str, ...]) -> None:
+        argv = ["--broker", "kafka", "--queue", topic, *handler]
+        self._proc(role, manage("run_outbox_consumer", *argv))
+
     def _consumer(self, role: str, queue: str) -> Proc:
         argv = ["--queue", queue, *HANDLER, "--prefetch", "50"]
         return self._proc(role, manage("run_outbox_consumer", *argv))
@@ -520,13 +532,18 @@ class Run:
     def _producer(self, index: int, destination: str) -> Proc:
         """A producer whose keyless events go to ``destination``, the others to the
         ordered destination (NATS's and Kafka's: their own ordered one, on the same stream
-        or topic); the cluster's and NATS's at a quarter of the rate (what their faults
-        need, and little more load on the database and the one consumer of the ordered
-        destination), Kafka's at the full rate (its faults' profile, which runs at half
-        ci's). With Django's tasks, each of its transactions enqueues one."""
-        share = {CLUSTERED: 4, NATS: 4}.get(destination, 1)
+        or topic; Kafka's transactional route is both); the cluster's and NATS's at a
+        quarter of the rate (what their faults need, and little more load on the database
+        and the one consumer of the ordered destination), Kafka's plain routes at the full
+        rate (its faults' profile, which runs at half ci's), its transactional one at half.
+        With Django's tasks, each of its transactions enqueues one."""
+        share = {CLUSTERED: 4, NATS: 4, KAFKA_TRANSACTIONAL: 2}.get(destination, 1)
         rate = self.profile.rate / share
-        ordered = {NATS: NATS_ORDERED, KAFKA: KAFKA_ORDERED}.get(destination, ORDERED)
+        ordered = {
+            NATS: NATS_ORDERED,
+            KAFKA: KAFKA_ORDERED,
+            KAFKA_TRANSACTIONAL: KAFKA_TRANSACTIONAL,
+        }.get(destination, ORDERED)
         return self._proc(
             f"producer-{index}",
             module(

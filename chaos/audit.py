@@ -28,6 +28,7 @@ from .cluster import KINDS as CLUSTER_KINDS
 from .destinations import (
     KAFKA,
     KAFKA_ORDERED,
+    KAFKA_TRANSACTIONAL,
     NATS,
     NATS_ORDERED,
     ORDERED,
@@ -307,7 +308,10 @@ def _must_be_zero(faults: Sequence[Fault]) -> list[tuple[str, float]]:
             "forged messages handled",
             db.value(f"SELECT count(*) FROM {h} WHERE event_id IN ({forged})"),
         ),
-        ("events out of order per key", out_of_order(NATS_ORDERED, KAFKA_ORDERED, among=False)),
+        (
+            "events out of order per key",
+            out_of_order(NATS_ORDERED, KAFKA_ORDERED, KAFKA_TRANSACTIONAL, among=False),
+        ),
         ("ordered rows without a gap-free sequence (keys)", db.value(gaps)),
     ]
 
@@ -377,17 +381,24 @@ def nats_checks(faults: Sequence[Fault]) -> list[Check]:
 
 
 def kafka_checks(faults: Sequence[Fault]) -> list[Check]:
-    """The Kafka destinations' guarantees (the kafka profile), read back from their topic
-    (chaos.kafka): every committed event in it, each key's events in sequence order in
-    its partition, no attempt spent on the cluster's faults, a broker's death survived
-    through the other two, and nothing acknowledged while too few replicas were in sync.
-    The consumer's side (each event handled once) is the run's "duplicates handled"; the
-    topic's duplicates are counted, not judged (``totals``): a plain route is at least
-    once, and a relay killed between publish and mark sends its rows again."""
+    """The Kafka destinations' guarantees (the kafka profile), read back from their topics
+    (chaos.kafka): every committed event in them, each key's events in sequence order in
+    its partition, the transactional route's events once each in its topic (as a
+    ``read_committed`` reader sees it), no attempt spent on the cluster's faults, a
+    broker's death survived through the other two, and nothing acknowledged while too few
+    replicas were in sync. The consumer's side (each event handled once) is the run's
+    "duplicates handled"; the plain routes' duplicates are counted, not judged
+    (``totals``): a plain route is at least once, and a relay killed between publish and
+    mark sends its rows again."""
     kafka = f"(SELECT * FROM {db.OUTBOX_ROWS} WHERE destination IN {db.KAFKA_DESTINATIONS})"
     return [
         Check("Kafka lost (committed, never in the topic)", without(kafka, db.BROKER), 0),
-        Check("Kafka out of order per key", out_of_order(KAFKA_ORDERED), 0),
+        Check("Kafka out of order per key", out_of_order(KAFKA_ORDERED, KAFKA_TRANSACTIONAL), 0),
+        Check(
+            "Kafka transactional duplicates in the topic (read_committed)",
+            _copies(KAFKA_TX)[2],
+            0,
+        ),
         Check(
             "Kafka attempts spent without a publish (broker killed, frozen, cluster down, "
             "in-sync replicas below the minimum)",
@@ -485,6 +496,10 @@ def _events() -> str:
     )
 
 
+#: The transactional Kafka destination, as an SQL list.
+KAFKA_TX = f"('{KAFKA_TRANSACTIONAL}')"
+
+
 def _not_kafka() -> str:
     """``BrokerCopy`` without the Kafka destinations' copies (counted apart)."""
     return (
@@ -521,7 +536,8 @@ def totals(task_log: Path | None = None) -> dict[str, int]:
         f"coalesce(max(attempts), 0) FROM {db.OUTBOX_ROWS}"
     )[0]
     nats, in_stream, _ = _copies(db.NATS_DESTINATIONS)
-    kafka, in_topic, twice = _copies(db.KAFKA_DESTINATIONS)
+    kafka, in_topic, twice = _copies(db.KAFKA_PLAIN)
+    kafka_tx, in_tx_topic, _ = _copies(KAFKA_TX)
     return {
         **task_totals(task_log),
         "nats": nats,
@@ -529,6 +545,8 @@ def totals(task_log: Path | None = None) -> dict[str, int]:
         "kafka": kafka,
         "kafka_records": in_topic,
         "kafka_duplicates": twice,
+        "kafka_tx": kafka_tx,
+        "kafka_tx_records": in_tx_topic,
         "deleted": db.value(f"SELECT count(*) FROM {db.DELETED}"),
         "rows_with_attempts": tried,
         "attempts": attempts,
@@ -598,11 +616,14 @@ def relay_fault_copies(faults: Sequence[Fault], workers: dict[str, str]) -> list
             "GROUP BY locked_by ORDER BY 2 DESC",
             [fault.done.held_ids],
         )
-        published_by = ", ".join(f"{n} by {workers.get(w, w)}" for w, n in by) or "nobody"
+        # A relay's start-up mark from its Kafka transactional record clears locked_by.
+        named = {**workers, "": "a relay's start (its Kafka transactional record)"}
+        published_by = ", ".join(f"{n} by {named.get(w, w)}" for w, n in by) or "nobody"
         found.append(
             f"{fault.kind} of {fault.target} at {fault.at:.1f}s: its {len(fault.done.held_ids)} "
             f"rows ({fault.done.stored} of them NATS rows already in the stream, "
-            f"{fault.done.in_topic} Kafka rows already handled) were "
+            f"{fault.done.in_topic} Kafka rows already handled, "
+            f"{fault.done.transactional} of them committed in a Kafka transaction) were "
             f"published: {published_by}; {again} reached their broker twice or more"
         )
     return found
@@ -682,14 +703,19 @@ def _counted_rows(counted: dict[str, int]) -> list[str]:
 
 def _kafka_rows(counted: dict[str, int]) -> list[str]:
     """The Kafka destinations' figures, in a run that has them (the kafka profile): their
-    events, the records read back and the duplicates among them (a plain route is at least
-    once: counted, not judged)."""
+    events and the records read back, the plain routes' and the transactional one's, and
+    the duplicates among the plain routes' (a plain route is at least once: counted, not
+    judged; the transactional route's are a check)."""
     if not counted["kafka"]:
         return []
     return [
         _row(
             f"  of them to Kafka, {KAFKA} and {KAFKA_ORDERED} (records in the topic)",
             f"{counted['kafka']:,} ({counted['kafka_records']:,})",
+        ),
+        _row(
+            f"  of them to Kafka's transactional {KAFKA_TRANSACTIONAL} (records in its topic)",
+            f"{counted['kafka_tx']:,} ({counted['kafka_tx_records']:,})",
         ),
         _row(
             "Kafka duplicates in the topic",

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from django.db import DatabaseError, connection, transaction
 
 from django_outbox.models import InboxFailure, InboxMessage, OutboxMessage, TaskResultRecord
 
-from .destinations import CLUSTERED, KAFKA, KAFKA_ORDERED, NATS, NATS_ORDERED
+from .destinations import CLUSTERED, KAFKA, KAFKA_ORDERED, KAFKA_TRANSACTIONAL, NATS, NATS_ORDERED
 from .models import (
     BrokerCopy,
     Committed,
@@ -47,9 +49,11 @@ RETRY_FOR = 120.0
 #: their events count as delivered once their row is PUBLISHED (the stream acknowledged
 #: them), and the audit reads the stream at the end.
 NATS_DESTINATIONS = f"('{NATS}', '{NATS_ORDERED}')"
-#: The Kafka destinations (the kafka profile's), as an SQL list: a consumer reads their
-#: topic during the run, as RabbitMQ's queues.
-KAFKA_DESTINATIONS = f"('{KAFKA}', '{KAFKA_ORDERED}')"
+#: The Kafka destinations (the kafka profile's), as SQL lists: the plain routes' (one
+#: topic), and all three with the transactional one (a topic of its own). A consumer reads
+#: each topic during the run, as RabbitMQ's queues.
+KAFKA_PLAIN = f"('{KAFKA}', '{KAFKA_ORDERED}')"
+KAFKA_DESTINATIONS = f"('{KAFKA}', '{KAFKA_ORDERED}', '{KAFKA_TRANSACTIONAL}')"
 #: The committed orders a consumer handles: every one but the NATS destinations'.
 CONSUMED = (
     f"(SELECT * FROM {ORDER} o WHERE NOT EXISTS (SELECT 1 FROM {OUTBOX_ROWS} r "
@@ -94,16 +98,19 @@ def unhandled(up_to: int, after: int = 0) -> int:
     )
 
 
-def stage_order(destination: str) -> str:
+def stage_order(destination: str, key: str | None = None) -> str:
     """Commit an order of the runner's own (producer 0) with its event to
-    ``destination``, as a producer does; returns the event id. Retried like :func:`rows`."""
+    ``destination`` (of an ordered route: with ``key``), as a producer does; returns the
+    event id. Retried like :func:`rows`."""
     from django_outbox import stage
 
     deadline = time.monotonic() + RETRY_FOR
     while True:
         try:
             with transaction.atomic():
-                row = stage("chaos.order", payload={"producer": 0}, destination=destination)
+                row = stage(
+                    "chaos.order", payload={"producer": 0}, destination=destination, key=key
+                )
                 Order.objects.create(producer=0, event_id=row.event_id)
             return str(row.event_id)
         except DatabaseError:
@@ -139,20 +146,24 @@ def last_order() -> int:
     return int(value(f"SELECT coalesce(max(id), 0) FROM {ORDER}"))
 
 
-def held(
-    worker: str, *, claimed_after: dt.datetime | None, lease: float
-) -> tuple[list[int], int, list[str], int]:
+#: What :func:`held` finds.
+Held = tuple[list[int], int, list[str], int, int, int]
+
+
+def held(worker: str, *, claimed_after: dt.datetime | None, lease: float) -> Held:
     """The rows ``worker`` holds PROCESSING, how many of them the consumer has already
     handled, or the task worker run (published, not yet finalized), the event ids of
     those of the NATS destinations (whether they are in the stream, the caller asks it),
-    and how many of them are of the Kafka destinations and handled (read from the topic).
+    how many of them are of the Kafka destinations and handled (read from the topic), how
+    many of those are of the transactional one (committed in a Kafka transaction), and how
+    many rows of the transactional one it holds, handled or not.
     With ``claimed_after`` (a database time), only the rows it claimed after it (a
     claim's lease ends ``lease`` seconds after its transaction began)."""
     found = rows(
         f"SELECT o.id, EXISTS (SELECT 1 FROM {HANDLED} h WHERE h.event_id = o.event_id) "
         f"OR EXISTS (SELECT 1 FROM {TASK_EFFECT} t WHERE t.result_id = o.event_id), "
         f"CASE WHEN o.destination IN {NATS_DESTINATIONS} THEN o.event_id::text END, "
-        f"o.destination IN {KAFKA_DESTINATIONS} "
+        f"o.destination IN {KAFKA_DESTINATIONS}, o.destination = '{KAFKA_TRANSACTIONAL}' "
         f"FROM {OUTBOX} o WHERE o.status = 'processing' AND o.locked_by = %s "
         "AND o.locked_until > coalesce(%s, '-infinity'::timestamptz) "
         "+ make_interval(secs => %s)",
@@ -161,7 +172,27 @@ def held(
     nats = [row[2] for row in found if row[2] is not None]
     handled = [row for row in found if row[1]]
     kafka = sum(1 for row in handled if row[3])
-    return [row[0] for row in found], len(handled), nats, kafka
+    transactional = sum(1 for row in handled if row[4])
+    ids, of_transactional = [row[0] for row in found], sum(1 for row in found if row[4])
+    return ids, len(handled), nats, kafka, transactional, of_transactional
+
+
+@contextlib.contextmanager
+def rows_locked(ids: list[int]) -> Iterator[None]:
+    """Hold ``FOR UPDATE`` locks on the outbox rows ``ids`` for the block, in a
+    transaction of the runner's own: a relay's mark of them waits until it ends."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM {OUTBOX} WHERE id = ANY(%s) FOR UPDATE", [ids])
+        yield
+
+
+def terminate(application_name: str) -> None:
+    """End the database sessions of ``application_name`` (a process killed: a statement
+    of its still waiting for a lock would otherwise run once it is granted)."""
+    rows(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+        [application_name],
+    )
 
 
 def still_held(ids: list[int], worker: str) -> int:

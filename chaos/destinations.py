@@ -36,6 +36,11 @@ NATS_STREAM = "CHAOS_NATS"
 #: at the end.
 KAFKA = "chaos.kafka.orders"
 KAFKA_ORDERED = "chaos.kafka.accounts"
+#: The third, a transactional and ordered route (exactly once into the topic), alone in a
+#: topic of its own (``CHAOS_KAFKA_TX_TOPIC``, named afresh with the other), which a
+#: consumer of its own reads during the run and the audit reads back at the end: its
+#: producer stages half its events keyless, half over ``ORDERED_KEYS`` keys.
+KAFKA_TRANSACTIONAL = "chaos.kafka.payments"
 #: The task queue of the Django tasks (:mod:`chaos.djtasks`), and the Celery queue the
 #: task worker consumes.
 TASK_QUEUE = "chaos.tasks"

@@ -56,7 +56,9 @@ SCHEDULED_ONLY = (failover.KIND,)
 POLL = 0.005  # seconds between looks at the outbox while aiming a relay fault
 #: What relay_kill aims at, kill after kill: a relay between publish and finalize (rows
 #: the consumer handled; NATS rows in the stream), and one holding rows at all. The kafka
-#: profile aims at Kafka rows the consumer handled (read from the topic): "kafka".
+#: profile aims at Kafka rows the consumer handled (read from the topic): "kafka", and
+#: "transactional", rows of the transactional route the consumer handled (committed in a
+#: Kafka transaction, not yet marked).
 AIMS = ("held", "handled", "stored")
 MAX_TRIES = 50  # freezes of a process before a fault lands wherever it is
 #: Faults after which a relay may have given a batch up: a finalize that failed (the
@@ -81,7 +83,8 @@ class Done:
     cluster node's restart, a NATS node's kill) 1 when the runner's event was not
     published while the node was down, and (a relay kill) how many of the rows it held
     were NATS rows already in the stream, and how many Kafka rows the consumer had
-    already handled; (two Kafka brokers down) how many events staged then were
+    already handled, of them how many the transactional route's; (two Kafka brokers
+    down) how many events staged then were
     published before they were back; and (a failover with asynchronous replication)
     the last order id before the promoted node's own: an order up to it may have been
     handled on the lost primary alone, its message acknowledged, and never be handled
@@ -98,6 +101,7 @@ class Done:
     stored: int = 0
     tolerated: int = 0
     in_topic: int = 0
+    transactional: int = 0
     short: int = 0
 
 
@@ -203,14 +207,19 @@ class Injector:
         pid = relay.pid
         self._kills += 1
         aim = self.aims[self._kills % len(self.aims)]
-        tries, ids, handled, stored, in_topic = self._freeze_relay(relay, aim=aim)
-        relay.kill()  # SIGKILL ends a stopped process too
+        if aim == "transactional":
+            found = self._kill_after_commit(relay)
+        else:
+            found = self._freeze_relay(relay, aim=aim)
+        tries, ids, handled, stored, (in_topic, committed) = found
+        relay.kill()  # SIGKILL ends a stopped process too (a no-op on one killed already)
         relay.start()
         if handled or stored:
             moment = (
                 f"between publish and finalize: it held {len(ids)} rows, {handled} of them "
                 f"already handled by the consumer (or run by the task worker; {in_topic} "
-                f"Kafka rows among them), {stored} NATS rows already in the stream"
+                f"Kafka rows among them, {committed} of the transactional route), "
+                f"{stored} NATS rows already in the stream"
             )
         elif ids:
             moment = f"while it held a claim of {len(ids)} rows the consumer had not seen"
@@ -218,7 +227,13 @@ class Injector:
             moment = "while it held no claim"
         facts = f"SIGKILL pid {pid} {moment} (try {tries}); restarted as pid {relay.pid}"
         return Done(
-            relay.role, time.monotonic(), lambda: facts, ids, stored=stored, in_topic=in_topic
+            relay.role,
+            time.monotonic(),
+            lambda: facts,
+            ids,
+            stored=stored,
+            in_topic=in_topic,
+            transactional=committed,
         )
 
     def relay_stop(self) -> Done:
@@ -410,31 +425,35 @@ class Injector:
         )
         return tries, state, names
 
-    def _freeze_relay(self, relay: Proc, *, aim: str) -> tuple[int, list[int], int, int, int]:
+    def _freeze_relay(
+        self, relay: Proc, *, aim: str
+    ) -> tuple[int, list[int], int, int, tuple[int, int]]:
         """Freeze ``relay`` while it holds a claim: with ``aim`` "handled", rows the
         consumer has already handled (or the task worker run); "stored", NATS rows
-        already in the stream; "kafka", Kafka rows the consumer handled; "held", any.
-        Returns the tries, the rows it holds, how many of them were handled, how many
-        were NATS rows in the stream and how many were Kafka rows handled. Rows it
+        already in the stream; "kafka", Kafka rows the consumer handled; "held", any
+        (the transactional route's rows: :meth:`_kill_after_commit`). Returns the tries, the rows it
+        holds, how many of them were handled, how many were NATS rows in the stream and
+        how many were Kafka rows handled (and of them the transactional route's). Rows it
         claimed before the last of the DATABASE_FAULTS recovered are not counted: they
         may be a batch it gave up, which it would rightly not report as lease lost."""
         worker, since = relay.worker, self._database_back
         wanted = {"handled": 1, "stored": 2, "kafka": 3}.get(aim, 0)
 
-        def holding() -> tuple[list[int], int, list[str], int]:
+        def holding() -> db.Held:
             return db.held(worker, claimed_after=since, lease=self.lease)
 
-        def look() -> tuple[list[int], int, list[str], int]:
-            ids, handled, nats, in_topic = holding()
+        def look() -> db.Held:
+            ids, handled, nats, in_topic, committed, of_route = holding()
             # The stream is read only when it is the aim: a read per look is slow.
-            return ids, handled, nats if aim == "stored" and self._stored(nats) else [], in_topic
+            stored = nats if aim == "stored" and self._stored(nats) else []
+            return ids, handled, stored, in_topic, committed, of_route
 
         def until_it_holds_rows() -> None:
             deadline = time.monotonic() + 10
             while not holding()[wanted if aim == "stored" else 0] and time.monotonic() < deadline:
                 time.sleep(POLL)
 
-        tries, (ids, handled, _, in_topic) = self._freeze(
+        tries, (ids, handled, _, in_topic, committed, _) = self._freeze(
             relay,
             look,
             lambda seen: seen[wanted],
@@ -442,7 +461,37 @@ class Injector:
             # The consumer catches up with what the relay published (Kafka's fetches wait).
             settle=kafka.SETTLE if aim == "kafka" else 0.05,
         )
-        return tries, ids, handled, self._stored(holding()[2]), in_topic
+        return tries, ids, handled, self._stored(holding()[2]), (in_topic, committed)
+
+    def _kill_after_commit(self, relay: Proc) -> tuple[int, list[int], int, int, tuple[int, int]]:
+        """SIGKILL ``relay`` between a Kafka commit of the transactional route's rows and
+        their mark (a moment too short to freeze it in). At each try, once it holds rows
+        of that route, lock its rows (``FOR UPDATE``: its mark waits) for up to
+        ``TX_SETTLE`` seconds, until the consumer has handled some of them (their
+        transaction committed); then SIGKILL it and end its database sessions (a mark
+        waiting for the lock would otherwise run once it is released) before releasing
+        them. After MAX_TRIES it is killed wherever it is. Returns what
+        :meth:`_freeze_relay` does."""
+        worker, since = relay.worker, self._database_back
+
+        def holding() -> db.Held:
+            return db.held(worker, claimed_after=since, lease=self.lease)
+
+        for tries in range(1, MAX_TRIES + 1):
+            deadline = time.monotonic() + 10
+            while not (seen := holding())[5] and time.monotonic() < deadline:
+                time.sleep(POLL)
+            with db.rows_locked(seen[0]):
+                deadline = time.monotonic() + kafka.TX_SETTLE
+                while not (seen := holding())[4] and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if seen[4] or tries == MAX_TRIES:
+                    sessions = relay.application_name
+                    relay.kill()
+                    db.terminate(sessions)
+                    break
+        ids, handled, nats, in_topic, committed, _ = seen
+        return tries, ids, handled, self._stored(nats), (in_topic, committed)
 
     def _stored(self, event_ids: list[str]) -> int:
         """How many of ``event_ids`` (of NATS rows) the stream has."""

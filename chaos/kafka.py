@@ -3,14 +3,17 @@
 
 Two destinations publish to one topic, a plain route (not transactional: at least once),
 six partitions, three replicas, ``min.insync.replicas=2``: ``KAFKA``, keyless, and
-``KAFKA_ORDERED``, an ordered route (broker alias ``kafka``; see chaos.settings). The
-runner names the topic afresh each run (``chaos.kafka.<time>``, deleting an earlier run's)
-and creates it; one producer stages its events there, and a consumer of its own
-(``run_outbox_consumer --broker kafka``) handles them with the other consumers' handler,
-through the inbox. At the end :func:`read` reads the topic back from its beginning, with a
-``read_committed`` consumer of its own, into the audit's ``BrokerCopy`` and ``OrderedCopy``
-(partition by partition, in offset order: a key's records are in one partition, so its
-order there is the order a consumer sees; a key spread over several is out of order).
+``KAFKA_ORDERED``, an ordered route (broker alias ``kafka``; see chaos.settings). A third,
+``KAFKA_TRANSACTIONAL``, a transactional and ordered route (exactly once into the topic),
+publishes to a topic of its own, made alike (the first's name and :data:`TRANSACTIONAL`).
+The runner names the topics afresh each run (``chaos.kafka.<time>``, deleting an earlier
+run's) and creates them; a producer stages its events to each, and a consumer of each
+topic (``run_outbox_consumer --broker kafka``) handles them with the other consumers'
+handler, through the inbox. At the end :func:`read` reads each topic back from its
+beginning, with a ``read_committed`` consumer of its own, into the audit's ``BrokerCopy``
+and ``OrderedCopy`` (partition by partition, in offset order: a key's records are in one
+partition, so its order there is the order a consumer sees; a key spread over several is
+out of order).
 
 The faults (one at a time, as every other): the broker leading most of the topic's
 partitions SIGKILLed, then started again (the runner stages an event once it is down and
@@ -18,12 +21,16 @@ waits for it to be published through the other two: leaders elected elsewhere); 
 broker frozen (SIGSTOP) for a few seconds, then SIGCONT; the whole cluster stopped for a
 few seconds, its data kept, and started again; two brokers stopped at once, so that no
 partition has ``min.insync.replicas`` in-sync replicas (the runner stages events then,
-and none may be published before the brokers are back). None of them is a publish
+to the plain and the transactional routes, and none may be published before the brokers
+are back). None of them is a publish
 failure of a row: each measures the attempts spent, as the broker faults do
 (:func:`chaos.broker.spell`). The relay's SIGKILL between publish and mark is
-chaos.faults' ``relay_kill`` aimed at Kafka rows the consumer already handled: the next
-relay publishes them again, so the topic holds them twice (a plain route is at least
-once) and the inbox must handle each once.
+chaos.faults' ``relay_kill`` aimed at Kafka rows the consumer already handled: for the
+plain routes the next relay publishes them again, so the topic holds them twice (a plain
+route is at least once) and the inbox must handle each once; for the transactional route
+(aimed at its rows: committed, not marked) the restarted relay finds them in its record
+and marks them, or the relay that reclaims them finds them there and does not send them:
+its topic holds each once.
 """
 
 from __future__ import annotations
@@ -36,14 +43,16 @@ from typing import TYPE_CHECKING, Any
 
 from django_outbox.conf.brokers import kafka_bootstrap
 
-from .destinations import KAFKA
+from .destinations import KAFKA, KAFKA_TRANSACTIONAL
 
 if TYPE_CHECKING:
     from .faults import Done, Injector
 
 KINDS = ("kafka_broker_kill", "kafka_broker_freeze", "kafka_down", "kafka_isr_below_min")
-#: The runner's topics: ``PREFIX`` and the run's time.
+#: The runner's topics: ``PREFIX`` and the run's time; the transactional route's, that and
+#: ``TRANSACTIONAL``.
 PREFIX = "chaos.kafka."
+TRANSACTIONAL = ".transactional"
 PARTITIONS = 6
 #: Seconds the runner's own event may take to be published while a broker is down: the
 #: controller fences a dead broker after its session timeout (9 s), then elects leaders.
@@ -57,6 +66,12 @@ SHORT_EVENTS = 10
 #: Seconds a relay_kill aimed at Kafka rows leaves the relay frozen before it looks: the
 #: consumer's fetches wait up to 0.5 s, so it needs that long to read what the relay sent.
 SETTLE = 1.0
+#: Seconds a relay_kill aimed at the transactional route's rows holds their mark back
+#: (chaos.faults' ``_kill_after_commit``) for the consumer to read them: a
+#: ``read_committed`` consumer reads a committed batch once the coordinator has written its
+#: commit markers, after the commit returned (a median 1.3 s after the rows' mark, on a
+#: loaded machine).
+TX_SETTLE = 3.0
 TIMEOUT = 10.0
 
 
@@ -64,8 +79,8 @@ def _config(url: str, **more: Any) -> dict[str, Any]:
     return {"bootstrap.servers": kafka_bootstrap(url), "socket.timeout.ms": 10000, **more}
 
 
-def reset_topic(url: str, topic: str) -> None:
-    """Delete the topics earlier runs left, and create ``topic``; wait until every
+def reset_topics(url: str, topics: list[str]) -> None:
+    """Delete the topics earlier runs left, and create ``topics``; wait until every
     partition has a leader."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -73,13 +88,17 @@ def reset_topic(url: str, topic: str) -> None:
     old = [name for name in admin.list_topics(timeout=TIMEOUT).topics if name.startswith(PREFIX)]
     for future in admin.delete_topics(old, operation_timeout=TIMEOUT).values() if old else ():
         future.result(3 * TIMEOUT)
-    new = NewTopic(topic, PARTITIONS, 3, config={"min.insync.replicas": "2"})
-    admin.create_topics([new], operation_timeout=TIMEOUT)[topic].result(3 * TIMEOUT)
+    new = [NewTopic(t, PARTITIONS, 3, config={"min.insync.replicas": "2"}) for t in topics]
+    for future in admin.create_topics(new, operation_timeout=TIMEOUT).values():
+        future.result(3 * TIMEOUT)
     deadline = time.monotonic() + 3 * TIMEOUT
-    while sum(leaders(url, topic).values()) < PARTITIONS:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the partitions of {topic} have no leader after {3 * TIMEOUT:g}s")
-        time.sleep(0.2)
+    for topic in topics:
+        while sum(leaders(url, topic).values()) < PARTITIONS:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the partitions of {topic} have no leader after {3 * TIMEOUT:g}s"
+                )
+            time.sleep(0.2)
 
 
 def leaders(url: str, topic: str) -> collections.Counter[int]:
@@ -201,8 +220,9 @@ def cluster_down(injector: Injector) -> Done:
 def isr_below_min(injector: Injector) -> Done:
     """Stop two brokers (controlled shutdowns, one after the other): every partition is
     left with fewer in-sync replicas than ``min.insync.replicas`` (2), and a record sent
-    with ``acks=all`` cannot be acknowledged. The runner stages events then; none may be
-    PUBLISHED before the brokers are back (started together)."""
+    with ``acks=all`` cannot be acknowledged (nor a transaction committed). The runner
+    stages events then, every other one to the transactional route; none may be PUBLISHED
+    before the brokers are back (started together)."""
     from . import database as db
     from .broker import spell, with_facts
 
@@ -216,7 +236,7 @@ def isr_below_min(injector: Injector) -> Done:
     def on() -> None:
         for node in (first, second):
             services.run("kafka", "stop-node", str(node))
-        staged.extend(db.stage_order(KAFKA) for _ in range(SHORT_EVENTS))
+        staged.extend(_stage_short(i) for i in range(SHORT_EVENTS))
 
     def off() -> None:
         early.append(db.published_among(staged))
@@ -233,3 +253,13 @@ def isr_below_min(injector: Injector) -> Done:
         target=f"k{first}+k{second}",
         short=early[0],
     )
+
+
+def _stage_short(n: int) -> str:
+    """The runner's ``n``th event while two brokers are down: to the plain keyless route,
+    or (every other one) to the transactional route, ordered, with a key."""
+    from . import database as db
+
+    if n % 2:
+        return db.stage_order(KAFKA_TRANSACTIONAL, f"account-{n:02d}")
+    return db.stage_order(KAFKA)

@@ -14,7 +14,8 @@ more order and event (to the same destination); the ids of
 rolled-back events are written to ``RolledBack`` after the rollback. With ``--tasks``
 (Django 6), each transaction also enqueues one Django task (:mod:`chaos.djtasks`) for
 its first order, rolled back with it or committed with it; with ``--keyless``, every
-transaction stages keyless events to ``D``. A database
+transaction stages keyless events to ``D``; with ``D2`` the same as ``D`` (an ordered
+route, which refuses a keyless event), every transaction stages keyed events there. A database
 outage (the fault injector restarts PostgreSQL) is waited out: the transaction in
 hand is simply lost or committed, and the business table says which. With
 ``--committed FILE`` (the ``pg-failover`` profiles), the event ids of each transaction
@@ -108,9 +109,10 @@ class Producer:
         #: Where the event ids of each returned COMMIT go (None: nowhere).
         self.told = open(committed, "a", encoding="ascii") if committed else None
         self.rng = rng
-        self.ordered_share = 0.0 if keyless else ORDERED_SHARE
         self.destination = destination
         self.ordered, self.keys = ordered
+        share = 1.0 if self.ordered == destination else ORDERED_SHARE
+        self.ordered_share = 0.0 if keyless else share
         self.tasks = tasks
         self.events = self.committed = self.rolled_back = self.outages = 0
         self.tasks_committed = self.tasks_rolled_back = 0

@@ -36,7 +36,10 @@ COMMIT returns once the primary's own disk has it, without waiting for the synch
 standby, so a failover loses commits the producers were told of; ``--sabotage natsorder``
 starts relays whose NATS transport sends each ordering key's messages of a batch last first
 (its ``_chains`` reversed), each still after the previous one's PubAck, so a key's run of
-events reaches the stream backwards.
+events reaches the stream backwards; ``--sabotage txrecord`` (the ``kafka`` profile) starts
+relays that learn nothing from the Kafka transactions' record topic (``TransactionLog._learn``
+skips every record), so neither a restarted relay nor one reclaiming rows knows which of them
+a transaction already committed, and the transactional route sends them again.
 A run with any of them must fail its audit.
 Nothing imports this module unless ``CHAOS_SABOTAGE`` is set.
 """
@@ -74,6 +77,7 @@ KINDS = (
     "partitioner",
     "acks",
     "natsorder",
+    "txrecord",
 )
 
 
@@ -138,6 +142,13 @@ def apply(kind: str) -> None:
         _kafka(kind)
     elif kind == "natsorder":
         _nats_keys_backwards()
+    elif kind == "txrecord":
+        from django_outbox.transports.kafka_transactions import TransactionLog
+
+        # The record topic is read to its end as ever, its records dropped: no transactional
+        # id's latest record is known, at a relay's start (nothing inherited, nothing marked)
+        # nor before a batch (nothing the log holds is skipped).
+        TransactionLog._learn = lambda self, message: None  # type: ignore[method-assign]
     elif kind == "parking":
         from django_outbox.consumer import InboxConsumer
 

@@ -23,6 +23,7 @@ from chaos.destinations import (
     CLUSTERED,
     KAFKA,
     KAFKA_ORDERED,
+    KAFKA_TRANSACTIONAL,
     NATS,
     NATS_ORDERED,
     NATS_STREAM,
@@ -71,17 +72,36 @@ NATS_ORDERED_ROUTE: dict[str, object] = {**NATS_ROUTE, "ordered": True}
 #: The Kafka destinations' routes (the kafka profile: the runner creates their topic).
 KAFKA_ROUTE: dict[str, object] = {"broker": "kafka", "topic": env("CHAOS_KAFKA_TOPIC", default="")}
 KAFKA_ORDERED_ROUTE: dict[str, object] = {**KAFKA_ROUTE, "ordered": True}
+#: The transactional one's, in its own topic: exactly once into it (docs/kafka.md).
+KAFKA_TRANSACTIONAL_ROUTE: dict[str, object] = {
+    "broker": "kafka",
+    "topic": env("CHAOS_KAFKA_TX_TOPIC", default=""),
+    "ordered": True,
+    "transactional": True,
+}
 if env.bool("CHAOS_ORDERS_NOTHING", default=False):
-    for route in (ORDERED_ROUTE, NATS_ORDERED_ROUTE, KAFKA_ORDERED_ROUTE):
+    for route in (
+        ORDERED_ROUTE,
+        NATS_ORDERED_ROUTE,
+        KAFKA_ORDERED_ROUTE,
+        KAFKA_TRANSACTIONAL_ROUTE,
+    ):
         del route["ordered"]
+#: Each relay's transactional id is its role's (relay-1 ...): the same across its restarts
+#: (the restarted relay fences its zombie and finds its own record), its own among the
+#: relays running at once (two sharing one would fence each other). Other processes
+#: build no transactional producer.
+_ROLE = os.environ.get("CHAOS_ROLE", "chaos")
+KAFKA_OPTIONS = {"transactional.id": f"chaos-{_ROLE}"} if _ROLE.startswith("relay") else {}
 
 
 def _brokers(cluster_url: str, redis_url: str, nats_url: str, kafka_url: str) -> dict[str, object]:
     """The three-node cluster (chaos.cluster) as broker "cluster", and CLUSTERED on a
     quorum queue there; the services' Redis as broker "redis", and REDIS there (the
     redis_oom fault); the NATS JetStream cluster as broker "nats", and NATS and
-    NATS_ORDERED there; the Kafka cluster as broker "kafka", and KAFKA and KAFKA_ORDERED
-    there (when the run names their topic); each only when its URL is given."""
+    NATS_ORDERED there; the Kafka cluster as broker "kafka", and KAFKA, KAFKA_ORDERED and
+    KAFKA_TRANSACTIONAL there (when the run names their topics); each only when its URL
+    is given."""
     brokers: dict[str, object] = {}
     routes: dict[str, object] = {ORDERED: ORDERED_ROUTE}
     if cluster_url:
@@ -95,8 +115,9 @@ def _brokers(cluster_url: str, redis_url: str, nats_url: str, kafka_url: str) ->
         brokers["nats"] = {"URL": nats_url}
         routes.update({NATS: NATS_ROUTE, NATS_ORDERED: NATS_ORDERED_ROUTE})
     if kafka_url and KAFKA_ROUTE["topic"]:
-        brokers["kafka"] = {"URL": kafka_url}
+        brokers["kafka"] = {"URL": kafka_url, "OPTIONS": KAFKA_OPTIONS}
         routes.update({KAFKA: KAFKA_ROUTE, KAFKA_ORDERED: KAFKA_ORDERED_ROUTE})
+        routes[KAFKA_TRANSACTIONAL] = KAFKA_TRANSACTIONAL_ROUTE
     return {"BROKERS": brokers, "ROUTES": routes} if brokers else {}
 
 
