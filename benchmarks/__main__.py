@@ -69,6 +69,8 @@ class Profile:
     kafka_events: int  # per round: records of the confluent-kafka ceiling, events of each drain
     #: Commit to a NATS consumer at 1,000 events/s for so long (0: left out).
     nats_e2e_seconds: float
+    #: Commit to a Kafka consumer at 1,000 events/s for so long (0: left out).
+    kafka_e2e_seconds: float
     batch_size: int = 500
     e2e_rate: float = 200.0
     e2e_1000_per_commit: int = 10
@@ -101,6 +103,7 @@ PROFILES = {
         scheduled_seconds=5,
         kafka_events=4_000,
         nats_e2e_seconds=5,
+        kafka_e2e_seconds=5,
     ),
     "full": Profile(
         rounds=5,
@@ -127,6 +130,7 @@ PROFILES = {
         scheduled_seconds=20,
         kafka_events=20_000,
         nats_e2e_seconds=20,
+        kafka_e2e_seconds=20,
     ),
 }
 
@@ -198,7 +202,7 @@ def _scenarios(
     figures.update(_fairness(profile, amqp, drain))
     figures.update(_redis(profile, redis, drain, profile_dir))
     figures.update(_nats(profile, env, drain))
-    figures.update(_kafka(profile, drain))
+    figures.update(_kafka(profile, env, drain))
     _step("staging")
     figures.update(scenarios.staging(profile.staging_rounds, profile.stage_many))
     _step(f"claim with 1k and {profile.retained} retained rows")
@@ -356,12 +360,10 @@ def _nats(profile: Profile, env: dict[str, str], drain: Callable[..., Any]) -> d
             nats.raw_requests(url, count, batch),
         )
         rounds.append((ceiling, requests, drain(url, count, "nats")))
-    seconds, per_commit = profile.nats_e2e_seconds, profile.e2e_1000_per_commit
-    if not seconds:
-        return nats.figures(rounds)
-    _step(f"NATS: end to end at 1000 events/s, {per_commit} a transaction, for {seconds:g}s")
-    latency = nats.end_to_end(env, url, rate=1_000.0, seconds=seconds, per_commit=per_commit)
-    return {**nats.figures(rounds), **latency}
+    return {
+        **nats.figures(rounds),
+        **_latency("NATS", nats.end_to_end, profile, profile.nats_e2e_seconds, env, url),
+    }
 
 
 def _cluster_url(variable: str, what: str, service: str) -> str:
@@ -373,10 +375,10 @@ def _cluster_url(variable: str, what: str, service: str) -> str:
     return url
 
 
-def _kafka(profile: Profile, drain: Callable[..., Any]) -> dict[str, Any]:
-    """The relay to Kafka against confluent-kafka alone (:mod:`benchmarks.kafka`), and a
-    transactional route against the plain one, when ``OUTBOX_KAFKA_URL`` names a
-    cluster; nothing otherwise."""
+def _kafka(profile: Profile, env: dict[str, str], drain: Callable[..., Any]) -> dict[str, Any]:
+    """The relay to Kafka against confluent-kafka alone (:mod:`benchmarks.kafka`), a
+    transactional route against the plain one, and commit-to-consumer latency at 1,000
+    events/s, when ``OUTBOX_KAFKA_URL`` names a cluster; nothing otherwise."""
     from . import kafka
 
     url = _cluster_url("OUTBOX_KAFKA_URL", "Kafka", "kafka")
@@ -392,7 +394,28 @@ def _kafka(profile: Profile, drain: Callable[..., Any]) -> dict[str, Any]:
         )
         for _ in range(profile.rounds)
     ]
-    return kafka.figures(rounds)
+    return {
+        **kafka.figures(rounds),
+        **_latency("Kafka", kafka.end_to_end, profile, profile.kafka_e2e_seconds, env, url),
+    }
+
+
+def _latency(
+    what: str,
+    end_to_end: Callable[..., dict[str, float]],
+    profile: Profile,
+    seconds: float,
+    env: dict[str, str],
+    url: str,
+) -> dict[str, float]:
+    """Commit to a consumer of broker ``what`` at 1,000 events/s for ``seconds``
+    (``end_to_end``: :func:`benchmarks.nats.end_to_end` or its Kafka twin); nothing when
+    ``seconds`` is 0."""
+    if not seconds:
+        return {}
+    per_commit = profile.e2e_1000_per_commit
+    _step(f"{what}: end to end at 1000 events/s, {per_commit} a transaction, for {seconds:g}s")
+    return end_to_end(env, url, rate=1_000.0, seconds=seconds, per_commit=per_commit)
 
 
 def _per_round(name: str, runs: list[dict[str, Any]], bases: list[float]) -> dict[str, Any]:

@@ -67,6 +67,23 @@ def delete_topic(url: str, topic: str) -> None:
         pass
 
 
+def end_to_end(
+    env: dict[str, str], url: str, *, rate: float, seconds: float, per_commit: int
+) -> dict[str, float]:
+    """Commit-to-consumer latency through Kafka at ``rate`` events/s, ``per_commit`` a
+    transaction: figures ``kafka_e2e_1000_*`` (see
+    :func:`benchmarks.scenarios.end_to_end`). The topic (the default route's: named as the
+    destination, :data:`PARTITIONS` and :data:`REPLICAS`) is made beforehand, so the
+    consumer can be assigned its partitions."""
+    from . import scenarios
+
+    to = scenarios.destination("kafka_e2e")
+    return scenarios.consumed_end_to_end(
+        env, url, to, "consume-kafka", (create_topic, delete_topic),
+        rate=rate, seconds=seconds, name="kafka_e2e_1000", per_commit=per_commit,
+    )  # fmt: skip
+
+
 def raw_batches(url: str, count: int, batch: int) -> tuple[float, float]:
     """confluent-kafka alone: ``count`` records, ``batch`` produced at once and their
     delivery reports awaited together; records/s and this thread's CPU per record (µs;

@@ -120,19 +120,11 @@ def end_to_end(
     the destination, one replica) is made beforehand, so the consumer can subscribe."""
     from . import scenarios
 
-    scenarios.reset_outbox()
     to = scenarios.destination("nats_e2e").replace("-", "_")
-    create_stream(url, to)
-    consumer = scenarios.Worker(
-        env, "consume-nats", "--url", url, "--queue", to, "--timeout", str(seconds + 60)
-    )
-    try:
-        return scenarios.measure_end_to_end(
-            env, url, to, consumer, rate=rate, seconds=seconds, name="nats_e2e_1000",
-            per_commit=per_commit,
-        )  # fmt: skip
-    finally:
-        delete_stream(url, to)
+    return scenarios.consumed_end_to_end(
+        env, url, to, "consume-nats", (create_stream, delete_stream),
+        rate=rate, seconds=seconds, name="nats_e2e_1000", per_commit=per_commit,
+    )  # fmt: skip
 
 
 def create_stream(url: str, destination: str) -> None:

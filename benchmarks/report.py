@@ -81,6 +81,8 @@ ROWS = (
     ("kafka_transactional_vs_plain", "  transactional / plain, median of rounds", "x"),
     ("nats_e2e_1000_p50_ms", "commit -> NATS consumer at 1,000/s, p50", "ms"),
     ("nats_e2e_1000_p99_ms", "commit -> NATS consumer at 1,000/s, p99", "ms"),
+    ("kafka_e2e_1000_p50_ms", "commit -> Kafka consumer at 1,000/s, p50", "ms"),
+    ("kafka_e2e_1000_p99_ms", "commit -> Kafka consumer at 1,000/s, p99", "ms"),
     ("business_tx_ms", "business transaction (place an order)", "ms"),
     ("business_tx_with_event_ms", "  the same staging one event", "ms"),
     ("staging_overhead", "  with / without", "x"),

@@ -600,17 +600,38 @@ def end_to_end(
     ``<name>_p99_ms``, ``<name>_events``, ``<name>_rate`` (the events per second
     committed) and ``<name>_relay_cpu_ms_per_event`` (the relay process's CPU, all its
     threads, over the events)."""
-    reset_outbox()
-    to = _declared_queue(url, destination("e2e"))
-    consumer = Worker(
-        env, "consume", "--url", url, "--queue", to, "--timeout", str(seconds + 60),
+    return consumed_end_to_end(
+        env, url, destination("e2e"), "consume", (_declared_queue, delete_queue),
+        rate=rate, seconds=seconds, name=name, per_commit=per_commit,
     )  # fmt: skip
+
+
+def consumed_end_to_end(
+    env: dict[str, str],
+    url: str,
+    to: str,
+    mode: str,
+    made: tuple[Callable[[str, str], object], Callable[[str, str], object]],
+    *,
+    rate: float,
+    seconds: float,
+    name: str,
+    per_commit: int,
+) -> dict[str, float]:
+    """:func:`measure_end_to_end` on an empty outbox, with a consumer worker of ``mode``
+    (``consume``, ``consume-nats``, ``consume-kafka``) reading ``to`` on ``url``, which
+    ``made``'s first function makes beforehand (a queue, a stream, a topic) and its second
+    deletes after."""
+    make, delete = made
+    reset_outbox()
+    make(url, to)
     try:
+        consumer = Worker(env, mode, "--url", url, "--queue", to, "--timeout", str(seconds + 60))
         return measure_end_to_end(
             env, url, to, consumer, rate=rate, seconds=seconds, name=name, per_commit=per_commit
         )
     finally:
-        delete_queue(url, to)
+        delete(url, to)
 
 
 def measure_end_to_end(

@@ -4,6 +4,7 @@
         [--telemetry]
     python -m benchmarks.worker consume --url URL --queue Q --timeout SECONDS
     python -m benchmarks.worker consume-nats --url NATS_URL --queue STREAM --timeout SECONDS
+    python -m benchmarks.worker consume-kafka --url KAFKA_URL --queue TOPIC --timeout SECONDS
     python -m benchmarks.worker produce --destination D --rate R --seconds S --first F --step K
         --per-commit N
 
@@ -236,6 +237,39 @@ def consume_nats(args: argparse.Namespace) -> None:
     emit({"received": {str(seq): at for seq, at in received.items()}})
 
 
+def consume_kafka(args: argparse.Namespace) -> None:
+    """:func:`consume`, from every partition of the Kafka topic ``--queue``, from its
+    beginning (confluent-kafka's consumer, assigned the partitions: no group to join),
+    reading committed records only."""
+    import json
+
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from django_outbox.conf.brokers import kafka_bootstrap
+
+    received: dict[int, float] = {}
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka_bootstrap(args.url),
+            "group.id": f"bench-{args.queue}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 10,
+        }
+    )
+    partitions = consumer.list_topics(args.queue, timeout=30).topics[args.queue].partitions
+    consumer.assign([TopicPartition(args.queue, p, OFFSET_BEGINNING) for p in partitions])
+    _ready()
+    deadline, expected = time.monotonic() + args.timeout, None
+    while (expected is None or len(received) < expected) and time.monotonic() < deadline:
+        record = consumer.poll(0.2)  # (consume(n) would wait for n records or its timeout)
+        if record is not None and record.error() is None:
+            received[json.loads(record.value())["seq"]] = time.time()
+        expected = _expected(expected)
+    consumer.close()
+    emit({"received": {str(seq): at for seq, at in received.items()}})
+
+
 async def _bound(subscription: Any, deadline: float) -> None:
     """Wait until the server reports ``subscription``'s push consumer bound to it (its
     delivery subject has interest); ``RuntimeError`` at ``deadline`` (monotonic)."""
@@ -288,6 +322,11 @@ def main(argv: list[str] | None = None) -> None:
     nats_parser.add_argument("--queue", required=True, help="the stream and its one subject")
     nats_parser.add_argument("--timeout", type=float, required=True)
     nats_parser.set_defaults(run=consume_nats)
+    kafka_parser = modes.add_parser("consume-kafka")
+    kafka_parser.add_argument("--url", required=True)
+    kafka_parser.add_argument("--queue", required=True, help="the topic")
+    kafka_parser.add_argument("--timeout", type=float, required=True)
+    kafka_parser.set_defaults(run=consume_kafka)
     produce_parser = modes.add_parser("produce")
     produce_parser.add_argument("--destination", required=True)
     produce_parser.add_argument("--rate", type=float, required=True)
