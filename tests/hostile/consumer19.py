@@ -4,11 +4,10 @@ docs/hostile-input.md, and for the consumer that gives up on an unreachable brok
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
-from tests.support import manage
+from tests.support import manage, unreachable_broker_url
 
 from . import case
 from .settings import check_lines, only
@@ -42,16 +41,15 @@ def filesystem_folders_differ(request: Any) -> str:
 
 @case("consumer-gave-up")
 def consumer_gave_up(request: Any) -> str:
-    with socket.socket() as sock:  # a port nothing listens on: a broker that is down
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     result = manage(
         "run_outbox_consumer",
         "--queue=orders",
         "--handler=tests.testapp.handlers.record",
         "--consumer=billing",
         "--idle-timeout=1",
-        BROKER_URL=f"amqp://guest:guest@127.0.0.1:{port}//",
+        # A port that refuses every connection (a broker that is down), held by this process:
+        # one only freed was taken meanwhile by a server of another CI chain, once.
+        BROKER_URL=unreachable_broker_url(),
     )
     assert result.returncode == 1, result.stderr
     return result.stderr.strip().splitlines()[-1]
