@@ -51,6 +51,11 @@ class ClaimedMessage:
     #: The ``outbox_signature`` header's value, set once at claim time when the relay
     #: signs (``OUTBOX["SIGNING_KEYS"]``); not a column.
     signature: str | None = dataclasses.field(default=None, init=False)
+    #: Its wire form, worked out ahead on the relay's claim thread while the batch before
+    #: is published (:meth:`Transport.prepare <django_outbox.transports.base.Transport.prepare>`):
+    #: ``(route, transport, form)``, read back only by that transport for that route; not
+    #: a column.
+    encoded: tuple[Any, Any, Any] | None = dataclasses.field(default=None, init=False)
 
     @classmethod
     def reader(

@@ -112,6 +112,19 @@ class Publisher:
                 self.transports[key] = for_broker(broker)
         return self.transports[key]
 
+    def prepare(self, messages: Sequence[ClaimedMessage]) -> None:
+        """Work out the wire form of ``messages`` ahead of :meth:`publish`
+        (:meth:`Transport.prepare`), for the transports built already: called on the claim
+        thread, which must not build one (the relay's thread does, on its first publish)."""
+        found: dict[str, tuple[Route, Transport] | None] = {}
+        for destination, group in itertools.groupby(messages, key=lambda m: m.destination):
+            if destination not in found:
+                route = outbox_settings.route_for(destination)
+                transport = route and self.transports.get(transport_key(route))
+                found[destination] = (route, transport) if route and transport else None
+            if (pair := found[destination]) is not None:
+                pair[1].prepare(pair[0], list(group))
+
     def publish(
         self,
         messages: Sequence[ClaimedMessage],

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from ..conf import Broker, Problem, outbox_settings
 from ..conf.routes import Route
@@ -124,6 +125,38 @@ class Transport(abc.ABC):
     def publish(self, route: Route, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
         """Publish ``messages`` (all of ``route``) in order; one outcome each. The
         messages are the relay's record of its claim: read them, never change them."""
+
+    def encoder(self, route: Route) -> Callable[[ClaimedMessage], Any] | None:
+        """A function giving a message of ``route`` its wire form, as :meth:`publish` reads
+        it back with :meth:`encoded`; None (the default) when the transport encodes as it
+        publishes. It may raise the encoding's errors: :meth:`publish` meets them."""
+        return None
+
+    def prepare(self, route: Route, messages: Sequence[ClaimedMessage]) -> None:
+        """Work out the wire form of ``messages`` (all of ``route``) ahead of
+        :meth:`publish`: the relay calls it on its claim thread, which then has the
+        interpreter while the relay's thread waits for the broker's acknowledgements of
+        the batch before. A message whose encoding fails is left to :meth:`publish`,
+        which encodes it again and meets the error as if nothing had been prepared (a
+        bug's error too: a claim must not fail for it)."""
+        encode = self.encoder(route)
+        if encode is None:
+            return
+        for message in messages:
+            try:
+                message.encoded = (route, self, encode(message))
+            except Exception:  # said by publish, which encodes it again
+                message.encoded = None
+
+    def encoded(
+        self, route: Route, message: ClaimedMessage, encode: Callable[[ClaimedMessage], Any]
+    ) -> Any:
+        """``message``'s wire form on ``route``: the one :meth:`prepare` left on it for this
+        transport and route, else ``encode(message)``'s."""
+        found = message.encoded
+        if found is not None and found[0] is route and found[1] is self:
+            return found[2]
+        return encode(message)
 
     def target(self, route: Route) -> str:
         """Where ``route``'s messages go, as a log line names it: ``queue 'orders'

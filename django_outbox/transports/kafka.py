@@ -73,6 +73,8 @@ DEFAULTS = {"linger.ms": 5, "socket.connection.setup.timeout.ms": 5000}
 #: What a message's slot holds during a publish: False until its delivery report comes,
 #: then None (delivered) or ``(KafkaError,)``; or a Failure decided before it was sent.
 _Report = Failure | None | Literal[False] | tuple[Any]
+#: A message as a record: its value, its key and its headers.
+_Record = tuple[bytes, bytes | None, list[tuple[str, bytes | None]]]
 #: On an ordered route, the outcome of a record not sent because one of its key before it
 #: failed in the same batch (the relay sends it again after that one).
 HELD_BACK = Failure.not_attempted("not attempted: an earlier event of its key failed", 0.0)
@@ -124,6 +126,20 @@ def record_headers(headers: Mapping[str, Any], content_type: str) -> list[tuple[
         else:
             found.append((name, json.dumps(value).encode()))
     return found
+
+
+def record_of(route: Route) -> Callable[[ClaimedMessage], _Record]:
+    """A function giving a message of ``route`` as a record: its value, key and headers."""
+    from .. import cloudevents
+
+    envelope = envelope_of(route, binary=False)
+
+    def record(message: ClaimedMessage) -> _Record:
+        wire = cloudevents.wire(message, *envelope)
+        key = message.ordering_key.encode() if message.ordering_key else None
+        return wire.body, key, record_headers(wire.headers, wire.content_type)
+
+    return record
 
 
 def failure_of(error: Any) -> Failure:
@@ -364,22 +380,21 @@ class KafkaTransport(Transport):
         """Hand each message to the producer; its report fills ``outcomes``."""
         from confluent_kafka import KafkaException
 
-        from .. import cloudevents
-
-        envelope = envelope_of(route, binary=False)
+        encode = self.encoder(route)
         for index, message in enumerate(messages):
             report = functools.partial(_delivered, outcomes, index)
             try:
-                wire = cloudevents.wire(message, *envelope)
-                key = message.ordering_key.encode() if message.ordering_key else None
-                headers = record_headers(wire.headers, wire.content_type)
-                refused = _send(producer, deadline, topic, wire.body, key, headers, report)
+                body, key, headers = self.encoded(route, message, encode)
+                refused = _send(producer, deadline, topic, body, key, headers, report)
                 if refused is not None:
                     outcomes[index] = refused
             except ENCODE_ERRORS as exc:
                 outcomes[index] = Failure.from_exception(exc, permanent=True)
             except KafkaException as exc:  # refused before it left (too large for the client)
                 outcomes[index] = failure_of(exc.args[0])
+
+    def encoder(self, route: Route) -> Callable[[ClaimedMessage], _Record]:
+        return record_of(route)
 
     def _ensure_topic(self, route: Route, topic: str, deadline: float) -> Failure | None:
         """None when ``topic`` exists (or its metadata says anything but that it is

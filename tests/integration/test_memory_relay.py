@@ -78,3 +78,42 @@ def test_a_running_relay_switches_threads_quickly_and_sets_the_interval_back():
         )
     assert seen and set(seen) == {SWITCH_INTERVAL}
     assert sys.getswitchinterval() == before
+
+
+class EncodingAhead(memory.MemoryTransport):
+    """Encodes each message (its payload's text) and says on which thread; publishes the
+    form it reads back, so a form prepared for another message would show."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+        self.forms: list[str] = []
+
+    def encoder(self, route):
+        def encode(message):
+            self.threads.append(threading.current_thread().name)
+            return message.payload
+
+        return encode
+
+    def publish(self, route, messages):
+        encode = self.encoder(route)
+        self.forms += [self.encoded(route, message, encode) for message in messages]
+        return super().publish(route, messages)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_relay_encodes_each_message_once_ahead_on_its_claim_thread():
+    """The claims made ahead prepare their batch's wire forms on the claim thread while the
+    relay's thread publishes the batch before; only the first claim is the relay's own."""
+    orders = unique_destination("orders")
+    transport = EncodingAhead()
+    with override_settings(OUTBOX={"BROKER_URL": "memory://", "ROUTES": {orders: {}}}):
+        stage_events(1000, orders)
+        relay = Relay(batch_size=100, transports={"default": transport})
+        totals = relay.run(threading.Event(), drain=True)
+    assert totals.published == 1000
+    assert transport.forms == [f'{{"n": {n}}}' for n in range(1000)]
+    assert len(transport.threads) == 1000  # once each: none encoded again by the publish
+    ahead = sum(name.startswith("outbox-claim") for name in transport.threads)
+    assert ahead >= 900, f"{ahead} of 1000 encoded on the claim thread"

@@ -24,7 +24,7 @@ from django.test.utils import override_settings
 from django_outbox.conf.routes import Route
 from django_outbox.envelope import ClaimedMessage
 from django_outbox.exceptions import BrokerUnreachable
-from django_outbox.transports.kafka import KafkaTransport
+from django_outbox.transports.kafka import KafkaTransport, record_of
 
 PRODUCE, CREATE_TOPICS, INIT_PRODUCER_ID = 0, 19, 22  # Kafka's api keys of requests
 MSG_SIZE_TOO_LARGE, NOT_ENOUGH_REPLICAS, TOPIC_AUTHORIZATION_FAILED = 10, 19, 29
@@ -286,3 +286,19 @@ def test_a_record_larger_than_the_producers_whole_queue_fails_for_good(mock):
     assert small is None
     assert (big_outcome.permanent, big_outcome.counts) == (True, True)
     assert "queue.buffering.max.kbytes" in big_outcome.error
+
+
+def test_a_record_encoded_ahead_is_the_one_the_publish_sends(mock):
+    """What the relay's claim thread prepares is what the publish would build, and the
+    publish sends it as prepared (a form put there by hand shows it) without building
+    it again; the messages not prepared are built at the publish."""
+    mock.topic("orders")
+    kafka, route, batch = transport(mock), Route("orders"), messages(4, "orders")
+    kafka.prepare(route, batch[:3])
+    build = record_of(route)
+    assert [m.encoded[2] for m in batch[:3]] == [build(m) for m in batch[:3]]
+    assert batch[3].encoded is None
+    _, key, headers = batch[1].encoded[2]
+    batch[1].encoded = (route, kafka, (b'"as prepared"', key, headers))
+    assert kafka.publish(route, batch) == [None] * 4
+    assert read(mock, "orders", 4) == [b'{"n": 0}', b'"as prepared"', b'{"n": 2}', b'{"n": 3}']
