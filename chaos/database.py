@@ -6,7 +6,7 @@ import contextlib
 import datetime as dt
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import DatabaseError, connection, transaction
 
@@ -146,8 +146,15 @@ def last_order() -> int:
     return int(value(f"SELECT coalesce(max(id), 0) FROM {ORDER}"))
 
 
-#: What :func:`held` finds.
-Held = tuple[list[int], int, list[str], int, int, int]
+class Held(NamedTuple):
+    """What :func:`held` finds of the rows a relay holds PROCESSING."""
+
+    ids: list[int]
+    handled: int  # handled by the consumer, or run by the task worker
+    nats: list[str]  # the event ids of those of the NATS destinations
+    kafka_handled: int  # of the Kafka destinations, and handled
+    transactional_handled: int  # of those, the transactional destination's
+    transactional: int  # of the transactional destination, handled or not
 
 
 def held(worker: str, *, claimed_after: dt.datetime | None, lease: float) -> Held:
@@ -174,7 +181,7 @@ def held(worker: str, *, claimed_after: dt.datetime | None, lease: float) -> Hel
     kafka = sum(1 for row in handled if row[3])
     transactional = sum(1 for row in handled if row[4])
     ids, of_transactional = [row[0] for row in found], sum(1 for row in found if row[4])
-    return ids, len(handled), nats, kafka, transactional, of_transactional
+    return Held(ids, len(handled), nats, kafka, transactional, of_transactional)
 
 
 @contextlib.contextmanager

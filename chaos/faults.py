@@ -437,31 +437,32 @@ class Injector:
         claimed before the last of the DATABASE_FAULTS recovered are not counted: they
         may be a batch it gave up, which it would rightly not report as lease lost."""
         worker, since = relay.worker, self._database_back
-        wanted = {"handled": 1, "stored": 2, "kafka": 3}.get(aim, 0)
+        wanted = {"handled": "handled", "stored": "nats", "kafka": "kafka_handled"}.get(aim, "ids")
 
         def holding() -> db.Held:
             return db.held(worker, claimed_after=since, lease=self.lease)
 
         def look() -> db.Held:
-            ids, handled, nats, in_topic, committed, of_route = holding()
+            seen = holding()
             # The stream is read only when it is the aim: a read per look is slow.
-            stored = nats if aim == "stored" and self._stored(nats) else []
-            return ids, handled, stored, in_topic, committed, of_route
+            stored = seen.nats if aim == "stored" and self._stored(seen.nats) else []
+            return seen._replace(nats=stored)
 
         def until_it_holds_rows() -> None:
             deadline = time.monotonic() + 10
-            while not holding()[wanted if aim == "stored" else 0] and time.monotonic() < deadline:
+            field = "nats" if aim == "stored" else "ids"
+            while not getattr(holding(), field) and time.monotonic() < deadline:
                 time.sleep(POLL)
 
         tries, (ids, handled, _, in_topic, committed, _) = self._freeze(
             relay,
             look,
-            lambda seen: seen[wanted],
+            lambda seen: getattr(seen, wanted),
             before=until_it_holds_rows,
             # The consumer catches up with what the relay published (Kafka's fetches wait).
             settle=kafka.SETTLE if aim == "kafka" else 0.05,
         )
-        return tries, ids, handled, self._stored(holding()[2]), (in_topic, committed)
+        return tries, ids, handled, self._stored(holding().nats), (in_topic, committed)
 
     def _kill_after_commit(self, relay: Proc) -> tuple[int, list[int], int, int, tuple[int, int]]:
         """SIGKILL ``relay`` between a Kafka commit of the transactional route's rows and
@@ -479,13 +480,13 @@ class Injector:
 
         for tries in range(1, MAX_TRIES + 1):
             deadline = time.monotonic() + 10
-            while not (seen := holding())[5] and time.monotonic() < deadline:
+            while not (seen := holding()).transactional and time.monotonic() < deadline:
                 time.sleep(POLL)
-            with db.rows_locked(seen[0]):
+            with db.rows_locked(seen.ids):
                 deadline = time.monotonic() + kafka.TX_SETTLE
-                while not (seen := holding())[4] and time.monotonic() < deadline:
+                while not (seen := holding()).transactional_handled and time.monotonic() < deadline:
                     time.sleep(0.1)
-                if seen[4] or tries == MAX_TRIES:
+                if seen.transactional_handled or tries == MAX_TRIES:
                     sessions = relay.application_name
                     relay.kill()
                     db.terminate(sessions)

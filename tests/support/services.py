@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import random
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -130,12 +131,33 @@ def _answers(client: Any) -> bool:
 def free_ports(count: int) -> list[int]:
     """``count`` distinct loopback ports free a moment ago, for servers the test starts
     there. They are bound together before any is freed: ports bound and freed one at a
-    time can come back equal (it happened: Prometheus then scraped itself)."""
+    time can come back equal (it happened: Prometheus then scraped itself). They are
+    drawn from outside the kernel's range of ephemeral ports: a port the kernel handed
+    out was once given to another chain's outgoing connection before the test's
+    PostgreSQL could bind it."""
+    low, high = _ephemeral_ports()
+    choices = [port for port in range(10_000, 65_536) if not low <= port <= high]
+    found: list[int] = []
     with ExitStack() as stack:
-        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return [int(probe.getsockname()[1]) for probe in probes]
+        while len(found) < count:
+            port = random.choice(choices)
+            probe = stack.enter_context(socket.socket())
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:  # taken, or lingering in TIME_WAIT
+                continue
+            found.append(port)
+    return found
+
+
+@functools.cache
+def _ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel gives outgoing connections their local port from."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    except (OSError, ValueError):  # not Linux: the IANA range, as BSD and macOS use
+        return 49_152, 65_535
+    return int(low), int(high)
 
 
 def free_port() -> int:
