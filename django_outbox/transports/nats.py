@@ -43,7 +43,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .. import cloudevents
@@ -471,7 +471,7 @@ class NatsTransport(Transport):
         deadline = time.monotonic() + self._ack_timeout
         jetstream = route.jetstream or JetStream()
         outcomes: list[Outcome] = [None] * len(messages)
-        encoded = self._encode(route, messages, outcomes)
+        encoded = _encode(route, messages, outcomes)
         try:
             self._connect(_left(deadline))
             if jetstream.stream_for(route.destination) not in self._streams:
@@ -513,37 +513,6 @@ class NatsTransport(Transport):
         if any(isinstance(o, Failure) and o.outage for o in outcomes.values()):
             self._streams.discard(stream)  # asked again next time (a leader may be new)
         return outcomes
-
-    def encoder(self, route: Route) -> Callable[[ClaimedMessage], tuple[bytes, dict[str, str]]]:
-        """A message of ``route`` as its body and headers, the headers with the route's
-        stream as the one expected to take it (JetStream refuses the message otherwise)."""
-        envelope = route.envelope or outbox_settings.DEFAULT_ENVELOPE
-        if envelope == cloudevents.BINARY:  # no binary binding for NATS: structured
-            envelope = cloudevents.STRUCTURED
-        source = outbox_settings.CLOUDEVENTS_SOURCE
-        stream = (route.jetstream or JetStream()).stream_for(route.destination)
-
-        def body_and_headers(message: ClaimedMessage) -> tuple[bytes, dict[str, str]]:
-            wire = cloudevents.wire(message, envelope, source)
-            headers = nats_headers(message, wire)
-            headers[EXPECTED_STREAM] = stream
-            return wire.body, headers
-
-        return body_and_headers
-
-    def _encode(
-        self, route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
-    ) -> dict[int, tuple[bytes, dict[str, str]]]:
-        """Each message's body and headers by its index; a message that cannot be
-        encoded gets a permanent failure in ``outcomes``."""
-        encode = self.encoder(route)
-        encoded = {}
-        for index, message in enumerate(messages):
-            try:
-                encoded[index] = self.encoded(route, message, encode)
-            except (TypeError, ValueError, UnicodeError) as exc:
-                outcomes[index] = Failure.from_exception(exc, permanent=True)
-        return encoded
 
     async def _ensure_stream(self, route: Route, jetstream: JetStream) -> None:
         """Make sure the route's stream exists (once per connection) and takes the
@@ -652,6 +621,29 @@ def options_problems(broker: Broker) -> list[Problem]:
             "token, ...), or drop them.",
         )
     ]
+
+
+def _encode(
+    route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
+) -> dict[int, tuple[bytes, dict[str, str]]]:
+    """Each message's body and headers by its index, the headers with the route's
+    stream as the one expected to take it (JetStream refuses the message otherwise); a
+    message that cannot be encoded gets a permanent failure in ``outcomes``."""
+    envelope = route.envelope or outbox_settings.DEFAULT_ENVELOPE
+    if envelope == cloudevents.BINARY:  # no binary binding for NATS: structured
+        envelope = cloudevents.STRUCTURED
+    source = outbox_settings.CLOUDEVENTS_SOURCE
+    stream = (route.jetstream or JetStream()).stream_for(route.destination)
+    encoded = {}
+    for index, message in enumerate(messages):
+        try:
+            wire = cloudevents.wire(message, envelope, source)
+            headers = nats_headers(message, wire)
+            headers[EXPECTED_STREAM] = stream
+            encoded[index] = (wire.body, headers)
+        except (TypeError, ValueError, UnicodeError) as exc:
+            outcomes[index] = Failure.from_exception(exc, permanent=True)
+    return encoded
 
 
 def _left(deadline: float) -> float:
