@@ -53,9 +53,11 @@ class ClaimedMessage:
     signature: str | None = dataclasses.field(default=None, init=False)
     #: Its wire form, worked out ahead on the relay's claim thread while the batch before
     #: is published (:meth:`Transport.prepare <django_outbox.transports.base.Transport.prepare>`):
-    #: ``(route, transport, form)``, read back only by that transport for that route; not
-    #: a column.
-    encoded: tuple[Any, Any, Any] | None = dataclasses.field(default=None, init=False)
+    #: ``(route, transport, form)``, read back only by that transport for that route, and
+    #: dropped once it has published; not a column, nor part of its equality or repr.
+    encoded: tuple[Any, Any, Any] | None = dataclasses.field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def reader(

@@ -120,8 +120,8 @@ class Batches:
                 self._ordered_until = self._whole_claim_at
         if not messages:
             return None
-        self.publisher.prepare(messages)  # their wire form, while the batch before is sent
         deadline = time.monotonic() + self.lease_seconds / 2
+        self.publisher.prepare(messages)  # their wire form, while the batch before is sent
         return Claim(messages, token, deadline, started, ordered)
 
     def publish(self, claim: Claim, outages: Outages) -> Batch:

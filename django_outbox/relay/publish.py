@@ -119,11 +119,19 @@ class Publisher:
         found: dict[str, tuple[Route, Transport] | None] = {}
         for destination, group in itertools.groupby(messages, key=lambda m: m.destination):
             if destination not in found:
-                route = outbox_settings.route_for(destination)
-                transport = route and self.transports.get(transport_key(route))
-                found[destination] = (route, transport) if route and transport else None
+                found[destination] = self._preparing(destination)
             if (pair := found[destination]) is not None:
                 pair[1].prepare(pair[0], list(group))
+
+    def _preparing(self, destination: str) -> tuple[Route, Transport] | None:
+        """The route of ``destination`` and its transport, when it is built already; None
+        otherwise, or when the route cannot be told (the publish says why)."""
+        try:
+            route = outbox_settings.route_for(destination)
+            transport = route and self.transports.get(transport_key(route))
+        except Exception:  # said by the publish, which asks again; a claim must not fail
+            return None
+        return (route, transport) if route and transport else None
 
     def publish(
         self,
@@ -162,6 +170,8 @@ class Publisher:
                 results = self._publish_route(route, batch, outages)
                 tried.add(destination)
             outcomes.update(zip((m.id for m in batch), results, strict=True))
+        for message in messages:  # its wire form, if prepared, goes no further than the publish
+            message.encoded = None
         return [outcomes[m.id] for m in messages], frozenset(tried)
 
     def _publish_route(

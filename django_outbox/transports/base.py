@@ -139,7 +139,10 @@ class Transport(abc.ABC):
         the batch before. A message whose encoding fails is left to :meth:`publish`,
         which encodes it again and meets the error as if nothing had been prepared (a
         bug's error too: a claim must not fail for it)."""
-        encode = self.encoder(route)
+        try:
+            encode = self.encoder(route)
+        except Exception:  # said by publish, which asks for it again
+            return
         if encode is None:
             return
         for message in messages:

@@ -10,6 +10,7 @@ from django.test import override_settings
 
 from django_outbox.models import OutboxMessage
 from django_outbox.relay.loop import SWITCH_INTERVAL, Relay
+from django_outbox.signals import event_published
 from django_outbox.transports import memory
 from tests.support import stage_events, unique_destination
 
@@ -107,12 +108,21 @@ def test_a_relay_encodes_each_message_once_ahead_on_its_claim_thread():
     """The claims made ahead prepare their batch's wire forms on the claim thread while the
     relay's thread publishes the batch before; only the first claim is the relay's own."""
     orders = unique_destination("orders")
-    transport = EncodingAhead()
-    with override_settings(OUTBOX={"BROKER_URL": "memory://", "ROUTES": {orders: {}}}):
-        stage_events(1000, orders)
-        relay = Relay(batch_size=100, transports={"default": transport})
-        totals = relay.run(threading.Event(), drain=True)
+    transport, kept = EncodingAhead(), []
+
+    def receiver(messages, **_):
+        kept.extend(message.encoded for message in messages)
+
+    event_published.connect(receiver)
+    try:
+        with override_settings(OUTBOX={"BROKER_URL": "memory://", "ROUTES": {orders: {}}}):
+            stage_events(1000, orders)
+            relay = Relay(batch_size=100, transports={"default": transport})
+            totals = relay.run(threading.Event(), drain=True)
+    finally:
+        event_published.disconnect(receiver)
     assert totals.published == 1000
+    assert kept == [None] * 1000  # the forms go no further than the publish
     assert transport.forms == [f'{{"n": {n}}}' for n in range(1000)]
     assert len(transport.threads) == 1000  # once each: none encoded again by the publish
     ahead = sum(name.startswith("outbox-claim") for name in transport.threads)

@@ -61,7 +61,8 @@ def _updates() -> tuple[int, int]:
 
 
 def _horizon_holders() -> list[tuple]:
-    """The server's other sessions that hold back the horizon page pruning needs: a
+    """The server's other client sessions (a lazy VACUUM holds back nothing) that hold
+    back the horizon page pruning needs: a
     snapshot in this database, or a transaction that has written, in any database (its
     xid pins the relay's snapshot xmin, and PostgreSQL recomputes its per-database
     horizon only when that moves). While one does, no version that died after it began
@@ -70,7 +71,8 @@ def _horizon_holders() -> list[tuple]:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pid, datname, backend_type, state, left(query, 120)"
-            " FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND (backend_xid IS NOT NULL"
+            " FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+            " AND backend_type = 'client backend' AND (backend_xid IS NOT NULL"
             " OR (datname = current_database() AND backend_xmin IS NOT NULL))"
         )
         return cursor.fetchall()
@@ -168,6 +170,8 @@ def test_a_transaction_open_in_another_database_sends_every_finalize_to_another_
     that has written, open in another database of the server during the drain, keeps
     every staged version from being pruned, so each finalize finds its row's page full.
     The claims are still HOT: the page staged to half has room for them."""
+    if connection.pg_version < 150000:
+        pytest.skip("pg_stat_force_next_flush() is PostgreSQL 15+")
     kept, hot, held_by = _measure(during=_a_write_open_in_the_other_database)
     assert kept <= 0.1 * EVENTS, f"{kept} of {EVENTS} rows kept their page"
     assert hot >= 0.8 * EVENTS, f"{hot} HOT updates"

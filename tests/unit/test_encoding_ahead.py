@@ -4,6 +4,7 @@ that fails ahead is met again by the publish, as if nothing had been prepared.""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 
@@ -67,3 +68,23 @@ def test_a_transport_that_encodes_as_it_publishes_prepares_nothing():
     transport, claimed = MemoryTransport(), message()
     transport.prepare(Route("orders"), [claimed])
     assert claimed.encoded is None
+
+
+class Broken(MemoryTransport):
+    def encoder(self, route):
+        raise RuntimeError("a bug in the transport")
+
+
+def test_a_transport_whose_encoder_raises_leaves_the_claim_alone():
+    """The claim has leased its rows: the error is the publish's to meet and report."""
+    claimed = message()
+    Broken().prepare(Route("orders"), [claimed])
+    assert claimed.encoded is None
+
+
+def test_the_prepared_form_is_no_part_of_the_messages_equality_or_repr():
+    transport, prepared = Counting(), message()
+    plain = dataclasses.replace(prepared)
+    transport.prepare(Route("orders"), [prepared])
+    assert prepared == plain
+    assert repr(prepared) == repr(plain)
