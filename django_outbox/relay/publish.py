@@ -116,12 +116,12 @@ class Publisher:
         """Work out the wire form of ``messages`` ahead of :meth:`publish`
         (:meth:`Transport.prepare`), for the transports built already: called on the claim
         thread, which must not build one (the relay's thread does, on its first publish)."""
-        found: dict[str, tuple[Route, Transport] | None] = {}
-        for destination, group in itertools.groupby(messages, key=lambda m: m.destination):
-            if destination not in found:
-                found[destination] = self._preparing(destination)
-            if (pair := found[destination]) is not None:
-                pair[1].prepare(pair[0], list(group))
+        by_destination: dict[str, list[ClaimedMessage]] = {}
+        for message in messages:
+            by_destination.setdefault(message.destination, []).append(message)
+        for destination, group in by_destination.items():
+            if (pair := self._preparing(destination)) is not None:
+                pair[1].prepare(pair[0], group)
 
     def _preparing(self, destination: str) -> tuple[Route, Transport] | None:
         """The route of ``destination`` and its transport, when it is built already; None

@@ -157,9 +157,7 @@ def test_relaying_writes_two_row_versions_per_event_on_the_page_it_was_staged_on
 
 @contextmanager
 def _a_write_open_in_the_other_database() -> Iterator[None]:
-    params = connections["other"].get_connection_params()
-    keys = ("dbname", "user", "password", "host", "port")
-    with psycopg.connect(**{key: params[key] for key in keys if key in params}) as other:
+    with psycopg.connect(**connections["other"].get_connection_params()) as other:
         other.execute("SELECT txid_current()")  # gives the open transaction an xid
         yield
 
