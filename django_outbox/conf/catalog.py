@@ -150,6 +150,14 @@ SETTINGS: dict[str, Setting] = {
             "seconds between the retention cleanups a running relay makes.",
         ),
         Setting(
+            "PARTITIONING",
+            None,
+            parsers.partitioning,
+            "the sizes of a partitioned outbox (PostgreSQL, after manage.py outbox_partition): "
+            '{"rows": ids per partition (1,000,000), "ahead": empty partitions the relays keep '
+            "ahead (2)}; retention then drops whole partitions (see docs/scaling.md).",
+        ),
+        Setting(
             "POLL_INTERVAL",
             1,
             parsers.seconds,

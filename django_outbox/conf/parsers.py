@@ -75,6 +75,23 @@ def duration_or_zero(value: object) -> dt.timedelta:
         raise Invalid("must be 0, a positive number of seconds or a timedelta") from None
 
 
+#: What ``OUTBOX["PARTITIONING"]`` holds when a key is left out.
+PARTITIONING_DEFAULTS = {"rows": 1_000_000, "ahead": 2}
+
+
+def partitioning(value: object) -> dict[str, int] | None:
+    """None, or the sizes of a partitioned outbox: ``rows`` ids per partition, ``ahead``
+    empty partitions kept above the ids drawn."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not set(value) <= set(PARTITIONING_DEFAULTS):
+        raise Invalid('must be None or {"rows": ids per partition, "ahead": partitions ahead}')
+    try:
+        return {key: positive_int(value.get(key, d)) for key, d in PARTITIONING_DEFAULTS.items()}
+    except Invalid:
+        raise Invalid('must have a positive integer as "rows" and as "ahead"') from None
+
+
 def fraction(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
         raise Invalid("must be a number between 0 and 1")

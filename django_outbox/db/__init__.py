@@ -32,7 +32,7 @@ from django.utils import timezone
 from ..conf import outbox_settings
 from ..envelope import CLAIMED_FIELDS, ClaimedBatch, ClaimedMessage
 from ..exceptions import OutboxConfigurationError
-from . import postgresql
+from . import partitions, postgresql
 from .expressions import now_plus
 
 if TYPE_CHECKING:
@@ -286,13 +286,17 @@ def _insert_deduplicated(
 ) -> list[OutboxMessage]:
     """Rows with a dedup key, saved: on PostgreSQL one ``INSERT ... ON CONFLICT`` on the
     unique partial index ``outbox_dedup_unfinished_idx`` (which waits for a concurrent
-    transaction staging the same key, and locks the row it conflicts with); elsewhere
-    each row in a savepoint, its ``IntegrityError`` the conflict. The rows that were not
-    inserted are read back: the unfinished row that stays in their place."""
+    transaction staging the same key, and locks the row it conflicts with); on a
+    partitioned outbox, which has no such index, each key locked first
+    (:func:`_insert_locked`); elsewhere each row in a savepoint, its ``IntegrityError``
+    the conflict. The rows that were not inserted are read back: the unfinished row
+    that stays in their place."""
     if not rows:
         return []
     connection = connections[using]
-    if connection.vendor == "postgresql":
+    if partitions.is_partitioned(connection):
+        inserted, replaced = _insert_locked(using, rows, replace)
+    elif connection.vendor == "postgresql":
         inserted, replaced = postgresql.insert_deduplicated(connection, rows, replace)
     else:
         inserted, replaced = _insert_each(using, rows, replace)
@@ -328,24 +332,45 @@ def _insert_deduplicated(
     return saved
 
 
-def _insert_each(
+def _insert_locked(
     using: str, rows: list[OutboxMessage], replace: bool
 ) -> tuple[set[uuid.UUID], set[tuple[str, str]]]:
-    """The portable :func:`_insert_deduplicated`: each row in a savepoint; on a conflict,
-    the unfinished row of its dedup key replaced (with ``replace``, unless PROCESSING).
-    Returns the event ids inserted and the (destination, dedup key) replaced."""
+    """:func:`_insert_each` on a partitioned outbox: each (destination, dedup key)
+    locked until the transaction ends (:func:`.postgresql.lock_dedup_keys`, sorted),
+    then the keys that have an unfinished row are the conflicts."""
+    from ..models import UNFINISHED
+
+    scopes = sorted({(row.destination, row.dedup_key or "") for row in rows})
+    postgresql.lock_dedup_keys(connections[using], scopes)
+    keys = models.Q()
+    for destination, dedup_key in scopes:
+        keys |= models.Q(destination=destination, dedup_key=dedup_key)
+    unfinished = type(rows[0]).objects.using(using).filter(UNFINISHED).filter(keys)
+    taken = frozenset(
+        (d, key or "") for d, key in unfinished.values_list("destination", "dedup_key")
+    )
+    return _insert_each(using, rows, replace, taken)
+
+
+def _insert_each(
+    using: str,
+    rows: list[OutboxMessage],
+    replace: bool,
+    taken: frozenset[tuple[str, str]] = frozenset(),
+) -> tuple[set[uuid.UUID], set[tuple[str, str]]]:
+    """The portable :func:`_insert_deduplicated`: each row in a savepoint; on a conflict
+    (its ``IntegrityError``, or its key among those ``taken``), the unfinished row of its
+    dedup key replaced (with ``replace``, unless PROCESSING). Returns the event ids
+    inserted and the (destination, dedup key) replaced."""
     from ..models import UNFINISHED, OutboxStatus
 
     inserted, replaced = set(), set()
     for row in rows:
-        try:
-            with transaction.atomic(using=using):
-                row.save(using=using, force_insert=True)
+        if _inserted(using, row, taken):
             inserted.add(row.event_id)
             continue
-        except IntegrityError:
-            if not replace:
-                continue
+        if not replace:
+            continue
         scope = {"destination": row.destination, "dedup_key": row.dedup_key}
         changed = (
             type(row)
@@ -357,6 +382,18 @@ def _insert_each(
         if changed:
             replaced.add((row.destination, row.dedup_key or ""))
     return inserted, replaced
+
+
+def _inserted(using: str, row: OutboxMessage, taken: frozenset[tuple[str, str]]) -> bool:
+    """Insert ``row`` in a savepoint unless its key is ``taken``; False on a conflict."""
+    if (row.destination, row.dedup_key or "") in taken:
+        return False
+    try:
+        with transaction.atomic(using=using):
+            row.save(using=using, force_insert=True)
+    except IntegrityError:
+        return False
+    return True
 
 
 def _time_of(row: OutboxMessage) -> Any:

@@ -19,6 +19,7 @@ from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
 from ..envelope import ClaimedBatch, ClaimedMessage
+from ..exceptions import OutboxConfigurationError
 from . import queries
 
 if TYPE_CHECKING:
@@ -453,6 +454,27 @@ def insert_deduplicated(
                 row.pk, row.available_at, row.created_at = pk, available_at, created_at
                 row._state.adding, row._state.db = False, connection.alias
     return inserted, replaced
+
+
+def lock_dedup_keys(connection: BaseDatabaseWrapper, scopes: Sequence[tuple[str, str]]) -> None:
+    """Lock each (destination, dedup key) of ``scopes``, in their order, until the
+    transaction ends (named query ``dedup_locks``): a partitioned outbox's arbiter in
+    place of ``outbox_dedup_unfinished_idx``. Raises :class:`OutboxConfigurationError`
+    unless the transaction is READ COMMITTED, where the next statement sees the row of
+    a transaction that held the lock before."""
+    sql = queries.sql(
+        "dedup_locks", fragments={"rows": ", ".join([queries.sql("dedup_lock")] * len(scopes))}
+    )
+    params = [value for scope in scopes for value in scope]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        _, isolation = cursor.fetchone()
+    if isolation != "read committed":
+        raise OutboxConfigurationError(
+            f"stage(dedup_key=...) on a partitioned outbox needs READ COMMITTED transactions, "
+            f"not {isolation.upper()}: a later snapshot would not see a concurrent staging of "
+            "the same key (docs/scaling.md)"
+        )
 
 
 def _scope(row: OutboxMessage, ordered: frozenset[str]) -> tuple[str, str] | None:

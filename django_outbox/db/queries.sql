@@ -446,3 +446,186 @@ $$
 -- PostgreSQL: a statement-level trigger, so that staging N events costs one
 -- NOTIFY and no extra round trip.
 CREATE TRIGGER django_outbox_notify AFTER INSERT ON {table} FOR EACH STATEMENT EXECUTE FUNCTION django_outbox_notify()
+
+
+-- name: partitioned
+-- PostgreSQL: whether {table} is a partitioned table (outbox_partition made it one).
+SELECT EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = to_regclass(%s))
+
+
+-- name: partitions
+-- PostgreSQL: the partitions of a partitioned table (its quoted name is the
+-- parameter) and their bounds as PostgreSQL prints them: "FOR VALUES FROM ('1')
+-- TO ('1001')", "FOR VALUES FROM (MINVALUE) TO ('1001')" or "DEFAULT".
+SELECT child.relname, pg_get_expr(child.relpartbound, child.oid)
+FROM pg_inherits JOIN pg_class AS child ON child.oid = pg_inherits.inhrelid
+WHERE pg_inherits.inhparent = %s::regclass
+
+
+-- name: next_id
+-- PostgreSQL: the id the next row staged takes, or a greater one: {sequence} is the
+-- sequence of the table's identity column (pg_get_serial_sequence's answer, quoted
+-- by PostgreSQL). Every id below it is drawn: a row holding one is inserted or being
+-- inserted by a statement that holds a lock on the table.
+SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM {sequence}
+
+
+-- name: serial_sequence
+-- PostgreSQL: the sequence of a table's id column (the table's quoted name is the
+-- parameter), as a qualified name quoted where it must be.
+SELECT pg_get_serial_sequence(%s, 'id')
+
+
+-- name: lock_timeout
+-- PostgreSQL: how long the statements after it, in this transaction, wait for a lock
+-- before they give up: the DDL of partition maintenance queues every staging
+-- transaction behind its lock while it waits, so it waits briefly and tries again
+-- on the next pass.
+SET LOCAL lock_timeout = {timeout}
+
+
+-- name: partition_create
+-- PostgreSQL: an empty table shaped as {table} (columns, defaults, CHECK
+-- constraints; not the identity), to be attached as a partition. {storage} is
+-- the storage parameters of the table's first partition (WITH (fillfactor=50)).
+CREATE TABLE {partition} (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) {storage}
+
+
+-- name: partition_attach
+-- PostgreSQL: attach an empty table as the ids [{lower}, {upper}). Takes a SHARE
+-- UPDATE EXCLUSIVE lock on {table} (staging and claims go on) and an ACCESS
+-- EXCLUSIVE one on its default partition, which it reads to check that no row
+-- there belongs to the new range; builds the table's indexes (it is empty).
+ALTER TABLE {table} ATTACH PARTITION {partition} FOR VALUES FROM ({lower}) TO ({upper})
+
+
+-- name: partition_expiry
+-- PostgreSQL: what keeps one partition: whether it holds unfinished rows, whether
+-- it holds an ABANDONED ordered row (never deleted: retention.py), the latest
+-- published_at and abandoned_at, and the database clock. Each part reads an index
+-- (the due indexes, outbox_abandoned_idx, outbox_published_idx), not the rows.
+SELECT EXISTS (SELECT 1 FROM {partition}
+               WHERE published_at IS NULL AND abandoned_at IS NULL
+                 AND (sequence IS NULL OR sequence IS NOT NULL)),
+       EXISTS (SELECT 1 FROM {partition}
+               WHERE abandoned_at IS NOT NULL AND sequence IS NOT NULL),
+       (SELECT max(published_at) FROM {partition} WHERE published_at IS NOT NULL),
+       (SELECT max(abandoned_at) FROM {partition} WHERE abandoned_at IS NOT NULL),
+       statement_timestamp()
+
+
+-- name: partition_lock
+-- PostgreSQL: hold one partition still (no row of it changes) until the
+-- transaction ends.
+LOCK TABLE {partition} IN ACCESS EXCLUSIVE MODE
+
+
+-- name: partition_drop
+-- PostgreSQL: drop one partition, rows and indexes at once: no row is deleted, no
+-- dead tuple is left, and the WAL holds a few records. Takes an ACCESS EXCLUSIVE
+-- lock on {table} for the moment it runs.
+DROP TABLE {partition}
+
+
+-- name: convert_lock
+-- PostgreSQL: outbox_partition holds the table alone while it turns it into a
+-- partitioned one: staging, claims and the admin wait.
+LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE
+
+
+-- name: convert_names
+-- PostgreSQL: the table's primary key constraint and its identity sequence (the
+-- table's quoted name is the parameter, twice), kept by the partitioned table.
+SELECT (SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'p'),
+       (SELECT relname FROM pg_class WHERE oid = pg_get_serial_sequence(%s, 'id')::regclass)
+
+
+-- name: convert_indexes
+-- PostgreSQL: the indexes of one table (its quoted name is the parameter), each
+-- with the constraint it backs (NULL: none) and whether it is attached to an index
+-- of a partitioned table.
+SELECT index.relname, con.conname,
+       EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = pg_index.indexrelid)
+FROM pg_index
+JOIN pg_class AS index ON index.oid = pg_index.indexrelid
+LEFT JOIN pg_constraint AS con
+    ON con.conindid = pg_index.indexrelid AND con.conrelid = pg_index.indrelid
+WHERE pg_index.indrelid = %s::regclass
+ORDER BY index.relname
+
+
+-- name: convert_storage
+-- PostgreSQL: a table's storage parameters (its quoted name is the parameter), as
+-- "fillfactor=50" items.
+SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = %s::regclass
+
+
+-- name: convert_rename
+-- PostgreSQL: the table, with its rows, becomes the first partition.
+ALTER TABLE {table} RENAME TO {partition}
+
+
+-- name: convert_rename_index
+-- PostgreSQL: an index of the first partition gives its name to the partitioned
+-- table's index.
+ALTER INDEX {index} RENAME TO {name}
+
+
+-- name: convert_detach_identity
+-- PostgreSQL: the first partition gives up its identity (and its sequence) and
+-- the trigger of notify_trigger: the partitioned table takes both over.
+ALTER TABLE {partition} ALTER COLUMN id DROP IDENTITY IF EXISTS;
+DROP TRIGGER IF EXISTS django_outbox_notify ON {partition}
+
+
+-- name: convert_parent
+-- PostgreSQL: the partitioned table, shaped as the first partition, partitioned
+-- by ranges of id; it takes the id sequence's name and the next value.
+CREATE TABLE {table} (LIKE {partition} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
+    PARTITION BY RANGE (id);
+ALTER TABLE {table} ALTER COLUMN id
+    ADD GENERATED BY DEFAULT AS IDENTITY (SEQUENCE NAME {sequence} START WITH {start});
+ALTER TABLE {table} ADD CONSTRAINT {pkey} PRIMARY KEY (id)
+
+
+-- name: convert_attach_first
+-- PostgreSQL: the table's rows, the ids below {upper}, become the first
+-- partition. PostgreSQL reads them to check the range, attaches the indexes the
+-- partitioned table's match and builds the others.
+ALTER TABLE {table} ATTACH PARTITION {partition} FOR VALUES FROM (MINVALUE) TO ({upper})
+
+
+-- name: convert_drop_index
+-- PostgreSQL: an index of the first partition left unattached: one of the unique
+-- indexes a partitioned table cannot have (their non-unique twins replace them).
+DROP INDEX {index}
+
+
+-- name: convert_drop_constraint
+-- PostgreSQL: a unique constraint of the first partition (and its index) that a
+-- partitioned table cannot have.
+ALTER TABLE {partition} DROP CONSTRAINT {constraint}
+
+
+-- name: partition_default
+-- PostgreSQL: the partition that takes the rows no range does: staging never
+-- fails when the relays have not made partitions ahead in time.
+CREATE TABLE {partition} PARTITION OF {table} DEFAULT {storage}
+
+
+-- name: dedup_locks
+-- PostgreSQL, a partitioned outbox (no unique index can span its partitions): lock
+-- each (destination, dedup key) for the rest of the transaction, in the order of
+-- the parameters (sorted: two transactions never wait for each other in a cycle);
+-- {rows} is dedup_lock once per key. A transaction that staged the key holds its
+-- lock until it ends, so the next statement of this one sees its row, at READ
+-- COMMITTED: returns the transaction's isolation level, which the caller checks.
+-- A VALUES list is read in its order.
+SELECT count(pg_advisory_xact_lock(1869968500, hashtext(scope.destination || chr(31) || scope.dedup_key)) IS NULL),
+       current_setting('transaction_isolation')
+FROM (VALUES {rows}) AS scope (destination, dedup_key)
+
+
+-- name: dedup_lock
+-- PostgreSQL: one key of dedup_locks (parameters: destination, dedup key).
+(%s::text, %s::text)

@@ -20,6 +20,12 @@ kind           rows                                         kept for
                by their last beat                          (``HEARTBEAT_RETENTION``)
 =============  ==========================================  =======================
 
+On a partitioned outbox (``manage.py outbox_partition``), outbox rows are not deleted
+one by one but a partition at a time: a pass drops each partition whose rows are all
+past their retention, and keeps ``OUTBOX["PARTITIONING"]["ahead"]`` empty partitions
+above the ids drawn (:mod:`django_outbox.db.partitions`). Only the default partition's
+rows, those staged when no partition was made ahead, are deleted one by one.
+
 An ABANDONED **ordered** row (one with a ``sequence``) is never deleted: it is its
 key's head, or becomes it once the events before it are published, and deleting it
 would let the key move on past a gap no consumer is told about. It blocks its key
@@ -36,10 +42,11 @@ from collections.abc import Callable
 from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
-from ..conf import outbox_settings
+from ..conf import outbox_settings, parsers
 from ..conf.redact import SecretFilter
+from ..db import partitions
 from ..db.expressions import now_minus
 from ..models import (
     InboxFailure,
@@ -63,8 +70,9 @@ HEARTBEAT_RETENTION = dt.timedelta(days=7)
 
 
 def expired(using: str = "default") -> dict[str, QuerySet[Any]]:
-    """The rows retention would delete now, per kind (see the module docstring)."""
-    outbox = OutboxMessage.objects.using(using)
+    """The rows retention would delete now, per kind (see the module docstring); on a
+    partitioned outbox, the outbox rows of the default partition only."""
+    outbox = OutboxMessage.objects.using(using).exclude(_in_ranges(using))
     failures = InboxFailure.objects.using(using)
     return {
         "published": outbox.published().filter(
@@ -95,15 +103,26 @@ def expired(using: str = "default") -> dict[str, QuerySet[Any]]:
     }
 
 
+def _in_ranges(using: str) -> Q:
+    """The outbox rows of a partitioned outbox's ranges (no row when not partitioned)."""
+    spans = partitions.range_spans(connections[using])
+    ranges = Q(pk__in=[])
+    for lower, upper in spans:
+        ranges |= Q(pk__lt=upper) if lower is None else Q(pk__gte=lower, pk__lt=upper)
+    return ranges
+
+
 def cleanup(
     using: str = "default", *, dry_run: bool = False, batch_size: int = DELETE_BATCH
 ) -> dict[str, int]:
-    """Delete (or with ``dry_run`` count) expired rows; returns counts per kind."""
+    """Delete (or with ``dry_run`` count) expired rows; returns counts per kind, and on a
+    partitioned outbox the partitions dropped (``partitions``)."""
+    dropped = _maintain_partitions(using, dry_run)
     if dry_run:
-        return {kind: rows.count() for kind, rows in expired(using).items()}
+        return {kind: rows.count() for kind, rows in expired(using).items()} | dropped
     counts = {
         kind: store.delete_in_batches(rows, batch_size) for kind, rows in expired(using).items()
-    }
+    } | dropped
     if any(counts.values()):
         logger.info(
             "retention deleted %s",
@@ -111,6 +130,31 @@ def cleanup(
             extra={"action": "outbox.cleanup", "using": using, **counts},
         )
     return counts
+
+
+def _maintain_partitions(using: str, dry_run: bool) -> dict[str, int]:
+    """On a partitioned outbox: drop the expired partitions (with ``dry_run`` count
+    them) and make partitions ahead; ``{"partitions": dropped}``, or ``{}`` when the
+    outbox is not partitioned."""
+    connection = connections[using]
+    if not partitions.is_partitioned(connection):
+        return {}
+    published, abandoned = outbox_settings.PUBLISHED_RETENTION, outbox_settings.ABANDONED_RETENTION
+    if dry_run:
+        return {"partitions": len(partitions.droppable(connection, published, abandoned))}
+    sizes = outbox_settings.PARTITIONING or parsers.PARTITIONING_DEFAULTS
+    made = partitions.ensure_ahead(connection, sizes["rows"], sizes["ahead"])
+    dropped = partitions.drop_expired(connection, published, abandoned)
+    for verb, changed in (("made", made), ("dropped", dropped)):
+        for partition in changed:
+            logger.info(
+                "retention %s partition %s (%s)",
+                verb,
+                partition.name,
+                partition.ids,
+                extra={"action": f"outbox.partition_{verb}", "using": using},
+            )
+    return {"partitions": len(dropped)}
 
 
 def describe(counts: dict[str, int]) -> str:
