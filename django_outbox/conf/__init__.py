@@ -29,7 +29,7 @@ from .brokers import CELERY_EXTRA, DRIVERS, KAFKA_SCHEME, Broker, broker_scheme,
 from .catalog import SETTINGS, Setting
 from .diagnostics import broker_problem, celery_problem, route_problems
 from .env import from_env
-from .parsers import BROKER_KEYS
+from .parsers import BROKER_KEYS, PARTITIONING_DEFAULTS
 from .passwords import CELERY_OPTIONS, CELERY_URLS
 from .problems import CHECK_IDS, MISSING_APP, Problem
 from .settings import MAX_UNNAMED_ROUTES, OutboxSettings, outbox_settings, sets_tasks
@@ -44,6 +44,7 @@ __all__ = [
     "KAFKA_SCHEME",
     "MAX_UNNAMED_ROUTES",
     "MISSING_APP",
+    "PARTITIONING_DEFAULTS",
     "SETTINGS",
     "Broker",
     "OutboxSettings",

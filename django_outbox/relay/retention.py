@@ -44,7 +44,7 @@ from typing import Any
 from django.db import DatabaseError, close_old_connections, connections
 from django.db.models import Q, QuerySet
 
-from ..conf import outbox_settings, parsers
+from ..conf import PARTITIONING_DEFAULTS, outbox_settings
 from ..conf.redact import SecretFilter
 from ..db import partitions
 from ..db.expressions import now_minus
@@ -142,7 +142,7 @@ def _maintain_partitions(using: str, dry_run: bool) -> dict[str, int]:
     published, abandoned = outbox_settings.PUBLISHED_RETENTION, outbox_settings.ABANDONED_RETENTION
     if dry_run:
         return {"partitions": len(partitions.droppable(connection, published, abandoned))}
-    sizes = outbox_settings.PARTITIONING or parsers.PARTITIONING_DEFAULTS
+    sizes = outbox_settings.PARTITIONING or PARTITIONING_DEFAULTS
     made = partitions.ensure_ahead(connection, sizes["rows"], sizes["ahead"])
     dropped = partitions.drop_expired(connection, published, abandoned)
     for verb, changed in (("made", made), ("dropped", dropped)):

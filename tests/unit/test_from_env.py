@@ -61,7 +61,7 @@ def test_every_setting_is_read():
     env.update(OUTBOX_BROKER_URL="memory://", OUTBOX_DEFAULT_EXCHANGE="x")
     env.update(OUTBOX_ROUTES="{}", OUTBOX_BROKER_TRANSPORT_OPTIONS="{}", OUTBOX_DEFAULT_ROUTE="1")
     env.update(OUTBOX_BROKERS="{}", OUTBOX_SIGNING_KEYS=f'["{"k" * 32}"]')
-    env.update(OUTBOX_DEFAULT_ENVELOPE="cloudevents")
+    env.update(OUTBOX_DEFAULT_ENVELOPE="cloudevents", OUTBOX_PARTITIONING='{"rows": 10}')
     assert set(from_env(env)) == set(SETTINGS)
 
 

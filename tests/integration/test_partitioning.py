@@ -1,0 +1,375 @@
+"""A partitioned outbox on real PostgreSQL 15 (django_outbox.db.partitions): the
+conversion keeps rows in every state, staging and the relay go on across ranges,
+retention drops a range only when every row in it is past retention, and the
+partitioned table keeps the guarantees its unique indexes gave (dedup keys).
+
+Each test converts the outbox of the "other" database and puts a plain one back
+afterwards (its tables dropped and migrated again), so no other test sees it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from django.apps import apps
+from django.core.management import CommandError, call_command
+from django.db import connections, transaction
+from django.test import override_settings
+from django.utils import timezone
+
+from django_outbox import stage
+from django_outbox.db import partitions, queries
+from django_outbox.exceptions import OutboxConfigurationError
+from django_outbox.models import OutboxMessage, OutboxSequence, OutboxStatus
+from django_outbox.relay import retention
+from django_outbox.testing import drain
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
+
+DB = "other"
+TABLE = OutboxMessage._meta.db_table
+LONG_AGO = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
+
+
+def _plain_again(alias: str) -> None:
+    """Drop the app's tables on ``alias`` and migrate them again: a plain outbox."""
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        for model in apps.get_app_config("django_outbox").get_models():
+            cursor.execute(
+                f"DROP TABLE IF EXISTS {queries.quote_identifier(model._meta.db_table)} CASCADE"
+            )
+    call_command("migrate", "django_outbox", "zero", fake=True, database=alias, verbosity=0)
+    call_command("migrate", "django_outbox", database=alias, verbosity=0)
+
+
+@pytest.fixture
+def restore() -> Iterator[None]:
+    """The test may partition the "other" database's outbox; it is plain again after."""
+    already = partitions.is_partitioned(connections[DB])
+    yield
+    if not already and partitions.is_partitioned(connections[DB]):
+        _plain_again(DB)
+
+
+def _sizes(rows: int, ahead: int = 2):
+    return override_settings(OUTBOX={**_outbox(), "PARTITIONING": {"rows": rows, "ahead": ahead}})
+
+
+def _outbox() -> dict:
+    from django.conf import settings
+
+    return dict(settings.OUTBOX)
+
+
+def _stage(count: int, **kwargs) -> list[OutboxMessage]:
+    with transaction.atomic(using=DB):
+        return [
+            stage("order.placed", {"n": n}, destination="orders", using=DB, **kwargs)
+            for n in range(count)
+        ]
+
+
+def _row_in_every_state() -> list[int]:
+    """One row in each state a table holds, an ordered row and a dedup-keyed one too."""
+    now = timezone.now()
+    rows = OutboxMessage.objects.using(DB)
+    made = [
+        rows.create(event_type="e", destination="d", payload={"s": "pending"}),
+        rows.create(
+            event_type="e",
+            destination="d",
+            payload={},
+            status=OutboxStatus.PROCESSING,
+            locked_until=now + dt.timedelta(minutes=5),
+            locked_by="relay-1",
+        ),
+        rows.create(
+            event_type="e",
+            destination="d",
+            payload={},
+            status=OutboxStatus.PUBLISHED,
+            published_at=now,
+        ),
+        rows.create(
+            event_type="e",
+            destination="d",
+            payload={},
+            status=OutboxStatus.FAILED,
+            last_error="RuntimeError: boom",
+            attempts=3,
+        ),
+        rows.create(
+            event_type="e",
+            destination="d",
+            payload={},
+            status=OutboxStatus.ABANDONED,
+            abandoned_at=now,
+            sequence=1,
+            ordering_key="k1",
+        ),
+        rows.create(event_type="e", destination="d", payload={}, dedup_key="remind-1"),
+    ]
+    return [row.pk for row in made]
+
+
+def _table_rows() -> list[dict]:
+    return list(OutboxMessage.objects.using(DB).order_by("id").values())
+
+
+def _partition_of(pk: int) -> str:
+    with connections[DB].cursor() as cursor:
+        cursor.execute(f'SELECT tableoid::regclass::text FROM "{TABLE}" WHERE id = %s', [pk])
+        return cursor.fetchone()[0]
+
+
+def _publish_long_ago(ids) -> None:
+    OutboxMessage.objects.using(DB).filter(id__in=list(ids)).update(
+        status=OutboxStatus.PUBLISHED, published_at=LONG_AGO, lease_token=None
+    )
+
+
+def test_the_conversion_keeps_every_row_as_it_was_and_staging_goes_on_above_it(restore):
+    ids = _row_in_every_state()
+    before = _table_rows()
+    with _sizes(rows=50):
+        call_command("outbox_partition", database=DB, verbosity=0)
+    assert partitions.is_partitioned(connections[DB])
+    assert _table_rows() == before
+    names = [p.name for p in partitions.partitions(connections[DB])]
+    assert names[0] == f"{TABLE}_p0" and names[-1] == f"{TABLE}_default"
+    assert {_partition_of(pk) for pk in ids} == {f"{TABLE}_p0"}
+    # Ids go on from the table's sequence into the ranges made ahead, which take the
+    # first partition's fillfactor; the NOTIFY trigger and the defaults came along.
+    staged = _stage(60)
+    assert min(row.pk for row in staged) > max(ids)
+    assert f"{TABLE}_p0" not in {_partition_of(row.pk) for row in staged}
+    assert all(row.created_at and row.available_at for row in staged)
+    assert set(_fillfactors().values()) == {"50"}
+    drain(DB)
+    done = OutboxMessage.objects.using(DB).filter(id__in=[row.pk for row in staged])
+    assert done.published().count() == 60
+
+
+def _fillfactors() -> dict[str, str]:
+    """Each partition's fillfactor (None: the default, 100)."""
+    with connections[DB].cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname, o.option_value FROM pg_inherits i "
+            "JOIN pg_class c ON c.oid = i.inhrelid "
+            "LEFT JOIN pg_options_to_table(c.reloptions) o ON o.option_name = 'fillfactor' "
+            "WHERE i.inhparent = %s::regclass",
+            [f'"{TABLE}"'],
+        )
+        return dict(cursor.fetchall())
+
+
+def _ranges() -> list[partitions.Partition]:
+    return [p for p in partitions.partitions(connections[DB]) if not p.default]
+
+
+def _partitioned(rows: int, ahead: int = 2) -> list[partitions.Partition]:
+    """Partition the (empty) outbox; the ranges made ahead. The first range, empty and
+    closed, is dropped by the first cleanup."""
+    with _sizes(rows, ahead):
+        call_command("outbox_partition", database=DB, verbosity=0)
+        assert _cleanup()["partitions"] == 1
+    return _ranges()
+
+
+def _cleanup() -> dict[str, int]:
+    return retention.cleanup(DB)
+
+
+def test_retention_drops_a_closed_range_only_once_every_row_in_it_is_past_retention(restore):
+    with _sizes(rows=20):
+        first = _partitioned(20)[0]
+        staged = _stage(20)  # fills the first range made ahead: its ids are all drawn
+        assert {_partition_of(row.pk) for row in staged} == {first.name}
+        _publish_long_ago(row.pk for row in staged[:-1])
+        assert _cleanup()["partitions"] == 0  # one row is still PENDING
+        assert first in _ranges()
+        # Published a minute ago: kept for PUBLISHED_RETENTION (7 days) after that.
+        OutboxMessage.objects.using(DB).filter(pk=staged[-1].pk).update(
+            status=OutboxStatus.PUBLISHED, published_at=timezone.now()
+        )
+        expiry = partitions.expiry(
+            connections[DB], first, dt.timedelta(days=7), dt.timedelta(days=30)
+        )
+        assert not expiry.blocked and expiry.expires_at > expiry.now + dt.timedelta(days=6)
+        assert _cleanup()["partitions"] == 0
+        _publish_long_ago([staged[-1].pk])
+        counts = _cleanup()
+    assert counts["partitions"] == 1 and counts["published"] == 0  # dropped whole, not deleted
+    assert first not in _ranges()
+    assert not OutboxMessage.objects.using(DB).filter(pk__in=[r.pk for r in staged]).exists()
+    drawn = partitions.next_id(connections[DB])
+    assert sum(p.lower is not None and p.lower >= drawn for p in _ranges()) == 2  # made ahead
+
+
+def test_an_abandoned_ordered_row_keeps_its_range_however_old(restore):
+    with _sizes(rows=5):
+        first = _partitioned(5)[0]
+        staged = _stage(5)
+        _publish_long_ago(row.pk for row in staged[1:])
+        OutboxMessage.objects.using(DB).filter(pk=staged[0].pk).update(
+            status=OutboxStatus.ABANDONED, abandoned_at=LONG_AGO, sequence=1, ordering_key="k"
+        )
+        assert _cleanup()["partitions"] == 0
+    assert first in _ranges()
+    assert partitions.expiry(connections[DB], first, dt.timedelta(0), dt.timedelta(0)).blocked
+
+
+def _other_session() -> psycopg.Connection:
+    params = connections[DB].get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    return psycopg.connect(**params)
+
+
+def _abandoned_long_ago_range() -> tuple[partitions.Partition, list[OutboxMessage]]:
+    first = _partitioned(5)[0]
+    staged = _stage(5)
+    OutboxMessage.objects.using(DB).filter(pk__in=[r.pk for r in staged]).update(
+        status=OutboxStatus.ABANDONED, abandoned_at=LONG_AGO
+    )
+    return first, staged
+
+
+RETAINED = (dt.timedelta(days=7), dt.timedelta(days=30))
+REQUEUE = f'UPDATE "{TABLE}" SET status = %s, abandoned_at = NULL WHERE id = %s'
+
+
+def test_a_drop_that_waits_past_its_lock_timeout_leaves_the_range_to_the_next_pass(restore):
+    first, staged = _abandoned_long_ago_range()
+    assert partitions.droppable(connections[DB], *RETAINED) == [first]
+    with _other_session() as operator:  # an operator's requeue, not yet committed
+        operator.execute(REQUEUE, [OutboxStatus.PENDING.value, staged[0].pk])
+        assert partitions.drop_expired(connections[DB], *RETAINED) == []
+        operator.rollback()
+    assert partitions.drop_expired(connections[DB], *RETAINED) == [first]
+
+
+def test_a_row_requeued_between_the_check_and_the_drop_keeps_its_range(restore, monkeypatch):
+    first, staged = _abandoned_long_ago_range()
+    checked = partitions.expiry
+
+    def check_then_requeue(*args, **kwargs):
+        """The first check sees every row expired; the requeue commits right after it,
+        before the drop takes its lock."""
+        found = checked(*args, **kwargs)
+        if not operator.closed:
+            operator.execute(REQUEUE, [OutboxStatus.PENDING.value, staged[0].pk])
+            operator.commit()
+            operator.close()
+        return found
+
+    operator = _other_session()
+    monkeypatch.setattr(partitions, "expiry", check_then_requeue)
+    assert partitions.drop_expired(connections[DB], *RETAINED) == []  # read again, locked
+    assert first in _ranges()
+    assert OutboxMessage.objects.using(DB).get(pk=staged[0].pk).status == OutboxStatus.PENDING
+
+
+def test_staging_past_the_ranges_made_ahead_lands_in_the_default_partition(restore):
+    with _sizes(rows=10, ahead=1):
+        (ahead,) = _partitioned(10, ahead=1)
+        staged = _stage(30)  # no relay made ranges meanwhile: 20 go to the default
+        places = [_partition_of(row.pk) for row in staged]
+        assert places.count(ahead.name) == 10 and places.count(f"{TABLE}_default") == 20
+        made = partitions.ensure_ahead(connections[DB], 10, 1)
+        assert [p.lower for p in made] == [staged[-1].pk + 1 + partitions.OVERFLOW_GAP]
+        later = _stage(1)[0]
+        assert _partition_of(later.pk) == f"{TABLE}_default"  # in the gap, still staged
+        _publish_long_ago(row.pk for row in staged)
+        counts = _cleanup()
+    # The range went whole; the default partition's rows one by one.
+    assert counts["partitions"] == 1 and counts["published"] == 20
+    assert OutboxMessage.objects.using(DB).filter(pk=later.pk).exists()
+
+
+def test_outbox_partition_says_what_to_set_and_changes_nothing_without_it(restore):
+    with pytest.raises(CommandError, match=r'set OUTBOX\["PARTITIONING"\]'):
+        call_command("outbox_partition", database=DB)
+    assert not partitions.is_partitioned(connections[DB])
+
+
+def test_outbox_partition_gives_up_on_a_table_a_transaction_holds(restore):
+    with _other_session() as business:  # staged an event, not yet committed
+        business.execute(
+            f'INSERT INTO "{TABLE}" (event_id, event_type, destination, payload, headers, '
+            "ordering_key, status, attempts, locked_by, last_error) VALUES "
+            "(gen_random_uuid(), 'e', 'd', '{}', '{}', '', 'pending', 0, '', '')"
+        )
+        with _sizes(rows=100), pytest.raises(CommandError, match="held the outbox table for"):
+            call_command("outbox_partition", database=DB)
+        business.commit()
+    assert not partitions.is_partitioned(connections[DB])
+    assert OutboxMessage.objects.using(DB).count() == 1
+
+
+def test_outbox_partition_on_a_partitioned_table_makes_ranges_ahead_and_describes_them(
+    restore, capsys
+):
+    _partitioned(10, ahead=1)
+    _stage(25)
+    with _sizes(rows=10, ahead=1):
+        call_command("outbox_partition", database=DB)
+    out = capsys.readouterr().out
+    assert "the outbox table is partitioned; 1 partitions made ahead" in out
+    assert "closed, kept: it holds unfinished" in out and "open (ids still to be drawn)" in out
+
+
+def test_a_dedup_key_staged_by_two_transactions_at_once_is_staged_once(restore):
+    _partitioned(100)
+    staged_first = threading.Event()
+    results: dict[str, str] = {}
+
+    def first() -> None:
+        with transaction.atomic(using=DB):
+            row = stage("reminder", {"n": 1}, destination="d", dedup_key="r1", using=DB)
+            results["first"] = row.staging_outcome
+            staged_first.set()
+            threading.Event().wait(1.0)  # the second waits for this commit
+        connections[DB].close()
+
+    def second() -> None:
+        staged_first.wait(10)
+        with transaction.atomic(using=DB):
+            row = stage("reminder", {"n": 2}, destination="d", dedup_key="r1", using=DB)
+            results["second"] = row.staging_outcome
+        connections[DB].close()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert results == {"first": "staged", "second": "deduplicated"}
+    rows = OutboxMessage.objects.using(DB).filter(dedup_key="r1")
+    assert [row.payload for row in rows] == [{"n": 1}]
+
+
+def test_dedup_keys_replace_on_a_partitioned_outbox_as_on_a_plain_one(restore):
+    _partitioned(100)
+    with transaction.atomic(using=DB):
+        first = stage("reminder", {"n": 1}, destination="d", dedup_key="r1", using=DB)
+    with transaction.atomic(using=DB):
+        again = stage(
+            "reminder", {"n": 2}, destination="d", dedup_key="r1", on_duplicate="replace", using=DB
+        )
+    assert (again.staging_outcome, again.pk) == ("replaced", first.pk)
+    assert OutboxMessage.objects.using(DB).get(pk=first.pk).payload == {"n": 2}
+
+
+def test_a_dedup_key_in_a_repeatable_read_transaction_is_refused_with_the_fix(restore):
+    _partitioned(100)
+    with pytest.raises(OutboxConfigurationError, match="needs READ COMMITTED"):
+        with transaction.atomic(using=DB):
+            connections[DB].cursor().execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            stage("reminder", {}, destination="d", dedup_key="r1", using=DB)
+    assert not OutboxMessage.objects.using(DB).exists()
+    assert OutboxSequence.objects.using(DB).count() == 0
