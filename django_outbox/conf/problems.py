@@ -52,6 +52,9 @@ CHECK_IDS = {
     "bad_tasks": "django_outbox.E019",
     "tasks_no_skip_locked": "django_outbox.W006",
     "tasks_no_celery_app": "django_outbox.W007",
+    # A partitioned outbox against its setting (ops.checks.check_partitioning).
+    "partitioning_not_applied": "django_outbox.W008",
+    "partitioned_without_sizes": "django_outbox.W009",
     # Kafka routes (transports.capabilities.broker_shape_problems):
     "kafka_keys_elsewhere": "django_outbox.E060",
     "queue_on_kafka": "django_outbox.E061",

@@ -2,9 +2,9 @@
 ``E010``, ``E011``, ``E013``-``E016``, ``E035`` and ``E036`` for settings
 (``OUTBOX["BROKERS"]`` and the routes' broker aliases, and the signing keys, among them),
 ``E008``, ``E009``, ``E017``, ``E018``, ``E070``, ``E071``, ``W002`` and ``W003`` for
-route shapes, ``W001`` for databases, ``W004`` for Celery routes without publisher
-confirms, and each broker's transport's own (``E012`` and ``W005`` for the folders of a
-``filesystem://`` broker).
+route shapes, ``W001`` for databases, ``W008`` and ``W009`` for a partitioned outbox,
+``W004`` for Celery routes without publisher confirms, and each broker's transport's own
+(``E012`` and ``W005`` for the folders of a ``filesystem://`` broker).
 ``E050`` (imported, not installed) lives in :mod:`django_outbox.apps`, which runs without
 the app.
 
@@ -19,7 +19,14 @@ from django.core import checks
 from django.db import connections, router
 
 from .. import db
-from ..conf import CHECK_IDS, KAFKA_SCHEME, broker_problem, celery_problem, outbox_settings
+from ..conf import (
+    CHECK_IDS,
+    KAFKA_SCHEME,
+    PARTITIONING_DEFAULTS,
+    broker_problem,
+    celery_problem,
+    outbox_settings,
+)
 from ..conf.brokers import NATS_SCHEMES
 from ..conf.routes import shape_problems
 from ..exceptions import OutboxConfigurationError
@@ -96,6 +103,50 @@ def check_databases(
         and not db.supports_skip_locked(connections[alias])
         and not db.in_memory(connections[alias])
     ]
+
+
+@checks.register(checks.Tags.database)
+def check_partitioning(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Warn when ``OUTBOX["PARTITIONING"]`` and a database's outbox table disagree:
+    sizes set for a table not partitioned yet (W008), or a partitioned table whose
+    relays fall back on the default sizes (W009). Reads the catalog of each PostgreSQL
+    database named (``check --database``, ``migrate``)."""
+    from ..db import partitions
+    from ..models import OutboxMessage
+
+    try:
+        sizes = outbox_settings.PARTITIONING
+    except OutboxConfigurationError:
+        return []  # E003 says what is wrong with it
+    found: list[checks.CheckMessage] = []
+    for alias in databases or ():
+        if not router.allow_migrate_model(alias, OutboxMessage):
+            continue
+        partitioned = partitions.is_partitioned(connections[alias])
+        if sizes is not None and not partitioned and connections[alias].vendor == "postgresql":
+            found.append(
+                checks.Warning(
+                    f'OUTBOX["PARTITIONING"] is set, but the outbox table of database '
+                    f"{alias!r} is not partitioned: retention deletes its rows one by one.",
+                    hint=f"Run manage.py outbox_partition --database {alias} once (it holds "
+                    "the table alone while it works; see docs/scaling.md).",
+                    id=CHECK_IDS["partitioning_not_applied"],
+                )
+            )
+        elif sizes is None and partitioned:
+            found.append(
+                checks.Warning(
+                    f"The outbox table of database {alias!r} is partitioned, but "
+                    'OUTBOX["PARTITIONING"] is not set: the relays make ranges of '
+                    f"{PARTITIONING_DEFAULTS['rows']:,} ids.",
+                    hint='Set OUTBOX["PARTITIONING"] = {"rows": ...}: the ids of the period '
+                    "retention should drop at once (docs/scaling.md).",
+                    id=CHECK_IDS["partitioned_without_sizes"],
+                )
+            )
+    return found
 
 
 @checks.register(checks.Tags.compatibility)

@@ -373,3 +373,24 @@ def test_a_dedup_key_in_a_repeatable_read_transaction_is_refused_with_the_fix(re
             stage("reminder", {}, destination="d", dedup_key="r1", using=DB)
     assert not OutboxMessage.objects.using(DB).exists()
     assert OutboxSequence.objects.using(DB).count() == 0
+
+
+def _warnings(sizes) -> list[str]:
+    from django_outbox.ops.checks import check_partitioning
+
+    settings = {**_outbox(), "PARTITIONING": sizes}
+    with override_settings(OUTBOX=settings):
+        return [f"{m.id}: {m.msg} {m.hint}" for m in check_partitioning(databases=[DB])]
+
+
+def test_the_checks_say_when_the_setting_and_the_table_disagree(restore):
+    assert _warnings(None) == []
+    (warning,) = _warnings({"rows": 100})
+    assert (
+        warning.startswith("django_outbox.W008: ")
+        and "outbox_partition --database other" in warning
+    )
+    _partitioned(100)
+    assert _warnings({"rows": 100}) == []
+    (warning,) = _warnings(None)
+    assert warning.startswith("django_outbox.W009: ") and "ranges of 1,000,000 ids" in warning
