@@ -152,7 +152,13 @@ def _maintain_partitions(using: str, dry_run: bool) -> dict[str, int]:
                 verb,
                 partition.name,
                 partition.ids,
-                extra={"action": f"outbox.partition_{verb}", "using": using},
+                extra={
+                    "action": f"outbox.partition_{verb}",
+                    "using": using,
+                    "partition": partition.name,
+                    "lower": partition.lower,
+                    "upper": partition.upper,
+                },
             )
     return {"partitions": len(dropped)}
 

@@ -153,6 +153,7 @@ def test_the_package_has_the_commands_the_docs_describe():
         "outbox_cleanup",
         "outbox_health",
         "outbox_inbox_start",
+        "outbox_partition",
         "outbox_replay_parked",
         "outbox_requeue",
         "outbox_skip",
