@@ -25,6 +25,7 @@ staging arbitrates dedup keys itself (:mod:`django_outbox.db.postgresql`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import functools
@@ -299,6 +300,18 @@ def range_spans(connection: BaseDatabaseWrapper) -> list[tuple[int | None, int |
         else:
             spans.append((partition.lower, partition.upper))
     return spans
+
+
+@contextlib.contextmanager
+def maintenance(connection: BaseDatabaseWrapper) -> Iterator[bool]:
+    """Whether this session may make and drop partitions now (True), held until the
+    block ends: False while another session (another relay's retention pass) does."""
+    taken = bool(_rows(connection, queries.sql("maintenance_lock"))[0][0])
+    try:
+        yield taken
+    finally:
+        if taken:
+            _rows(connection, queries.sql("maintenance_unlock"))
 
 
 def _indexes(connection: BaseDatabaseWrapper, table: str) -> list[tuple[str, str | None, bool]]:

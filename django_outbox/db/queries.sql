@@ -607,6 +607,20 @@ DROP INDEX {index}
 ALTER TABLE {partition} DROP CONSTRAINT {constraint}
 
 
+-- name: maintenance_lock
+-- PostgreSQL: one session at a time makes and drops partitions (two relays'
+-- retention passes would make the same range twice): a session-level advisory
+-- lock, taken without waiting (true: taken), released by maintenance_unlock or when
+-- the session ends. The first key is the package's (1869968500, "outb"), the second
+-- the maintenance's.
+SELECT pg_try_advisory_lock(1869968500, 1)
+
+
+-- name: maintenance_unlock
+-- PostgreSQL: release maintenance_lock.
+SELECT pg_advisory_unlock(1869968500, 1)
+
+
 -- name: partition_default
 -- PostgreSQL: the partition that takes the rows no range does: staging never
 -- fails when the relays have not made partitions ahead in time.
@@ -620,7 +634,9 @@ CREATE TABLE {partition} PARTITION OF {table} DEFAULT {storage}
 -- {rows} is dedup_lock once per key. A transaction that staged the key holds its
 -- lock until it ends, so the next statement of this one sees its row, at READ
 -- COMMITTED: returns the transaction's isolation level, which the caller checks.
--- A VALUES list is read in its order.
+-- A VALUES list is read in its order. The first key is the package's (as in
+-- maintenance_lock; its second key is never a key's hash: hashtext may return 1, and
+-- the two would then wait for each other, which costs a moment and breaks nothing).
 SELECT count(pg_advisory_xact_lock(1869968500, hashtext(scope.destination || chr(31) || scope.dedup_key)) IS NULL),
        current_setting('transaction_isolation')
 FROM (VALUES {rows}) AS scope (destination, dedup_key)

@@ -143,8 +143,11 @@ def _maintain_partitions(using: str, dry_run: bool) -> dict[str, int]:
     if dry_run:
         return {"partitions": len(partitions.droppable(connection, published, abandoned))}
     sizes = outbox_settings.PARTITIONING or PARTITIONING_DEFAULTS
-    made = partitions.ensure_ahead(connection, sizes["rows"], sizes["ahead"])
-    dropped = partitions.drop_expired(connection, published, abandoned)
+    with partitions.maintenance(connection) as alone:
+        if not alone:  # another relay's pass is at it
+            return {"partitions": 0}
+        made = partitions.ensure_ahead(connection, sizes["rows"], sizes["ahead"])
+        dropped = partitions.drop_expired(connection, published, abandoned)
     for verb, changed in (("made", made), ("dropped", dropped)):
         for partition in changed:
             logger.info(

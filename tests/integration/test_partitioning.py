@@ -394,3 +394,21 @@ def test_the_checks_say_when_the_setting_and_the_table_disagree(restore):
     assert _warnings({"rows": 100}) == []
     (warning,) = _warnings(None)
     assert warning.startswith("django_outbox.W009: ") and "ranges of 1,000,000 ids" in warning
+
+
+def test_one_relay_at_a_time_makes_and_drops_partitions(restore):
+    """Two relays' retention passes at once would make the same range twice: the one
+    that finds another at it leaves partitions alone and deletes rows as usual."""
+    with _sizes(rows=5, ahead=1):
+        _partitioned(5, ahead=1)
+        _publish_long_ago(row.pk for row in _stage(12))  # 7 past the range: the default's
+        with _other_session() as relay:
+            relay.execute("SELECT pg_advisory_lock(1869968500, 1)")
+            before = _ranges()
+            assert _cleanup()["partitions"] == 0
+            assert _ranges() == before
+        counts = _cleanup()  # that session ended: its lock went with it
+    assert counts["partitions"] == 1  # the full range
+    assert [p.lower for p in _ranges()] == [
+        partitions.next_id(connections[DB]) + partitions.OVERFLOW_GAP
+    ]

@@ -111,6 +111,8 @@ def test_every_query_of_the_package_file_loads():
         "partition_default",
         "dedup_locks",
         "dedup_lock",
+        "maintenance_lock",
+        "maintenance_unlock",
     }
     for name in names:
         assert queries._queries()[name]
