@@ -118,6 +118,8 @@ def partitions(connection: BaseDatabaseWrapper) -> list[Partition]:
     """The partitions of the outbox table, ranges by their ids, the default one last."""
     found = []
     for name, bounds in _rows(connection, queries.sql("partitions"), _quoted(_table())):
+        if bounds is None:  # dropped since this statement's snapshot: pg_get_expr finds none
+            continue
         match = _BOUNDS.fullmatch(bounds)
         if match is None:
             found.append(Partition(None, None, name, default=True))
@@ -345,7 +347,8 @@ def _twin_indexes() -> list[Any]:
 def convert(connection: BaseDatabaseWrapper, rows: int, ahead: int) -> list[Partition]:
     """Make the outbox table partitioned, in one transaction that holds it alone: its
     rows become the first range (every id drawn so far), a default partition and
-    ``ahead`` empty ranges of ``rows`` ids follow. Returns the partitions.
+    ``ahead`` empty ranges of ``rows`` ids follow, so that the first event staged after
+    it finds its range. Returns the partitions.
 
     PostgreSQL reads the rows once (the range check) and builds the twins of the unique
     indexes on them: on a large table this holds staging for that long (docs/scaling.md)."""
@@ -373,7 +376,8 @@ def convert(connection: BaseDatabaseWrapper, rows: int, ahead: int) -> list[Part
         default = Partition(None, None, f"{table}_default", default=True)
         _execute_with(connection, "partition_default", default, _storage(connection, first))
         _execute(connection, "notify_trigger")
-    ensure_ahead(connection, rows, ahead)
+        for lower in range(upper, upper + rows * ahead, rows):  # in place before staging goes on
+            _attach(connection, Partition(lower, lower + rows, partition_name(lower)))
     return partitions(connection)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+from collections import Counter
 from collections.abc import Iterator
 
 import psycopg
@@ -26,6 +27,15 @@ from django_outbox.exceptions import OutboxConfigurationError
 from django_outbox.models import OutboxMessage, OutboxSequence, OutboxStatus
 from django_outbox.relay import retention
 from django_outbox.testing import drain
+from tests.support import (
+    consume,
+    delete_queue,
+    running,
+    stage_events,
+    start_relay,
+    unique_destination,
+    wait_until,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
 
@@ -412,3 +422,57 @@ def test_one_relay_at_a_time_makes_and_drops_partitions(restore):
     assert [p.lower for p in _ranges()] == [
         partitions.next_id(connections[DB]) + partitions.OVERFLOW_GAP
     ]
+
+
+@pytest.fixture
+def destination() -> Iterator[str]:
+    yield (name := unique_destination())
+    delete_queue(name)
+
+
+def _unfinished() -> int:
+    return OutboxMessage.objects.using(DB).in_states("pending", "processing", "failed").count()
+
+
+def test_a_table_partitioned_under_traffic_publishes_every_event_once(restore, destination):
+    """A relay publishing and a producer staging all along, the table partitioned between
+    them; then the relay itself makes ranges ahead and drops the published ones (each
+    range 200 ids, one ahead, rows kept a second), as events keep coming."""
+    sizes = {"rows": 200, "ahead": 1}
+    staged = stage_events(300, destination, using=DB)
+    done = threading.Event()
+    failures: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            while not done.is_set():
+                staged.extend(stage_events(20, destination, using=DB))
+                done.wait(0.05)
+        except BaseException as error:  # a staging that failed: the test says which
+            failures.append(error)
+        finally:
+            connections[DB].close()
+
+    producer = threading.Thread(target=produce)
+    relay = start_relay(
+        "--database", DB, PARTITIONING=sizes, CLEANUP_INTERVAL=1, PUBLISHED_RETENTION=1
+    )
+    with running(relay) as ended:
+        producer.start()
+        try:
+            wait_until(lambda: _unfinished() < len(staged) - 100, timeout=60, process=relay)
+            with _sizes(**sizes):
+                call_command("outbox_partition", database=DB, verbosity=0)
+            made = _ranges()
+            assert made[1].lower == made[0].upper  # the range ahead follows on, no gap
+            # The relay makes ranges ahead and drops those it published, the first included.
+            wait_until(lambda: made[1] not in _ranges(), timeout=90, process=relay, what="a drop")
+        finally:
+            done.set()
+            producer.join(60)
+        assert failures == []
+        wait_until(lambda: _unfinished() == 0, timeout=120, process=relay, what="the drain")
+    received = Counter(m.headers["event_id"] for m in consume(destination, len(staged)))
+    assert set(received) == set(staged)
+    assert max(received.values()) == 1
+    assert "retention made partition" in ended.err and "retention dropped partition" in ended.err
