@@ -476,3 +476,13 @@ def test_a_table_partitioned_under_traffic_publishes_every_event_once(restore, d
     assert set(received) == set(staged)
     assert max(received.values()) == 1
     assert "retention made partition" in ended.err and "retention dropped partition" in ended.err
+
+
+def test_row_by_row_retention_reads_the_default_partition_alone(restore):
+    """The ranges are dropped whole: the deletes' selection must not read their rows
+    (PostgreSQL prunes every range from the plan)."""
+    ranges = _partitioned(50)
+    plans = {kind: retention.expired(DB)[kind].explain() for kind in ("published", "abandoned")}
+    for plan in plans.values():
+        assert f"{TABLE}_default" in plan
+        assert not any(p.name in plan for p in ranges)
