@@ -9,8 +9,8 @@ ranges of ``rows`` ids), where the same rows fill one closed range, which the pa
 drops. Each time: the pass's wall time, the WAL it wrote (``pg_current_wal_lsn()``
 before and after, a ``CHECKPOINT`` just before, so both start without page images
 owed), and the dead tuples left in the outbox's tables (``n_dead_tup`` of the table and
-its partitions, read after ``pg_stat_force_next_flush()`` once two reads agree:
-:func:`benchmarks.pgcost.settled`). Autovacuum is off for the plain table while it is
+its partitions, read from a new session once the one that ran the pass is gone and two
+reads agree: :func:`benchmarks.pgcost.settled`). Autovacuum is off for the plain table while it is
 measured, so the count is what the pass left for vacuum, not what a vacuum racing it
 had removed; the VACUUM that pays that debt is then timed too.
 
@@ -76,10 +76,12 @@ def _partitioning(rows: int) -> override_settings:
 
 
 def _dead_tuples() -> int:
-    """``n_dead_tup`` of the outbox table (and its partitions), once counted: this
-    session's statistics flushed, then read until two reads agree."""
+    """``n_dead_tup`` of the outbox table (and its partitions), once counted: the session
+    that made the changes is closed (a backend flushes its statistics as it exits, where
+    ``pg_stat_force_next_flush()`` once left them unflushed past two reads), and a new
+    one reads them when that backend is gone and two reads agree."""
+    connection.close()
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_force_next_flush()")
         deadline = time.monotonic() + SETTLE_SECONDS
         (dead,) = settled(cursor, _DEAD_TUPLES, [f'"{TABLE}"'] * 2, deadline)
     return int(dead)

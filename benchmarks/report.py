@@ -176,6 +176,8 @@ def verdicts(figures: dict[str, Any]) -> dict[str, bool]:
 def _number(value: float | None) -> str:
     if value is None:
         return "n/a"
+    if isinstance(value, int):  # a count
+        return f"{value:,}"
     if abs(value) >= 100:
         return f"{value:,.0f}"
     if abs(value) >= 0.1:
