@@ -27,7 +27,8 @@ import dataclasses
 import datetime as dt
 import statistics
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import connection
@@ -41,6 +42,7 @@ from django_outbox.relay import retention
 from .pgcost import SETTLE_SECONDS, settled
 from .scenarios import TABLE, claim_latencies, claim_plan, insert_published, reset_outbox
 
+T = TypeVar("T")
 #: The closed ranges the partitioned claim's retained rows fill.
 RANGES = 10
 #: How far past ``PUBLISHED_RETENTION`` the expired rows were published.
@@ -93,26 +95,28 @@ def _expire(rows: int) -> None:
     _sql(f'VACUUM ANALYZE "{TABLE}"')
 
 
-def _cleanup() -> Pass:
-    """One retention pass, measured; fails when it left an expired row."""
-    _sql("CHECKPOINT")
+def _measured(work: Callable[[], T]) -> tuple[T, float, float]:
+    """``work``'s answer, its seconds, and the WAL bytes written meanwhile."""
     before = _sql("SELECT pg_current_wal_lsn()")
     started = time.perf_counter()
-    counts = retention.cleanup()
+    answer = work()
     seconds = time.perf_counter() - started
-    wal = _sql("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", before)
+    return answer, seconds, float(_sql("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", before))
+
+
+def _cleanup() -> Pass:
+    """One retention pass, measured after a checkpoint; fails when it left an expired row."""
+    _sql("CHECKPOINT")
+    counts, seconds, wal = _measured(retention.cleanup)
     if OutboxMessage.objects.exists():
         raise RuntimeError(f"retention left expired rows (it reported {counts})")
-    return Pass(seconds, float(wal), _dead_tuples(), counts)
+    return Pass(seconds, wal, _dead_tuples(), counts)
 
 
 def _vacuum() -> tuple[float, float]:
     """VACUUM of the outbox table: its seconds and WAL bytes."""
-    before = _sql("SELECT pg_current_wal_lsn()")
-    started = time.perf_counter()
-    _sql(f'VACUUM "{TABLE}"')
-    seconds = time.perf_counter() - started
-    return seconds, float(_sql("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", before))
+    _, seconds, wal = _measured(lambda: _sql(f'VACUUM "{TABLE}"'))
+    return seconds, wal
 
 
 def _by_deletion(rows: int) -> tuple[Pass, tuple[float, float]]:
