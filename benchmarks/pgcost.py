@@ -52,7 +52,7 @@ class Reading:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_stat_force_next_flush()")
             deadline = time.monotonic() + SETTLE_SECONDS
-            counters = _settled_counters(cursor, table, deadline)
+            counters = settled(cursor, _COUNTERS, [table], deadline)
             cursor.execute("SELECT pg_current_wal_lsn()::text, pg_backend_pid()")
             lsn, pid = cursor.fetchone()
         return cls(lsn, *counters, cpu_seconds=_server_cpu_seconds(pid))
@@ -97,9 +97,11 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, float | None]:
     }
 
 
-def _settled_counters(cursor: CursorWrapper, table: str, deadline: float) -> tuple[int, ...]:
-    """``table``'s counters once no other backend of this database is connected and
-    two reads a moment apart agree (or at ``deadline``, the last read)."""
+def settled(
+    cursor: CursorWrapper, query: str, params: list[Any], deadline: float
+) -> tuple[int, ...]:
+    """The row of statistics ``query`` reads, once no other backend of this database is
+    connected and two reads a moment apart agree (or at ``deadline``, the last read)."""
     last: tuple[int, ...] | None = None
     while True:
         cursor.execute(
@@ -108,7 +110,7 @@ def _settled_counters(cursor: CursorWrapper, table: str, deadline: float) -> tup
         )
         (others,) = cursor.fetchone()
         cursor.execute("SELECT pg_stat_clear_snapshot()")
-        cursor.execute(_COUNTERS, [table])
+        cursor.execute(query, params)
         counters = tuple(cursor.fetchone())
         if (not others and counters == last) or time.monotonic() > deadline:
             return counters

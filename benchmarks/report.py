@@ -29,6 +29,9 @@ GOALS: dict[str, tuple[Callable[[float, float], bool], float]] = {
     "ordered_sql_per_event": (operator.le, 0.02),
     "relay_fairness": (operator.le, 0.25),
     "telemetry_vs_plain": (operator.ge, 0.95),
+    "retention_drop_seconds": (operator.le, 1.0),
+    "retention_drop_dead_tuples": (operator.le, 0),
+    "partitioned_claim_growth": (operator.le, 1.1),
 }
 #: Goals on counted (not timed) figures: the only ones ``--gate`` fails on. The relays'
 #: shares of a drain are counts too; the scheduler sways them, but well within the goal
@@ -38,6 +41,7 @@ GATED = (
     "ordered_sql_per_event",
     "relay_fairness",
     "scheduled_claim_buffers_growth",
+    "retention_drop_dead_tuples",
 )
 
 #: (figure, label, unit) in table order.
@@ -92,6 +96,21 @@ ROWS = (
     ("claim_ms_retained", "  the same, retained_rows kept", "ms"),
     ("claim_growth", "  retained / 1k", "x"),
     ("claim_rows_per_s", "claim throughput", "rows/s"),
+    ("partitioned_claim_ms_1k", "claim, partitioned outbox, 1k PUBLISHED kept", "ms"),
+    ("partitioned_claim_ms_retained", "  the same, partitioned_retained_rows kept", "ms"),
+    ("partitioned_claim_growth", "  retained / 1k", "x"),
+    ("partitioned_claim_planning_ms_1k", "  its planning, 1k kept (EXPLAIN, median)", "ms"),
+    ("partitioned_claim_planning_ms_retained", "  its planning, the retained rows kept", "ms"),
+    ("partitioned_claim_buffers_growth", "  its buffers touched, retained / 1k", "x"),
+    ("retention_delete_seconds", "retention of retention_rows: rows deleted", "s"),
+    ("retention_delete_wal_bytes", "  WAL written", "B"),
+    ("retention_delete_dead_tuples", "  dead tuples left", ""),
+    ("retention_delete_vacuum_seconds", "  the VACUUM after it", "s"),
+    ("retention_delete_vacuum_wal_bytes", "  its WAL", "B"),
+    ("retention_drop_seconds", "the same rows' partition dropped", "s"),
+    ("retention_drop_wal_bytes", "  WAL written", "B"),
+    ("retention_drop_dead_tuples", "  dead tuples left", ""),
+    ("retention_drop_vs_delete", "  drop / delete, seconds", "x"),
     ("claim_p99_ms_start", "claim p99, first tenth of a drain, snapshot held", "ms"),
     ("claim_p99_ms_end", "  the same, last tenth", "ms"),
     ("claim_under_held_horizon", "  last / first", "x"),
@@ -145,12 +164,20 @@ ROWS = (
 
 
 def verdicts(figures: dict[str, Any]) -> dict[str, bool]:
-    return {name: compare(figures[name], bound) for name, (compare, bound) in GOALS.items()}
+    """Whether each figure with a goal meets it; a figure left out of the run (``--only``)
+    has no verdict."""
+    return {
+        name: compare(figures[name], bound)
+        for name, (compare, bound) in GOALS.items()
+        if name in figures
+    }
 
 
 def _number(value: float | None) -> str:
     if value is None:
         return "n/a"
+    if isinstance(value, int):  # a count
+        return f"{value:,}"
     if abs(value) >= 100:
         return f"{value:,.0f}"
     if abs(value) >= 0.1:
@@ -159,10 +186,11 @@ def _number(value: float | None) -> str:
 
 
 def table(figures: dict[str, Any], results: dict[str, bool]) -> str:
+    retained = f"{figures['retained_rows']:,} retained rows, " if "retained_rows" in figures else ""
     head = (
         f"profile {figures['profile']}: batch {figures['batch_size']}, {figures['rounds']} rounds, "
         f"{figures['relay_events']:,} events in the large backlog, "
-        f"{figures['retained_rows']:,} retained rows, {figures['cpus']} CPUs, "
+        f"{retained}{figures['cpus']} CPUs, "
         f"load {figures['load_avg_1m_at_start']:.2f} at start, {figures['elapsed_s']:.0f}s"
     )
     lines = [head, f"{'figure':<44} {'value':>12} {'unit':<6} {'goal':<8} met"]
@@ -172,7 +200,7 @@ def table(figures: dict[str, Any], results: dict[str, bool]) -> str:
         if name in GOALS:
             compare, bound = GOALS[name]
             goal = f"{'>=' if compare is operator.ge else '<='} {bound:g}"
-            met = "yes" if results[name] else "NO"
+            met = {True: "yes", False: "NO", None: ""}[results.get(name)]
         value = _number(figures.get(name))  # None: a scenario this profile leaves out
         lines.append(f"{label:<44} {value:>12} {unit:<6} {goal:<8} {met}")
     return "\n".join(lines)

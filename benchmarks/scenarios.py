@@ -358,28 +358,38 @@ def ordered_staging(rounds: int) -> dict[str, float]:
     }
 
 
-def _retain(total: int) -> None:
-    """Top the outbox up to ``total`` PUBLISHED rows (as retention would keep them), then
-    VACUUM ANALYZE as autovacuum eventually would."""
+def insert_published(count: int, *, ago: dt.timedelta = dt.timedelta(0)) -> None:
+    """Insert ``count`` PUBLISHED rows as the relay leaves them (``published_at`` set,
+    the CHECK constraints hold), staged, due and published ``ago`` before now, in
+    statements of 200,000 rows."""
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT count(*) FROM \"{TABLE}\" WHERE status = 'published'")
-        (have,) = cursor.fetchone()
-        for start in range(have, total, 200_000):
+        for start in range(0, count, 200_000):
             cursor.execute(
                 f"""
                 INSERT INTO "{TABLE}" (event_id, event_type, destination, payload, headers,
                     ordering_key, status, attempts, available_at, locked_by, lease_token,
                     last_error, created_at, published_at)
                 SELECT gen_random_uuid(), 'bench.order_placed', 'bench-retained', %s::jsonb,
-                    '{{}}', '', 'published', 0, now(), 'bench', gen_random_uuid(), '', now(), now()
+                    '{{}}', '', 'published', 0, now() - %s, 'bench', gen_random_uuid(), '',
+                    now() - %s, now() - %s
                 FROM generate_series(1, %s)
                 """,
-                [json.dumps(PAYLOAD), min(200_000, total - start)],
+                [json.dumps(PAYLOAD), ago, ago, ago, min(200_000, count - start)],
             )
+
+
+def retain(total: int) -> None:
+    """Top the outbox up to ``total`` PUBLISHED rows (as retention would keep them), then
+    VACUUM ANALYZE as autovacuum eventually would."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM \"{TABLE}\" WHERE status = 'published'")
+        (have,) = cursor.fetchone()
+    insert_published(max(total - have, 0))
+    with connection.cursor() as cursor:
         cursor.execute(f'VACUUM ANALYZE "{TABLE}"')
 
 
-def _claim_latencies(rows: int, batch_size: int) -> list[float]:
+def claim_latencies(rows: int, batch_size: int) -> list[float]:
     """Stage ``rows`` events and claim them all, batch by batch; each claim's seconds."""
     backlog(rows, destination("claim"))
     latencies = []
@@ -398,10 +408,10 @@ def _claim_latencies(rows: int, batch_size: int) -> list[float]:
 def claim_growth(retained: int, rows: int, batch_size: int) -> dict[str, float]:
     """Median claim latency with 1k PUBLISHED rows kept, then with ``retained``."""
     reset_outbox()
-    _retain(1_000)
-    small = _claim_latencies(rows, batch_size)
-    _retain(retained)
-    large = _claim_latencies(rows, batch_size)
+    retain(1_000)
+    small = claim_latencies(rows, batch_size)
+    retain(retained)
+    large = claim_latencies(rows, batch_size)
     reset_outbox()
     return {
         "claim_ms_1k": _median_ms(small),
@@ -449,15 +459,15 @@ def scheduled_claim_growth(
     latencies: dict[str, list[float]] = {"none": [], "future": []}
     for _ in range(rounds):
         reset_outbox()
-        _retain(1_000)
-        none = (_claim_latencies(rows, batch_size), _claim_buffers(batch_size))
+        retain(1_000)
+        none = (claim_latencies(rows, batch_size), _claim_buffers(batch_size))
         with connection.cursor() as cursor:
             cursor.execute("SELECT now() + interval '1 day'")
             (tomorrow,) = cursor.fetchone()
         _schedule(scheduled, tomorrow, rate=1_000.0, keyed=True)
         with connection.cursor() as cursor:
             cursor.execute(f'VACUUM ANALYZE "{TABLE}"')
-        future = (_claim_latencies(rows, batch_size), _claim_buffers(batch_size))
+        future = (claim_latencies(rows, batch_size), _claim_buffers(batch_size))
         latencies["none"] += none[0]
         latencies["future"] += future[0]
         times.append(statistics.median(future[0]) / statistics.median(none[0]))
@@ -473,8 +483,14 @@ def scheduled_claim_growth(
 
 
 def _claim_buffers(batch_size: int) -> int:
-    """The shared buffers (hit or read) one claim of a batch of due rows touches, from
-    ``EXPLAIN (ANALYZE, BUFFERS)`` of the claim statement, rolled back."""
+    """The shared buffers (hit or read) one claim of a batch of due rows touches."""
+    plan = claim_plan(batch_size)["Plan"]
+    return int(plan["Shared Hit Blocks"] + plan["Shared Read Blocks"])
+
+
+def claim_plan(batch_size: int) -> dict[str, Any]:
+    """``EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`` of the relay's claim of a batch of due
+    rows, rolled back: its plan, with its planning and execution times."""
     to = destination("buffers")
     backlog(batch_size, to)
     params = [batch_size] * 4 + [outbox_settings.MAX_BATCH_BYTES, 60, "bench", uuid.uuid4()]
@@ -485,7 +501,7 @@ def _claim_buffers(batch_size: int) -> int:
         (plan,) = cursor.fetchone()[0]
         transaction.set_rollback(True)
     OutboxMessage.objects.filter(destination=to).delete()
-    return int(plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"])
+    return dict(plan)
 
 
 def scheduled_lateness(

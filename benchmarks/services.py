@@ -27,9 +27,17 @@ NAMES = ("postgres", "rabbitmq", "redis")
 
 class Services:
     def __init__(
-        self, database: str, *, cluster: bool = False, nats: bool = False, kafka: bool = False
+        self,
+        database: str,
+        *,
+        names: tuple[str, ...] = NAMES,
+        cluster: bool = False,
+        nats: bool = False,
+        kafka: bool = False,
     ) -> None:
         self.database = database
+        #: The services needed, of :data:`NAMES`.
+        self.names = names
         #: The three-node clusters needed too, by their ``scripts/services`` command: the
         #: RabbitMQ cluster (the chaos suite's faults), the NATS JetStream cluster and the
         #: Kafka cluster (their destinations and faults).
@@ -44,7 +52,7 @@ class Services:
 
     def __enter__(self) -> Services:
         status = self.run("status")
-        self.started = [name for name in NAMES if f"{name}: running" not in status]
+        self.started = [name for name in self.names if f"{name}: running" not in status]
         if self.started:
             print(f"starting {', '.join(self.started)} with scripts/services", file=sys.stderr)
             self.run("start", *self.started)

@@ -49,7 +49,7 @@ _ENV_CASTS: dict[Callable[[Any], Any] | None, tuple[Callable[[str], Any], str]] 
     parsers.signing_keys: (json.loads, 'a JSON list of keys: ["...", "..."]'),
     parsers.envelope: (str, "outbox, cloudevents or cloudevents-structured"),
     parsers.text: (str, "a non-empty string"),
-    parsers.partitioning: (json.loads, 'a JSON object: {"rows": 1000000, "ahead": 2}'),
+    parsers.partitioning: (json.loads, 'a JSON object: {"rows": ids per partition, "ahead": 2}'),
     None: (json.loads, "a JSON object of routes"),  # ROUTES
 }
 

@@ -47,6 +47,7 @@ def test_only_the_variables_that_are_set_appear():
         ("INBOX_RETENTION", "3600", 3600.0),
         ("CLEANUP_INTERVAL", "60", 60.0),
         ("POLL_INTERVAL", "0.25", 0.25),
+        ("PARTITIONING", '{"rows": 100000}', {"rows": 100000}),
     ],
 )
 def test_each_setting_is_cast_to_its_type(name, text, value):
@@ -109,6 +110,7 @@ def test_a_prefix_and_an_environ_env(monkeypatch):
         ("ROUTES", '["orders"]', "must be a JSON object of routes: must be a dict"),
         ("ROUTES", '{"orders": {"queue": 5}}', "must be a JSON object of routes: route 'orders'"),
         ("BROKER_TRANSPORT_OPTIONS", "[]", "must be a JSON object: must be a dict"),
+        ("PARTITIONING", '{"rows": 0}', 'must be a JSON object: {"rows": ids per partition'),
         # A number a timedelta cannot hold is refused like any other, not an OverflowError.
         ("PUBLISHED_RETENTION", "inf", "must be 0 or a positive number of seconds; got 'inf'"),
         ("INBOX_RETENTION", "1e30", "must be a positive number of seconds; got '1e30'"),
