@@ -1,5 +1,6 @@
 """Run the chaos suite: ``python -m chaos --profile P [--seed N] [--sabotage K]``, P one of
-ci, ci-deleting, kafka (chaos.kafka), pg-failover, pg-failover-async (chaos.failover) and soak.
+ci, ci-deleting, kafka (chaos.kafka), partitioned (chaos.partitioned), pg-failover,
+pg-failover-async (chaos.failover) and soak.
 
 Starts (or reuses) PostgreSQL and RabbitMQ with ``scripts/services``, creates the
 database ``outbox_chaos`` afresh, and runs producers, relays and a consumer while
@@ -24,7 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from benchmarks.services import REPO, Services, drop_database, recreate_database
 
-from . import cluster, failover, jetstream, kafka, sabotage
+from . import cluster, failover, jetstream, kafka, partitioned, sabotage
 from .destinations import (
     CLUSTERED,
     KAFKA,
@@ -87,11 +88,21 @@ class Profile:
     #: commits' sequence numbers are given again on the promoted node, and the consumer
     #: parks the events that reuse them and holds their keys, so the run cannot drain).
     ordered: bool = True
+    #: The outbox partitioned before traffic starts, and the relays' retention making and
+    #: dropping ranges every second (chaos.partitioned); such a run has neither the
+    #: clusters nor the tmpfs tablespace (the ranges the relays make are created in the
+    #: default one, and a partitioned table takes no fillfactor).
+    partitioned: bool = False
 
     @property
     def clusters(self) -> bool:
         """Whether the run has the RabbitMQ cluster and the NATS cluster."""
-        return not self.replication
+        return not self.replication and not self.partitioned
+
+    @property
+    def tablespace(self) -> bool:
+        """Whether the outbox table lives on the tmpfs tablespace (the disk_full fault)."""
+        return not self.replication and not self.partitioned
 
     #: The Kafka cluster, its destinations (a producer, a consumer) and its faults.
     kafka: bool = False
@@ -99,6 +110,23 @@ class Profile:
     aims: tuple[str, ...] | None = None
 
 
+#: The ci profile's schedule.
+CI_FAULTS = (
+    *("relay_kill",) * 2,
+    "relay_stop",
+    "rabbitmq_restart",
+    "postgres_restart",
+    "postgres_crash",
+    "consumer_kill",
+    "cluster_leader_restart",
+    *jetstream.KINDS,
+    "memory_alarm",
+    "redis_oom",
+    "net_delay",
+    "net_partition",
+    "disk_full",
+    "task_worker_kill",  # left out without Django's tasks (Django 5.2)
+)
 PROFILES = {
     # About four minutes: relay kills twice, every other kind of fault once (of the
     # cluster's, the leader's node; the task worker's on Django 6 only; the NATS cluster's
@@ -108,22 +136,7 @@ PROFILES = {
     # not a backlog's.
     "ci": Profile(
         seconds=0,
-        schedule=(
-            *("relay_kill",) * 2,
-            "relay_stop",
-            "rabbitmq_restart",
-            "postgres_restart",
-            "postgres_crash",
-            "consumer_kill",
-            "cluster_leader_restart",
-            *jetstream.KINDS,
-            "memory_alarm",
-            "redis_oom",
-            "net_delay",
-            "net_partition",
-            "disk_full",
-            "task_worker_kill",  # left out without Django's tasks (Django 5.2)
-        ),
+        schedule=CI_FAULTS,
         seed=20261121,
         rate=20.0,
     ),
@@ -137,6 +150,22 @@ PROFILES = {
         seed=20261128,
         rate=20.0,
         deleting=True,
+    ),
+    # About two and a half minutes: the ci faults that need neither the clusters nor the
+    # tmpfs, on an outbox partitioned into ranges of a few hundred ids, which the relays
+    # make ahead and drop (after 5 s of retention) while the faults go on
+    # (chaos.partitioned).
+    "partitioned": Profile(
+        seconds=0,
+        schedule=tuple(
+            kind
+            for kind in CI_FAULTS
+            if kind not in (*cluster.KINDS, *jetstream.KINDS, "disk_full")
+        ),
+        seed=20261130,
+        rate=20.0,
+        partitioned=True,
+        aims=("held", "handled"),  # no NATS rows: the third aim's kill needs them
     ),
     # About a minute and a half each: the primary SIGKILLed mid-traffic and its standby
     # promoted (chaos.failover), with synchronous replication (nothing whose COMMIT
@@ -202,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         "--profile kafka, relays mark Kafka rows PUBLISHED without their delivery report, "
         "partition keys at random, take one replica's acknowledgement, or ignore the Kafka "
         "transactions' record (a committed batch sent again); with --profile "
-        "pg-failover, every process commits without waiting for the synchronous standby): "
+        "pg-failover, every process commits without waiting for the synchronous standby; with "
+        "--profile partitioned, relays drop closed ranges of the outbox whatever their rows): "
         "the audit must then fail",
     )
     args = parser.parse_args(argv)
@@ -211,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     profile = PROFILES[args.profile]
     if args.sabotage == "sync" and profile.replication != "sync":
         parser.error("--sabotage sync needs a synchronous standby: --profile pg-failover")
+    if args.sabotage == "partition-drop" and not profile.partitioned:
+        parser.error("--sabotage partition-drop needs a partitioned outbox: --profile partitioned")
     if args.seconds is not None:
         profile = dataclasses.replace(profile, seconds=args.seconds)
     if args.rate is not None:
@@ -247,6 +279,7 @@ class Run:
             "RETRY_MAX_DELAY": 4,
             "MAX_ATTEMPTS": 1000,  # a long outage must not abandon anything
             "POLL_INTERVAL": 0.5,
+            **(partitioned.SETTINGS if profile.partitioned else {}),
         }
         self.outbox = outbox
         self.replication = (
@@ -287,7 +320,7 @@ class Run:
         try:
             if self.replication:
                 self.replication.start()
-            else:
+            elif self.profile.tablespace:
                 self.disk.create()
             return self._run()
         except Exception as exc:
@@ -315,7 +348,9 @@ class Run:
         call_command("migrate", verbosity=0)
         from .database import OUTBOX
 
-        if self.replication is None:
+        if self.profile.partitioned:
+            partitioned.prepare()
+        elif self.profile.tablespace:
             self.disk.move(OUTBOX)
 
     def _run(self) -> int:
@@ -442,6 +477,9 @@ class Run:
         results += audit.nats_checks(faults) if self.profile.clusters else []
         results += audit.kafka_checks(faults) if self.topic else []
         results += audit.heartbeat_checks(self.unbeating, self.beaten)
+        if self.profile.partitioned:
+            logs = [proc.log for proc in self.producers]
+            results += partitioned.checks([relay.log for relay in self.relays], logs)
         if self.profile.replication:
             told = failover.load_committed(
                 [self._told(i) for i in range(1, len(self.producers) + 1)]
