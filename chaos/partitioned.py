@@ -85,7 +85,7 @@ def prepare() -> None:
     with connection.cursor() as cursor:
         for name, definition in moved:
             cursor.execute(f'DROP TRIGGER {name} ON "{first}"')
-            cursor.execute(definition.replace(f" ON public.{first} ", f" ON public.{table} "))
+            cursor.execute(_on(definition, first, table))
         cursor.execute(_dropped_table())
         cursor.execute(_keep_dropped(table))
         cursor.execute(
@@ -97,6 +97,14 @@ def prepare() -> None:
             f"CREATE OR REPLACE VIEW {db.OUTBOX_ROWS} AS "
             f'{view.replace(first, table)} UNION ALL SELECT {_COLUMNS} FROM "{DROPPED}"'
         )
+
+
+def _on(definition: str, first: str, table: str) -> str:
+    """A trigger's ``definition`` on ``first``, made ``table``'s."""
+    moved, count = re.subn(rf" ON (?:\w+\.)?{first} ", f" ON {table} ", definition)
+    if count != 1:
+        raise RuntimeError(f"cannot move the trigger {definition!r} to {table}")
+    return moved
 
 
 def _dropped_table() -> str:
