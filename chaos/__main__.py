@@ -1,6 +1,6 @@
 """Run the chaos suite: ``python -m chaos --profile P [--seed N] [--sabotage K]``, P one of
-ci, ci-deleting, kafka (chaos.kafka), partitioned (chaos.partitioned), pg-failover,
-pg-failover-async (chaos.failover) and soak.
+ci, ci-deleting, ci-partitioned and partitioned (chaos.partitioned), kafka (chaos.kafka),
+pg-failover, pg-failover-async (chaos.failover) and soak.
 
 Starts (or reuses) PostgreSQL and RabbitMQ with ``scripts/services``, creates the
 database ``outbox_chaos`` afresh, and runs producers, relays and a consumer while
@@ -43,6 +43,7 @@ from .processes import HOST, Proc, manage, module, worker_env
 from .proxy import Proxy
 
 if TYPE_CHECKING:  # imported once Django is set up
+    from .audit import Check
     from .faults import Fault, Injector
 
 DATABASE = "outbox_chaos"
@@ -127,6 +128,19 @@ CI_FAULTS = (
     "disk_full",
     "task_worker_kill",  # left out without Django's tasks (Django 5.2)
 )
+#: About two and a half minutes: the ci faults that need neither the clusters nor the
+#: tmpfs, on an outbox partitioned into ranges of a few hundred ids, which the relays make
+#: ahead and drop (after 5 s of retention) while the faults go on (chaos.partitioned).
+PARTITIONED = Profile(
+    seconds=0,
+    schedule=tuple(
+        kind for kind in CI_FAULTS if kind not in (*cluster.KINDS, *jetstream.KINDS, "disk_full")
+    ),
+    seed=20261130,
+    rate=20.0,
+    partitioned=True,
+    aims=("held", "handled"),  # no NATS rows: the third aim's kill needs them
+)
 PROFILES = {
     # About four minutes: relay kills twice, every other kind of fault once (of the
     # cluster's, the leader's node; the task worker's on Django 6 only; the NATS cluster's
@@ -151,21 +165,11 @@ PROFILES = {
         rate=20.0,
         deleting=True,
     ),
-    # About two and a half minutes: the ci faults that need neither the clusters nor the
-    # tmpfs, on an outbox partitioned into ranges of a few hundred ids, which the relays
-    # make ahead and drop (after 5 s of retention) while the faults go on
-    # (chaos.partitioned).
-    "partitioned": Profile(
-        seconds=0,
-        schedule=tuple(
-            kind
-            for kind in CI_FAULTS
-            if kind not in (*cluster.KINDS, *jetstream.KINDS, "disk_full")
-        ),
-        seed=20261130,
-        rate=20.0,
-        partitioned=True,
-        aims=("held", "handled"),  # no NATS rows: the third aim's kill needs them
+    "partitioned": PARTITIONED,
+    # Under a minute: ci-deleting's three faults on the partitioned outbox, short enough
+    # for CI beside ci and ci-deleting (42 s on 2026-11-30, 3 ranges dropped with rows).
+    "ci-partitioned": dataclasses.replace(
+        PARTITIONED, schedule=("relay_kill", "relay_stop", "postgres_crash")
     ),
     # About a minute and a half each: the primary SIGKILLed mid-traffic and its standby
     # promoted (chaos.failover), with synchronous replication (nothing whose COMMIT
@@ -232,17 +236,14 @@ def main(argv: list[str] | None = None) -> int:
         "partition keys at random, take one replica's acknowledgement, or ignore the Kafka "
         "transactions' record (a committed batch sent again); with --profile "
         "pg-failover, every process commits without waiting for the synchronous standby; with "
-        "--profile partitioned, relays drop closed ranges of the outbox whatever their rows): "
+        "--profile partitioned or ci-partitioned, relays drop closed ranges of the outbox "
+        "whatever their rows): "
         "the audit must then fail",
     )
     args = parser.parse_args(argv)
-    if args.sabotage == "tasks" and TASKS_UNAVAILABLE is not None:
-        parser.error(f"--sabotage tasks needs Django's tasks: {TASKS_UNAVAILABLE}")
     profile = PROFILES[args.profile]
-    if args.sabotage == "sync" and profile.replication != "sync":
-        parser.error("--sabotage sync needs a synchronous standby: --profile pg-failover")
-    if args.sabotage == "partition-drop" and not profile.partitioned:
-        parser.error("--sabotage partition-drop needs a partitioned outbox: --profile partitioned")
+    if refused := _refused(args.sabotage, profile):
+        parser.error(refused)
     if args.seconds is not None:
         profile = dataclasses.replace(profile, seconds=args.seconds)
     if args.rate is not None:
@@ -254,6 +255,33 @@ def main(argv: list[str] | None = None) -> int:
     clusters = profile.clusters
     with Services(DATABASE, cluster=clusters, nats=clusters, kafka=profile.kafka) as services:
         return Run(args.profile, profile, seed, services, args.sabotage).main()
+
+
+def _refused(sabotage: str | None, profile: Profile) -> str:
+    """Why ``--sabotage`` cannot break its guarantee in a run of ``profile`` ("": it can)."""
+    if sabotage == "tasks" and TASKS_UNAVAILABLE is not None:
+        return f"--sabotage tasks needs Django's tasks: {TASKS_UNAVAILABLE}"
+    if sabotage == "sync" and profile.replication != "sync":
+        return "--sabotage sync needs a synchronous standby: --profile pg-failover"
+    if sabotage == "partition-drop" and not profile.partitioned:
+        return (
+            "--sabotage partition-drop needs a partitioned outbox: --profile partitioned "
+            "or ci-partitioned"
+        )
+    return ""
+
+
+def _outbox(profile: Profile) -> dict[str, object]:
+    """Every process's OUTBOX knobs for a run of ``profile`` (chaos.settings reads them)."""
+    return {
+        "BATCH_SIZE": profile.batch_size,
+        "LEASE_SECONDS": profile.lease,
+        "RETRY_BASE_DELAY": 0.5,
+        "RETRY_MAX_DELAY": 4,
+        "MAX_ATTEMPTS": 1000,  # a long outage must not abandon anything
+        "POLL_INTERVAL": 0.5,
+        **(partitioned.SETTINGS if profile.partitioned else {}),
+    }
 
 
 class Run:
@@ -272,23 +300,14 @@ class Run:
         self.services = services
         self.logs = REPO / ".chaos" / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{seed}"
         self.logs.mkdir(parents=True)
-        outbox = {
-            "BATCH_SIZE": profile.batch_size,
-            "LEASE_SECONDS": profile.lease,
-            "RETRY_BASE_DELAY": 0.5,
-            "RETRY_MAX_DELAY": 4,
-            "MAX_ATTEMPTS": 1000,  # a long outage must not abandon anything
-            "POLL_INTERVAL": 0.5,
-            **(partitioned.SETTINGS if profile.partitioned else {}),
-        }
-        self.outbox = outbox
+        self.outbox = _outbox(profile)
         self.replication = (
             failover.Replication(services, profile.replication, DATABASE)
             if profile.replication
             else None
         )
         url = self.replication.url if self.replication else services.database_url
-        self.env = worker_env(url, services.env, json.dumps(outbox))
+        self.env = worker_env(url, services.env, json.dumps(self.outbox))
         #: The run's Kafka topics (chaos.kafka; "" without Kafka: its routes are off): the
         #: plain routes', and the transactional route's.
         self.topic = f"{kafka.PREFIX}{self.logs.name}" if profile.kafka else ""
@@ -473,13 +492,7 @@ class Run:
         drained = time.monotonic() - drain_started
         read = self._read_brokers()
         counted = audit.totals(self.task_worker.log if self.task_worker else None)
-        results = audit.checks(faults, self.profile.relays, self.profile.batch_size)
-        results += audit.nats_checks(faults) if self.profile.clusters else []
-        results += audit.kafka_checks(faults) if self.topic else []
-        results += audit.heartbeat_checks(self.unbeating, self.beaten)
-        if self.profile.partitioned:
-            logs = [proc.log for proc in self.producers]
-            results += partitioned.checks([relay.log for relay in self.relays], logs)
+        results = self._checks(faults)
         if self.profile.replication:
             told = failover.load_committed(
                 [self._told(i) for i in range(1, len(self.producers) + 1)]
@@ -512,6 +525,19 @@ class Run:
             return 1
         print(f"chaos: PASS (logs in {self.logs})", flush=True)
         return 0
+
+    def _checks(self, faults: list[Fault]) -> list[Check]:
+        """The audit's checks of the run's destinations, heartbeats and partitions."""
+        from . import audit
+
+        results = audit.checks(faults, self.profile.relays, self.profile.batch_size)
+        results += audit.nats_checks(faults) if self.profile.clusters else []
+        results += audit.kafka_checks(faults) if self.topic else []
+        results += audit.heartbeat_checks(self.unbeating, self.beaten)
+        if self.profile.partitioned:
+            logs = [proc.log for proc in self.producers]
+            results += partitioned.checks([relay.log for relay in self.relays], logs)
+        return results
 
     def _read_brokers(self) -> int:
         """Read what the relays published (the taps, Redis's list, the NATS stream, the
