@@ -1,5 +1,6 @@
 """Run the chaos suite: ``python -m chaos --profile P [--seed N] [--sabotage K]``, P one of
-ci, ci-deleting, kafka (chaos.kafka), pg-failover, pg-failover-async (chaos.failover) and soak.
+ci, ci-deleting, ci-partitioned and partitioned (chaos.partitioned), kafka (chaos.kafka),
+pg-failover, pg-failover-async (chaos.failover) and soak.
 
 Starts (or reuses) PostgreSQL and RabbitMQ with ``scripts/services``, creates the
 database ``outbox_chaos`` afresh, and runs producers, relays and a consumer while
@@ -24,7 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from benchmarks.services import REPO, Services, drop_database, recreate_database
 
-from . import cluster, failover, jetstream, kafka, sabotage
+from . import cluster, failover, jetstream, kafka, partitioned, sabotage
 from .destinations import (
     CLUSTERED,
     KAFKA,
@@ -42,6 +43,7 @@ from .processes import HOST, Proc, manage, module, worker_env
 from .proxy import Proxy
 
 if TYPE_CHECKING:  # imported once Django is set up
+    from .audit import Check
     from .faults import Fault, Injector
 
 DATABASE = "outbox_chaos"
@@ -87,11 +89,21 @@ class Profile:
     #: commits' sequence numbers are given again on the promoted node, and the consumer
     #: parks the events that reuse them and holds their keys, so the run cannot drain).
     ordered: bool = True
+    #: The outbox partitioned before traffic starts, and the relays' retention making and
+    #: dropping ranges every second (chaos.partitioned); such a run has neither the
+    #: clusters nor the tmpfs tablespace (the ranges the relays make are created in the
+    #: default one, and a partitioned table takes no fillfactor).
+    partitioned: bool = False
 
     @property
     def clusters(self) -> bool:
         """Whether the run has the RabbitMQ cluster and the NATS cluster."""
-        return not self.replication
+        return not self.replication and not self.partitioned
+
+    @property
+    def tablespace(self) -> bool:
+        """Whether the outbox table lives on the tmpfs tablespace (the disk_full fault)."""
+        return not self.replication and not self.partitioned
 
     #: The Kafka cluster, its destinations (a producer, a consumer) and its faults.
     kafka: bool = False
@@ -99,6 +111,36 @@ class Profile:
     aims: tuple[str, ...] | None = None
 
 
+#: The ci profile's schedule.
+CI_FAULTS = (
+    *("relay_kill",) * 2,
+    "relay_stop",
+    "rabbitmq_restart",
+    "postgres_restart",
+    "postgres_crash",
+    "consumer_kill",
+    "cluster_leader_restart",
+    *jetstream.KINDS,
+    "memory_alarm",
+    "redis_oom",
+    "net_delay",
+    "net_partition",
+    "disk_full",
+    "task_worker_kill",  # left out without Django's tasks (Django 5.2)
+)
+#: About two and a half minutes: the ci faults that need neither the clusters nor the
+#: tmpfs, on an outbox partitioned into ranges of a few hundred ids, which the relays make
+#: ahead and drop (after 5 s of retention) while the faults go on (chaos.partitioned).
+PARTITIONED = Profile(
+    seconds=0,
+    schedule=tuple(
+        kind for kind in CI_FAULTS if kind not in (*cluster.KINDS, *jetstream.KINDS, "disk_full")
+    ),
+    seed=20261130,
+    rate=20.0,
+    partitioned=True,
+    aims=("held", "handled"),  # no NATS rows: the third aim's kill needs them
+)
 PROFILES = {
     # About four minutes: relay kills twice, every other kind of fault once (of the
     # cluster's, the leader's node; the task worker's on Django 6 only; the NATS cluster's
@@ -108,22 +150,7 @@ PROFILES = {
     # not a backlog's.
     "ci": Profile(
         seconds=0,
-        schedule=(
-            *("relay_kill",) * 2,
-            "relay_stop",
-            "rabbitmq_restart",
-            "postgres_restart",
-            "postgres_crash",
-            "consumer_kill",
-            "cluster_leader_restart",
-            *jetstream.KINDS,
-            "memory_alarm",
-            "redis_oom",
-            "net_delay",
-            "net_partition",
-            "disk_full",
-            "task_worker_kill",  # left out without Django's tasks (Django 5.2)
-        ),
+        schedule=CI_FAULTS,
         seed=20261121,
         rate=20.0,
     ),
@@ -137,6 +164,12 @@ PROFILES = {
         seed=20261128,
         rate=20.0,
         deleting=True,
+    ),
+    "partitioned": PARTITIONED,
+    # Under a minute: ci-deleting's three faults on the partitioned outbox, short enough
+    # for CI beside ci and ci-deleting (42 s on 2026-11-30, 3 ranges dropped with rows).
+    "ci-partitioned": dataclasses.replace(
+        PARTITIONED, schedule=("relay_kill", "relay_stop", "postgres_crash")
     ),
     # About a minute and a half each: the primary SIGKILLed mid-traffic and its standby
     # promoted (chaos.failover), with synchronous replication (nothing whose COMMIT
@@ -202,15 +235,15 @@ def main(argv: list[str] | None = None) -> int:
         "--profile kafka, relays mark Kafka rows PUBLISHED without their delivery report, "
         "partition keys at random, take one replica's acknowledgement, or ignore the Kafka "
         "transactions' record (a committed batch sent again); with --profile "
-        "pg-failover, every process commits without waiting for the synchronous standby): "
+        "pg-failover, every process commits without waiting for the synchronous standby; with "
+        "--profile partitioned or ci-partitioned, relays drop closed ranges of the outbox "
+        "whatever their rows): "
         "the audit must then fail",
     )
     args = parser.parse_args(argv)
-    if args.sabotage == "tasks" and TASKS_UNAVAILABLE is not None:
-        parser.error(f"--sabotage tasks needs Django's tasks: {TASKS_UNAVAILABLE}")
     profile = PROFILES[args.profile]
-    if args.sabotage == "sync" and profile.replication != "sync":
-        parser.error("--sabotage sync needs a synchronous standby: --profile pg-failover")
+    if refused := _refused(args.sabotage, profile):
+        parser.error(refused)
     if args.seconds is not None:
         profile = dataclasses.replace(profile, seconds=args.seconds)
     if args.rate is not None:
@@ -222,6 +255,33 @@ def main(argv: list[str] | None = None) -> int:
     clusters = profile.clusters
     with Services(DATABASE, cluster=clusters, nats=clusters, kafka=profile.kafka) as services:
         return Run(args.profile, profile, seed, services, args.sabotage).main()
+
+
+def _refused(sabotage: str | None, profile: Profile) -> str:
+    """Why ``--sabotage`` cannot break its guarantee in a run of ``profile`` ("": it can)."""
+    if sabotage == "tasks" and TASKS_UNAVAILABLE is not None:
+        return f"--sabotage tasks needs Django's tasks: {TASKS_UNAVAILABLE}"
+    if sabotage == "sync" and profile.replication != "sync":
+        return "--sabotage sync needs a synchronous standby: --profile pg-failover"
+    if sabotage == "partition-drop" and not profile.partitioned:
+        return (
+            "--sabotage partition-drop needs a partitioned outbox: --profile partitioned "
+            "or ci-partitioned"
+        )
+    return ""
+
+
+def _outbox(profile: Profile) -> dict[str, object]:
+    """Every process's OUTBOX knobs for a run of ``profile`` (chaos.settings reads them)."""
+    return {
+        "BATCH_SIZE": profile.batch_size,
+        "LEASE_SECONDS": profile.lease,
+        "RETRY_BASE_DELAY": 0.5,
+        "RETRY_MAX_DELAY": 4,
+        "MAX_ATTEMPTS": 1000,  # a long outage must not abandon anything
+        "POLL_INTERVAL": 0.5,
+        **(partitioned.SETTINGS if profile.partitioned else {}),
+    }
 
 
 class Run:
@@ -240,22 +300,14 @@ class Run:
         self.services = services
         self.logs = REPO / ".chaos" / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{seed}"
         self.logs.mkdir(parents=True)
-        outbox = {
-            "BATCH_SIZE": profile.batch_size,
-            "LEASE_SECONDS": profile.lease,
-            "RETRY_BASE_DELAY": 0.5,
-            "RETRY_MAX_DELAY": 4,
-            "MAX_ATTEMPTS": 1000,  # a long outage must not abandon anything
-            "POLL_INTERVAL": 0.5,
-        }
-        self.outbox = outbox
+        self.outbox = _outbox(profile)
         self.replication = (
             failover.Replication(services, profile.replication, DATABASE)
             if profile.replication
             else None
         )
         url = self.replication.url if self.replication else services.database_url
-        self.env = worker_env(url, services.env, json.dumps(outbox))
+        self.env = worker_env(url, services.env, json.dumps(self.outbox))
         #: The run's Kafka topics (chaos.kafka; "" without Kafka: its routes are off): the
         #: plain routes', and the transactional route's.
         self.topic = f"{kafka.PREFIX}{self.logs.name}" if profile.kafka else ""
@@ -287,7 +339,7 @@ class Run:
         try:
             if self.replication:
                 self.replication.start()
-            else:
+            elif self.profile.tablespace:
                 self.disk.create()
             return self._run()
         except Exception as exc:
@@ -315,7 +367,9 @@ class Run:
         call_command("migrate", verbosity=0)
         from .database import OUTBOX
 
-        if self.replication is None:
+        if self.profile.partitioned:
+            partitioned.prepare()
+        elif self.profile.tablespace:
             self.disk.move(OUTBOX)
 
     def _run(self) -> int:
@@ -438,10 +492,7 @@ class Run:
         drained = time.monotonic() - drain_started
         read = self._read_brokers()
         counted = audit.totals(self.task_worker.log if self.task_worker else None)
-        results = audit.checks(faults, self.profile.relays, self.profile.batch_size)
-        results += audit.nats_checks(faults) if self.profile.clusters else []
-        results += audit.kafka_checks(faults) if self.topic else []
-        results += audit.heartbeat_checks(self.unbeating, self.beaten)
+        results = self._checks(faults)
         if self.profile.replication:
             told = failover.load_committed(
                 [self._told(i) for i in range(1, len(self.producers) + 1)]
@@ -474,6 +525,19 @@ class Run:
             return 1
         print(f"chaos: PASS (logs in {self.logs})", flush=True)
         return 0
+
+    def _checks(self, faults: list[Fault]) -> list[Check]:
+        """The audit's checks of the run's destinations, heartbeats and partitions."""
+        from . import audit
+
+        results = audit.checks(faults, self.profile.relays, self.profile.batch_size)
+        results += audit.nats_checks(faults) if self.profile.clusters else []
+        results += audit.kafka_checks(faults) if self.topic else []
+        results += audit.heartbeat_checks(self.unbeating, self.beaten)
+        if self.profile.partitioned:
+            logs = [proc.log for proc in self.producers]
+            results += partitioned.checks([relay.log for relay in self.relays], logs)
+        return results
 
     def _read_brokers(self) -> int:
         """Read what the relays published (the taps, Redis's list, the NATS stream, the

@@ -190,14 +190,19 @@ def record_read(found: Sequence[Mapping[str, Any]]) -> None:
 class Check:
     name: str
     value: int
-    limit: int  # the check passes when value <= limit
+    limit: int  # the check passes when value <= limit (with at_least: value >= limit)
     note: str = ""
     #: A figure whose expectation is documented, not a pass or a fail (the losses of a
     #: failover with asynchronous replication: chaos.failover).
     measured: bool = False
+    #: A floor, not a ceiling: something the run must have done (the partitioned
+    #: profile's ranges made and dropped: chaos.partitioned).
+    at_least: bool = False
 
     @property
     def ok(self) -> bool:
+        if self.at_least:
+            return self.value >= self.limit
         return self.measured or self.value <= self.limit
 
 
@@ -731,6 +736,8 @@ def _check_rows(results: list[Check]) -> list[str]:
     for check in results:
         if check.measured:
             verdict = f"measured ({check.note})"
+        elif check.at_least:
+            verdict = f"{'ok' if check.ok else 'FAIL'} (>= {check.limit:,}; {check.note})"
         elif check.limit:
             verdict = f"{'ok' if check.ok else 'FAIL'} (<= {check.limit:,}; {check.note})"
         else:

@@ -495,7 +495,10 @@ class Injector:
         return tries, ids, handled, self._stored(nats), (in_topic, committed)
 
     def _stored(self, event_ids: list[str]) -> int:
-        """How many of ``event_ids`` (of NATS rows) the stream has."""
+        """How many of ``event_ids`` (of NATS rows) the stream has (none without NATS rows:
+        a run without the NATS cluster)."""
+        if not event_ids:
+            return 0
         return jetstream.stored(self.services.nats_url, event_ids)
 
     def _outage(

@@ -39,7 +39,11 @@ starts relays whose NATS transport sends each ordering key's messages of a batch
 events reaches the stream backwards; ``--sabotage txrecord`` (the ``kafka`` profile) starts
 relays that learn nothing from the Kafka transactions' record topic (``TransactionLog._learn``
 skips every record), so neither a restarted relay nor one reclaiming rows knows which of them
-a transaction already committed, and the transactional route sends them again.
+a transaction already committed, and the transactional route sends them again;
+``--sabotage partition-drop`` (the ``partitioned`` profile) starts relays whose retention
+takes every closed range of the partitioned outbox for expired (``Expiry.expired`` always
+true: neither its unfinished rows nor its rows' retention keep it), so a range is dropped
+as soon as its last id is drawn and its writers let go, rows still to be published in it.
 A run with any of them must fail its audit.
 Nothing imports this module unless ``CHAOS_SABOTAGE`` is set.
 """
@@ -78,6 +82,7 @@ KINDS = (
     "acks",
     "natsorder",
     "txrecord",
+    "partition-drop",
 )
 
 
@@ -149,6 +154,11 @@ def apply(kind: str) -> None:
         # id's latest record is known, at a relay's start (nothing inherited, nothing marked)
         # nor before a batch (nothing the log holds is skipped).
         TransactionLog._learn = lambda self, message: None  # type: ignore[method-assign]
+    elif kind == "partition-drop":
+        from django_outbox.db.partitions import Expiry
+
+        # Read by droppable() and again, the range locked, by _drop(): both say yes.
+        Expiry.expired = property(lambda self: True)  # type: ignore[method-assign,assignment]
     elif kind == "parking":
         from django_outbox.consumer import InboxConsumer
 

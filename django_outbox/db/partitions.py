@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
-from django.db.utils import OperationalError
+from django.db.utils import DatabaseError, OperationalError
 
 from ..exceptions import OutboxConfigurationError
 from . import queries
@@ -187,13 +187,14 @@ def _attach(connection: BaseDatabaseWrapper, partition: Partition) -> bool:
 def _briefly(connection: BaseDatabaseWrapper, work: Callable[[], bool]) -> bool:
     """Run ``work`` in a transaction whose statements wait at most
     ``MAINTENANCE_LOCK_TIMEOUT`` for a lock; ``work``'s answer, or False (rolled back)
-    when a lock did not come in time."""
+    when a lock did not come in time or another relay's pass made or dropped the range
+    since this one chose it (``RACED``)."""
     try:
         with transaction.atomic(using=connection.alias):
             _lock_timeout(connection, MAINTENANCE_LOCK_TIMEOUT)
             return work()
-    except OperationalError as error:
-        if getattr(error.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+    except DatabaseError as error:
+        if getattr(error.__cause__, "sqlstate", None) not in (LOCK_NOT_AVAILABLE, *RACED):
             raise
         return False
 
@@ -285,6 +286,10 @@ def _drop(
 
 #: The SQLSTATE of a lock not had within ``lock_timeout``.
 LOCK_NOT_AVAILABLE = "55P03"
+#: The SQLSTATEs of a range another relay made (duplicate_table) or dropped
+#: (undefined_table) between this pass's choice and its statement: every relay runs
+#: retention, and the pass that comes second finds the work done.
+RACED = ("42P07", "42P01")
 
 
 def range_spans(connection: BaseDatabaseWrapper) -> list[tuple[int | None, int | None]]:
