@@ -170,9 +170,11 @@ def claim(
     token: uuid.UUID,
     max_bytes: int | None = None,
     ordered: bool = True,
+    window: postgresql.Window | None = None,
 ) -> ClaimedBatch:
     """Claim up to ``limit`` due rows, oldest first, for ``lease_seconds``; with
-    ``ordered`` False, rows of ordered routes are left alone.
+    ``ordered`` False, rows of ordered routes are left alone; with a ``window``
+    (:func:`claim_window`), rows of those ids only.
 
     The batch also stops before its payloads add up to more than ``max_bytes``
     of JSON text (default ``OUTBOX["MAX_BATCH_BYTES"]``), but always takes its
@@ -187,9 +189,23 @@ def claim(
         max_bytes = outbox_settings.MAX_BATCH_BYTES
     if connection.vendor == "postgresql":
         return postgresql.claim(
-            connection, limit, max_bytes, lease_seconds, worker, token, ordered=ordered
+            connection,
+            limit,
+            max_bytes,
+            lease_seconds,
+            worker,
+            token,
+            ordered=ordered,
+            window=window,
         )
     return _claim_portable(using, limit, max_bytes, lease_seconds, worker, token, ordered=ordered)
+
+
+def claim_window(using: str) -> postgresql.Window | None:
+    """The ids a relay's claims may read on a partitioned outbox (PostgreSQL plans the
+    partitions that hold them only: :func:`.partitions.claim_window`); None, all of
+    them, on any other table."""
+    return partitions.claim_window(connections[using])
 
 
 def next_due_in(using: str) -> float | None:

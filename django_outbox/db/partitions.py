@@ -292,6 +292,35 @@ LOCK_NOT_AVAILABLE = "55P03"
 RACED = ("42P07", "42P01")
 
 
+def claim_window(connection: BaseDatabaseWrapper) -> tuple[int | None, int] | None:
+    """The ids a claim reads on a partitioned outbox: from the first range that may
+    hold a row to claim (its ids not all drawn yet, or an unfinished row in it; its
+    lower bound, None when it has none) to the top of the ranges. None (read every
+    id) on a table that is not partitioned, or while the default partition holds an
+    unfinished row: its ids lie outside the ranges.
+
+    A row that becomes unfinished again in a range below (an operator's requeue), or
+    that a transaction staged there and committed after this was read, waits until
+    the window is read again; so does a row staged past the top into the default
+    partition."""
+    if not is_partitioned(connection):
+        return None
+    drawn = next_id(connection)
+    found = partitions(connection)
+    uppers = [(p, p.upper) for p in found if not p.default and p.upper is not None]
+    if not uppers or any(_blocked(connection, p) for p in found if p.default):
+        return None
+    first = next(
+        (p for p, upper in uppers if upper > drawn or _blocked(connection, p)), uppers[-1][0]
+    )
+    return first.lower, max(upper for _, upper in uppers)
+
+
+def _blocked(connection: BaseDatabaseWrapper, partition: Partition) -> bool:
+    """Whether ``partition`` holds an unfinished row (or an ABANDONED ordered one)."""
+    return expiry(connection, partition, dt.timedelta(0), dt.timedelta(0)).blocked
+
+
 def range_spans(connection: BaseDatabaseWrapper) -> list[tuple[int | None, int | None]]:
     """The ids the ranges hold, as merged ``(lower, upper)`` spans: row-by-row retention
     deletes outside them only (the default partition's rows). Empty when the table is

@@ -28,22 +28,41 @@ if TYPE_CHECKING:
 
     from ..models import OutboxMessage
 
+#: The ids a claim reads on a partitioned outbox: (lower, or None for none; upper).
+Window = tuple[int | None, int]
+
 #: The LISTEN/NOTIFY channel a relay waits on; the payload is the table name.
 NOTIFY_CHANNEL = "django_outbox"
 
 
-def _due_sql(clock: str) -> str:
-    """The named fragment ``claim_due``: a row is due at ``clock`` (SQL)."""
+#: The ids of a claim window's lower bound when it has none (the first range starts at
+#: MINVALUE): the smallest bigint.
+_NO_LOWER = -(2**63)
+
+
+def _window_sql(window: Window | None, column: str = "id") -> str:
+    """The named fragment ``claim_window`` for ``column``, or "" without a window."""
+    if window is None:
+        return ""
+    lower, upper = window
+    bounds = {"lower": str(int(_NO_LOWER if lower is None else lower)), "upper": str(int(upper))}
+    return " " + queries.sql("claim_window", fragments={"column": column, **bounds})
+
+
+def _due_sql(clock: str, window: str = "") -> str:
+    """The named fragment ``claim_due``: a row is due at ``clock`` (SQL), its id in
+    ``window`` (a ``claim_window`` fragment, or "")."""
     from ..models import CLAIMABLE, OutboxStatus
 
     literals = {
         "claimable": [status.value for status in CLAIMABLE],
         "processing": OutboxStatus.PROCESSING.value,
     }
-    return queries.sql("claim_due", literals=literals, fragments={"clock": clock})
+    fragments = {"clock": clock, "window": window}
+    return queries.sql("claim_due", literals=literals, fragments=fragments)
 
 
-def _next_due_sql(clock: str, ordered: bool = True) -> str:
+def _next_due_sql(clock: str, ordered: bool = True, window: str = "") -> str:
     """The named fragment ``next_due``: seconds from ``clock`` (SQL) to the first row
     not due yet, in both due indexes, or without ``ordered`` the unordered one."""
     from ..models import OutboxMessage
@@ -51,7 +70,9 @@ def _next_due_sql(clock: str, ordered: bool = True) -> str:
     table = {"table": OutboxMessage._meta.db_table}
     firsts = ", ".join(
         queries.sql(
-            "next_due_first", identifiers=table, fragments={"clock": clock, "part": _SEQUENCE[part]}
+            "next_due_first",
+            identifiers=table,
+            fragments={"clock": clock, "part": _SEQUENCE[part], "window": window},
         )
         for part in ((False, True) if ordered else (False,))
     )
@@ -71,18 +92,30 @@ def next_due_in(connection: BaseDatabaseWrapper) -> float | None:
 _NOW = "statement_timestamp()"
 
 
-@functools.cache
-def _claim_sql(ordered: bool = True, unflushed: bool = False, alone: bool = False) -> str:
+@functools.lru_cache(maxsize=64)
+def _claim_sql(
+    ordered: bool = True,
+    unflushed: bool = False,
+    alone: bool = False,
+    window: Window | None = None,
+) -> str:
     """The claim statement for the outbox table: named query ``claim`` (its gate
     ``ordered_gate``), or ``claim_unordered`` without ``ordered``; ``alone`` (the
     claim is its own transaction), after ``claim_without_jit`` in the same query, and
-    with ``unflushed`` after ``claim_commit_unflushed`` too. Cached: clear it
+    with ``unflushed`` after ``claim_commit_unflushed`` too; each part reading the ids
+    of ``window`` only when given. Cached (a relay's window changes seldom): clear it
     (``_claim_sql.cache_clear()``) after replacing a named query."""
     from ..models import OutboxMessage, OutboxStatus
 
     table = {"table": OutboxMessage._meta.db_table}
     literals = {"processing": OutboxStatus.PROCESSING.value}
-    due = {"due": _due_sql("now()"), "next_due": _next_due_sql("now()", ordered)}
+    ids = _window_sql(window)
+    due = {
+        "due": _due_sql("now()", ids),
+        "next_due": _next_due_sql("now()", ordered, ids),
+        "window": ids,
+        "lease_window": _window_sql(window, "o.id"),
+    }
     payload = {  # claim_payload of each pick's payload column
         name: queries.sql("claim_payload", fragments={"payload": column})
         for name, column in [
@@ -116,6 +149,7 @@ def claim(
     token: uuid.UUID,
     *,
     ordered: bool = True,
+    window: Window | None = None,
 ) -> ClaimedBatch:
     """One query, so one implicit transaction and one round trip: pick due
     unordered rows through ``outbox_due_idx`` and the heads of ordered keys with
@@ -129,13 +163,15 @@ def claim(
     Picked rows left out are unlocked when the statement ends, and the next claim
     takes them (the batch's ``left_behind``). Without ``ordered`` only unordered rows
     are claimed (``claim_unordered``: cheaper to plan), and the claim's commit does not
-    wait for its WAL flush. A claim in a transaction of its own is never JIT-compiled."""
+    wait for its WAL flush. A claim in a transaction of its own is never JIT-compiled.
+    With a ``window`` (a partitioned outbox's, :func:`.partitions.claim_window`) it
+    reads those ids only, and PostgreSQL plans the partitions that hold them only."""
     params: list[Any] = [limit, limit, limit, limit] if ordered else [limit, limit]
     params += [max_bytes, lease_seconds, worker, token]
     with connection.cursor() as cursor:
         alone = _alone(connection, cursor)
         unflushed = alone and not ordered
-        cursor.execute(_claim_sql(ordered, unflushed, alone), params)
+        cursor.execute(_claim_sql(ordered, unflushed, alone, window), params)
         for _setting in range(alone + unflushed):
             cursor.nextset()  # from the SETs' results to the claim's
         columns = [column.name for column in cursor.description]
@@ -358,7 +394,7 @@ def _backlog_sql(parts: tuple[BacklogPart, ...], blocked: bool) -> str:
         for ordered in (False, True)
     ]
     if blocked:
-        gate = queries.sql("ordered_gate", identifiers=table)
+        gate = queries.sql("ordered_gate", identifiers=table, fragments={"window": ""})
         abandoned = {"abandoned": OutboxStatus.ABANDONED.value}
         figures.append(
             queries.sql(

@@ -136,10 +136,11 @@ CASE WHEN pg_column_size({payload}) > 2048 OR pg_column_compression({payload}) I
 -- lease (locked_until) ran out. Unfinished as the due indexes say it (no
 -- published_at, no abandoned_at), so that one of them is read: a claim leaves
 -- available_at and these columns alone (a HOT update), so the rows in flight
--- stay in the index and are passed over by their lease.
+-- stay in the index and are passed over by their lease. {window} is empty, or in
+-- a relay's claim on a partitioned outbox the ids it reads (claim_window).
 status IN ({claimable}) AND published_at IS NULL AND abandoned_at IS NULL
 AND available_at <= {clock}
-AND (status <> {processing} OR locked_until IS NULL OR locked_until <= {clock})
+AND (status <> {processing} OR locked_until IS NULL OR locked_until <= {clock}){window}
 
 
 -- name: claim_bounded
@@ -170,7 +171,7 @@ SET status = {processing},
     locked_by = %s,
     lease_token = %s
 FROM bounded
-WHERE o.id = bounded.id
+WHERE o.id = bounded.id{lease_window}
 RETURNING o.id AS id, o.event_id AS event_id, o.event_type AS event_type,
           o.destination AS destination, coalesce(bounded.body, o.payload::text) AS payload,
           o.headers::text AS headers, o.ordering_key AS ordering_key,
@@ -198,7 +199,7 @@ RETURNING o.id AS id, o.event_id AS event_id, o.event_type AS event_type,
 -- one probe. Written as ORDER BY ... LIMIT 1 rather than min(): the same plan,
 -- planned in less time (about 0.05 ms of a claim's, measured alone).
 (SELECT available_at FROM {table}
- WHERE published_at IS NULL AND abandoned_at IS NULL{part} AND available_at > {clock}
+ WHERE published_at IS NULL AND abandoned_at IS NULL{part} AND available_at > {clock}{window}
  ORDER BY available_at LIMIT 1)
 
 
@@ -248,7 +249,7 @@ NOT EXISTS (
     SELECT 1 FROM {table} AS earlier
     WHERE earlier.destination = head.destination
       AND earlier.ordering_key = head.ordering_key
-      AND earlier.sequence < head.sequence AND earlier.published_at IS NULL
+      AND earlier.sequence < head.sequence AND earlier.published_at IS NULL{window}
 )
 
 
@@ -645,3 +646,12 @@ FROM (VALUES {rows}) AS scope (destination, dedup_key)
 -- name: dedup_lock
 -- PostgreSQL: one key of dedup_locks (parameters: destination, dedup key).
 (%s::text, %s::text)
+
+
+-- name: claim_window
+-- PostgreSQL, a fragment of the claim's parts on a partitioned outbox: the ids a
+-- relay's claim reads, from the first range that may hold a row to claim to the
+-- top of the ranges ({column}: id, or o.id in claim_lease). Constants, so that
+-- PostgreSQL leaves the other partitions out when it plans the claim rather than
+-- planning every one (django_outbox.db.partitions.claim_window).
+ AND {column} >= {lower} AND {column} < {upper}

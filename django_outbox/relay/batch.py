@@ -4,9 +4,9 @@ filtered by the token, so a relay whose lease was taken over changes nothing; th
 report it (:class:`~django_outbox.relay.report.Reporter`).
 
 :class:`Batches` is made afresh for each run of a relay (and each ``run_once()``): it
-keeps the run's claim schedule, nothing else. Its methods are what the pipeline
-(:class:`~django_outbox.pipeline.Pipeline`) is given: ``claim`` on the claim thread,
-``finalize`` on the finalize thread, ``publish`` on the relay's.
+keeps the run's claim schedule and the ids its claims read, nothing else. Its methods
+are what the pipeline (:class:`~django_outbox.pipeline.Pipeline`) is given: ``claim``
+on the claim thread, ``finalize`` on the finalize thread, ``publish`` on the relay's.
 """
 
 from __future__ import annotations
@@ -20,10 +20,16 @@ from ..conf import outbox_settings
 from ..envelope import ClaimedBatch, ClaimedMessage
 from ..state import store
 from ..state.retry import RetryPolicy
+from ..state.store import Window
 from ..transports.base import Failure, Outcome
 from .outages import Outages
 from .publish import Publisher
 from .report import BatchStats, Failed, Finalized, Reporter
+
+#: How often a relay reads again the ids its claims read (a partitioned outbox's
+#: window, :func:`django_outbox.state.store.claim_window`): a row requeued in a range
+#: below it waits at most this long.
+CLAIM_WINDOW_SECONDS = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +102,10 @@ class Batches:
     #: ordered rows (monotonic clock).
     _whole_claim_at: float = dataclasses.field(default=0.0, init=False, repr=False)
     _ordered_until: float = dataclasses.field(default=0.0, init=False, repr=False)
+    #: The ids the claims read (a partitioned outbox's: store.claim_window), and when
+    #: it is read again (monotonic clock).
+    _window: Window | None = dataclasses.field(default=None, init=False, repr=False)
+    _window_until: float = dataclasses.field(default=0.0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._reporter = Reporter(self.using, self.worker, self.policy)
@@ -105,6 +115,9 @@ class Batches:
         nothing is due."""
         token, started = uuid.uuid4(), time.monotonic()
         whole = whole or self.orders or not self._ordered_until < started < self._whole_claim_at
+        if started >= self._window_until:
+            self._window = store.claim_window(self.using)
+            self._window_until = started + CLAIM_WINDOW_SECONDS
         messages = store.claim(
             self.using,
             limit=self.batch_size,
@@ -112,6 +125,7 @@ class Batches:
             worker=self.worker,
             token=token,
             ordered=whole,
+            window=self._window,
         )
         ordered = whole and any(message.sequence is not None for message in messages)
         if whole:

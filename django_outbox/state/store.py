@@ -54,6 +54,7 @@ from django.db.models.functions import Now
 from .. import db
 from ..conf import outbox_settings
 from ..db.expressions import now_plus
+from ..db.postgresql import Window
 from ..envelope import ClaimedBatch
 from ..exceptions import CancelRefused, EventInFlight, RequeueRefused, SkipRefused
 from ..models import (
@@ -77,9 +78,11 @@ def claim(
     token: uuid.UUID,
     max_bytes: int | None = None,
     ordered: bool = True,
+    window: Window | None = None,
 ) -> ClaimedBatch:
     """PENDING/FAILED rows that are due -> PROCESSING under ``token`` for ``lease_seconds``
-    (with ``ordered`` False, the unordered ones only).
+    (with ``ordered`` False, the unordered ones only; with a ``window``, those of its
+    ids only: :func:`claim_window`).
 
     Also the **reclaim**: a PROCESSING row whose lease expired (its relay died
     or was too slow) is due again once its ``locked_until`` has passed (a claim
@@ -99,12 +102,21 @@ def claim(
         token=token,
         max_bytes=max_bytes,
         ordered=ordered,
+        window=window,
     )
     keys = outbox_settings.SIGNING_KEYS
     if keys:  # signed once here, whatever the transport and however often it is encoded
         for message in batch:
             message.signature = keys.sign(message.envelope())
     return batch
+
+
+def claim_window(using: str) -> Window | None:
+    """The ids a relay's claims may read: on a partitioned outbox, from the first range
+    that may hold a row to claim to the top of the ranges; None (all) elsewhere. A
+    relay reads it again every few seconds (``CLAIM_WINDOW_SECONDS`` in
+    :mod:`django_outbox.relay.batch`)."""
+    return db.claim_window(using)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 
@@ -486,3 +487,46 @@ def test_row_by_row_retention_reads_the_default_partition_alone(restore):
     for plan in plans.values():
         assert f"{TABLE}_default" in plan
         assert not any(p.name in plan for p in ranges)
+
+
+def _claim(window) -> list[int]:
+    from django_outbox.state import store
+
+    batch = store.claim(
+        DB, limit=100, lease_seconds=60, worker="t", token=uuid.uuid4(), window=window
+    )
+    return [message.id for message in batch]
+
+
+def test_a_claim_plans_and_reads_only_the_ranges_that_may_hold_a_row_to_claim(restore):
+    """Ranges whose rows are all finished drop out of the claim's plan (PostgreSQL plans
+    every partition a claim may read, a millisecond or so each); a row requeued in one
+    comes back into the window when the relay reads it again."""
+    from django_outbox.db import postgresql
+    from django_outbox.state import store
+
+    finished = _partitioned(10, ahead=1)
+    for _ in range(3):  # three ranges filled and published, one row still pending
+        _publish_long_ago(row.pk for row in _stage(10))
+        partitions.ensure_ahead(connections[DB], 10, 1)
+    pending = _stage(1)[0]
+    window = store.claim_window(DB)
+    assert window == (_range_of(pending).lower, _ranges()[-1].upper)
+    with connections[DB].cursor() as cursor:
+        params = [100] * 4 + [1 << 20, 60, "t", uuid.uuid4()]
+        cursor.execute("EXPLAIN " + postgresql._claim_sql(True, False, False, window), params)
+        plan = "\n".join(line for (line,) in cursor.fetchall())
+    assert _range_of(pending).name in plan
+    assert not any(p.name in plan for p in finished) and f"{TABLE}_default" not in plan
+    # An operator requeues a published row of a finished range: outside the window
+    # read before, inside the one read after.
+    requeued = OutboxMessage.objects.using(DB).filter(pk__lt=window[0]).earliest("pk")
+    OutboxMessage.objects.using(DB).filter(pk=requeued.pk).update(
+        status=OutboxStatus.PENDING, published_at=None
+    )
+    assert _claim(window) == [pending.pk]
+    assert _claim(store.claim_window(DB)) == [requeued.pk]
+
+
+def _range_of(row: OutboxMessage) -> partitions.Partition:
+    return next(p for p in _ranges() if p.lower <= row.pk < p.upper)

@@ -113,6 +113,7 @@ def test_every_query_of_the_package_file_loads():
         "dedup_lock",
         "maintenance_lock",
         "maintenance_unlock",
+        "claim_window",
     }
     for name in names:
         assert queries._queries()[name]
@@ -138,14 +139,17 @@ def test_identifiers_and_literals_are_quoted_and_escaped():
     due = queries.sql(
         "claim_due",
         literals={"claimable": ["a", "b'c"], "processing": "p"},
-        fragments={"clock": "now()"},
+        fragments={"clock": "now()", "window": ""},
     )
     payload = queries.sql("claim_payload", fragments={"payload": "payload"})
     rows = queries.sql(
         "claim_unordered_rows", identifiers=table, fragments={"due": due, "payload": payload}
     )
     lease = queries.sql(
-        "claim_lease", identifiers=table, literals={"processing": "p"}, fragments={"next_due": "1"}
+        "claim_lease",
+        identifiers=table,
+        literals={"processing": "p"},
+        fragments={"next_due": "1", "lease_window": ""},
     )
     assert 'FROM "out""box"' in rows
     assert "status IN ('a', 'b''c')" in rows
