@@ -310,9 +310,10 @@ def _insert_deduplicated(
     if not rows:
         return []
     connection = connections[using]
-    if partitions.is_partitioned(connection):
+    postgres = connection.vendor == "postgresql"
+    if postgres and postgresql.partitioned_for_staging(connection):
         inserted, replaced = _insert_locked(using, rows, replace)
-    elif connection.vendor == "postgresql":
+    elif postgres:
         inserted, replaced = postgresql.insert_deduplicated(connection, rows, replace)
     else:
         inserted, replaced = _insert_each(using, rows, replace)
@@ -361,11 +362,23 @@ def _insert_locked(
     keys = models.Q()
     for destination, dedup_key in scopes:
         keys |= models.Q(destination=destination, dedup_key=dedup_key)
+    # Locked, as ON CONFLICT locks the row it meets: no relay finishes it before the
+    # caller reads it back.
     unfinished = type(rows[0]).objects.using(using).filter(UNFINISHED).filter(keys)
+    unfinished = unfinished.select_for_update()
     taken = frozenset(
         (d, key or "") for d, key in unfinished.values_list("destination", "dedup_key")
     )
     return _insert_each(using, rows, replace, taken)
+
+
+def lock_dedup_keys(using: str, scopes: Iterable[tuple[str, str]]) -> None:
+    """On a partitioned outbox, lock these (destination, dedup key)s until the transaction
+    ends, as staging does (:func:`_insert_locked`); elsewhere nothing: the unique index
+    ``outbox_dedup_unfinished_idx`` arbitrates."""
+    connection = connections[using]
+    if connection.vendor == "postgresql" and postgresql.partitioned_for_staging(connection):
+        postgresql.lock_dedup_keys(connection, sorted(set(scopes)))
 
 
 def _insert_each(

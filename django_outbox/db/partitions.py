@@ -25,7 +25,6 @@ staging arbitrates dedup keys itself (:mod:`django_outbox.db.postgresql`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import functools
@@ -42,9 +41,6 @@ from . import queries
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-#: How long partition maintenance waits for a lock before it gives up until its next
-#: pass: staging waits behind it meanwhile, at most this long.
-MAINTENANCE_LOCK_TIMEOUT = "500ms"
 #: How long ``outbox_partition`` waits for the table (every transaction that staged an
 #: event and is still open holds it).
 CONVERT_LOCK_TIMEOUT = "10s"
@@ -156,8 +152,8 @@ def _execute(connection: BaseDatabaseWrapper, query: str, **values: Any) -> None
         cursor.execute(sql)
 
 
-def _lock_timeout(connection: BaseDatabaseWrapper, timeout: str) -> None:
-    sql = queries.sql("lock_timeout", literals={"timeout": timeout})
+def _convert_timeouts(connection: BaseDatabaseWrapper) -> None:
+    sql = queries.sql("convert_timeouts", literals={"timeout": CONVERT_LOCK_TIMEOUT})
     with connection.cursor() as cursor:
         cursor.execute(sql)
 
@@ -165,12 +161,12 @@ def _lock_timeout(connection: BaseDatabaseWrapper, timeout: str) -> None:
 def ensure_ahead(connection: BaseDatabaseWrapper, rows: int, ahead: int) -> list[Partition]:
     """Attach empty ranges of ``rows`` ids until ``ahead`` ranges lie wholly above the
     ids drawn so far; returns those attached. Each is made, attached and committed on
-    its own, waiting at most ``MAINTENANCE_LOCK_TIMEOUT`` for its locks: when one does
-    not come, the rest wait for the next pass."""
+    its own (:func:`_briefly`): when its locks do not come, the rest wait for the next
+    pass."""
     made: list[Partition] = []
     while (lower := _next_range(connection, rows, ahead)) is not None:
         partition = Partition(lower, lower + rows, partition_name(lower))
-        if not _briefly(connection, functools.partial(_attach, connection, partition)):
+        if _briefly(connection, functools.partial(_attach, connection, partition)) is None:
             break
         made.append(partition)
     return made
@@ -184,19 +180,22 @@ def _attach(connection: BaseDatabaseWrapper, partition: Partition) -> bool:
     return True
 
 
-def _briefly(connection: BaseDatabaseWrapper, work: Callable[[], bool]) -> bool:
-    """Run ``work`` in a transaction whose statements wait at most
-    ``MAINTENANCE_LOCK_TIMEOUT`` for a lock; ``work``'s answer, or False (rolled back)
-    when a lock did not come in time or another relay's pass made or dropped the range
-    since this one chose it (``RACED``)."""
+def _briefly(connection: BaseDatabaseWrapper, work: Callable[[], bool]) -> bool | None:
+    """Run ``work`` in a transaction of its own: ``work``'s answer, or None (rolled back)
+    when another session makes or drops partitions now (the transaction-level advisory
+    lock ``maintenance_lock``), when a lock did not come within the lock timeout (a
+    little longer than ``deadlock_timeout``, after which PostgreSQL cancels an
+    autovacuum in the way), or when another session made or dropped the range since
+    this one chose it (``RACED``)."""
     try:
         with transaction.atomic(using=connection.alias):
-            _lock_timeout(connection, MAINTENANCE_LOCK_TIMEOUT)
+            if not _rows(connection, queries.sql("maintenance_lock"))[0][0]:
+                return None
             return work()
     except DatabaseError as error:
         if getattr(error.__cause__, "sqlstate", None) not in (LOCK_NOT_AVAILABLE, *RACED):
             raise
-        return False
+        return None
 
 
 def _execute_with(
@@ -219,8 +218,8 @@ def _next_range(connection: BaseDatabaseWrapper, rows: int, ahead: int) -> int |
     drawn = next_id(connection)
     if sum(p.lower is not None and p.lower >= drawn for p in ranges) >= ahead:
         return None
-    top = max((p.upper for p in ranges if p.upper is not None), default=drawn)
-    return top if top >= drawn else drawn + OVERFLOW_GAP
+    top = max((p.upper for p in ranges if p.upper is not None), default=None)
+    return top if top is not None and top >= drawn else drawn + OVERFLOW_GAP
 
 
 def expiry(
@@ -253,12 +252,15 @@ def drop_expired(
 ) -> list[Partition]:
     """Drop each closed range whose rows are all past their retention (read again with
     the range locked, so that a row requeued meanwhile keeps it); returns those dropped.
-    A range whose locks are not had within ``MAINTENANCE_LOCK_TIMEOUT`` waits for the
-    next pass."""
+    When a range's locks do not come (:func:`_briefly`), it and the ones after it wait
+    for the next pass: staging would wait behind each in turn."""
     dropped = []
     for partition in droppable(connection, published, abandoned):
         drop = functools.partial(_drop, connection, partition, published, abandoned)
-        if _briefly(connection, drop):
+        done = _briefly(connection, drop)
+        if done is None:  # the next would wait as long: staging waits behind each
+            break
+        if done:
             dropped.append(partition)
     return dropped
 
@@ -286,10 +288,11 @@ def _drop(
 
 #: The SQLSTATE of a lock not had within ``lock_timeout``.
 LOCK_NOT_AVAILABLE = "55P03"
-#: The SQLSTATEs of a range another relay made (duplicate_table) or dropped
-#: (undefined_table) between this pass's choice and its statement: every relay runs
-#: retention, and the pass that comes second finds the work done.
-RACED = ("42P07", "42P01")
+#: The SQLSTATEs of a range another session made (duplicate_table, or unique_violation
+#: when both create it at once) or dropped (undefined_table) between this pass's choice
+#: and its statement, or of a range whose ids the default partition took meanwhile
+#: (check_violation: the next pass starts the range above them).
+RACED = ("42P07", "42P01", "23505", "23514")
 
 
 def claim_window(connection: BaseDatabaseWrapper) -> tuple[int | None, int] | None:
@@ -316,38 +319,35 @@ def claim_window(connection: BaseDatabaseWrapper) -> tuple[int | None, int] | No
     return first.lower, max(upper for _, upper in uppers)
 
 
+def blockers(connection: BaseDatabaseWrapper, partition: Partition, limit: int = 3) -> list[int]:
+    """The ids of the first ``limit`` rows that keep ``partition``: unfinished, or
+    ABANDONED ordered (until an operator requeues or skips them)."""
+    sql = queries.sql("partition_blockers", identifiers={"partition": partition.name})
+    return [pk for (pk,) in _rows(connection, sql, limit)]
+
+
 def _blocked(connection: BaseDatabaseWrapper, partition: Partition) -> bool:
     """Whether ``partition`` holds an unfinished row (or an ABANDONED ordered one)."""
     return expiry(connection, partition, dt.timedelta(0), dt.timedelta(0)).blocked
 
 
 def range_spans(connection: BaseDatabaseWrapper) -> list[tuple[int | None, int | None]]:
-    """The ids the ranges hold, as merged ``(lower, upper)`` spans: row-by-row retention
-    deletes outside them only (the default partition's rows). Empty when the table is
-    not partitioned."""
+    """The ids of the ranges retention drops whole, as merged ``(lower, upper)`` spans:
+    row-by-row retention deletes outside them only, in the default partition and in
+    a closed range that a row keeps (:func:`blockers`), which it would otherwise never
+    empty. Empty when the table is not partitioned."""
     spans: list[tuple[int | None, int | None]] = []
     if not is_partitioned(connection):
         return spans
+    kept = {p.name for p in closed(connection) if _blocked(connection, p)}
     for partition in partitions(connection):
-        if partition.default:
+        if partition.default or partition.name in kept:
             continue
         if spans and spans[-1][1] == partition.lower:
             spans[-1] = (spans[-1][0], partition.upper)
         else:
             spans.append((partition.lower, partition.upper))
     return spans
-
-
-@contextlib.contextmanager
-def maintenance(connection: BaseDatabaseWrapper) -> Iterator[bool]:
-    """Whether this session may make and drop partitions now (True), held until the
-    block ends: False while another session (another relay's retention pass) does."""
-    taken = bool(_rows(connection, queries.sql("maintenance_lock"))[0][0])
-    try:
-        yield taken
-    finally:
-        if taken:
-            _rows(connection, queries.sql("maintenance_unlock"))
 
 
 def _indexes(connection: BaseDatabaseWrapper, table: str) -> list[tuple[str, str | None, bool]]:
@@ -392,9 +392,12 @@ def convert(connection: BaseDatabaseWrapper, rows: int, ahead: int) -> list[Part
         raise OutboxConfigurationError("the outbox table is partitioned already")
     table, first = _table(), partition_name(0)
     with connection.schema_editor() as editor:
-        _lock_timeout(connection, CONVERT_LOCK_TIMEOUT)
+        _convert_timeouts(connection)
         _lock_alone(connection)
+        _refuse_attachments(connection)
         pkey, sequence = _rows(connection, queries.sql("convert_names"), *[_quoted(table)] * 2)[0]
+        acl = queries.sql("convert_acl", identifiers={"table": table})
+        owner, grants = _rows(connection, acl, _quoted(table))[0]
         upper = next_id(connection)
         _execute(connection, "convert_rename", partition=first)
         for number, (index, _, _) in enumerate(_indexes(connection, first)):
@@ -403,6 +406,9 @@ def convert(connection: BaseDatabaseWrapper, rows: int, ahead: int) -> list[Part
         _execute(
             connection, "convert_parent", partition=first, sequence=sequence, start=upper, pkey=pkey
         )
+        _execute(connection, "convert_owner", owner=owner)
+        for grant in grants:  # the roles that staged, claimed or read the table still do
+            editor.execute(grant)
         for index in _twin_indexes():
             editor.execute(index.create_sql(OutboxMessage, editor))
         _execute(connection, "convert_attach_first", partition=first, upper=upper)
@@ -413,6 +419,18 @@ def convert(connection: BaseDatabaseWrapper, rows: int, ahead: int) -> list[Part
         for lower in range(upper, upper + rows * ahead, rows):  # in place before staging goes on
             _attach(connection, Partition(lower, lower + rows, partition_name(lower)))
     return partitions(connection)
+
+
+def _refuse_attachments(connection: BaseDatabaseWrapper) -> None:
+    """Refuse, naming them, what the conversion would leave on the first partition."""
+    counts = _rows(connection, queries.sql("convert_attachments"), *[_quoted(_table())] * 3)[0]
+    if any(counts):
+        publications, triggers, policies = counts
+        raise OutboxConfigurationError(
+            f"the outbox table has {publications} publications, {triggers} triggers and "
+            f"{policies} row security policies of its own, which outbox_partition would leave "
+            "on its first partition: drop them, partition, then make them again on the table"
+        )
 
 
 def _lock_alone(connection: BaseDatabaseWrapper) -> None:

@@ -492,6 +492,23 @@ def insert_deduplicated(
     return inserted, replaced
 
 
+def partitioned_for_staging(connection: BaseDatabaseWrapper) -> bool:
+    """Lock the outbox table as staging's INSERT will (named query ``dedup_partitioned``:
+    it waits out ``outbox_partition``), then whether it is partitioned."""
+    from ..models import OutboxMessage
+
+    table = OutboxMessage._meta.db_table
+    sql = queries.sql(
+        "dedup_partitioned",
+        identifiers={"table": table},
+        literals={"name": queries.quote_identifier(table)},
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        cursor.nextset()  # from the LOCK's result to the probe's
+        return bool(cursor.fetchone()[0])
+
+
 def lock_dedup_keys(connection: BaseDatabaseWrapper, scopes: Sequence[tuple[str, str]]) -> None:
     """Lock each (destination, dedup key) of ``scopes``, in their order, until the
     transaction ends (named query ``dedup_locks``): a partitioned outbox's arbiter in

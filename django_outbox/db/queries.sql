@@ -450,8 +450,18 @@ CREATE TRIGGER django_outbox_notify AFTER INSERT ON {table} FOR EACH STATEMENT E
 
 
 -- name: partitioned
--- PostgreSQL: whether {table} is a partitioned table (outbox_partition made it one).
+-- PostgreSQL: whether the outbox table (its quoted name is the parameter) is a
+-- partitioned table (outbox_partition made it one).
 SELECT EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = to_regclass(%s))
+
+
+-- name: dedup_partitioned
+-- PostgreSQL, before a staging with dedup keys: lock the outbox table as the INSERT
+-- would (ROW EXCLUSIVE: it waits for outbox_partition, and then names the table
+-- outbox_partition made), then whether it is partitioned ({name}: its quoted name as
+-- a literal). One round trip.
+LOCK TABLE {table} IN ROW EXCLUSIVE MODE;
+SELECT EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = {name}::regclass)
 
 
 -- name: partitions
@@ -477,12 +487,12 @@ SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM {sequenc
 SELECT pg_get_serial_sequence(%s, 'id')
 
 
--- name: lock_timeout
--- PostgreSQL: how long the statements after it, in this transaction, wait for a lock
--- before they give up: the DDL of partition maintenance queues every staging
--- transaction behind its lock while it waits, so it waits briefly and tries again
--- on the next pass.
-SET LOCAL lock_timeout = {timeout}
+-- name: convert_timeouts
+-- PostgreSQL: outbox_partition waits at most {timeout} for the table (staging
+-- queues behind its lock meanwhile), and no statement_timeout of the site's cuts the
+-- conversion short: it reads the table's rows once.
+SET LOCAL lock_timeout = {timeout};
+SET LOCAL statement_timeout = 0
 
 
 -- name: partition_create
@@ -513,6 +523,17 @@ SELECT EXISTS (SELECT 1 FROM {partition}
        (SELECT max(published_at) FROM {partition} WHERE published_at IS NOT NULL),
        (SELECT max(abandoned_at) FROM {partition} WHERE abandoned_at IS NOT NULL),
        statement_timestamp()
+
+
+-- name: partition_blockers
+-- PostgreSQL: the first rows that keep one partition (parameter: how many): the
+-- unfinished ones and the ABANDONED ordered ones, as partition_expiry tells them.
+(SELECT id FROM {partition}
+ WHERE published_at IS NULL AND abandoned_at IS NULL AND (sequence IS NULL OR sequence IS NOT NULL)
+ UNION
+ SELECT id FROM {partition} WHERE abandoned_at IS NOT NULL AND sequence IS NOT NULL)
+ORDER BY id
+LIMIT %s
 
 
 -- name: partition_lock
@@ -553,6 +574,37 @@ LEFT JOIN pg_constraint AS con
     ON con.conindid = pg_index.indexrelid AND con.conrelid = pg_index.indrelid
 WHERE pg_index.indrelid = %s::regclass
 ORDER BY index.relname
+
+
+-- name: convert_acl
+-- PostgreSQL: the table's owner, and the GRANTs that give its privileges again on
+-- {table} (the partitioned table that takes its name), to each role but its owner
+-- (the table's quoted name is the parameter).
+SELECT pg_get_userbyid(c.relowner),
+       coalesce(array_agg(format('GRANT %%s ON TABLE {table} TO %%s%%s', a.privilege_type,
+                                 CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+                                      ELSE quote_ident(pg_get_userbyid(a.grantee)) END,
+                                 CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END))
+                FILTER (WHERE a.grantee IS NOT NULL AND a.grantee <> c.relowner), '{}')
+FROM pg_class AS c LEFT JOIN LATERAL aclexplode(c.relacl) AS a ON true
+WHERE c.oid = %s::regclass
+GROUP BY c.relowner
+
+
+-- name: convert_owner
+-- PostgreSQL: the partitioned table takes the table's owner.
+ALTER TABLE {table} OWNER TO {owner}
+
+
+-- name: convert_attachments
+-- PostgreSQL: what outbox_partition would leave on the first partition rather than
+-- carry over (the table's quoted name is the parameter, three times): the
+-- publications that name the table, its own triggers (not the package's NOTIFY
+-- trigger) and its row security policies.
+SELECT (SELECT count(*) FROM pg_publication_rel WHERE prrelid = %s::regclass),
+       (SELECT count(*) FROM pg_trigger
+        WHERE tgrelid = %s::regclass AND NOT tgisinternal AND tgname <> 'django_outbox_notify'),
+       (SELECT count(*) FROM pg_policy WHERE polrelid = %s::regclass)
 
 
 -- name: convert_storage
@@ -609,17 +661,16 @@ ALTER TABLE {partition} DROP CONSTRAINT {constraint}
 
 
 -- name: maintenance_lock
--- PostgreSQL: one session at a time makes and drops partitions (two relays'
--- retention passes would make the same range twice): a session-level advisory
--- lock, taken without waiting (true: taken), released by maintenance_unlock or when
--- the session ends. The first key is the package's (1869968500, "outb"), the second
--- the maintenance's.
-SELECT pg_try_advisory_lock(1869968500, 1)
-
-
--- name: maintenance_unlock
--- PostgreSQL: release maintenance_lock.
-SELECT pg_advisory_unlock(1869968500, 1)
+-- PostgreSQL: one transaction at a time makes or drops a partition (two relays'
+-- retention passes would make the same range twice): a transaction-level advisory
+-- lock, taken without waiting (true: taken; a connection pooler in transaction mode
+-- keeps it whole). The statements after it wait for a lock a little longer than
+-- deadlock_timeout, after which PostgreSQL cancels an autovacuum in their way, and
+-- then give up until the next pass (staging queues behind their lock meanwhile).
+SELECT pg_try_advisory_xact_lock(1869968500, 1),
+       set_config('lock_timeout',
+                  (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 1000
+                   + 500)::int || 'ms', true)
 
 
 -- name: partition_default
@@ -630,17 +681,20 @@ CREATE TABLE {partition} PARTITION OF {table} DEFAULT {storage}
 
 -- name: dedup_locks
 -- PostgreSQL, a partitioned outbox (no unique index can span its partitions): lock
--- each (destination, dedup key) for the rest of the transaction, in the order of
--- the parameters (sorted: two transactions never wait for each other in a cycle);
--- {rows} is dedup_lock once per key. A transaction that staged the key holds its
--- lock until it ends, so the next statement of this one sees its row, at READ
--- COMMITTED: returns the transaction's isolation level, which the caller checks.
--- A VALUES list is read in its order. The first key is the package's (as in
--- maintenance_lock; its second key is never a key's hash: hashtext may return 1, and
--- the two would then wait for each other, which costs a moment and breaks nothing).
-SELECT count(pg_advisory_xact_lock(1869968500, hashtext(scope.destination || chr(31) || scope.dedup_key)) IS NULL),
+-- the (destination, dedup key)s staged for the rest of the transaction, each through
+-- one of 1,024 buckets of their hash (two keys may share one: they then wait for each
+-- other, which costs a moment and breaks nothing; a stage_many of many keys takes at
+-- most 1,024 locks), the buckets in order (two transactions never wait for each
+-- other in a cycle); {rows} is dedup_lock once per key. A transaction that staged a
+-- key holds its bucket until it ends, so the next statement of this one sees its row
+-- at READ COMMITTED: returns the transaction's isolation level, which the caller
+-- checks. The first key, 1869968501, is the package's dedup keys' (1869968500 is its
+-- partition maintenance's, maintenance_lock).
+SELECT count(pg_advisory_xact_lock(1869968501, bucket) IS NULL),
        current_setting('transaction_isolation')
-FROM (VALUES {rows}) AS scope (destination, dedup_key)
+FROM (SELECT DISTINCT hashtext(scope.destination || chr(31) || scope.dedup_key) & 1023 AS bucket
+      FROM (VALUES {rows}) AS scope (destination, dedup_key)
+      ORDER BY bucket) AS buckets
 
 
 -- name: dedup_lock

@@ -5,6 +5,7 @@ then the lines describing each partition."""
 from __future__ import annotations
 
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.migrations.executor import MigrationExecutor
 
 from ..conf import outbox_settings
@@ -58,7 +59,7 @@ def describe(using: str) -> list[str]:
             continue
         expiry = partitions.expiry(connection, part, published, abandoned)
         state = (
-            "kept: it holds unfinished or ABANDONED ordered rows"
+            _kept(connection, part)
             if expiry.blocked
             else "expired: the next cleanup drops it"
             if expiry.expired
@@ -66,3 +67,13 @@ def describe(using: str) -> list[str]:
         )
         lines.append(f"{part.name}: {ids}, closed, {state}")
     return lines
+
+
+def _kept(connection: BaseDatabaseWrapper, part: partitions.Partition) -> str:
+    """Why ``part`` is kept, naming the rows and what an operator does about them."""
+    ids = partitions.blockers(connection, part, limit=4)
+    rows = ", ".join(map(str, ids[:3])) + (" ..." if len(ids) > 3 else "")
+    return (
+        f"kept by rows {rows} (unfinished, or ABANDONED ordered: publish, requeue or skip "
+        "them); retention deletes its other rows one by one"
+    )

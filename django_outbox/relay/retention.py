@@ -62,6 +62,8 @@ logger = logging.getLogger("django_outbox.retention")
 logger.addFilter(SecretFilter(outbox_settings.redact))  # drivers' texts and tracebacks
 
 DELETE_BATCH = 1000
+#: The SQLSTATE of a statement the database role may not run.
+INSUFFICIENT_PRIVILEGE = "42501"
 #: How long the samples of :mod:`django_outbox.workers.samples` are kept: the chart shows an hour.
 SAMPLE_RETENTION = dt.timedelta(days=1)
 #: How long the heartbeat row of a process that stopped beating is kept: each process
@@ -125,8 +127,8 @@ def cleanup(
     } | dropped
     if any(counts.values()):
         logger.info(
-            "retention deleted %s",
-            describe(counts),
+            "retention %s",
+            summary(counts),
             extra={"action": "outbox.cleanup", "using": using, **counts},
         )
     return counts
@@ -143,11 +145,19 @@ def _maintain_partitions(using: str, dry_run: bool) -> dict[str, int]:
     if dry_run:
         return {"partitions": len(partitions.droppable(connection, published, abandoned))}
     sizes = outbox_settings.PARTITIONING or PARTITIONING_DEFAULTS
-    with partitions.maintenance(connection) as alone:
-        if not alone:  # another relay's pass is at it
-            return {"partitions": 0}
+    try:
         made = partitions.ensure_ahead(connection, sizes["rows"], sizes["ahead"])
         dropped = partitions.drop_expired(connection, published, abandoned)
+    except DatabaseError as error:
+        if getattr(error.__cause__, "sqlstate", None) != INSUFFICIENT_PRIVILEGE:
+            raise
+        logger.warning(  # row retention goes on: it needs no DDL
+            "retention could not make or drop partitions (%s): the relay's database role "
+            "must own the outbox table and its partitions",
+            str(error).strip().splitlines()[0],
+            extra={"action": "outbox.partition_failed", "using": using},
+        )
+        return {"partitions": 0}
     for verb, changed in (("made", made), ("dropped", dropped)):
         for partition in changed:
             logger.info(
@@ -169,6 +179,16 @@ def _maintain_partitions(using: str, dry_run: bool) -> dict[str, int]:
 def describe(counts: dict[str, int]) -> str:
     """``"3 published, 0 abandoned, ..."``: one line for logs and commands."""
     return ", ".join(f"{count} {kind}" for kind, count in counts.items())
+
+
+def summary(counts: dict[str, int], *, dry_run: bool = False) -> str:
+    """What a cleanup did (or with ``dry_run`` would do), in one line: ``"deleted 3
+    published, ... rows"``, and on a partitioned outbox ``"; dropped 1 partitions"``."""
+    rows = {kind: count for kind, count in counts.items() if kind != "partitions"}
+    line = f"{'would delete' if dry_run else 'deleted'} {describe(rows)} rows"
+    if "partitions" in counts:
+        line += f"; {'would drop' if dry_run else 'dropped'} {counts['partitions']} partitions"
+    return line
 
 
 class RetentionThread(threading.Thread):

@@ -336,6 +336,7 @@ def _dedup_key_held(using: str, selected: OutboxQuerySet) -> list[int]:
     candidates = sorted(abandoned.values_list("id", "destination", "dedup_key"), reverse=True)
     if not candidates:
         return []
+    db.lock_dedup_keys(using, ((d, key or "") for _, d, key in candidates))  # if partitioned
     scopes = models.Q(pk__in=[])
     for _, destination, dedup_key in candidates:
         scopes |= models.Q(destination=destination, dedup_key=dedup_key)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -331,7 +332,7 @@ def test_outbox_partition_on_a_partitioned_table_makes_ranges_ahead_and_describe
         call_command("outbox_partition", database=DB)
     out = capsys.readouterr().out
     assert "the outbox table is partitioned; 1 partitions made ahead" in out
-    assert "closed, kept: it holds unfinished" in out and "open (ids still to be drawn)" in out
+    assert "closed, kept by rows " in out and "open (ids still to be drawn)" in out
 
 
 def test_a_dedup_key_staged_by_two_transactions_at_once_is_staged_once(restore):
@@ -418,7 +419,9 @@ def test_one_relay_at_a_time_makes_and_drops_partitions(restore):
             before = _ranges()
             assert _cleanup()["partitions"] == 0
             assert _ranges() == before
-        counts = _cleanup()  # that session ended: its lock went with it
+            # Released before the session ends: its backend exits after close() returns.
+            relay.execute("SELECT pg_advisory_unlock(1869968500, 1)")
+        counts = _cleanup()
     assert counts["partitions"] == 1  # the full range
     assert [p.lower for p in _ranges()] == [
         partitions.next_id(connections[DB]) + partitions.OVERFLOW_GAP
@@ -530,3 +533,161 @@ def test_a_claim_plans_and_reads_only_the_ranges_that_may_hold_a_row_to_claim(re
 
 def _range_of(row: OutboxMessage) -> partitions.Partition:
     return next(p for p in _ranges() if p.lower <= row.pk < p.upper)
+
+
+def test_a_deduplicated_staging_locks_the_row_it_meets_until_it_commits(restore):
+    """As INSERT ... ON CONFLICT does: a relay cannot finish that row before the staging
+    reads it back (it would find no row to return)."""
+    _partitioned(100)
+    with transaction.atomic(using=DB):
+        first = stage("reminder", {"n": 1}, destination="d", dedup_key="r1", using=DB)
+    finalize = f'UPDATE "{TABLE}" SET status = %s, published_at = now() WHERE id = %s'
+    with transaction.atomic(using=DB):
+        again = stage("reminder", {"n": 2}, destination="d", dedup_key="r1", using=DB)
+        assert (again.staging_outcome, again.pk) == ("deduplicated", first.pk)
+        with _other_session() as relay:
+            relay.execute("SET lock_timeout = '200ms'")
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                relay.execute(finalize, [OutboxStatus.PUBLISHED.value, first.pk])
+
+
+def _advisory_waiter(timeout: float) -> bool:
+    """Whether a session waits for an advisory lock, asked until ``timeout``."""
+    with _other_session() as observer:
+        observer.autocommit = True
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            if observer.execute(waiting).fetchone()[0]:
+                return True
+            time.sleep(0.05)
+    return False
+
+
+def test_a_requeue_waits_for_a_staging_of_the_same_dedup_key_and_leaves_its_row(restore):
+    """The requeue of an ABANDONED row whose dedup key a transaction is staging meanwhile
+    would make two unfinished events of one key: it waits for that transaction, then
+    sees its row and leaves the ABANDONED one."""
+    from django_outbox.state import store
+
+    _partitioned(100)
+    old = OutboxMessage.objects.using(DB).create(
+        event_type="e",
+        destination="d",
+        payload={},
+        dedup_key="r1",
+        status=OutboxStatus.ABANDONED,
+        abandoned_at=timezone.now(),
+    )
+    staged, waited = threading.Event(), []
+
+    def stager() -> None:
+        with transaction.atomic(using=DB):
+            stage("reminder", {}, destination="d", dedup_key="r1", using=DB)
+            staged.set()
+            waited.append(_advisory_waiter(timeout=10))  # the requeue, waiting on the key
+        connections[DB].close()
+
+    thread = threading.Thread(target=stager)
+    thread.start()
+    assert staged.wait(30)
+    assert store.requeue(DB, OutboxMessage.objects.using(DB).filter(pk=old.pk)) == 0
+    thread.join(30)
+    assert waited == [True]
+    unfinished = (
+        OutboxMessage.objects.using(DB)
+        .filter(dedup_key="r1")
+        .in_states("pending", "processing", "failed")
+    )
+    assert unfinished.count() == 1
+
+
+def test_with_no_range_left_the_next_starts_past_the_ids_in_flight(restore):
+    (ahead,) = _partitioned(5, ahead=1)
+    _publish_long_ago(row.pk for row in _stage(5))
+    assert partitions.drop_expired(connections[DB], *RETAINED) == [ahead]
+    assert _ranges() == []
+    drawn = partitions.next_id(connections[DB])
+    (made,) = partitions.ensure_ahead(connections[DB], 5, 1)
+    assert made.lower == drawn + partitions.OVERFLOW_GAP
+
+
+def test_maintenance_waits_for_its_locks_past_deadlock_timeout(restore):
+    """An autovacuum in the way is cancelled by PostgreSQL after deadlock_timeout: the
+    maintenance waits a little longer than that before it gives up."""
+    _partitioned(5)
+    seen: list[str] = []
+
+    def show() -> bool:
+        with connections[DB].cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('deadlock_timeout'), current_setting('lock_timeout')"
+            )
+            seen.append(cursor.fetchone())
+        return True
+
+    assert partitions._briefly(connections[DB], show) is True
+    ((deadlock, lock),) = seen
+    assert (deadlock, lock) == ("1s", "1500ms")
+
+
+def test_a_pass_stops_dropping_at_the_first_range_whose_locks_do_not_come(restore, monkeypatch):
+    """Staging waits behind each drop that waits for its locks: one wait a pass."""
+    (first,) = _partitioned(5, ahead=1)
+    _publish_long_ago(row.pk for row in _stage(5))
+    partitions.ensure_ahead(connections[DB], 5, 1)
+    _publish_long_ago(row.pk for row in _stage(5))
+    assert len(partitions.droppable(connections[DB], *RETAINED)) == 2
+    tried = []
+    drop = partitions._drop
+    monkeypatch.setattr(partitions, "_drop", lambda *args: tried.append(args[1]) or drop(*args))
+    with _other_session() as business:  # a transaction that staged and stays open
+        business.execute(f'LOCK TABLE "{TABLE}" IN ROW EXCLUSIVE MODE')
+        assert partitions.drop_expired(connections[DB], *RETAINED) == []
+    assert tried == [first]
+
+
+def test_the_conversion_runs_past_the_sites_statement_timeout(restore):
+    with connections[DB].cursor() as cursor:
+        cursor.execute(
+            f'INSERT INTO "{TABLE}" (event_id, event_type, destination, payload, headers, '
+            "ordering_key, status, attempts, locked_by, last_error) "
+            "SELECT gen_random_uuid(), 'e', 'd', '{}', '{}', '', 'pending', 0, '', '' "
+            "FROM generate_series(1, 50000)"
+        )
+        cursor.execute("SET statement_timeout = '20ms'")
+    try:
+        partitions.convert(connections[DB], 100, 1)
+    finally:
+        with connections[DB].cursor() as cursor:
+            cursor.execute("RESET statement_timeout")
+    assert OutboxMessage.objects.using(DB).count() == 50_000
+
+
+def test_the_conversion_keeps_the_tables_grants_and_refuses_a_publication(restore):
+    with connections[DB].cursor() as cursor:
+        cursor.execute(
+            "DO $$ BEGIN CREATE ROLE outbox_test_app; "
+            "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+        )
+        cursor.execute(f'GRANT SELECT, INSERT, UPDATE ON "{TABLE}" TO outbox_test_app')
+        cursor.execute(f'CREATE PUBLICATION outbox_test_feed FOR TABLE "{TABLE}"')
+    try:
+        with _sizes(rows=10), pytest.raises(CommandError, match="1 publications, 0 triggers"):
+            call_command("outbox_partition", database=DB)
+        assert not partitions.is_partitioned(connections[DB])
+        with connections[DB].cursor() as cursor:
+            cursor.execute("DROP PUBLICATION outbox_test_feed")
+        _partitioned(10)
+        with connections[DB].cursor() as cursor:
+            cursor.execute(
+                "SELECT has_table_privilege('outbox_test_app', %s, 'INSERT'), "
+                "has_table_privilege('outbox_test_app', %s, 'DELETE')",
+                [f'"{TABLE}"'] * 2,
+            )
+            assert cursor.fetchone() == (True, False)
+    finally:
+        with connections[DB].cursor() as cursor:
+            cursor.execute("DROP PUBLICATION IF EXISTS outbox_test_feed")
+            cursor.execute("DROP OWNED BY outbox_test_app")
+            cursor.execute("DROP ROLE outbox_test_app")

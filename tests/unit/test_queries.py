@@ -91,7 +91,7 @@ def test_every_query_of_the_package_file_loads():
         "partitions",
         "next_id",
         "serial_sequence",
-        "lock_timeout",
+        "convert_timeouts",
         "partition_create",
         "partition_attach",
         "partition_expiry",
@@ -112,7 +112,11 @@ def test_every_query_of_the_package_file_loads():
         "dedup_locks",
         "dedup_lock",
         "maintenance_lock",
-        "maintenance_unlock",
+        "dedup_partitioned",
+        "partition_blockers",
+        "convert_acl",
+        "convert_owner",
+        "convert_attachments",
         "claim_window",
     }
     for name in names:
