@@ -392,11 +392,17 @@ def retain(total: int) -> None:
 def claim_latencies(rows: int, batch_size: int) -> list[float]:
     """Stage ``rows`` events and claim them all, batch by batch; each claim's seconds."""
     backlog(rows, destination("claim"))
+    window = db.claim_window("default")  # a partitioned outbox's, as a relay reads it
     latencies = []
     while True:
         started = time.perf_counter()
         claimed = db.claim(
-            "default", limit=batch_size, lease_seconds=60, worker="bench", token=uuid.uuid4()
+            "default",
+            limit=batch_size,
+            lease_seconds=60,
+            worker="bench",
+            token=uuid.uuid4(),
+            window=window,
         )
         if not claimed:
             break
@@ -494,9 +500,11 @@ def claim_plan(batch_size: int) -> dict[str, Any]:
     to = destination("buffers")
     backlog(batch_size, to)
     params = [batch_size] * 4 + [outbox_settings.MAX_BATCH_BYTES, 60, "bench", uuid.uuid4()]
+    window = db.claim_window("default")
     with transaction.atomic(), connection.cursor() as cursor:
-        # The relay's whole claim, as the tests read it (its text is the package's own).
-        statement = postgresql._claim_sql()
+        # The relay's whole claim, as the tests read it (its text is the package's own),
+        # in the window of ids a relay's claims read on a partitioned outbox.
+        statement = postgresql._claim_sql(window=window)
         cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}", params)
         (plan,) = cursor.fetchone()[0]
         transaction.set_rollback(True)
