@@ -338,14 +338,14 @@ def test_outbox_partition_on_a_partitioned_table_makes_ranges_ahead_and_describe
 def test_a_dedup_key_staged_by_two_transactions_at_once_is_staged_once(restore):
     _partitioned(100)
     staged_first = threading.Event()
-    results: dict[str, str] = {}
+    results: dict[str, object] = {}
 
     def first() -> None:
         with transaction.atomic(using=DB):
             row = stage("reminder", {"n": 1}, destination="d", dedup_key="r1", using=DB)
             results["first"] = row.staging_outcome
             staged_first.set()
-            threading.Event().wait(1.0)  # the second waits for this commit
+            results["waited"] = _advisory_waiter(timeout=10)  # the second, on the key
         connections[DB].close()
 
     def second() -> None:
@@ -360,7 +360,7 @@ def test_a_dedup_key_staged_by_two_transactions_at_once_is_staged_once(restore):
         thread.start()
     for thread in threads:
         thread.join(30)
-    assert results == {"first": "staged", "second": "deduplicated"}
+    assert results == {"first": "staged", "waited": True, "second": "deduplicated"}
     rows = OutboxMessage.objects.using(DB).filter(dedup_key="r1")
     assert [row.payload for row in rows] == [{"n": 1}]
 
