@@ -243,6 +243,8 @@ def _partitioning(profile: Profile) -> dict[str, Any]:
     figures.update(
         partitioned.partitioned_claim_growth(retained, profile.claim_rows, profile.batch_size)
     )
+    _step(f"claim draining {profile.horizon_rows} rows of a partitioned outbox, a snapshot held")
+    figures.update(partitioned.held_horizon(profile.horizon_rows, profile.horizon_batch))
     return figures
 
 

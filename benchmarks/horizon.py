@@ -20,6 +20,7 @@ import psycopg
 from django.db import connection
 
 from django_outbox import db
+from django_outbox.relay.batch import CLAIM_WINDOW_SECONDS
 
 from .scenarios import TABLE, backlog, destination, reset_outbox
 
@@ -28,18 +29,31 @@ def _p99_ms(samples: Sequence[float]) -> float:
     return statistics.quantiles(samples, n=100, method="inclusive")[98] * 1000
 
 
-def _drain(rows: int, batch_size: int) -> list[float]:
+def _drain(rows: int, batch_size: int, windows: list[float] | None = None) -> list[float]:
     """Stage ``rows`` events, then claim and mark them published batch by batch: each
-    claim's seconds."""
+    claim's seconds. With ``windows``, the claims read a partitioned outbox's window of
+    ids, read again every ``CLAIM_WINDOW_SECONDS`` as a relay does (each read's seconds
+    go to ``windows``)."""
     backlog(rows, destination("horizon"))
     with connection.cursor() as cursor:
         cursor.execute(f'VACUUM ANALYZE "{TABLE}"')
-    latencies = []
+    latencies: list[float] = []
+    window, window_until = None, 0.0
     while True:
+        if windows is not None and time.monotonic() >= window_until:
+            started = time.perf_counter()
+            window = db.claim_window("default")
+            windows.append(time.perf_counter() - started)
+            window_until = time.monotonic() + CLAIM_WINDOW_SECONDS
         token = uuid.uuid4()
         started = time.perf_counter()
         claimed = db.claim(
-            "default", limit=batch_size, lease_seconds=60, worker="bench", token=token
+            "default",
+            limit=batch_size,
+            lease_seconds=60,
+            worker="bench",
+            token=token,
+            window=window,
         )
         latencies.append(time.perf_counter() - started)
         if not claimed:
@@ -78,4 +92,25 @@ def claim_under_held_horizon(rows: int, batch_size: int) -> dict[str, float]:
         "claim_p99_ms_end": held_end,
         "claim_under_held_horizon": held_end / held_start,
         "claim_without_held_horizon": free_end / free_start,
+    }
+
+
+def held_on_partitions(rows: int, batch_size: int) -> dict[str, float]:
+    """:func:`claim_under_held_horizon`'s held drain on an outbox already partitioned
+    (ranges made ahead to hold the backlog), the claims in a relay's window of ids: a
+    range whose rows are all finished leaves the window, and its index entries, which
+    the held snapshot keeps, are no longer read."""
+    reset_outbox()
+    windows: list[float] = []
+    holder = _held_snapshot()
+    try:
+        start, end = _growth(_drain(rows, batch_size, windows))
+    finally:
+        holder.close()
+    reset_outbox()
+    return {
+        "partitioned_claim_p99_ms_start": start,
+        "partitioned_claim_p99_ms_end": end,
+        "partitioned_claim_under_held_horizon": end / start,
+        "partitioned_window_read_ms_max": max(windows) * 1000,
     }

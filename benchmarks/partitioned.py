@@ -237,3 +237,21 @@ def partitioned_claim_growth(retained: int, claim_rows: int, batch_size: int) ->
         },
         "partitioned_claim_buffers_growth": many["buffers"] / few["buffers"],
     }
+
+
+#: The held-horizon drain's backlog spans this many ranges of a partitioned outbox.
+HORIZON_RANGES = 10
+
+
+def held_horizon(rows: int, batch_size: int) -> dict[str, Any]:
+    """The claim under a held snapshot (:func:`benchmarks.horizon.held_on_partitions`) on
+    a partitioned outbox whose ranges each hold a tenth of the backlog, made ahead."""
+    from .horizon import held_on_partitions
+
+    ranges = max(rows // HORIZON_RANGES, batch_size)
+    with _partitioning(ranges):
+        if not partitions.is_partitioned(connection):
+            partitions.convert(connection, ranges, 2)
+        _fresh_ranges(ranges)
+        partitions.ensure_ahead(connection, ranges, HORIZON_RANGES + 2)
+        return {"partitioned_horizon_range_rows": ranges, **held_on_partitions(rows, batch_size)}
