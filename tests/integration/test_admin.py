@@ -21,6 +21,7 @@ from django_outbox.db import EXACT_COUNT_LIMIT, RowCount, count_rows
 from django_outbox.models import InboxFailure, OutboxMessage, WorkerHeartbeat
 from django_outbox.state import status
 from tests.factories import InboxMessageFactory, OutboxMessageFactory
+from tests.support import plain_plan
 
 pytestmark = pytest.mark.django_db
 
@@ -428,6 +429,7 @@ def test_count_rows_is_exact_up_to_the_limit_then_the_planners_estimate():
     assert 11 <= estimate.value <= 80
 
 
+@plain_plan
 def test_the_summary_reads_every_count_from_an_index(rows):
     """A count by status alone reads the table (published rows and all) for the states
     without a partial index of their own: on a retained million rows, every scrape and
@@ -603,6 +605,7 @@ def test_a_row_staged_in_the_open_transaction_is_due_by_the_statements_clock():
         assert status.summary(states=()).oldest_due_age is not None
 
 
+@plain_plan
 @pytest.mark.parametrize("state", [Status.PENDING, Status.PROCESSING])
 def test_the_list_filtered_by_a_state_without_an_index_reads_the_due_indexes(
     admin_client, rows, state

@@ -32,6 +32,8 @@ from tests.support import (
     consume,
     delete_queue,
     manage,
+    plain_plan,
+    row_retention,
     run_relay,
     unique_destination,
     wait_until,
@@ -265,6 +267,7 @@ def test_outbox_skip_command_needs_an_id():
         call_command("outbox_skip")
 
 
+@row_retention
 def test_retention_never_deletes_an_abandoned_ordered_row(keys):
     """Neither the blocked head nor an abandoned row behind a head: each would leave a
     gap no consumer hears of. Only the unordered row goes."""
@@ -332,6 +335,7 @@ def _explain(queryset) -> str:
         return "\n".join(row[0] for row in cursor.fetchall())
 
 
+@plain_plan
 @pytest.mark.django_db(transaction=True)
 def test_blocked_keys_read_the_partial_indexes_on_a_large_table():
     """About 200,000 published ordered rows over 2,000 keys, a pending tail and three

@@ -33,7 +33,7 @@ from django_outbox.state import store
 from django_outbox.transports.base import Failure, Outcome
 from django_outbox.transports.memory import MemoryTransport
 from tests.factories import OutboxMessageFactory
-from tests.support import AMQP_URL, delete_queue, unique_destination, wait_until
+from tests.support import AMQP_URL, delete_queue, plain_plan, unique_destination, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -849,6 +849,7 @@ def test_a_drain_after_run_once_claims_whole_before_it_ends():
 # -- the plan ---------------------------------------------------------------------------
 
 
+@plain_plan
 @pytest.mark.slow
 def test_the_ordered_claim_reads_the_partial_indexes_on_a_large_table():
     """200,000 published rows, 2,000 pending ordered rows over 200 keys, 1,000 unordered:

@@ -34,8 +34,10 @@ from tests.support import (
     consume,
     delete_queue,
     manage,
+    plain_plan,
     relay_command,
     relay_env,
+    row_retention,
     run_relay,
     running,
     stage_events,
@@ -224,6 +226,7 @@ def test_poison_row_is_abandoned_and_the_rest_of_its_batch_publishes(destination
     assert (poison.status, poison.attempts, poison.last_error) == (Status.PENDING, 0, "")
 
 
+@row_retention
 def test_retention_deletes_only_what_is_old_enough():
     now = timezone.now()
     old = OutboxMessageFactory(published=True, published_at=now - dt.timedelta(days=8))
@@ -406,6 +409,7 @@ DUE_SQL = (
 )
 
 
+@plain_plan
 def test_claim_uses_the_partial_index_and_skips_locked_rows(destination):
     from django.db import connection
 

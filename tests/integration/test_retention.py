@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from django_outbox.models import InboxMessage, OutboxMessage, TaskResultRecord, TaskStatus
 from django_outbox.relay import retention
+from tests.support import row_retention
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,6 +53,7 @@ def _deletes(queries: CaptureQueriesContext, table: str) -> int:
     return sum(q["sql"].startswith(f'DELETE FROM "{table}"') for q in queries.captured_queries)
 
 
+@row_retention
 def test_cleanup_deletes_every_expired_row_over_several_batches_and_keeps_the_rest():
     now = timezone.now()
     week_ago, month_ago = now - dt.timedelta(days=8), now - dt.timedelta(days=31)
@@ -109,6 +111,7 @@ def test_cleanup_deletes_every_expired_row_over_several_batches_and_keeps_the_re
     assert retention.cleanup() == dict.fromkeys(counts, 0)
 
 
+@row_retention
 def test_a_small_batch_size_takes_as_many_rounds_as_it_needs():
     week_ago = timezone.now() - dt.timedelta(days=8)
     _outbox_rows(23, status=Status.PUBLISHED, published_at=week_ago)

@@ -1,6 +1,7 @@
 """Outbox rows in the tests: events staged to a destination no other test uses, rows
 counted per state, the database clock's minute, a claimed message built without a row,
-and TASKS that require a transaction."""
+TASKS that require a transaction, and the marks of tests that need the outbox table not
+partitioned (tests/conftest.py's ``--partitioned-outbox``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import threading
 import time
 import uuid
 
+import pytest
 from django.db import connection, transaction
 
 from django_outbox import stage_many
@@ -17,6 +19,17 @@ from django_outbox.db import database_now
 from django_outbox.envelope import ClaimedMessage
 from django_outbox.models import OutboxMessage
 from django_outbox.workers.samples import current_minute
+
+#: A test that reads a plan for the index names of the plain table.
+plain_plan = pytest.mark.plain_outbox(
+    "reads the plain table's index names in a plan: a partition's indexes are named apart,"
+    " and the empty range below id 1 is read by a Seq Scan of no pages"
+)
+#: A test that counts the outbox rows retention deletes one by one.
+row_retention = pytest.mark.plain_outbox(
+    "counts rows retention deletes one by one: a partitioned outbox drops closed ranges"
+    " whole and deletes the default partition's rows only"
+)
 
 
 def unique_destination(prefix: str = "t") -> str:
