@@ -158,8 +158,13 @@ def _maintain_partitions(using: str, dry_run: bool) -> dict[str, int]:
 
 
 def describe(counts: dict[str, int]) -> str:
-    """``"3 published, 0 abandoned, ..."``: one line for logs and commands."""
-    return ", ".join(f"{count} {kind}" for kind, count in counts.items())
+    """``"3 published, 0 abandoned, ... rows"``, and on a partitioned outbox ``" and 2
+    partitions"`` after: one line for logs and commands."""
+    rows = ", ".join(f"{count} {kind}" for kind, count in counts.items() if kind != "partitions")
+    if "partitions" not in counts:
+        return f"{rows} rows"
+    dropped = counts["partitions"]
+    return f"{rows} rows and {dropped} partition{'' if dropped == 1 else 's'}"
 
 
 class RetentionThread(threading.Thread):

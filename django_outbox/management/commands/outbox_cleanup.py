@@ -26,4 +26,4 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         counts = cleanup(options["database"], dry_run=options["dry_run"])
         verb = "would delete" if options["dry_run"] else "deleted"
-        self.stdout.write(f"{verb} {describe(counts)} rows")
+        self.stdout.write(f"{verb} {describe(counts)}")
