@@ -43,6 +43,15 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if not config.getoption(OPTION):
+        return None
+    return (
+        f"outbox: partitioned ({OPTION}): ranges of {PARTITIONED_ROWS} ids, "
+        f"{PARTITIONED_AHEAD} ahead; plain_outbox tests skipped"
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         marker = item.get_closest_marker("plain_outbox")

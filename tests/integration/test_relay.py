@@ -257,6 +257,7 @@ def test_retention_deletes_only_what_is_old_enough():
     assert not OutboxMessage.objects.filter(pk__in=[old.pk, old_abandoned.pk]).exists()
 
 
+@row_retention
 def test_a_running_relay_cleans_up_between_batches_while_it_still_has_work(destination):
     now = timezone.now()
     old = OutboxMessageFactory(published=True, published_at=now - dt.timedelta(days=8))
