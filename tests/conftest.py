@@ -23,6 +23,8 @@ OPTION = "--partitioned-outbox"
 #: Ids per range and ranges made ahead: small, so that tests cross range bounds.
 PARTITIONED_ROWS = 1000
 PARTITIONED_AHEAD = 2
+#: The databases whose outbox this run partitioned.
+PARTITIONED_ALIASES: set[str] = set()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -76,6 +78,53 @@ def django_db_setup(
     yield
 
 
+@pytest.fixture(autouse=True)
+def _partitions_kept_ahead(request: pytest.FixtureRequest) -> None:
+    """Under ``--partitioned-outbox``, before each transactional test, what a relay's
+    retention pass does to the partitions: the closed ranges the last flush emptied are
+    dropped and ranges are made ahead of the ids drawn; and the ids go on inside a range.
+    Each test stages into ranges then (a flush does not restart the ids: without this,
+    every row after the first tests' 2,000 would land in the default partition)."""
+    if not request.config.getoption(OPTION):
+        return
+    from django.db import connections
+    from pytest_django.fixtures import _get_databases_for_test, validate_django_db
+
+    marker = request.node.get_closest_marker("django_db")
+    if marker is not None:
+        if not validate_django_db(marker)[0]:  # transaction=
+            return  # in the test's transaction: DDL would hold the table until it ends
+    elif "transactional_db" in request.fixturenames:
+        request.getfixturevalue("transactional_db")
+    else:
+        return
+    databases, _ = _get_databases_for_test(request.node)
+    for alias in ["default"] if databases is None else sorted(databases):
+        if alias in PARTITIONED_ALIASES:
+            _maintain_partitions(connections[alias])
+
+
+def _maintain_partitions(connection: Any) -> None:
+    from django_outbox.db import partitions
+    from django_outbox.models import OutboxMessage
+
+    settings = outbox_settings
+    partitions.drop_expired(connection, settings.PUBLISHED_RETENTION, settings.ABANDONED_RETENTION)
+    partitions.ensure_ahead(connection, PARTITIONED_ROWS, PARTITIONED_AHEAD)
+    # When the last test's ids ran past the ranges, the next range starts OVERFLOW_GAP
+    # above them (the default partition might hold rows there; after a flush it holds
+    # none): the ids go on from that range's start.
+    drawn = partitions.next_id(connection)
+    ranges = [p for p in partitions.partitions(connection) if p.lower is not None and p.upper]
+    if not any(p.lower <= drawn < p.upper for p in ranges):
+        start = min(p.lower for p in ranges if p.lower > drawn)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT setval(pg_get_serial_sequence(%s, 'id'), %s, false)",
+                [OutboxMessage._meta.db_table, start],
+            )
+
+
 def _partition_outboxes(items: list[pytest.Item]) -> None:
     from django.db import connections
     from pytest_django.fixtures import _get_databases_for_setup
@@ -87,6 +136,8 @@ def _partition_outboxes(items: list[pytest.Item]) -> None:
         connection = connections[alias]
         if connection.vendor == "postgresql" and not partitions.is_partitioned(connection):
             partitions.convert(connection, rows=PARTITIONED_ROWS, ahead=PARTITIONED_AHEAD)
+        if connection.vendor == "postgresql":
+            PARTITIONED_ALIASES.add(alias)
 
 
 @pytest.fixture(autouse=True)
