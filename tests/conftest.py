@@ -71,10 +71,10 @@ def django_db_setup(
 ) -> Iterator[None]:
     """pytest-django's databases; under ``--partitioned-outbox`` the outbox table of each
     PostgreSQL one set up for this run is partitioned (kept as it is when a kept
-    database's already is)."""
-    if request.config.getoption(OPTION):
-        with django_db_blocker.unblock():
-            _partition_outboxes(request.session.items)
+    database's already is). Without the option, a database kept (``--reuse-db``) from
+    a run with it is refused: its tests would run on a partitioned outbox unawares."""
+    with django_db_blocker.unblock():
+        _partition_outboxes(request.session.items, request.config.getoption(OPTION))
     yield
 
 
@@ -128,7 +128,7 @@ def _maintain_partitions(connection: Any) -> None:
             )
 
 
-def _partition_outboxes(items: list[pytest.Item]) -> None:
+def _partition_outboxes(items: list[pytest.Item], partitioned: bool) -> None:
     from django.db import connections
     from pytest_django.fixtures import _get_databases_for_setup
 
@@ -137,9 +137,17 @@ def _partition_outboxes(items: list[pytest.Item]) -> None:
     aliases, _ = _get_databases_for_setup(items)
     for alias in sorted(aliases):
         connection = connections[alias]
-        if connection.vendor == "postgresql" and not partitions.is_partitioned(connection):
+        if connection.vendor != "postgresql":
+            continue
+        if partitions.is_partitioned(connection) and not partitioned:
+            pytest.fail(
+                f"the outbox of test database {alias!r} was partitioned by a run with "
+                f"{OPTION}: add {OPTION}, or --create-db for a plain one",
+                pytrace=False,
+            )
+        if partitioned and not partitions.is_partitioned(connection):
             partitions.convert(connection, rows=PARTITIONED_ROWS, ahead=PARTITIONED_AHEAD)
-        if connection.vendor == "postgresql":
+        if partitioned:
             PARTITIONED_ALIASES.add(alias)
 
 
