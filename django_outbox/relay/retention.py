@@ -127,8 +127,8 @@ def cleanup(
     } | dropped
     if any(counts.values()):
         logger.info(
-            "retention %s",
-            summary(counts),
+            "retention deleted %s",
+            describe(counts),
             extra={"action": "outbox.cleanup", "using": using, **counts},
         )
     return counts
@@ -177,18 +177,13 @@ def _maintain_partitions(using: str, dry_run: bool) -> dict[str, int]:
 
 
 def describe(counts: dict[str, int]) -> str:
-    """``"3 published, 0 abandoned, ..."``: one line for logs and commands."""
-    return ", ".join(f"{count} {kind}" for kind, count in counts.items())
-
-
-def summary(counts: dict[str, int], *, dry_run: bool = False) -> str:
-    """What a cleanup did (or with ``dry_run`` would do), in one line: ``"deleted 3
-    published, ... rows"``, and on a partitioned outbox ``"; dropped 1 partitions"``."""
-    rows = {kind: count for kind, count in counts.items() if kind != "partitions"}
-    line = f"{'would delete' if dry_run else 'deleted'} {describe(rows)} rows"
-    if "partitions" in counts:
-        line += f"; {'would drop' if dry_run else 'dropped'} {counts['partitions']} partitions"
-    return line
+    """``"3 published, 0 abandoned, ... rows"``, and on a partitioned outbox ``" and 2
+    partitions"`` after: one line for logs and commands."""
+    rows = ", ".join(f"{count} {kind}" for kind, count in counts.items() if kind != "partitions")
+    if "partitions" not in counts:
+        return f"{rows} rows"
+    dropped = counts["partitions"]
+    return f"{rows} rows and {dropped} partition{'' if dropped == 1 else 's'}"
 
 
 class RetentionThread(threading.Thread):

@@ -21,6 +21,7 @@ from django_outbox.db import EXACT_COUNT_LIMIT, RowCount, count_rows
 from django_outbox.models import InboxFailure, OutboxMessage, WorkerHeartbeat
 from django_outbox.state import status
 from tests.factories import InboxMessageFactory, OutboxMessageFactory
+from tests.support import as_on_the_table
 
 pytestmark = pytest.mark.django_db
 
@@ -504,7 +505,7 @@ def _plans(queries: Iterable[dict[str, str]]) -> dict[str, str]:
         cursor.execute("SET LOCAL enable_seqscan = off")
         for query in queries:
             cursor.execute(f"EXPLAIN {query['sql']}")
-            plans[query["sql"]] = "\n".join(line for (line,) in cursor.fetchall())
+            plans[query["sql"]] = as_on_the_table("\n".join(line for (line,) in cursor.fetchall()))
     return plans
 
 

@@ -29,9 +29,11 @@ from django_outbox.state.status import blocked_keys
 from django_outbox.testing import drain
 from tests.integration import test_sqlite_claim as sqlite_script
 from tests.support import (
+    as_on_the_table,
     consume,
     delete_queue,
     manage,
+    row_retention,
     run_relay,
     unique_destination,
     wait_until,
@@ -265,6 +267,7 @@ def test_outbox_skip_command_needs_an_id():
         call_command("outbox_skip")
 
 
+@row_retention
 def test_retention_never_deletes_an_abandoned_ordered_row(keys):
     """Neither the blocked head nor an abandoned row behind a head: each would leave a
     gap no consumer hears of. Only the unordered row goes."""
@@ -329,7 +332,7 @@ def _explain(queryset) -> str:
     sql, params = queryset.query.sql_with_params()
     with connection.cursor() as cursor:
         cursor.execute(f"EXPLAIN {sql}", params)
-        return "\n".join(row[0] for row in cursor.fetchall())
+        return as_on_the_table("\n".join(row[0] for row in cursor.fetchall()))
 
 
 @pytest.mark.django_db(transaction=True)

@@ -15,7 +15,7 @@ from django.utils import timezone
 from django_outbox import InvalidMessage, ReceivedEvent, inbox_handler, process_once
 from django_outbox.inbox import record_failure
 from django_outbox.models import InboxFailure, InboxMessage
-from tests.support import manage, wait_until
+from tests.support import manage, row_retention, wait_until
 from tests.testapp.models import Delivery
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -253,6 +253,7 @@ def test_record_failure_trusts_the_brokers_delivery_count_when_higher():
     assert InboxFailure.objects.get(event_id=classic.event_id).parked_at is None
 
 
+@row_retention
 def test_cleanup_removes_old_inbox_marks_and_failures_only():
     now = timezone.now()
     old, young = uuid.uuid4(), uuid.uuid4()

@@ -10,7 +10,13 @@ from django.db import connection
 
 from django_outbox.models import OutboxMessage, OutboxStatus
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.plain_outbox(
+        "migrates the outbox table back and forth: django_outbox's migrations make the plain"
+        " table's unique constraints, which a partitioned table cannot have"
+    ),
+]
 
 TABLE = OutboxMessage._meta.db_table
 #: Rows as 0007 allowed them: a final state without its time, a time without its

@@ -33,7 +33,7 @@ from django_outbox.state import store
 from django_outbox.transports.base import Failure, Outcome
 from django_outbox.transports.memory import MemoryTransport
 from tests.factories import OutboxMessageFactory
-from tests.support import AMQP_URL, delete_queue, unique_destination, wait_until
+from tests.support import AMQP_URL, as_on_the_table, delete_queue, unique_destination, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -878,7 +878,7 @@ def test_the_ordered_claim_reads_the_partial_indexes_on_a_large_table():
             f"EXPLAIN {postgresql._claim_sql()}",
             [100, 100, 100, 100, 2**40, 30, "w", uuid.uuid4()],
         )
-        plan = "\n".join(row[0] for row in cursor.fetchall())
+        plan = as_on_the_table("\n".join(row[0] for row in cursor.fetchall()))
     assert f"Seq Scan on {table}" not in plan, plan
     for index in ("outbox_due_idx", "outbox_ordered_due_idx", "outbox_key_unfinished_idx"):
         assert index in plan, plan
@@ -887,7 +887,7 @@ def test_the_ordered_claim_reads_the_partial_indexes_on_a_large_table():
             f"EXPLAIN {postgresql._claim_sql(ordered=False)}",
             [100, 100, 2**40, 30, "w", uuid.uuid4()],
         )
-        unordered = "\n".join(row[0] for row in cursor.fetchall())
+        unordered = as_on_the_table("\n".join(row[0] for row in cursor.fetchall()))
     assert f"Seq Scan on {table}" not in unordered, unordered
     assert "outbox_due_idx" in unordered and "outbox_ordered_due_idx" not in unordered
     claimed = _production(100, uuid.uuid4())

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import datetime as dt
+import io
 import uuid
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from django_outbox.db import partitions
 from django_outbox.models import InboxMessage, OutboxMessage, TaskResultRecord, TaskStatus
 from django_outbox.relay import retention
+from tests.support import row_retention
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,6 +56,7 @@ def _deletes(queries: CaptureQueriesContext, table: str) -> int:
     return sum(q["sql"].startswith(f'DELETE FROM "{table}"') for q in queries.captured_queries)
 
 
+@row_retention
 def test_cleanup_deletes_every_expired_row_over_several_batches_and_keeps_the_rest():
     now = timezone.now()
     week_ago, month_ago = now - dt.timedelta(days=8), now - dt.timedelta(days=31)
@@ -109,6 +114,7 @@ def test_cleanup_deletes_every_expired_row_over_several_batches_and_keeps_the_re
     assert retention.cleanup() == dict.fromkeys(counts, 0)
 
 
+@row_retention
 def test_a_small_batch_size_takes_as_many_rounds_as_it_needs():
     week_ago = timezone.now() - dt.timedelta(days=8)
     _outbox_rows(23, status=Status.PUBLISHED, published_at=week_ago)
@@ -120,3 +126,17 @@ def test_a_small_batch_size_takes_as_many_rounds_as_it_needs():
     assert counts["published"] == 23
     assert _deletes(queries, OutboxMessage._meta.db_table) == 5  # 5+5+5+5+3
     assert set(OutboxMessage.objects.values_list("pk", flat=True)) == kept
+
+
+@pytest.mark.plain_outbox("partitions the outbox itself, inside the test's transaction")
+@pytest.mark.django_db  # not transactional: the conversion rolls back with the test
+def test_outbox_cleanup_counts_the_partitions_it_drops_apart_from_the_rows():
+    _outbox_rows(3, status=Status.PUBLISHED, published_at=timezone.now() - dt.timedelta(8))
+    partitions.convert(connection, rows=1000, ahead=2)  # the rows staged so far: one range
+    young = _outbox_rows(2, status=Status.PUBLISHED, published_at=timezone.now())
+    rows = "0 published, 0 abandoned, 0 inbox, 0 failures, 0 parked, 0 tasks, 0 samples"
+    for options, verb in ((["--dry-run"], "would delete"), ([], "deleted")):
+        out = io.StringIO()
+        call_command("outbox_cleanup", *options, stdout=out)
+        assert out.getvalue() == f"{verb} {rows}, 0 workers rows and 1 partition\n"
+    assert set(OutboxMessage.objects.values_list("pk", flat=True)) == young

@@ -48,6 +48,10 @@ def hold_row_lock(pk: int, locked: threading.Event, release: threading.Event) ->
         connections.close_all()
 
 
+@pytest.mark.plain_outbox(
+    "holds a row lock against retention's row DELETE: on a partitioned outbox the"
+    " row's range is not closed, so retention issues no DELETE to hold"
+)
 def test_a_blocked_retention_delete_does_not_delay_batches(destination):
     expired = OutboxMessageFactory(
         published=True, published_at=timezone.now() - dt.timedelta(days=30)

@@ -1,22 +1,52 @@
 """Outbox rows in the tests: events staged to a destination no other test uses, rows
 counted per state, the database clock's minute, a claimed message built without a row,
-and TASKS that require a transaction."""
+TASKS that require a transaction, and the marks of tests that need the outbox table not
+partitioned (tests/conftest.py's ``--partitioned-outbox``)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import threading
 import time
 import uuid
 
-from django.db import connection, transaction
+import pytest
+from django.db import connection, connections, transaction
 
 from django_outbox import stage_many
 from django_outbox.db import database_now
 from django_outbox.envelope import ClaimedMessage
 from django_outbox.models import OutboxMessage
 from django_outbox.workers.samples import current_minute
+
+
+def as_on_the_table(plan: str, using: str = "default") -> str:
+    """``plan`` (EXPLAIN's text) as it reads on a table that is not partitioned: each
+    partition's index named as the outbox's index it is part of, and the Seq Scan of a
+    partition that holds no page (a range made ahead; the planner reads one for free)
+    named ``Empty Partition``. The same text on a plain table."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT child.relname, parent.relname, pg_relation_size(child.oid) = 0"
+            " FROM pg_inherits JOIN pg_class AS child ON child.oid = inhrelid"
+            " JOIN pg_class AS parent ON parent.oid = inhparent"
+        )
+        found = cursor.fetchall()
+    for child, parent, empty in found:
+        if empty:
+            plan = re.sub(rf"Seq Scan on {re.escape(child)}\b", "Empty Partition", plan)
+        else:
+            plan = re.sub(rf"\b{re.escape(child)}\b", parent, plan)
+    return plan
+
+
+#: A test that counts the outbox rows retention deletes one by one.
+row_retention = pytest.mark.plain_outbox(
+    "counts rows retention deletes one by one: a partitioned outbox drops closed ranges"
+    " whole and deletes the default partition's rows only"
+)
 
 
 def unique_destination(prefix: str = "t") -> str:

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_outbox.ops.cli import add_database_option
-from django_outbox.relay.retention import cleanup, summary
+from django_outbox.relay.retention import cleanup, describe
 
 
 class Command(BaseCommand):
@@ -25,4 +25,5 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         counts = cleanup(options["database"], dry_run=options["dry_run"])
-        self.stdout.write(summary(counts, dry_run=options["dry_run"]))
+        verb = "would delete" if options["dry_run"] else "deleted"
+        self.stdout.write(f"{verb} {describe(counts)}")
