@@ -4,10 +4,10 @@ The runner turns the fresh outbox table into a partitioned one (``manage.py
 outbox_partition``) before any traffic, with ranges of ``ROWS`` ids, and the relays run
 their retention every ``CLEANUP_INTERVAL`` seconds with a ``PUBLISHED_RETENTION`` of a
 few seconds: they make ranges ahead and drop the closed ones while the producers stage
-and the faults go on (docs/scaling.md). The chaos triggers the conversion left on the
-first partition (the old table, renamed) are moved to the partitioned table, whose
-partitions inherit them, and the audit's view ``chaos_outbox_row`` reads the
-partitioned table again.
+and the faults go on (docs/scaling.md). The chaos triggers are dropped before the
+conversion (which refuses a table with triggers of its own) and made again on the
+partitioned table, whose partitions inherit them, and the audit's view
+``chaos_outbox_row`` reads the partitioned table again.
 
 A dropped range takes its rows with it, and the audit needs them (the NATS-free
 destinations, each key's sequence, the attempts): an event trigger on ``DROP TABLE``
@@ -66,8 +66,9 @@ _OUTAGE = re.compile(
 
 
 def prepare() -> None:
-    """Partition the runner's fresh outbox, move the chaos triggers onto the partitioned
-    table, keep the rows of every dropped range, and point the audit's view at both."""
+    """Partition the runner's fresh outbox, its chaos triggers dropped first and made
+    again on the partitioned table (outbox_partition refuses a table with triggers of
+    its own), keep the rows of every dropped range, and point the audit's view at both."""
     from django.core.management import call_command
     from django.db import connection
 
@@ -75,17 +76,20 @@ def prepare() -> None:
 
     from . import database as db
 
-    call_command("outbox_partition", verbosity=0)
-    table, first = db.OUTBOX, partitions.partition_name(0)
-    moved = db.rows(
+    table = db.OUTBOX
+    kept = db.rows(
         "SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = %s::regclass "
         "AND NOT tgisinternal AND tgname LIKE 'chaos%%'",
-        [first],
+        [table],
     )
     with connection.cursor() as cursor:
-        for name, definition in moved:
-            cursor.execute(f'DROP TRIGGER {name} ON "{first}"')
-            cursor.execute(_on(definition, first, table))
+        for name, _ in kept:
+            cursor.execute(f'DROP TRIGGER {name} ON "{table}"')
+    call_command("outbox_partition", verbosity=0)
+    first = partitions.partition_name(0)
+    with connection.cursor() as cursor:
+        for _, definition in kept:  # the same name: now the partitioned table's
+            cursor.execute(definition)
         cursor.execute(_dropped_table())
         cursor.execute(_keep_dropped(table))
         cursor.execute(
@@ -97,14 +101,6 @@ def prepare() -> None:
             f"CREATE OR REPLACE VIEW {db.OUTBOX_ROWS} AS "
             f'{view.replace(first, table)} UNION ALL SELECT {_COLUMNS} FROM "{DROPPED}"'
         )
-
-
-def _on(definition: str, first: str, table: str) -> str:
-    """A trigger's ``definition`` on ``first``, made ``table``'s."""
-    moved, count = re.subn(rf" ON (?:\w+\.)?{first} ", f" ON {table} ", definition)
-    if count != 1:
-        raise RuntimeError(f"cannot move the trigger {definition!r} to {table}")
-    return moved
 
 
 def _dropped_table() -> str:

@@ -332,16 +332,15 @@ def _blocked(connection: BaseDatabaseWrapper, partition: Partition) -> bool:
 
 
 def range_spans(connection: BaseDatabaseWrapper) -> list[tuple[int | None, int | None]]:
-    """The ids of the ranges retention drops whole, as merged ``(lower, upper)`` spans:
-    row-by-row retention deletes outside them only, in the default partition and in
-    a closed range that a row keeps (:func:`blockers`), which it would otherwise never
-    empty. Empty when the table is not partitioned."""
+    """The ids of the ranges, which retention drops whole, as merged ``(lower, upper)``
+    spans: row-by-row retention deletes outside them only, in the default partition. A
+    range a row keeps (:func:`blockers`) keeps all its rows until that row is finished.
+    Empty when the table is not partitioned."""
     spans: list[tuple[int | None, int | None]] = []
     if not is_partitioned(connection):
         return spans
-    kept = {p.name for p in closed(connection) if _blocked(connection, p)}
     for partition in partitions(connection):
-        if partition.default or partition.name in kept:
+        if partition.default:
             continue
         if spans and spans[-1][1] == partition.lower:
             spans[-1] = (spans[-1][0], partition.upper)

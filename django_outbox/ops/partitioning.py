@@ -74,6 +74,6 @@ def _kept(connection: BaseDatabaseWrapper, part: partitions.Partition) -> str:
     ids = partitions.blockers(connection, part, limit=4)
     rows = ", ".join(map(str, ids[:3])) + (" ..." if len(ids) > 3 else "")
     return (
-        f"kept by rows {rows} (unfinished, or ABANDONED ordered: publish, requeue or skip "
-        "them); retention deletes its other rows one by one"
+        f"kept whole by rows {rows} (unfinished, or ABANDONED ordered: an operator requeues "
+        "or skips those; see outbox_status)"
     )

@@ -332,7 +332,7 @@ def test_outbox_partition_on_a_partitioned_table_makes_ranges_ahead_and_describe
         call_command("outbox_partition", database=DB)
     out = capsys.readouterr().out
     assert "the outbox table is partitioned; 1 partitions made ahead" in out
-    assert "closed, kept by rows " in out and "open (ids still to be drawn)" in out
+    assert "closed, kept whole by rows " in out and "open (ids still to be drawn)" in out
 
 
 def test_a_dedup_key_staged_by_two_transactions_at_once_is_staged_once(restore):

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from chaos import partitioned
 
 OUTAGES = [
@@ -31,18 +29,3 @@ def test_a_producer_failure_counts_unless_an_outage_explains_it(tmp_path: Path) 
     log.write_text("\n".join(["---- pid 42", *lines, "committed 10 orders"]) + "\n")
 
     assert partitioned.staging_failures([log, tmp_path / "producer-2.log"]) == len(STAGING)
-
-
-@pytest.mark.parametrize("schema", ["public.", ""])
-def test_a_trigger_moves_from_the_first_partition_to_the_table(schema: str) -> None:
-    first, table = "django_outbox_outboxmessage_p0", "django_outbox_outboxmessage"
-    definition = (
-        f"CREATE TRIGGER chaos_set_back AFTER UPDATE ON {schema}{first} FOR EACH ROW "
-        "WHEN (old.status = 'published') EXECUTE FUNCTION chaos_record_violation('set_back')"
-    )
-
-    moved = partitioned._on(definition, first, table)
-
-    assert moved == definition.replace(f"{schema}{first}", table)
-    with pytest.raises(RuntimeError, match="cannot move"):
-        partitioned._on(moved, first, table)
