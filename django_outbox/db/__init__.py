@@ -417,6 +417,11 @@ def _inserted(using: str, row: OutboxMessage, taken: frozenset[tuple[str, str]])
     """Insert ``row`` in a savepoint unless its key is ``taken``; False on a conflict."""
     if (row.destination, row.dedup_key or "") in taken:
         return False
+    return _saved_unless_conflict(using, row)
+
+
+def _saved_unless_conflict(using: str, row: models.Model) -> bool:
+    """Insert ``row`` in a savepoint; False, and nothing written, when a unique index refuses it."""
     try:
         with transaction.atomic(using=using):
             row.save(using=using, force_insert=True)
@@ -621,12 +626,7 @@ def insert_if_absent(using: str, model: type[models.Model], **values: Any) -> bo
             for sql, params in query.get_compiler(using=using).as_sql():
                 cursor.execute(sql, params)
             return bool(cursor.rowcount == 1)
-    try:
-        with transaction.atomic(using=using):
-            row.save(using=using, force_insert=True)
-    except IntegrityError:
-        return False
-    return True
+    return _saved_unless_conflict(using, row)
 
 
 def database_now(using: str) -> dt.datetime:

@@ -29,6 +29,7 @@ from django_outbox.exceptions import OutboxConfigurationError
 from django_outbox.models import OutboxMessage, OutboxSequence, OutboxStatus
 from django_outbox.relay import retention
 from django_outbox.testing import drain
+from tests.factories import OutboxMessageFactory
 from tests.support import (
     consume,
     delete_queue,
@@ -85,45 +86,27 @@ def _stage(count: int, **kwargs) -> list[OutboxMessage]:
         ]
 
 
+class _OtherOutbox(OutboxMessageFactory):
+    """Rows as the relay would find them (the project's factory), in the "other" database."""
+
+    class Meta:
+        database = DB
+
+
 def _row_in_every_state() -> list[int]:
     """One row in each state a table holds, an ordered row and a dedup-keyed one too."""
-    now = timezone.now()
-    rows = OutboxMessage.objects.using(DB)
+    Status = OutboxStatus
     made = [
-        rows.create(event_type="e", destination="d", payload={"s": "pending"}),
-        rows.create(
-            event_type="e",
-            destination="d",
-            payload={},
-            status=OutboxStatus.PROCESSING,
-            locked_until=now + dt.timedelta(minutes=5),
+        _OtherOutbox(),
+        _OtherOutbox(
+            status=Status.PROCESSING,
+            locked_until=timezone.now() + dt.timedelta(minutes=5),
             locked_by="relay-1",
         ),
-        rows.create(
-            event_type="e",
-            destination="d",
-            payload={},
-            status=OutboxStatus.PUBLISHED,
-            published_at=now,
-        ),
-        rows.create(
-            event_type="e",
-            destination="d",
-            payload={},
-            status=OutboxStatus.FAILED,
-            last_error="RuntimeError: boom",
-            attempts=3,
-        ),
-        rows.create(
-            event_type="e",
-            destination="d",
-            payload={},
-            status=OutboxStatus.ABANDONED,
-            abandoned_at=now,
-            sequence=1,
-            ordering_key="k1",
-        ),
-        rows.create(event_type="e", destination="d", payload={}, dedup_key="remind-1"),
+        _OtherOutbox(status=Status.PUBLISHED),
+        _OtherOutbox(status=Status.FAILED, attempts=3),
+        _OtherOutbox(status=Status.ABANDONED, sequence=1, ordering_key="k1"),
+        _OtherOutbox(dedup_key="remind-1"),
     ]
     return [row.pk for row in made]
 
@@ -571,14 +554,7 @@ def test_a_requeue_waits_for_a_staging_of_the_same_dedup_key_and_leaves_its_row(
     from django_outbox.state import store
 
     _partitioned(100)
-    old = OutboxMessage.objects.using(DB).create(
-        event_type="e",
-        destination="d",
-        payload={},
-        dedup_key="r1",
-        status=OutboxStatus.ABANDONED,
-        abandoned_at=timezone.now(),
-    )
+    old = _OtherOutbox(destination="d", dedup_key="r1", status=OutboxStatus.ABANDONED)
     staged, waited = threading.Event(), []
 
     def stager() -> None:
