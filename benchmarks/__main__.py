@@ -174,6 +174,8 @@ def measure(
     try:
         if only == "partitioning":
             return _partitioning(profile)
+        if only in BROKERS:
+            return BROKERS[only](profile, env, _drainer(env, profile))
         return _scenarios(profile, env, services, profile_dir)
     finally:
         from django.db import connections
@@ -182,17 +184,27 @@ def measure(
         drop_database(services.database_url)
 
 
+def _drainer(env: dict[str, str], profile: Profile) -> Callable[..., Any]:
+    """``drain(url, count, tag, processes=1, **options)``: relays draining ``count``
+    events to ``url`` (:func:`benchmarks.scenarios.relay_drain`), in batches of the
+    profile's size unless ``batch_size`` says otherwise."""
+    from . import scenarios
+
+    def drain(url: str, count: int, tag: str, processes: int = 1, **kwargs: Any) -> Any:
+        kwargs.setdefault("batch_size", profile.batch_size)
+        return scenarios.relay_drain(env, url, count, processes=processes, tag=tag, **kwargs)
+
+    return drain
+
+
 def _scenarios(
     profile: Profile, env: dict[str, str], services: Services, profile_dir: Path | None
 ) -> dict[str, Any]:
     from . import horizon, scenarios
 
-    amqp, redis, batch = services.amqp_url, services.redis_url, profile.batch_size
+    amqp, redis = services.amqp_url, services.redis_url
     figures: dict[str, Any] = {}
-
-    def drain(url: str, count: int, tag: str, processes: int = 1, **kwargs: Any) -> Any:
-        kwargs.setdefault("batch_size", batch)
-        return scenarios.relay_drain(env, url, count, processes=processes, tag=tag, **kwargs)
+    drain = _drainer(env, profile)
 
     _step("RabbitMQ: a confirm per message; no confirms")
     figures["raw_confirm_each_msgs_per_s"] = raw.confirm_each(amqp, profile.raw_each)
@@ -217,7 +229,7 @@ def _scenarios(
     figures.update(scenarios.staging(profile.staging_rounds, profile.stage_many))
     _step(f"claim with 1k and {profile.retained} retained rows")
     figures["retained_rows"] = profile.retained
-    figures.update(scenarios.claim_growth(profile.retained, profile.claim_rows, batch))
+    figures.update(scenarios.claim_growth(profile.retained, profile.claim_rows, profile.batch_size))
     _step(f"claim draining {profile.horizon_rows} rows with a snapshot held open, and without")
     figures.update(horizon.claim_under_held_horizon(profile.horizon_rows, profile.horizon_batch))
     figures.update(_scheduled(profile, env, amqp))
@@ -429,6 +441,10 @@ def _kafka(profile: Profile, env: dict[str, str], drain: Callable[..., Any]) -> 
     }
 
 
+#: The broker scenarios ``--only`` runs alone (PostgreSQL and that cluster).
+BROKERS = {"kafka": _kafka, "nats": _nats}
+
+
 def _latency(
     what: str,
     end_to_end: Callable[..., dict[str, float]],
@@ -603,9 +619,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=["partitioning"],
+        choices=["partitioning", *BROKERS],
         default=None,
-        help="run these scenarios alone (partitioning: PostgreSQL only; default: all)",
+        help="run these scenarios alone (partitioning: PostgreSQL only; kafka, nats: "
+        "PostgreSQL and that cluster; default: all)",
     )
     parser.add_argument(
         "--pyinstrument",
@@ -620,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
         args.pyinstrument.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     load = os.getloadavg()[0]
-    names = ("postgres",) if args.only == "partitioning" else NAMES
+    names = ("postgres",) if args.only else NAMES
     with Services(DATABASE, names=names) as services:
         figures = measure(profile, services, args.pyinstrument, args.only)
     figures = {

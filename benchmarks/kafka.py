@@ -14,7 +14,6 @@ start``).
 
 from __future__ import annotations
 
-import statistics
 import time
 import uuid
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 from django_outbox.conf.brokers import kafka_bootstrap
 from django_outbox.transports.kafka import DEFAULTS, REQUIRED, record_headers
 
-from .common import BODY, wire_headers
+from .common import BODY, CpuMeter, cpu_figures, median, wire_headers
 
 #: The topics of the scenario: partitions and replicas (the cluster's defaults).
 PARTITIONS = 3
@@ -84,10 +83,12 @@ def end_to_end(
     )  # fmt: skip
 
 
-def raw_batches(url: str, count: int, batch: int) -> tuple[float, float]:
+def raw_batches(url: str, count: int, batch: int) -> dict[str, Any]:
     """confluent-kafka alone: ``count`` records, ``batch`` produced at once and their
-    delivery reports awaited together; records/s and this thread's CPU per record (µs;
-    librdkafka's own threads are not counted). Raises if a report says an error."""
+    delivery reports awaited together. Returns ``msgs_per_s``, this thread's CPU per
+    record (``cpu_us_per_msg``, µs), and :class:`~benchmarks.common.CpuMeter`'s: the
+    process's (librdkafka's threads too) and the brokers'. Raises if a report says an
+    error."""
     from confluent_kafka import Producer
 
     topic = f"bench-raw-{uuid.uuid4().hex[:8]}"
@@ -102,6 +103,7 @@ def raw_batches(url: str, count: int, batch: int) -> tuple[float, float]:
         if error is not None:
             failed.append(error)
 
+    meter = CpuMeter(url)
     started, cpu_started = time.perf_counter(), time.thread_time()
     for start in range(0, count, batch):
         for header in headers[start : start + batch]:
@@ -110,32 +112,30 @@ def raw_batches(url: str, count: int, batch: int) -> tuple[float, float]:
         producer.flush(ADMIN_TIMEOUT)
     rate = count / (time.perf_counter() - started)
     cpu = (time.thread_time() - cpu_started) / count * 1e6
+    spent = meter.per_message(count)
     delete_topic(url, topic)
     if failed or len(producer):
         raise RuntimeError(f"raw Kafka: {len(failed)} failed, {len(producer)} unreported")
-    return rate, cpu
+    return {"msgs_per_s": rate, "cpu_us_per_msg": cpu, **spent}
 
 
-#: One round: the ceiling (records/s, CPU per record), a plain drain, a transactional one.
-Round = tuple[tuple[float, float], dict[str, Any], dict[str, Any]]
+#: One round: the ceiling (:func:`raw_batches`), a plain drain, a transactional one.
+Round = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
 
 
 def figures(rounds: list[Round]) -> dict[str, Any]:
     """The figures of (ceiling, plain relay drain, transactional relay drain) rounds."""
-    ratios = [plain["events_per_s"] / top for (top, _), plain, _ in rounds]
+    ratios = [plain["events_per_s"] / top["msgs_per_s"] for top, plain, _ in rounds]
     transactional = [eos["events_per_s"] / plain["events_per_s"] for _, plain, eos in rounds]
     return {
-        "raw_kafka_msgs_per_s": statistics.median(top for (top, _), _, _ in rounds),
-        "raw_kafka_cpu_us_per_msg": statistics.median(cpu for (_, cpu), _, _ in rounds),
-        "relay_kafka_ev_per_s": statistics.median(p["events_per_s"] for _, p, _ in rounds),
-        "relay_kafka_cpu_us_per_event": statistics.median(
-            p["cpu_us_per_event"] for _, p, _ in rounds
-        ),
-        "kafka_vs_raw": statistics.median(ratios),
+        "raw_kafka_msgs_per_s": median(top["msgs_per_s"] for top, _, _ in rounds),
+        "raw_kafka_cpu_us_per_msg": median(top["cpu_us_per_msg"] for top, _, _ in rounds),
+        "relay_kafka_ev_per_s": median(p["events_per_s"] for _, p, _ in rounds),
+        "relay_kafka_cpu_us_per_event": median(p["cpu_us_per_event"] for _, p, _ in rounds),
+        "kafka_vs_raw": median(ratios),
         "kafka_vs_raw_rounds": ratios,
-        "relay_kafka_transactional_ev_per_s": statistics.median(
-            e["events_per_s"] for _, _, e in rounds
-        ),
-        "kafka_transactional_vs_plain": statistics.median(transactional),
+        **cpu_figures("kafka", [(top, plain) for top, plain, _ in rounds]),
+        "relay_kafka_transactional_ev_per_s": median(e["events_per_s"] for _, _, e in rounds),
+        "kafka_transactional_vs_plain": median(transactional),
         "kafka_transactional_vs_plain_rounds": transactional,
     }

@@ -29,7 +29,7 @@ from typing import Any
 
 from django_outbox.conf.brokers import nats_servers
 
-from .common import BODY, wire_headers
+from .common import BODY, CpuMeter, cpu_figures, median, wire_headers
 
 
 def _text_headers(stream: str) -> dict[str, str]:
@@ -44,9 +44,10 @@ def _text_headers(stream: str) -> dict[str, str]:
     return headers
 
 
-def raw_batches(url: str, count: int, batch: int) -> float:
+def raw_batches(url: str, count: int, batch: int) -> dict[str, Any]:
     """nats-py alone, publishing as the relay does: ``count`` messages, ``batch`` sent
-    with a reply subject each under one inbox, then their PubAcks awaited; msg/s."""
+    with a reply subject each under one inbox, then their PubAcks awaited (:func:`_timed`'s
+    figures)."""
 
     async def publish(nc: Any, stream: str, headers: list[dict[str, str]]) -> None:
         inbox, waiting, refusals = nc.new_inbox(), set(), []
@@ -72,9 +73,9 @@ def raw_batches(url: str, count: int, batch: int) -> float:
     return _timed(url, count, publish)
 
 
-def raw_requests(url: str, count: int, batch: int) -> float:
+def raw_requests(url: str, count: int, batch: int) -> dict[str, Any]:
     """nats-py alone with ``js.publish`` (a request per message): ``batch`` of them
-    gathered at once; msg/s."""
+    gathered at once (:func:`_timed`'s figures)."""
 
     async def publish(nc: Any, stream: str, headers: list[dict[str, str]]) -> None:
         js = nc.jetstream()
@@ -86,11 +87,13 @@ def raw_requests(url: str, count: int, batch: int) -> float:
     return _timed(url, count, publish)
 
 
-def _timed(url: str, count: int, publish: Any) -> float:
+def _timed(url: str, count: int, publish: Any) -> dict[str, Any]:
     """``publish(nc, stream, headers)`` of ``count`` messages to a fresh stream of one
-    replica (deleted after), timed; msg/s."""
+    replica (deleted after), timed: ``msgs_per_s``, and :class:`~benchmarks.common.
+    CpuMeter`'s CPU per message of this process (its event loop is this thread) and of
+    the NATS servers."""
 
-    async def run() -> float:
+    async def run() -> dict[str, Any]:
         import nats
 
         nc = await nats.connect(nats_servers(url))
@@ -98,15 +101,16 @@ def _timed(url: str, count: int, publish: Any) -> float:
         stream = f"bench_raw_{uuid.uuid4().hex[:8]}"
         await js.add_stream(name=stream, subjects=[stream])
         headers = [_text_headers(stream) for _ in range(count)]
-        started = time.perf_counter()
+        meter, started = CpuMeter(url), time.perf_counter()
         await publish(nc, stream, headers)
         rate = count / (time.perf_counter() - started)
+        spent = meter.per_message(count)
         stored = (await js.stream_info(stream)).state.messages
         await js.delete_stream(stream)
         await nc.close()
         if stored != count:
             raise RuntimeError(f"the stream holds {stored} messages, not {count}")
-        return rate
+        return {"msgs_per_s": rate, **spent}
 
     return asyncio.run(run())
 
@@ -166,21 +170,18 @@ def delete_stream(url: str, destination: str) -> None:
     asyncio.run(run())
 
 
-def figures(rounds: list[tuple[float, float, dict[str, Any]]]) -> dict[str, Any]:
+def figures(rounds: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
     """The figures of (ceiling, request ceiling, relay drain) rounds."""
-    import statistics
-
-    ratios = [drain["events_per_s"] / top for top, _, drain in rounds]
-    to_requests = [drain["events_per_s"] / requests for _, requests, drain in rounds]
+    ratios = [drain["events_per_s"] / top["msgs_per_s"] for top, _, drain in rounds]
+    to_requests = [drain["events_per_s"] / r["msgs_per_s"] for _, r, drain in rounds]
     return {
-        "raw_nats_msgs_per_s": statistics.median(top for top, _, _ in rounds),
-        "raw_nats_request_msgs_per_s": statistics.median(r for _, r, _ in rounds),
-        "relay_nats_ev_per_s": statistics.median(d["events_per_s"] for _, _, d in rounds),
-        "relay_nats_cpu_us_per_event": statistics.median(
-            d["cpu_us_per_event"] for _, _, d in rounds
-        ),
-        "nats_vs_raw": statistics.median(ratios),
+        "raw_nats_msgs_per_s": median(top["msgs_per_s"] for top, _, _ in rounds),
+        "raw_nats_request_msgs_per_s": median(r["msgs_per_s"] for _, r, _ in rounds),
+        "relay_nats_ev_per_s": median(d["events_per_s"] for _, _, d in rounds),
+        "relay_nats_cpu_us_per_event": median(d["cpu_us_per_event"] for _, _, d in rounds),
+        "nats_vs_raw": median(ratios),
         "nats_vs_raw_rounds": ratios,
-        "nats_vs_request": statistics.median(to_requests),
+        **cpu_figures("nats", [(top, drain) for top, _, drain in rounds]),
+        "nats_vs_request": median(to_requests),
         "nats_vs_request_rounds": to_requests,
     }

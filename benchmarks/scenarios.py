@@ -181,6 +181,7 @@ def relay_drain(
     return {
         "events_per_s": count / elapsed,
         "cpu_us_per_event": sum(r["cpu_s"] for r in results) / count * 1e6,
+        "broker_cpu_us_per_event": _per_event(first["broker_cpu_s"], count),
         "published_by_relay": [r["published"] for r in results],
         "rss_start_mb": first["rss_start_mb"],
         "rss_growth_mb": first["rss_end_mb"] - first["rss_start_mb"],
@@ -190,6 +191,11 @@ def relay_drain(
         **vacuumed.cost(drained, count),
         "staging_wal_bytes_per_event": unstaged.cost(staged, count)["wal_bytes_per_event"],
     }
+
+
+def _per_event(seconds: float | None, count: int) -> float | None:
+    """``seconds`` of CPU as microseconds per event (None: not read)."""
+    return None if seconds is None else seconds / count * 1e6
 
 
 def _check_drained(tag: str, count: int, results: list[dict[str, Any]]) -> None:

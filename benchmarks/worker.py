@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from .common import emit, rss_mb
+from .common import broker_cpu_seconds, emit, rss_mb
 
 
 def _ready() -> None:
@@ -141,9 +141,11 @@ def relay(args: argparse.Namespace) -> None:
     with _telemetry(args.telemetry) as on_batch:
         _ready()
         rss_start, started, cpu_started = rss_mb(), time.time(), time.process_time()
+        brokers_started = broker_cpu_seconds(args.url)
         with _profiled(args.profile), counter.counting():
             totals = worker.run(stop, drain=args.drain, on_batch=on_batch)
         finished, cpu = time.time(), time.process_time() - cpu_started
+        brokers = broker_cpu_seconds(args.url)
     emit(
         {
             "published": totals.published,
@@ -151,6 +153,10 @@ def relay(args: argparse.Namespace) -> None:
             "started": started,
             "finished": finished,
             "cpu_s": cpu,  # user + system, every thread of the process
+            # the brokers' (Kafka, NATS) meanwhile, when they run on this machine
+            "broker_cpu_s": (
+                None if brokers is None or brokers_started is None else brokers - brokers_started
+            ),
             "rss_start_mb": rss_start,
             "rss_end_mb": rss_mb(),
             "sql": counter.total,

@@ -133,7 +133,7 @@ def apply(kind: str) -> None:
     elif kind == "msgid":
         from django_outbox.transports import nats
 
-        # Read where it is used (nats_headers, and a failed key's chain): every message
+        # Read where it is used (header_block): every message
         # then carries the event id under a header JetStream does not dedupe on.
         nats.MSG_ID = "Chaos-Not-Msg-Id"  # type: ignore[misc]
     elif kind == "sync":

@@ -43,7 +43,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .. import cloudevents
@@ -53,8 +53,10 @@ from ..conf.redact import SecretFilter, mask_url
 from ..conf.routes import JetStream, Route
 from ..envelope import ClaimedMessage
 from ..exceptions import BrokerUnreachable
+from . import nats_frames
 from .base import MAX_ERROR_LENGTH, Failure, Outcome, Transport
 from .confirms import lease_confirm_timeout
+from .writers import ENCODE_ERRORS, envelope_of
 
 logger = logging.getLogger(__name__)
 logger.addFilter(SecretFilter(outbox_settings.redact))
@@ -184,45 +186,49 @@ async def _client_error(exc: Exception) -> None:
 
 def header_text(name: str, value: object) -> str:
     """A header's value as NATS carries it (text): a string as it is, a number or boolean
-    as JSON. ``ValueError`` for a header NATS cannot carry (a line break, a name with
-    ``:`` or white space)."""
-    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-    if "\r" in text or "\n" in text or _name_refused(name):
+    as JSON. ``ValueError`` for a header NATS cannot carry (a line break, a name that is
+    no token: ``:``, white space ...)."""
+    text = value if isinstance(value, str) else _json(value)
+    nats_frames.header_name(name)  # (raises for a name NATS cannot carry)
+    if "\r" in text or "\n" in text:
         raise ValueError(f"header {name!r} cannot travel as a NATS header")
     return text
 
 
-@functools.lru_cache(maxsize=1024)
-def _name_refused(name: str) -> bool:
-    """Whether NATS cannot carry a header named ``name`` (empty, or with ``:`` or white
-    space in it). Remembered: a relay meets the same few names in every message."""
-    return not name or any(c in name for c in ": \t\r\n")
-
-
-def nats_headers(message: ClaimedMessage, wire: cloudevents.Wire) -> dict[str, str]:
-    """``message``'s headers as NATS carries them (text): strings as they are, numbers and
-    booleans as JSON, None left out; ``Nats-Msg-Id`` = the event id. ``ValueError`` for a
-    header NATS cannot carry (a line break, a name with ``:`` or white space) or a user
-    header JetStream would read (``Nats-...``)."""
-    headers = {}
-    for name, value in wire.headers.items():
-        if value is not None:
-            headers[name] = header_text(name, value)
-            if _reserved(name):
-                raise ValueError(f"header {name!r} is JetStream's own (Nats-...)")
+def header_block(message: ClaimedMessage, wire: cloudevents.Wire, stream: str) -> bytes:
+    """``message``'s header block as NATS carries it (:func:`.nats_frames.header_block`):
+    strings as they are, numbers and booleans as JSON, None left out; ``Nats-Msg-Id`` = the
+    event id, ``Nats-Expected-Stream`` = ``stream`` (JetStream refuses it if another
+    stream takes its subject). ``ValueError`` for a header NATS cannot carry (a line
+    break, a name that is no token) or a user header JetStream would read (``Nats-...``)."""
+    line = nats_frames.header_line
+    lines = [
+        line(_user_header(name), value if type(value) is str else _json(value))
+        for name, value in wire.headers.items()
+        if value is not None
+    ]
     if wire.content_type != cloudevents.CONTENT_TYPE:
-        headers["content-type"] = wire.content_type
-    headers[MSG_ID] = str(message.event_id)
-    return headers
+        lines.append(line("content-type", wire.content_type))
+    event_id = wire.headers.get("event_id") or str(message.event_id)
+    lines += (line(MSG_ID, event_id), line(EXPECTED_STREAM, stream))
+    return nats_frames.header_block(lines)
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 @functools.lru_cache(maxsize=1024)
-def _reserved(name: str) -> bool:
-    return name.lower().startswith(RESERVED_PREFIX)
+def _user_header(name: str) -> str:
+    """``name``, or ``ValueError`` for a name JetStream reads itself (``Nats-...``)."""
+    if name.lower().startswith(RESERVED_PREFIX):
+        raise ValueError(f"header {name!r} is JetStream's own (Nats-...)")
+    return name
 
 
-#: One message of a chain: its index in the batch, its body and its headers.
-Link = tuple[int, bytes, dict[str, str]]
+#: One message of a chain: its index in the batch, its body, its header block, and the
+#: message.
+Link = tuple[int, bytes, bytes, ClaimedMessage]
 #: Messages sent one after the other: an ordering key's (in sequence order), or an
 #: unordered message alone.
 Chain = list[Link]
@@ -244,10 +250,13 @@ def pub_ack_outcome(reply: Any) -> Outcome:
     without a leader (503) or a reply that is no JSON, a failure for a refusal."""
     from nats.js.errors import APIError, ServiceUnavailableError
 
+    data = reply.data
+    if not reply.headers and data[:10] == b'{"stream":' and b'"error"' not in data:
+        return None  # a PubAck (a refusal has an "error"): most replies, read without json
     if reply.headers and reply.headers.get("Status") == "503":
         return NO_RESPONDERS
     try:
-        answer = json.loads(reply.data)
+        answer = json.loads(data)
         if "error" in answer:
             APIError.from_error(answer["error"])  # (raises the error's class)
     except ServiceUnavailableError as exc:  # 503: JetStream without a leader
@@ -299,9 +308,10 @@ class PubAcks:
 
 class InFlight:
     """One batch's chains on their way to the stream: each chain's first message sent at
-    once, each next one when the previous one's PubAck came back (a key's messages
-    reach the stream in sequence order); a message refused or not sent holds back the
-    rest of its chain. Each message's outcome goes into ``results`` as it comes."""
+    once (the frames of all of them queued together), each next one when the previous
+    one's PubAck came back (a key's messages reach the stream in sequence order); a
+    message refused or not sent holds back the rest of its chain. Each message's outcome
+    goes into ``results`` as it comes."""
 
     def __init__(
         self,
@@ -311,7 +321,7 @@ class InFlight:
         chains: list[Chain],
         results: dict[int, Outcome],
     ) -> None:
-        self._client, self._acks, self._subject = client, acks, subject
+        self._client, self._acks, self._subject = client, acks, subject.encode()
         self._chains, self.results = chains, results
         self._count = sum(len(chain) for chain in chains)
         self._replies: list[str] = []
@@ -323,8 +333,7 @@ class InFlight:
         """Send the chains and wait for every message's outcome (cancelled at the
         deadline: the replies still due are forgotten)."""
         try:
-            for chain in range(len(self._chains)):
-                await self._send(chain, 0)
+            await self._send([(chain, 0) for chain in range(len(self._chains))])
             self._finished()
             await self._done
         finally:
@@ -337,35 +346,42 @@ class InFlight:
         links = self._chains[chain]
         self.results[links[place][0]] = outcome
         if outcome is not None:  # the rest of its key waits (sent after it, later)
-            held = _behind(links[place][2][MSG_ID])
-            self.results.update((later, held) for later, _, _ in links[place + 1 :])
+            held = _behind(str(links[place][3].event_id))
+            self.results.update((later[0], held) for later in links[place + 1 :])
         elif place + 1 < len(links):
-            await self._send(chain, place + 1)
+            await self._send([(chain, place + 1)])
         self._finished()
 
-    async def _send(self, chain: int, place: int) -> None:
+    async def _send(self, turns: list[tuple[int, int]]) -> None:
+        """Send the messages at ``turns`` (chain, place) in one write; a message too large
+        for the server, or all of them when the connection cannot take them, fail."""
         import nats.errors
 
         if self._over:  # out of time: the relay publishes the rest later
             return
-        _, body, headers = self._chains[chain][place]
-        reply = self._acks.reply_to(self, chain, place)
-        self._replies.append(reply)
+        frames, sent, refused = [], [], []
+        for chain, place in turns:
+            _, body, block, _ = self._chains[chain][place]
+            too_large = nats_frames.oversize(self._client, len(block) + len(body))
+            if too_large is not None:
+                refused.append((chain, place, too_large))
+                continue
+            reply = self._acks.reply_to(self, chain, place)
+            self._replies.append(reply)
+            frames.append(nats_frames.hpub(self._subject, reply.encode(), block, body))
+            sent.append((chain, place, reply))
+        failed: list[tuple[int, int, Failure]] = [
+            (chain, place, Failure(text, permanent=True, kind="max_payload"))
+            for chain, place, text in refused
+        ]
         try:
-            await self._client.publish(self._subject, body, reply=reply, headers=headers)
-        except nats.errors.MaxPayloadError as exc:
-            failed = Failure(
-                f"MaxPayloadError: the message ({len(body)} bytes of payload) is larger than "
-                f"the server's max_payload: {exc}",
-                permanent=True,
-                kind="max_payload",
-            )
+            if frames:
+                await nats_frames.write(self._client, frames)
         except (nats.errors.Error, OSError) as exc:  # the connection broke: an outage
-            failed = outage(exc)
-        else:
-            return
-        self._acks.forget([reply])
-        await self.answered(chain, place, failed)
+            self._acks.forget([reply for _, _, reply in sent])
+            failed += [(chain, place, outage(exc)) for chain, place, _ in sent]
+        for chain, place, failure in failed:
+            await self.answered(chain, place, failure)
 
     def _finished(self) -> None:
         if len(self.results) >= self._count and not self._done.done():
@@ -471,7 +487,7 @@ class NatsTransport(Transport):
         deadline = time.monotonic() + self._ack_timeout
         jetstream = route.jetstream or JetStream()
         outcomes: list[Outcome] = [None] * len(messages)
-        encoded = _encode(route, messages, outcomes)
+        encoded = self._encode(route, messages, outcomes)
         try:
             self._connect(_left(deadline))
             if jetstream.stream_for(route.destination) not in self._streams:
@@ -489,6 +505,24 @@ class NatsTransport(Transport):
             if outcome is None:
                 outcomes[index] = results.get(index, late)
         return outcomes
+
+    def encoder(self, route: Route) -> Callable[[ClaimedMessage], tuple[bytes, bytes]]:
+        return _message_of(route)
+
+    def _encode(
+        self, route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
+    ) -> dict[int, tuple[bytes, bytes]]:
+        """Each message's body and header block by its index (as :meth:`prepare` left
+        them, or encoded now); a message that cannot be encoded gets a permanent failure
+        in ``outcomes``."""
+        encode = self.encoder(route)
+        encoded = {}
+        for index, message in enumerate(messages):
+            try:
+                encoded[index] = self.encoded(route, message, encode)
+            except ENCODE_ERRORS as exc:
+                outcomes[index] = Failure.from_exception(exc, permanent=True)
+        return encoded
 
     def _publish_within(
         self,
@@ -623,27 +657,18 @@ def options_problems(broker: Broker) -> list[Problem]:
     ]
 
 
-def _encode(
-    route: Route, messages: Sequence[ClaimedMessage], outcomes: list[Outcome]
-) -> dict[int, tuple[bytes, dict[str, str]]]:
-    """Each message's body and headers by its index, the headers with the route's
-    stream as the one expected to take it (JetStream refuses the message otherwise); a
-    message that cannot be encoded gets a permanent failure in ``outcomes``."""
-    envelope = route.envelope or outbox_settings.DEFAULT_ENVELOPE
-    if envelope == cloudevents.BINARY:  # no binary binding for NATS: structured
-        envelope = cloudevents.STRUCTURED
-    source = outbox_settings.CLOUDEVENTS_SOURCE
+def _message_of(route: Route) -> Callable[[ClaimedMessage], tuple[bytes, bytes]]:
+    """A function giving a message of ``route`` as its body and its header block, with the
+    route's stream as the one expected to take it (JetStream refuses it otherwise). NATS
+    has no binary content mode: CloudEvents are structured."""
+    envelope = envelope_of(route, binary=False)
     stream = (route.jetstream or JetStream()).stream_for(route.destination)
-    encoded = {}
-    for index, message in enumerate(messages):
-        try:
-            wire = cloudevents.wire(message, envelope, source)
-            headers = nats_headers(message, wire)
-            headers[EXPECTED_STREAM] = stream
-            encoded[index] = (wire.body, headers)
-        except (TypeError, ValueError, UnicodeError) as exc:
-            outcomes[index] = Failure.from_exception(exc, permanent=True)
-    return encoded
+
+    def encode(message: ClaimedMessage) -> tuple[bytes, bytes]:
+        wire = cloudevents.wire(message, *envelope)
+        return wire.body, header_block(message, wire, stream)
+
+    return encode
 
 
 def _left(deadline: float) -> float:
@@ -690,7 +715,7 @@ def _require_subject(
 
 def _chains(
     messages: Sequence[ClaimedMessage],
-    encoded: Mapping[int, tuple[bytes, dict[str, str]]],
+    encoded: Mapping[int, tuple[bytes, bytes]],
     outcomes: list[Outcome],
     *,
     ordered: bool,
@@ -710,7 +735,7 @@ def _chains(
                 failed[message.ordering_key] = message
         else:
             scope: object = message.ordering_key if keyed else index
-            chains.setdefault(scope, []).append((index, *encoded[index]))
+            chains.setdefault(scope, []).append((index, *encoded[index], message))
     return list(chains.values())
 
 

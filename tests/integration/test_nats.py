@@ -279,6 +279,26 @@ class TestPublishing:
         assert row.last_error.startswith("MaxPayloadError: the message"), row.last_error
         assert [m.headers["Nats-Msg-Id"] for m in read_stream(stream, 2)] == small
 
+    def test_a_message_whose_headers_take_it_over_max_payload_fails_alone(self, route):
+        """The server counts the headers in max_payload (nats-py checks the payload alone):
+        a payload just under it with the relay's headers on top fails alone, before it
+        is sent, where the server would have closed the connection on it (an outage,
+        retried for ever) and the other messages are stored."""
+        destination, stream, outbox = route
+        blob = "x" * (1024 * 1024 - 60)  # its JSON just under nats-server's max_payload
+        with override_settings(OUTBOX={**outbox, "MAX_PAYLOAD_BYTES": 4 * 1024 * 1024}):
+            small = stage_events(1, destination)
+            with transaction.atomic():
+                huge = stage("blob", {"blob": blob}, destination=destination)
+            small += stage_events(1, destination)
+        assert len(json.dumps({"blob": blob})) < 1024 * 1024  # nats-py alone would send it
+        result = manage("run_outbox_relay", "--drain", **outbox)
+        assert result.returncode == 1  # --drain: a row failed
+        row = OutboxMessage.objects.get(pk=huge.pk)
+        assert row.status == Status.ABANDONED
+        assert "bytes with its headers) is larger than the server's max_payload" in row.last_error
+        assert [m.headers["Nats-Msg-Id"] for m in read_stream(stream, 2)] == small
+
     def test_a_message_its_stream_refuses_fails_alone_with_the_reason(self, route):
         """A refusal in a PubAck (over the stream's max_msg_size) fails that message alone
         with JetStream's reason, as an attempt (not an outage); the rest are stored."""
