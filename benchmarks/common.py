@@ -58,13 +58,20 @@ BROKER_PROCESSES = {"kafka": "kafka.Kafka", "nats": "nats-server"}
 
 
 def broker_cpu_seconds(url: str) -> float | None:
-    """The CPU time (user and system) the broker processes of ``url``'s scheme
-    (:data:`BROKER_PROCESSES`) have spent so far, from ``/proc``; None for another scheme.
-    A broker of the cluster on this machine, however many clusters run: read around the
-    same stretch of work, two readings tell what it cost the brokers (every cluster's)."""
+    """The CPU time the broker processes of ``url``'s scheme (:data:`BROKER_PROCESSES`)
+    have spent so far (:func:`cpu_seconds`); None for another scheme. Every cluster's
+    brokers on this machine: two readings around the same stretch of work tell what it
+    cost them."""
     marker = BROKER_PROCESSES.get(url.partition("://")[0])
-    if marker is None:
-        return None
+    return None if marker is None else cpu_seconds(marker)
+
+
+def cpu_seconds(marker: str) -> float:
+    """The CPU time (user and system) spent so far by this machine's processes whose
+    command line holds ``marker`` (read from ``/proc``), their children that have ended
+    included: a PostgreSQL backend that ends between two readings is counted in its
+    postmaster's, so the difference of two readings is what the work between them cost,
+    the backends opened and closed meanwhile too."""
     ticks = 0
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -75,7 +82,7 @@ def broker_cpu_seconds(url: str) -> float | None:
                 fields = stat.read().rpartition(")")[2].split()
         except OSError:  # gone meanwhile
             continue
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        ticks += sum(int(field) for field in fields[11:15])  # utime, stime, cutime, cstime
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
@@ -112,7 +119,7 @@ def cpu_ratio(ceiling: Mapping[str, Any], drain: Mapping[str, Any]) -> float | N
         ceiling["process_cpu_us_per_msg"],
         ceiling["broker_cpu_us_per_msg"],
         drain["cpu_us_per_event"],
-        drain["pg_cpu_us_per_event"],
+        drain["drain_pg_cpu_us_per_event"],
         drain["broker_cpu_us_per_event"],
     )
     if any(part is None for part in parts):
@@ -140,7 +147,9 @@ def cpu_figures(
         f"raw_{name}_broker_cpu_us_per_msg": median(
             top["broker_cpu_us_per_msg"] for top, _ in rounds
         ),
-        f"relay_{name}_pg_cpu_us_per_event": median(d["pg_cpu_us_per_event"] for _, d in rounds),
+        f"relay_{name}_pg_cpu_us_per_event": median(
+            d["drain_pg_cpu_us_per_event"] for _, d in rounds
+        ),
         f"relay_{name}_broker_cpu_us_per_event": median(
             d["broker_cpu_us_per_event"] for _, d in rounds
         ),

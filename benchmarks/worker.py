@@ -28,7 +28,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from .common import broker_cpu_seconds, emit, rss_mb
+from .common import broker_cpu_seconds, cpu_seconds, emit, rss_mb
+
+#: What the command line of the PostgreSQL server's processes (its postmaster, backends
+#: and workers) holds.
+POSTGRES = "postgres"
 
 
 def _ready() -> None:
@@ -141,11 +145,11 @@ def relay(args: argparse.Namespace) -> None:
     with _telemetry(args.telemetry) as on_batch:
         _ready()
         rss_start, started, cpu_started = rss_mb(), time.time(), time.process_time()
-        brokers_started = broker_cpu_seconds(args.url)
+        brokers_started, server_started = broker_cpu_seconds(args.url), cpu_seconds(POSTGRES)
         with _profiled(args.profile), counter.counting():
             totals = worker.run(stop, drain=args.drain, on_batch=on_batch)
         finished, cpu = time.time(), time.process_time() - cpu_started
-        brokers = broker_cpu_seconds(args.url)
+        brokers, server = broker_cpu_seconds(args.url), cpu_seconds(POSTGRES)
     emit(
         {
             "published": totals.published,
@@ -153,7 +157,8 @@ def relay(args: argparse.Namespace) -> None:
             "started": started,
             "finished": finished,
             "cpu_s": cpu,  # user + system, every thread of the process
-            # the brokers' (Kafka, NATS) meanwhile, when they run on this machine
+            # PostgreSQL's and the brokers' (Kafka, NATS) meanwhile, on this machine
+            "pg_cpu_s": server - server_started,
             "broker_cpu_s": (
                 None if brokers is None or brokers_started is None else brokers - brokers_started
             ),

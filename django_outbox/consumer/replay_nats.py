@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ..conf.brokers import nats_servers
 from ..conf.redact import mask_url
 from ..envelope import CONTENT_ENCODING
-from ..exceptions import BrokerUnreachable
+from ..exceptions import BrokerUnreachable, OutboxError
 from ..transports.nats import (
     MSG_ID,
     EventLoop,
@@ -50,12 +50,19 @@ def replay(url: str, options: dict[str, Any], parked: list[InboxFailure], timeou
 
 
 def _message(failure: InboxFailure) -> dict[str, Any]:
-    """The payload and headers that replay ``failure`` to NATS."""
+    """The payload and headers that replay ``failure`` to NATS; :class:`OutboxError` for a
+    header NATS cannot carry (a message that came from elsewhere: the relay's travel)."""
     assert failure.parked_at is not None  # parked() only
-    headers = {
-        name: header_text(name, value)
-        for name, value in replay_headers(failure.headers).items()
-        if value is not None
-    }
+    try:
+        headers = {
+            name: header_text(name, value)
+            for name, value in replay_headers(failure.headers).items()
+            if value is not None
+        }
+    except ValueError as exc:
+        raise OutboxError(
+            f"parked event {failure.event_id} cannot be replayed to NATS: {exc} (the events "
+            "before it were replayed)"
+        ) from None
     headers[MSG_ID] = f"{failure.event_id}:replay:{failure.parked_at.isoformat()}"
     return {"payload": failure.body.encode(CONTENT_ENCODING), "headers": headers}

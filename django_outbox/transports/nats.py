@@ -73,6 +73,8 @@ STREAM_RETRY_DELAY = 30.0
 MSG_ID = "Nats-Msg-Id"
 #: The header naming the stream that must take a message (JetStream refuses it otherwise).
 EXPECTED_STREAM = "Nats-Expected-Stream"
+#: The header naming a CloudEvent's content type (NATS has no binary mode: structured).
+CONTENT_TYPE_HEADER = "content-type"
 #: What a user header may not start with: JetStream reads ``Nats-`` headers itself
 #: (an expected stream or sequence, a rollup ...).
 RESERVED_PREFIX = "nats-"
@@ -202,13 +204,14 @@ def header_block(message: ClaimedMessage, wire: cloudevents.Wire, stream: str) -
     stream takes its subject). ``ValueError`` for a header NATS cannot carry (a line
     break, a name that is no token) or a user header JetStream would read (``Nats-...``)."""
     line = nats_frames.header_line
+    typed = wire.content_type != cloudevents.CONTENT_TYPE  # a header says it (CloudEvents)
     lines = [
         line(_user_header(name), value if type(value) is str else _json(value))
         for name, value in wire.headers.items()
-        if value is not None
+        if value is not None and not (typed and name == CONTENT_TYPE_HEADER)
     ]
-    if wire.content_type != cloudevents.CONTENT_TYPE:
-        lines.append(line("content-type", wire.content_type))
+    if typed:
+        lines.append(line(CONTENT_TYPE_HEADER, wire.content_type))
     event_id = wire.headers.get("event_id") or str(message.event_id)
     lines += (line(MSG_ID, event_id), line(EXPECTED_STREAM, stream))
     return nats_frames.header_block(lines)

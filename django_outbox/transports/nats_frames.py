@@ -82,7 +82,7 @@ async def write(client: Any, frames: list[bytes]) -> None:
     if client.is_draining_pubs:
         raise nats.errors.ConnectionDrainingError
     if not client.is_connected:
-        raise nats.errors.OutboundBufferLimitError
+        raise nats.errors.ConnectionReconnectingError
     await client._send_command(b"".join(frames))
     if client._flush_queue is not None and client._flush_queue.empty():
         await client._flush_pending()

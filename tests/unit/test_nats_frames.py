@@ -87,3 +87,47 @@ def test_a_user_header_jetstream_reads_itself_is_refused():
     wire = cloudevents.wire(message, *envelope_of(route, binary=False))
     with pytest.raises(ValueError, match="JetStream's own"):
         nats_transport.header_block(message, wire, "ORDERS")
+
+
+def test_a_cloudevents_content_type_is_the_one_content_type_header():
+    """On a structured CloudEvents route the relay's content type replaces a user header of
+    that name: a client reading the first of two (Go's Header.Get) would read the user's."""
+    message = claimed_message(1, "orders")
+    message.headers = {"content-type": "text/plain", "tenant": "t1"}
+    envelope = (cloudevents.STRUCTURED, "urn:test", False)
+    block = nats_transport.header_block(message, cloudevents.wire(message, *envelope), "S")
+    assert block.count(b"content-type: ") == 1
+    assert b"content-type: application/cloudevents+json\r\n" in block
+
+
+def test_a_reconnecting_connection_takes_no_frame_and_says_why():
+    """The relay's batch is an outage, published again once the connection is back (nats-py
+    would buffer it meanwhile); the error says the connection is reconnecting."""
+    from nats.errors import ConnectionReconnectingError
+
+    client = Client()
+    client._status = Client.RECONNECTING
+    with pytest.raises(ConnectionReconnectingError):
+        asyncio.run(nats_frames.write(client, [b"HPUB s r 12 12\r\nNATS/1.0\r\n\r\n\r\n"]))
+    assert client._pending == []
+
+
+def test_a_parked_message_whose_header_nats_cannot_carry_is_refused_by_name():
+    """A consumer may park a message another publisher sent, with a header the relay would
+    never write; its replay fails with the event and the header named, not as a cluster
+    outage."""
+    import uuid
+
+    from django.utils import timezone
+
+    from django_outbox.consumer.replay_nats import _message
+    from django_outbox.exceptions import OutboxError
+    from django_outbox.models import InboxFailure
+
+    event_id = uuid.uuid4()
+    failure = InboxFailure(
+        event_id=event_id, queue="orders", body="{}", headers={"trace/id": "7"},
+        parked_at=timezone.now(),
+    )  # fmt: skip
+    with pytest.raises(OutboxError, match=f"parked event {event_id} cannot be replayed.*trace/id"):
+        _message(failure)
