@@ -212,6 +212,8 @@ def header_block(message: ClaimedMessage, wire: cloudevents.Wire, stream: str) -
     ]
     if typed:
         lines.append(line(CONTENT_TYPE_HEADER, wire.content_type))
+    # The outbox envelope's event_id header is the event id as text, which no user header
+    # overrides (ClaimedMessage.wire_headers); CloudEvents carry it as the id attribute.
     event_id = wire.headers.get("event_id") or str(message.event_id)
     lines += (line(MSG_ID, event_id), line(EXPECTED_STREAM, stream))
     return nats_frames.header_block(lines)
