@@ -11,10 +11,12 @@ already holds it). Each message carries ``Nats-Msg-Id`` = its event id, so a mes
 relay publishes again within the stream's duplicate window (after a crash between the
 publish and the mark) is acknowledged without being stored twice. A publish is what
 nats-py's ``js.publish`` sends (the message with a reply subject, the stream expected in
-``Nats-Expected-Stream``), but its PubAck comes back through one subscription per
-connection (:class:`PubAcks`) instead of a request each: ``js.publish`` makes a task, a
-future and a timer per message, which cost the relay as much as the rest of its work
-(docs/benchmarks.md, what NATS costs).
+``Nats-Expected-Stream``), framed by the relay (:mod:`.nats_frames`: the header blocks made
+on the claim thread, a batch's frames written at once), and its PubAck comes back through
+one subscription per connection (:class:`PubAcks`) instead of a request each: ``js.publish``
+makes a task, a future and a timer per message, and nats-py's ``publish()`` encodes each
+header as it sends, which cost the relay as much as the rest of its work (docs/benchmarks.md,
+what NATS costs).
 
 On an ordered route the messages of one ordering key go one after the other, each sent
 once the previous one's PubAck came back: a key's events reach the stream in sequence
