@@ -30,8 +30,7 @@ from urllib.parse import urlsplit
 
 from .common import broker_cpu_seconds, cpu_seconds, emit, rss_mb
 
-#: What the command line of the PostgreSQL server's processes (its postmaster, backends
-#: and workers) holds.
+#: The name of the PostgreSQL server's processes (its postmaster, backends and workers).
 POSTGRES = "postgres"
 
 
@@ -145,11 +144,13 @@ def relay(args: argparse.Namespace) -> None:
     with _telemetry(args.telemetry) as on_batch:
         _ready()
         rss_start, started, cpu_started = rss_mb(), time.time(), time.process_time()
-        brokers_started, server_started = broker_cpu_seconds(args.url), cpu_seconds(POSTGRES)
+        brokers_started = broker_cpu_seconds(args.url)
+        server_started = cpu_seconds(POSTGRES, by_name=True)
         with _profiled(args.profile), counter.counting():
             totals = worker.run(stop, drain=args.drain, on_batch=on_batch)
         finished, cpu = time.time(), time.process_time() - cpu_started
-        brokers, server = broker_cpu_seconds(args.url), cpu_seconds(POSTGRES)
+        brokers = broker_cpu_seconds(args.url)
+        server = cpu_seconds(POSTGRES, by_name=True, settled=True)  # its backends gone
     emit(
         {
             "published": totals.published,
