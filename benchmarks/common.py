@@ -52,8 +52,6 @@ def rss_mb() -> float:
     return resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-#: Seconds a settled reading of the CPU (:func:`cpu_seconds`) waits for ending processes.
-SETTLE_SECONDS = 5.0
 #: What the command line of a broker's processes holds, by the scheme of its URL: the
 #: Kafka brokers' JVMs and nats-server (the benchmarks' clusters run on this machine).
 BROKER_PROCESSES = {"kafka": "kafka.Kafka", "nats": "nats-server"}
@@ -68,45 +66,21 @@ def broker_cpu_seconds(url: str) -> float | None:
     return None if marker is None else cpu_seconds(marker)
 
 
-def cpu_seconds(marker: str, *, by_name: bool = False, settled: bool = False) -> float:
+def cpu_seconds(marker: str) -> float:
     """The CPU time (user and system) spent so far by this machine's processes whose
-    command line holds ``marker`` (``by_name``: whose name is ``marker``, as PostgreSQL's
-    processes are named whatever their title says), read from ``/proc``, their children that
-    have ended included: a PostgreSQL backend that ends between two readings is counted
-    in its postmaster's, so the difference of two readings is what the work between them
-    cost, the backends opened and closed meanwhile too. With ``settled``, read once no
-    such process is ending: a backend whose connection was just closed counts neither as
-    itself nor in its parent until it is reaped, so the reading waits (up to
-    :data:`SETTLE_SECONDS`) until two readings 50 ms apart find the same processes and
-    none of them a zombie."""
-    seconds, found = _processes_cpu(marker, by_name)
-    deadline = time.monotonic() + SETTLE_SECONDS
-    while settled and time.monotonic() < deadline:
-        time.sleep(0.05)
-        previous, (seconds, found) = found, _processes_cpu(marker, by_name)
-        if found == previous and not any(zombie for _, zombie in found):
-            break
-    return seconds
-
-
-def _processes_cpu(marker: str, by_name: bool) -> tuple[float, frozenset[tuple[str, bool]]]:
-    """The CPU seconds of the processes of ``marker`` (:func:`cpu_seconds`), and which
-    they are: (pid, whether a zombie, whose command line is empty)."""
-    ticks, found = 0, set()
+    command line holds ``marker``, read from ``/proc``."""
+    ticks = 0
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{pid}/stat") as stat:
-                name, _, rest = stat.read().partition(" (")[2].rpartition(")")
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                command = cmdline.read()
+                if marker.encode() not in cmdline.read():
+                    continue
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rpartition(")")[2].split()
         except OSError:  # gone meanwhile
             continue
-        if (name != marker) if by_name else (marker.encode() not in command):
-            continue
-        fields = rest.split()
-        ticks += sum(int(field) for field in fields[11:15])  # utime, stime, cutime, cstime
-        found.add((pid, fields[0] == "Z"))
-    return ticks / os.sysconf("SC_CLK_TCK"), frozenset(found)
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 class CpuMeter:

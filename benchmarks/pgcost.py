@@ -118,6 +118,13 @@ def settled(
         time.sleep(0.2)
 
 
+def server_cpu_seconds() -> float | None:
+    """The CPU seconds of the PostgreSQL server of this thread's connection
+    (:func:`_server_cpu_seconds`), read without a statement."""
+    connection.ensure_connection()
+    return _server_cpu_seconds(connection.connection.info.backend_pid)
+
+
 def _server_cpu_seconds(backend_pid: int) -> float | None:
     """User and system CPU seconds of the PostgreSQL server serving ``backend_pid``:
     its postmaster with the children it reaped, and its children alive now. None

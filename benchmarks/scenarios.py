@@ -182,8 +182,8 @@ def relay_drain(
         "events_per_s": count / elapsed,
         "cpu_us_per_event": sum(r["cpu_s"] for r in results) / count * 1e6,
         "broker_cpu_us_per_event": _per_event(first["broker_cpu_s"], count),
-        # the server's CPU during the first relay's drain alone (pg_cpu_us_per_event, of
-        # pgcost, runs from before the relays start until their backends have ended)
+        # the server's CPU during the first relay's drain alone, read by the relay
+        # (pg_cpu_us_per_event runs from before the relays start until they have ended)
         "drain_pg_cpu_us_per_event": _per_event(first["pg_cpu_s"], count),
         "published_by_relay": [r["published"] for r in results],
         "rss_start_mb": first["rss_start_mb"],

@@ -28,10 +28,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from .common import broker_cpu_seconds, cpu_seconds, emit, rss_mb
+from .common import broker_cpu_seconds, emit, rss_mb
+from .pgcost import server_cpu_seconds
 
-#: The name of the PostgreSQL server's processes (its postmaster, backends and workers).
-POSTGRES = "postgres"
+
+def _spent(before: float | None, after: float | None) -> float | None:
+    """The CPU seconds between two readings (None: one was not read)."""
+    return None if before is None or after is None else after - before
 
 
 def _ready() -> None:
@@ -144,13 +147,11 @@ def relay(args: argparse.Namespace) -> None:
     with _telemetry(args.telemetry) as on_batch:
         _ready()
         rss_start, started, cpu_started = rss_mb(), time.time(), time.process_time()
-        brokers_started = broker_cpu_seconds(args.url)
-        server_started = cpu_seconds(POSTGRES, by_name=True)
+        brokers_started, server_started = broker_cpu_seconds(args.url), server_cpu_seconds()
         with _profiled(args.profile), counter.counting():
             totals = worker.run(stop, drain=args.drain, on_batch=on_batch)
         finished, cpu = time.time(), time.process_time() - cpu_started
-        brokers = broker_cpu_seconds(args.url)
-        server = cpu_seconds(POSTGRES, by_name=True, settled=True)  # its backends gone
+        brokers, server = broker_cpu_seconds(args.url), server_cpu_seconds()
     emit(
         {
             "published": totals.published,
@@ -159,10 +160,8 @@ def relay(args: argparse.Namespace) -> None:
             "finished": finished,
             "cpu_s": cpu,  # user + system, every thread of the process
             # PostgreSQL's and the brokers' (Kafka, NATS) meanwhile, on this machine
-            "pg_cpu_s": server - server_started,
-            "broker_cpu_s": (
-                None if brokers is None or brokers_started is None else brokers - brokers_started
-            ),
+            "pg_cpu_s": _spent(server_started, server),
+            "broker_cpu_s": _spent(brokers_started, brokers),
             "rss_start_mb": rss_start,
             "rss_end_mb": rss_mb(),
             "sql": counter.total,
